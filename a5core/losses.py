@@ -1,0 +1,153 @@
+"""Losses and their reductions, as pure functions with the CS336 A5 (2025) semantics.
+
+Shapes: ``B`` sequences (rollouts) in a batch, ``T`` token positions, ``V`` vocabulary entries.
+Nothing here holds state or calls ``backward``; the train steps in :mod:`a5core.policy` do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+LOSS_TYPES = ("no_baseline", "reinforce_with_baseline", "grpo_clip")
+
+
+def masked_mean(tensor: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of ``tensor`` over the positions where ``mask`` is true: sum(t·m) / sum(m).
+
+    tensor, mask: same shape (mask bool or 0/1). Reduces over ``dim`` (all elements if None).
+    A row with no true mask entry gives NaN (0/0), as the reference does.
+    """
+    mask = mask.to(tensor.dtype)
+    masked = torch.where(mask.bool(), tensor, torch.zeros((), dtype=tensor.dtype, device=tensor.device))
+    if dim is None:
+        return masked.sum() / mask.sum()
+    return masked.sum(dim=dim) / mask.sum(dim=dim)
+
+
+def masked_normalize(
+    tensor: torch.Tensor, mask: torch.Tensor, normalize_constant: float = 1.0, dim: int | None = None
+) -> torch.Tensor:
+    """Sum of ``tensor`` over the positions where ``mask`` is true, divided by a constant.
+
+    tensor, mask: same shape. Reduces over ``dim`` (all elements if None).
+    """
+    masked = torch.where(mask.bool(), tensor, torch.zeros((), dtype=tensor.dtype, device=tensor.device))
+    total = masked.sum() if dim is None else masked.sum(dim=dim)
+    return total / normalize_constant
+
+
+def compute_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the next-token distribution at each position.
+
+    logits: (..., V) → entropy (...,). H = logsumexp(z) − Σ softmax(z)·z with z shifted by its max,
+    so logits of ±1e4 lose no precision; entries of probability 0 (even at −inf) contribute 0.
+    """
+    shifted = logits - logits.amax(dim=-1, keepdim=True)
+    probs = torch.softmax(shifted, dim=-1)
+    weighted = torch.where(probs > 0, probs * shifted, torch.zeros((), dtype=probs.dtype, device=probs.device))
+    return torch.logsumexp(shifted, dim=-1) - weighted.sum(dim=-1)
+
+
+def compute_group_normalized_rewards(
+    reward_fn: Callable[[str, Any], dict[str, float]],
+    rollout_responses: Sequence[str],
+    repeated_ground_truths: Sequence[Any],
+    group_size: int,
+    advantage_eps: float,
+    normalize_by_std: bool,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """Reward each rollout and normalise within its group of ``group_size`` consecutive rollouts.
+
+    rollout_responses, repeated_ground_truths: length N = n_groups · group_size, grouped consecutively.
+    Returns (advantages (N,), raw_rewards (N,), metadata) with advantage = r − mean(group), divided by
+    (unbiased std(group) + advantage_eps) when ``normalize_by_std``.
+    """
+    from a5core.grading import grade_batch  # grading spawns worker processes; import only when used
+
+    n = len(rollout_responses)
+    if len(repeated_ground_truths) != n:
+        raise ValueError(f"{n} responses but {len(repeated_ground_truths)} ground truths")
+    if group_size < 1 or n % group_size:
+        raise ValueError(f"group_size {group_size} does not divide the {n} rollout responses")
+    scores = grade_batch(reward_fn, rollout_responses, repeated_ground_truths)
+    raw_rewards = torch.tensor([s["reward"] for s in scores], dtype=torch.float32)
+    grouped = raw_rewards.view(-1, group_size)
+    advantages = grouped - grouped.mean(dim=1, keepdim=True)
+    if normalize_by_std:
+        advantages = advantages / (grouped.std(dim=1, keepdim=True) + advantage_eps)
+    advantages = advantages.flatten()
+    metadata = {
+        "reward_mean": raw_rewards.mean().item(),
+        "reward_std": raw_rewards.std().item() if n > 1 else 0.0,
+        "reward_max": raw_rewards.max().item(),
+        "reward_min": raw_rewards.min().item(),
+        "format_reward_mean": sum(s["format_reward"] for s in scores) / n,
+        "answer_reward_mean": sum(s["answer_reward"] for s in scores) / n,
+        "advantage_mean": advantages.mean().item(),
+        "advantage_std": advantages.std().item() if n > 1 else 0.0,
+        "frac_groups_all_equal": (grouped.max(dim=1).values == grouped.min(dim=1).values).float().mean().item(),
+    }
+    return advantages, raw_rewards, metadata
+
+
+def compute_naive_policy_gradient_loss(
+    raw_rewards_or_advantages: torch.Tensor, policy_log_probs: torch.Tensor
+) -> torch.Tensor:
+    """Per-token REINFORCE loss −A·log π(o_t).
+
+    raw_rewards_or_advantages: (B, 1); policy_log_probs: (B, T) → loss (B, T).
+    """
+    return -raw_rewards_or_advantages * policy_log_probs
+
+
+def compute_grpo_clip_loss(
+    advantages: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    cliprange: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token GRPO-Clip loss −min(ρ·A, clip(ρ, 1−ε, 1+ε)·A) with ρ = π/π_old.
+
+    advantages: (B, 1); policy_log_probs, old_log_probs: (B, T) → loss (B, T), and metadata with
+    "clipped" (B, T) bool: where the clipped term is the smaller one (the min chose it), and "ratio".
+    """
+    ratio = torch.exp(policy_log_probs - old_log_probs)
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange) * advantages
+    loss = -torch.minimum(unclipped, clipped)
+    return loss, {"clipped": clipped < unclipped, "ratio": ratio.detach()}
+
+
+def compute_policy_gradient_loss(
+    policy_log_probs: torch.Tensor,
+    loss_type: str,
+    raw_rewards: torch.Tensor | None = None,
+    advantages: torch.Tensor | None = None,
+    old_log_probs: torch.Tensor | None = None,
+    cliprange: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Dispatch to the per-token loss of ``loss_type``.
+
+    policy_log_probs: (B, T); raw_rewards, advantages: (B, 1); old_log_probs: (B, T) → loss (B, T).
+    ``no_baseline`` needs raw_rewards; ``reinforce_with_baseline`` needs advantages; ``grpo_clip``
+    needs advantages, old_log_probs and cliprange. A missing argument raises ValueError naming it.
+    """
+
+    def need(**arguments: Any) -> None:
+        missing = [name for name, value in arguments.items() if value is None]
+        if missing:
+            raise ValueError(f"loss_type {loss_type!r} needs {', '.join(missing)}")
+
+    if loss_type == "no_baseline":
+        need(raw_rewards=raw_rewards)
+        return compute_naive_policy_gradient_loss(raw_rewards, policy_log_probs), {}
+    if loss_type == "reinforce_with_baseline":
+        need(advantages=advantages)
+        return compute_naive_policy_gradient_loss(advantages, policy_log_probs), {}
+    if loss_type == "grpo_clip":
+        need(advantages=advantages, old_log_probs=old_log_probs, cliprange=cliprange)
+        return compute_grpo_clip_loss(advantages, policy_log_probs, old_log_probs, cliprange)
+    raise ValueError(f"unknown loss_type {loss_type!r}; expected one of {', '.join(LOSS_TYPES)}")

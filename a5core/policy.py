@@ -1,0 +1,172 @@
+"""The policy: loading a causal LM, tokenising prompt/response pairs, per-token log-probs, train steps.
+
+Shapes: ``B`` sequences, ``T`` token positions (prompt + response − 1), ``V`` vocabulary entries.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from a5core.losses import compute_entropy, compute_policy_gradient_loss, masked_mean, masked_normalize
+
+LENGTH_NORMALIZATIONS = ("masked_mean", "masked_normalize")
+LOGPROB_CHUNK_TOKENS = 4096  # positions per chunk when reducing logits: bounds fp32 temporaries
+
+
+def load_policy(
+    model_name_or_path: str | os.PathLike, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)`` from a hub id (e.g. ``Qwen/Qwen2.5-Math-1.5B``) or a local directory.
+
+    Never trusts remote code. A path-like argument that does not exist fails here with its name,
+    instead of being sent to the hub.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    name = str(model_name_or_path)
+    if name.startswith((".", "/", "~")) and not Path(name).expanduser().is_dir():
+        raise FileNotFoundError(f"model path {name!r} does not exist or is not a directory")
+    tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, trust_remote_code=False).to(device)
+    return model, tokenizer
+
+
+def tokenize_prompt_and_output(prompt_strs: list[str], output_strs: list[str], tokenizer: Any) -> dict[str, torch.Tensor]:
+    """Tokenise each prompt and output separately (no special tokens), concatenate, right-pad.
+
+    Returns input_ids (B, L−1) = ids[:, :-1], labels (B, L−1) = ids[:, 1:], and response_mask
+    (B, L−1) bool, true where the label is an output token. L is the longest prompt+output length;
+    padding uses the tokenizer's pad id (its eos id if it has no pad token).
+    """
+    if len(prompt_strs) != len(output_strs):
+        raise ValueError(f"{len(prompt_strs)} prompts but {len(output_strs)} outputs")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad_id is None:
+        raise ValueError("tokenizer has neither a pad nor an eos token to pad with")
+    prompts = tokenizer(list(prompt_strs), add_special_tokens=False)["input_ids"]
+    outputs = tokenizer(list(output_strs), add_special_tokens=False)["input_ids"]
+    length = max(len(p) + len(o) for p, o in zip(prompts, outputs))
+    ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), length), dtype=torch.bool)
+    for row, (p, o) in enumerate(zip(prompts, outputs)):
+        ids[row, : len(p) + len(o)] = torch.tensor(p + o, dtype=torch.long)
+        mask[row, len(p) : len(p) + len(o)] = True
+    return {"input_ids": ids[:, :-1], "labels": ids[:, 1:], "response_mask": mask[:, 1:]}
+
+
+def _chunk_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[label] in fp32 for a chunk: (N, V), (N,) → (N,)."""
+    logits = logits.float()
+    return logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def token_log_probs(logits: torch.Tensor, labels: torch.Tensor, chunk_tokens: int = LOGPROB_CHUNK_TOKENS) -> torch.Tensor:
+    """Per-token log-probability of ``labels`` under ``logits``, without a full fp32 log-softmax.
+
+    logits: (B, T, V) any float dtype; labels: (B, T) → (B, T) fp32. Works on chunks of positions,
+    each recomputed in backward (activation checkpointing), so at most one fp32 (chunk, V) temporary
+    lives at a time instead of several fp32 (B, T, V) copies.
+    """
+    flat_logits = logits.reshape(-1, logits.shape[-1])
+    flat_labels = labels.reshape(-1)
+    pieces = []
+    for start in range(0, flat_labels.numel(), chunk_tokens):
+        chunk = (flat_logits[start : start + chunk_tokens], flat_labels[start : start + chunk_tokens])
+        if torch.is_grad_enabled() and logits.requires_grad:
+            pieces.append(checkpoint(_chunk_log_probs, *chunk, use_reentrant=False))
+        else:
+            pieces.append(_chunk_log_probs(*chunk))
+    return torch.cat(pieces).view(labels.shape)
+
+
+@torch.no_grad()
+def token_entropy(logits: torch.Tensor, chunk_tokens: int = LOGPROB_CHUNK_TOKENS) -> torch.Tensor:
+    """Entropy of each position's next-token distribution, for logging (no graph).
+
+    logits: (B, T, V) → (B, T) fp32, computed chunk by chunk in fp32.
+    """
+    flat = logits.detach().reshape(-1, logits.shape[-1])
+    pieces = [compute_entropy(flat[s : s + chunk_tokens].float()) for s in range(0, flat.shape[0], chunk_tokens)]
+    return torch.cat(pieces).view(logits.shape[:-1])
+
+
+def get_response_log_probs(
+    model: Any, input_ids: torch.Tensor, labels: torch.Tensor, return_token_entropy: bool = False
+) -> dict[str, torch.Tensor]:
+    """Per-token conditional log-probs log p(labels_t | input_ids_≤t) of a causal LM.
+
+    input_ids, labels: (B, T) → {"log_probs": (B, T) fp32, "token_entropy": (B, T) fp32 if asked}.
+    Entropy carries no gradient: it is for logging.
+    """
+    logits = model(input_ids).logits
+    result = {"log_probs": token_log_probs(logits, labels)}
+    if return_token_entropy:
+        result["token_entropy"] = token_entropy(logits)
+    return result
+
+
+def sft_microbatch_train_step(
+    policy_log_probs: torch.Tensor,
+    response_mask: torch.Tensor,
+    gradient_accumulation_steps: int,
+    normalize_constant: float = 1.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One SFT micro-batch: negative log-likelihood of the response tokens, then ``backward``.
+
+    policy_log_probs, response_mask: (B, T). loss = −masked_normalize(log_probs, mask, constant,
+    dim=−1).mean() / gradient_accumulation_steps. Returns (loss, metadata) with the loss already
+    scaled for accumulation, as it was back-propagated.
+    """
+    per_sequence = masked_normalize(policy_log_probs, response_mask, normalize_constant, dim=-1)
+    loss = -per_sequence.mean() / gradient_accumulation_steps
+    loss.backward()
+    return loss.detach(), {
+        "response_tokens": response_mask.sum().detach(),
+        "mean_log_prob": masked_mean(policy_log_probs.detach(), response_mask),
+    }
+
+
+def grpo_microbatch_train_step(
+    policy_log_probs: torch.Tensor,
+    response_mask: torch.Tensor,
+    gradient_accumulation_steps: int,
+    loss_type: str,
+    raw_rewards: torch.Tensor | None = None,
+    advantages: torch.Tensor | None = None,
+    old_log_probs: torch.Tensor | None = None,
+    cliprange: float | None = None,
+    length_normalization: str = "masked_mean",
+    normalize_constant: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One policy-gradient micro-batch: per-token loss → per-sequence reduction → batch mean → backward.
+
+    policy_log_probs, response_mask, old_log_probs: (B, T); raw_rewards, advantages: (B, 1).
+    ``length_normalization``: ``masked_mean`` divides each sequence's summed loss by its own response
+    length; ``masked_normalize`` divides by ``normalize_constant`` (e.g. max_tokens) for every sequence.
+    The batch mean is divided by gradient_accumulation_steps before ``backward``. Metadata carries the
+    scaled loss and, for grpo_clip, the fraction of response tokens whose ratio was clipped.
+    """
+    per_token, loss_metadata = compute_policy_gradient_loss(
+        policy_log_probs, loss_type, raw_rewards, advantages, old_log_probs, cliprange
+    )
+    if length_normalization == "masked_mean":
+        per_sequence = masked_mean(per_token, response_mask, dim=-1)
+    elif length_normalization == "masked_normalize":
+        if normalize_constant is None:
+            raise ValueError("length_normalization 'masked_normalize' needs normalize_constant (e.g. max_tokens)")
+        per_sequence = masked_normalize(per_token, response_mask, normalize_constant, dim=-1)
+    else:
+        raise ValueError(
+            f"unknown length_normalization {length_normalization!r}; expected one of {', '.join(LENGTH_NORMALIZATIONS)}"
+        )
+    loss = per_sequence.mean() / gradient_accumulation_steps
+    loss.backward()
+    metadata = {"loss": loss.detach()}
+    if "clipped" in loss_metadata:
+        metadata["clip_fraction"] = masked_mean(loss_metadata["clipped"].float(), response_mask)
+    return loss.detach(), metadata

@@ -1,0 +1,52 @@
+"""Prompt templates: ``r1_zero`` and ``question_only`` ship here as ``*.prompt`` files.
+
+A template is plain text with one ``{question}`` placeholder. It is filled by plain replacement, not
+``str.format``, because questions and templates are full of LaTeX braces.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+PROMPTS_DIR = Path(__file__).parent
+PLACEHOLDER = "{question}"
+
+
+class PromptTemplateError(ValueError):
+    """A template is missing, unreadable, or lacks the ``{question}`` placeholder."""
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    """A named prompt template; ``format(question)`` returns the prompt string."""
+
+    name: str
+    text: str
+
+    def __post_init__(self) -> None:
+        if PLACEHOLDER not in self.text:
+            raise PromptTemplateError(
+                f"prompt template {self.name!r} has no {PLACEHOLDER} placeholder; "
+                f"a template must contain {PLACEHOLDER} exactly where the question goes"
+            )
+
+    def format(self, question: str) -> str:
+        return self.text.replace(PLACEHOLDER, question)
+
+
+def builtin_prompt_names() -> list[str]:
+    return sorted(p.stem for p in PROMPTS_DIR.glob("*.prompt"))
+
+
+def load_prompt(name_or_path: str | os.PathLike) -> PromptTemplate:
+    """Load a built-in template by name (``r1_zero``, ``question_only``) or any template file by path."""
+    builtin = PROMPTS_DIR / f"{name_or_path}.prompt"
+    path = builtin if builtin.is_file() else Path(name_or_path).expanduser()
+    if not path.is_file():
+        raise PromptTemplateError(
+            f"no prompt template {str(name_or_path)!r}: not a built-in "
+            f"({', '.join(builtin_prompt_names())}) and no such file"
+        )
+    return PromptTemplate(name=path.stem if path == builtin else str(path), text=path.read_text(encoding="utf-8"))

@@ -1,0 +1,1 @@
+"""Prefect tasks: thin wrappers giving a5core calls a cache policy, retries, MLflow logging and artifacts."""

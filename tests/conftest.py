@@ -1,0 +1,40 @@
+"""Shared fixtures. Tests never touch the network: the hub is forced offline before anything imports it."""
+
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+SHARED_DATA = Path(os.environ.get("A5_SHARED_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+QWEN_DIR = SHARED_DATA / "qwen2.5-math-1.5b"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.fail(f"shared data not found at {SHARED_DATA}; set A5_SHARED_DATA")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(QWEN_DIR)
+
+
+@pytest.fixture
+def tiny_model():
+    """A 2-layer Qwen2 with a 64-entry vocabulary, random weights, fp32, seeded."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True,
+    )
+    return Qwen2ForCausalLM(config).eval()
