@@ -191,12 +191,23 @@ def _rhs_if_equation(normalized: str) -> str | None:
     return None
 
 
+def _has_several_elements(normalized: str) -> bool:
+    """A comma outside every brace: a tuple, interval, set or list, e.g. ``(-6,10)`` but not ``\\frac{1,0}{3}``."""
+    depth = 0
+    for char in normalized:
+        depth += (char == "{") - (char == "}")
+        if char == "," and depth == 0:
+            return True
+    return False
+
+
 def _compare_cheaply(prediction: str, truth: str) -> bool | None:
     """Decide equivalence without sympy where that is exact; None when sympy must decide.
 
     Different units or number bases are unequal; equal normalised strings are equal; ``x=3``
     matches ``3`` (but ``x=3`` does not match ``y=3``); two plain numbers are compared exactly,
-    so a rounded decimal does not match a repeating fraction.
+    so a rounded decimal does not match a repeating fraction; a plain number never equals a tuple,
+    interval or list.
     """
     units = _unit(prediction), _unit(truth)
     if None not in units and units[0] != units[1]:
@@ -215,6 +226,8 @@ def _compare_cheaply(prediction: str, truth: str) -> bool | None:
     x, y = _exact_number(a), _exact_number(b)
     if x is not None and y is not None:
         return x == y
+    if (x is not None and _has_several_elements(b)) or (y is not None and _has_several_elements(a)):
+        return False
     return None
 
 

@@ -73,6 +73,7 @@ def test_cheap_rules_units_bases_equations_numbers():
     assert answers_equivalent_batch([("x = 3", "3"), ("3", "k=3"), ("x=-\\frac14", "y=-\\frac{1}{4}")]) == [True, True, False]
     assert answers_equivalent_batch([("0.333333", "\\frac{1}{3}"), ("0.25", "\\frac{1}{4}"), ("\\frac{12}{5525}", "\\frac{12}{5,\\!525}")]) == [
         False, True, True]
+    assert answers_equivalent_batch([("12", "(-6, 10)"), ("(1,2)", "1"), ("\\frac{2000}{6}", "\\frac{1{,}000}{3}")]) == [False, False, True]
 
 
 def test_pathological_answers_grade_zero_within_the_deadline():
