@@ -1,10 +1,14 @@
-# a5 — one command each: `make setup` (idempotent), `make test`, `make bench-grading`.
+# a5 — one command each: `make setup` (idempotent), `make test`, `make pipeline`, `make bench-grading`.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 EXTRAS ?= cpu,dev
+PROFILE ?= cpu
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+export DVC_NO_ANALYTICS := 1
+export MLFLOW_DISABLE_TELEMETRY := true
 
-.PHONY: setup test bench-grading
+.PHONY: setup test pipeline bench-grading
 
 setup: $(VENV)/.installed
 
@@ -19,6 +23,12 @@ $(VENV)/.installed: pyproject.toml
 
 test: setup
 	$(PY) -m pytest -q
+
+# The DVC pipeline with params.yaml's `profile` set to $(PROFILE) (cpu: the small version for 2 cores).
+pipeline: setup
+	dvc exp run -S profile=$(PROFILE)
+	@echo; echo "results:  outputs/baseline_eval/ (records.jsonl, summary.json, report.md), metrics/baseline_eval.json"
+	@echo "MLflow:   mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1   (experiment baseline_eval)"
 
 bench-grading: setup
 	cd benchmarks && ../$(PY) grading.py

@@ -6,7 +6,6 @@ Shapes: ``B`` sequences, ``T`` token positions (prompt + response − 1), ``V`` 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,16 +20,17 @@ LOGPROB_CHUNK_TOKENS = 4096  # positions per chunk when reducing logits: bounds 
 def load_policy(
     model_name_or_path: str | os.PathLike, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
 ) -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)`` from a hub id (e.g. ``Qwen/Qwen2.5-Math-1.5B``) or a local directory.
+    """Load ``(model, tokenizer)`` from a hub id (e.g. ``Qwen/Qwen2.5-Math-1.5B``), a local directory,
+    or the embedded default (see :func:`a5core.models.resolve_model`).
 
     Never trusts remote code. A path-like argument that does not exist fails here with its name,
     instead of being sent to the hub.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    name = str(model_name_or_path)
-    if name.startswith((".", "/", "~")) and not Path(name).expanduser().is_dir():
-        raise FileNotFoundError(f"model path {name!r} does not exist or is not a directory")
+    from a5core.models import resolve_model
+
+    name = resolve_model(model_name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
     model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, trust_remote_code=False).to(device)
     return model, tokenizer

@@ -38,3 +38,11 @@ def tiny_model():
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True,
     )
     return Qwen2ForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_dir(tmp_path_factory, shared_data) -> Path:
+    """A tiny planted Qwen2 + BPE tokenizer saved for vLLM and transformers alike (see tests/tiny_lm.py)."""
+    from tiny_lm import build_tiny_lm
+
+    return build_tiny_lm(tmp_path_factory.mktemp("tiny_lm"), shared_data / "math" / "train.jsonl")

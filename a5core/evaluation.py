@@ -1,0 +1,143 @@
+"""Generate → grade → record: the evaluation path every stage shares.
+
+``evaluate`` formats each problem with a prompt template, samples completions from an Engine, grades
+them with a reward function and returns one record per completion plus a summary. The three
+categories of the A5 handout are counted: format 1 & answer 1, format 1 & answer 0, format 0 & answer 0.
+``case_report`` renders a markdown sample of each category, and for format-0 cases says whether the
+text holds a correct answer that the format parser rejected (a parser/format failure) or none
+(a model failure).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from a5core.data import Problem
+from a5core.grading import answers_equivalent_batch, extract_boxed, grade_batch
+from a5core.prompts import PromptTemplate
+from a5core.rollout import Completion, Engine, SamplingSettings
+
+CATEGORIES = ("format1_answer1", "format1_answer0", "format0_answer0")
+
+
+def category(record: dict[str, Any]) -> str:
+    """The handout's category of a graded record (format 0 & answer 1 cannot happen)."""
+    if not record["format_reward"]:
+        return "format0_answer0"
+    return "format1_answer1" if record["answer_reward"] else "format1_answer0"
+
+
+def grade_completions(
+    problems: Sequence[Problem],
+    prompts: Sequence[str],
+    completions: Sequence[Sequence[Completion]],
+    reward_fn: Callable[[str, Any], dict[str, float]],
+) -> list[dict[str, Any]]:
+    """One record per completion: id, sample index, prompt, response, ground truth, rewards, length."""
+    if not len(problems) == len(prompts) == len(completions):
+        raise ValueError(f"{len(problems)} problems, {len(prompts)} prompts, {len(completions)} completion lists")
+    flat = [(p, prompt, i, c) for p, prompt, cs in zip(problems, prompts, completions) for i, c in enumerate(cs)]
+    rewards = grade_batch(reward_fn, [c.text for *_, c in flat], [p.answer for p, *_ in flat])
+    return [
+        {
+            "unique_id": p.unique_id,
+            "sample": i,
+            "prompt": prompt,
+            "response": c.text,
+            "ground_truth": p.answer,
+            **reward,
+            "response_tokens": len(c.token_ids),
+            "finish_reason": c.finish_reason,
+        }
+        for (p, prompt, i, c), reward in zip(flat, rewards)
+    ]
+
+
+def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Accuracy, format rate, mean response length, category and finish-reason counts."""
+    if not records:
+        raise ValueError("no records to summarise")
+    n = len(records)
+    counts = Counter(category(r) for r in records)
+    return {
+        "n_records": n,
+        "n_problems": len({r["unique_id"] for r in records}),
+        "accuracy": sum(r["answer_reward"] for r in records) / n,
+        "format_rate": sum(r["format_reward"] for r in records) / n,
+        "mean_response_tokens": sum(r["response_tokens"] for r in records) / n,
+        **{f"count_{c}": counts.get(c, 0) for c in CATEGORIES},
+        **{f"finish_{k}": v for k, v in sorted(Counter(r["finish_reason"] for r in records).items())},
+    }
+
+
+def evaluate(
+    engine: Engine,
+    problems: Sequence[Problem],
+    prompt_template: PromptTemplate,
+    reward_fn: Callable[[str, Any], dict[str, float]],
+    sampling: SamplingSettings,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Generate ``sampling.n`` completions per problem, grade them, and summarise: (records, summary)."""
+    prompts = [prompt_template.format(p.problem) for p in problems]
+    records = grade_completions(problems, prompts, engine.generate(prompts, sampling), reward_fn)
+    return records, summarize(records)
+
+
+# ------------------------------------------------------------------------------- case analysis
+
+_ANSWER_IS = re.compile(r"answer is[:\s]*\$?([^\n$]+?)\$?\s*(?:\.|$)", re.IGNORECASE)
+_LOOSE_TAG = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
+
+
+def lenient_answer(response: str) -> str | None:
+    """An answer a human would read off an unformatted response: a box, a loose tag, or "answer is X"."""
+    boxed = extract_boxed(response)
+    if boxed:
+        return boxed
+    tags = _LOOSE_TAG.findall(response)
+    if tags and tags[-1].strip():
+        return tags[-1].strip()
+    stated = _ANSWER_IS.findall(response)
+    return stated[-1].strip() if stated else None
+
+
+def case_report(records: Sequence[dict[str, Any]], per_category: int = 3, seed: int = 0) -> str:
+    """Markdown: the summary counts, then a random sample of each category with prompt, response, truth.
+
+    Format-0 cases are checked with ``lenient_answer``: a correct answer found there means the model
+    solved the problem but broke the format (or the parser is too strict); none means a model failure.
+    """
+    rng = random.Random(seed)
+    unformatted = [r for r in records if not r["format_reward"]]
+    leniently_correct = answers_equivalent_batch([(lenient_answer(r["response"]), r["ground_truth"]) for r in unformatted])
+    missed = {id(r) for r, ok in zip(unformatted, leniently_correct) if ok}
+    summary = summarize(records)
+    lines = [
+        "# Evaluation case analysis",
+        "",
+        f"{summary['n_records']} responses to {summary['n_problems']} problems: accuracy {summary['accuracy']:.3f}, "
+        f"format rate {summary['format_rate']:.3f}, mean length {summary['mean_response_tokens']:.1f} tokens.",
+        "",
+        "| category | count |",
+        "|---|---|",
+        *(f"| {c} | {summary[f'count_{c}']} |" for c in CATEGORIES),
+        "",
+        f"Of the {len(unformatted)} format-0 responses, {len(missed)} contain a correct answer that the "
+        "r1_zero format rules rejected (format/parser failures); the rest hold no correct answer (model failures).",
+    ]
+    for name in CATEGORIES:
+        members = [r for r in records if category(r) == name]
+        lines += ["", f"## {name} ({len(members)})"]
+        for r in rng.sample(members, min(per_category, len(members))):
+            lines += ["", f"### {r['unique_id']} (sample {r['sample']}, {r['response_tokens']} tokens, {r['finish_reason']})"]
+            if name == "format0_answer0":
+                found = lenient_answer(r["response"])
+                verdict = "correct: format failure" if id(r) in missed else "not correct: model failure"
+                lines.append(f"Lenient read of the answer: `{found}` ({verdict})." if found else "No answer found in the text: model failure.")
+            lines += ["", "**Prompt**", "", "```", r["prompt"], "```", "", "**Response**", "", "```", r["response"], "```",
+                      "", f"**Ground truth:** `{r['ground_truth']}`"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,180 @@
+"""vLLM rollout backend: ``vllm.LLM`` in this process (V1 engine, single worker).
+
+vLLM is imported lazily, inside the engine, after ``set_vllm_env`` has set (only where unset):
+
+- ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the engine core runs in this process, so ``load_weights``
+  can hand it a plain iterator of tensors (with the multiprocess engine it would have to be
+  serialised); this is also what the A5 handout's weight-sync recipe assumes.
+- ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB of KV cache on CPU; ignored on GPU), ``VLLM_NO_USAGE_STATS=1``.
+
+Defaults chosen here (each can be overridden through ``backend_kwargs``):
+
+- CPU: ``enforce_eager=True`` (compiled mode takes minutes to start on CPU) and
+  ``enable_chunked_prefill=False``: on CPU a request with a per-request ``seed`` crashes when its
+  prompt is prefilled in chunks (vLLM rewinds the request's generator with ``set_offset``, which a
+  CPU generator does not support). Without chunked prefill no prompt is ever split: a prompt that
+  does not fit into this step's token budget (``max_num_batched_tokens``, at least ``max_model_len``)
+  waits for the next step.
+- ``seed=0`` for the engine (requests without a seed still differ from one another).
+
+On CPU, vLLM's worker replaces ``torch.set_num_threads`` with a no-op for the whole process (it
+binds OpenMP threads to cores); the engine puts the real function back once vLLM has started, so
+training code in the same process still controls its thread count.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from a5core.rollout import Completion, SamplingSettings, check_prompts, resolve_dtype
+
+_VLLM_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+}
+_STRIP_PREFIXES = ("module.", "_orig_mod.")  # DDP / torch.compile wrappers around a policy
+
+
+def set_vllm_env() -> None:
+    """Set the environment vLLM needs here, where the caller has not set it (before importing vllm)."""
+    for key, value in _VLLM_ENV.items():
+        os.environ.setdefault(key, value)
+
+
+def _hf_weight_name(name: str) -> str:
+    for prefix in _STRIP_PREFIXES:
+        while name.startswith(prefix):
+            name = name[len(prefix) :]
+    return name
+
+
+def _eager_count_greater_equal(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    return (x >= values).sum(-1)
+
+
+class VLLMEngine:
+    """Rollouts with an in-process ``vllm.LLM``; see ``a5core.rollout`` for the shared semantics.
+
+    ``model``: local directory or hub id. ``dtype``: as in ``make_engine``. ``device``: None, or the
+    device type vLLM's platform uses (``"cuda"``, ``"cpu"``); vLLM picks the device itself.
+    ``llm_kwargs`` go to ``vllm.LLM`` (e.g. ``gpu_memory_utilization``, ``max_model_len``,
+    ``max_num_seqs``, ``max_num_batched_tokens``, ``enforce_eager``, ``seed``).
+    """
+
+    def __init__(self, model: str, *, dtype: str | torch.dtype = "auto", device: str | None = None, **llm_kwargs: Any):
+        set_vllm_env()
+        import vllm
+        from vllm.platforms import current_platform
+
+        platform_device = current_platform.device_type
+        if device is not None and torch.device(device).type != platform_device:
+            raise ValueError(
+                f"device {device!r} is not what vLLM runs on here ({platform_device!r}); "
+                "pass device=None or use the hf backend"
+            )
+        self.device_type = platform_device
+        self.dtype = resolve_dtype(dtype, platform_device)
+        on_cpu = current_platform.is_cpu()
+        llm_kwargs.setdefault("seed", 0)
+        llm_kwargs.setdefault("logprobs_mode", "raw_logprobs")  # before temperature/top-p (the default)
+        if on_cpu:
+            llm_kwargs.setdefault("enforce_eager", True)
+            llm_kwargs.setdefault("enable_chunked_prefill", False)
+            self._use_eager_logprob_ranks()
+        set_num_threads = torch.set_num_threads
+        try:
+            self.llm = vllm.LLM(
+                model=str(model), dtype=str(self.dtype).removeprefix("torch."), trust_remote_code=False, **llm_kwargs
+            )
+        finally:
+            # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process; the
+            # training code sharing this process keeps control of its own thread count.
+            torch.set_num_threads = set_num_threads
+        self.tokenizer = self.llm.get_tokenizer()
+        self._vllm = vllm
+
+    @staticmethod
+    def _use_eager_logprob_ranks() -> None:
+        """CPU only: vLLM ranks each sampled token with a ``torch.compile``d helper, which on CPU
+        costs ~15 s of C++ compilation on first use and a few seconds again for each new batch
+        shape. The ranks are not used here; the eager expression is the same computation."""
+        try:
+            from vllm.v1.sample import sampler
+        except ImportError:  # layout changed: keep vLLM's own (slow but correct) helper
+            return
+        if hasattr(sampler, "batched_count_greater_than"):
+            sampler.batched_count_greater_than = _eager_count_greater_equal
+
+    def _sampling_params(self, s: SamplingSettings):
+        return self._vllm.SamplingParams(
+            n=1 if s.greedy else s.n,  # vLLM refuses n > 1 for greedy; copies are made below
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=0,
+            max_tokens=s.max_tokens,
+            min_tokens=s.min_tokens,
+            stop=list(s.stop),
+            include_stop_str_in_output=True,
+            seed=s.seed,
+            logprobs=0 if s.logprobs else None,  # 0: just the sampled token's log-prob
+            skip_special_tokens=True,
+        )
+
+    def generate(self, prompts: Sequence[str], sampling: SamplingSettings) -> list[list[Completion]]:
+        """``len(prompts)`` lists of ``sampling.n`` Completions, prompt order kept."""
+        prompts = check_prompts(prompts)
+        if not prompts:
+            return []
+        token_prompts = [
+            {"prompt_token_ids": ids} for ids in self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
+        ]
+        outputs = self.llm.generate(token_prompts, self._sampling_params(sampling), use_tqdm=False)
+        groups = []
+        for output in outputs:
+            completions = [self._completion(c, sampling.logprobs) for c in output.outputs]
+            if sampling.greedy:
+                completions = completions * sampling.n
+            if len(completions) != sampling.n:
+                raise RuntimeError(f"vLLM returned {len(completions)} completions for a prompt, expected {sampling.n}")
+            groups.append(completions)
+        return groups
+
+    @staticmethod
+    def _completion(c: Any, logprobs: bool) -> Completion:
+        if c.finish_reason not in ("stop", "length"):
+            raise RuntimeError(f"vLLM finished a request with reason {c.finish_reason!r}")
+        token_ids = tuple(int(t) for t in c.token_ids)
+        log_probs = None
+        if logprobs:
+            log_probs = tuple(float(step[t].logprob) for step, t in zip(c.logprobs, token_ids))
+        return Completion(text=c.text, token_ids=token_ids, finish_reason=c.finish_reason, log_probs=log_probs)
+
+    def load_weights(self, policy_model: torch.nn.Module) -> None:
+        """Push ``policy_model``'s current parameters (HF names, any device/dtype) into the engine.
+
+        The V1 recipe: ``reload_weights`` on the worker (runs the model's ``load_weights`` between
+        vLLM's layerwise reload hooks, which redo the per-layer post-processing such as CPU weight
+        packing), then re-process a tied ``lm_head`` (it shares the embedding, which was reloaded,
+        but its packed copy is not refreshed otherwise), then drop the prefix cache (its KV entries
+        came from the old weights). Skipping either of the last two steps leaves outputs that
+        silently differ from the policy's. Needs the in-process engine (see the module docstring).
+        """
+        state = policy_model.state_dict()
+        weights = ((_hf_weight_name(name), tensor.detach()) for name, tensor in state.items())
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        self.llm.apply_model(_reprocess_tied_lm_head)
+        self.llm.reset_prefix_cache()
+
+
+def _reprocess_tied_lm_head(model: torch.nn.Module) -> None:
+    lm_head = getattr(model, "lm_head", None)
+    config = getattr(model, "config", None)
+    tied = getattr(config, "tie_word_embeddings", False)
+    method = getattr(lm_head, "quant_method", None)
+    if tied and method is not None and hasattr(method, "process_weights_after_loading"):
+        method.process_weights_after_loading(lm_head)

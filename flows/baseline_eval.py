@@ -1,0 +1,80 @@
+"""Flow ``baseline_eval``: zero-shot evaluation of a model on MATH (or GSM8K) with a prompt template.
+
+load data → generate (cached on model, data, prompt and sampling) → grade → write records, summary
+and case report → one MLflow run in experiment ``baseline_eval``. A5 defaults: r1_zero prompt,
+temperature 1.0, top_p 1.0, max_tokens 1024, stop ``</answer>``, MATH validation (5,000 problems).
+
+    python -m flows.baseline_eval --help
+    python -m flows.baseline_eval --config params.yaml --limit 20
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Literal
+
+from prefect import flow
+from pydantic import BaseModel, Field
+
+from a5core.prompts import load_prompt
+from a5core.rollout import SamplingSettings
+from tasks.evaluation import generate, grade, load_problems, log_evaluation_run, model_fingerprint, write_outputs
+from tasks.tracking import DEFAULT_TRACKING_URI
+
+
+class BaselineEvalParams(BaseModel):
+    model: str = Field("Qwen/Qwen2.5-Math-1.5B", description="hub id, local folder, or smollm2-135m-instruct")
+    backend: Literal["auto", "vllm", "hf"] = Field("auto", description="rollout engine (auto: vllm if installed)")
+    dtype: str = Field("auto", description="engine dtype: auto (bf16 on GPU, fp32 on CPU), bfloat16, float32")
+    data: str = Field("../shared/data/math/validation.jsonl", description="jsonl path or hub dataset id")
+    data_format: Literal["math", "gsm8k"] = Field("math", description="record format of the data")
+    limit: int | None = Field(None, gt=0, description="evaluate only the first N problems")
+    prompt: str = Field("r1_zero", description="prompt template: r1_zero, question_only, or a file path")
+    reward_fn: Literal["r1_zero", "question_only"] = Field("r1_zero", description="grader matching the prompt")
+    n: int = Field(1, gt=0, description="samples per problem")
+    temperature: float = Field(1.0, ge=0, description="sampling temperature (0: greedy)")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling")
+    max_tokens: int = Field(1024, gt=0, description="maximum response tokens")
+    min_tokens: int = Field(0, ge=0, description="minimum response tokens")
+    stop: list[str] = Field(["</answer>"], description="stop strings (kept in the response)")
+    seed: int | None = Field(0, description="sampling seed")
+    output_dir: str = Field("outputs/baseline_eval", description="records.jsonl, summary.json, report.md")
+    metrics_path: str | None = Field("metrics/baseline_eval.json", description="DVC metrics file")
+    experiment: str = Field("baseline_eval", description="MLflow experiment")
+    tracking_uri: str = Field(DEFAULT_TRACKING_URI, description="MLflow tracking store")
+
+
+@flow(name="baseline_eval")
+def baseline_eval(params: BaselineEvalParams = BaselineEvalParams()) -> dict:
+    """Zero-shot evaluation; returns the summary, output paths and the MLflow run id."""
+    template = load_prompt(params.prompt)
+    problems = load_problems(params.data, params.data_format, params.limit)
+    prompts = [template.format(p.problem) for p in problems]
+    sampling = SamplingSettings(n=params.n, temperature=params.temperature, top_p=params.top_p,
+                                max_tokens=params.max_tokens, min_tokens=params.min_tokens,
+                                stop=tuple(params.stop), seed=params.seed)
+    completions = generate(params.model, model_fingerprint(params.model), params.backend, params.dtype, prompts, sampling)
+    records = grade(problems, prompts, completions, params.reward_fn)
+    outputs = write_outputs(records, params.output_dir, params.metrics_path)
+    run_name = f"{params.model.rstrip('/').split('/')[-1]}-{params.prompt}-{len(problems)}"
+    run_id = log_evaluation_run(params.experiment, run_name, params.tracking_uri, params.model_dump(), records, outputs)
+    return {**outputs, "mlflow_run_id": run_id, "tracking_uri": params.tracking_uri}
+
+
+def main(argv: list[str] | None = None) -> None:
+    from flows.cli import parse_params
+
+    params = parse_params(BaselineEvalParams, "baseline_eval", argv, __doc__)
+    result = baseline_eval(params)
+    summary = result["summary"]
+    print(f"\naccuracy {summary['accuracy']:.3f} · format rate {summary['format_rate']:.3f} · "
+          f"categories (F1A1 / F1A0 / F0A0): {summary['count_format1_answer1']} / {summary['count_format1_answer0']} / "
+          f"{summary['count_format0_answer0']}")
+    for name, path in result["paths"].items():
+        print(f"{name:8} {path}")
+    print(f"mlflow   run {result['mlflow_run_id']} in {result['tracking_uri']} "
+          f"(mlflow ui --backend-store-uri {result['tracking_uri']} --host 127.0.0.1)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

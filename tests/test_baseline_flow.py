@@ -1,0 +1,76 @@
+"""The baseline_eval flow end to end: CLI, Prefect caching, outputs, MLflow run read back."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def prefect_harness(tmp_path_factory):
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def test_cli_help_lists_every_parameter():
+    from flows.baseline_eval import BaselineEvalParams
+
+    out = subprocess.run([sys.executable, "-m", "flows.baseline_eval", "--help"], capture_output=True, text=True, check=True).stdout
+    for name in BaselineEvalParams.model_fields:
+        assert "--" + name.replace("_", "-") in out
+    assert "--limit" in out and "--config" in out
+
+
+def test_cli_rejects_bad_parameters():
+    result = subprocess.run([sys.executable, "-m", "flows.baseline_eval", "--temperature", "-1"], capture_output=True, text=True)
+    assert result.returncode == 2 and "temperature" in result.stderr
+
+
+def test_config_profile_overrides(tmp_path):
+    from flows.baseline_eval import BaselineEvalParams
+    from flows.cli import parse_params
+
+    config = tmp_path / "params.yaml"
+    config.write_text("profile: cpu\nbaseline_eval: {limit: 100, max_tokens: 1024}\nprofiles: {cpu: {baseline_eval: {limit: 3}}}\n")
+    params = parse_params(BaselineEvalParams, "baseline_eval", ["--config", str(config), "--max-tokens", "7"])
+    assert (params.limit, params.max_tokens, params.temperature) == (3, 7, 1.0)
+
+
+def test_flow_runs_caches_and_logs_to_mlflow(prefect_harness, tiny_lm_dir, shared_data, tmp_path, monkeypatch):
+    import mlflow
+
+    import tasks.evaluation
+    from a5core.data import load_math
+    from flows.baseline_eval import BaselineEvalParams, baseline_eval
+
+    engines = []
+    real_make_engine = tasks.evaluation.make_engine
+    monkeypatch.setattr(tasks.evaluation, "make_engine", lambda *a, **k: engines.append(a) or real_make_engine(*a, **k))
+    params = BaselineEvalParams(
+        model=str(tiny_lm_dir), backend="hf", data=str(shared_data / "math/validation.jsonl"), limit=4, n=2,
+        max_tokens=12, output_dir=str(tmp_path / "out"), metrics_path=str(tmp_path / "metrics.json"),
+        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+    )
+    monkeypatch.chdir(tmp_path)  # artifacts go under ./mlruns
+    first = baseline_eval(params)
+    records = [json.loads(line) for line in (tmp_path / "out/records.jsonl").read_text().splitlines()]
+    first_four = [p.unique_id for p in load_math(shared_data / "math/validation.jsonl")[:4]]
+    assert [r["unique_id"] for r in records] == [i for i in first_four for _ in range(2)]
+    assert json.loads((tmp_path / "metrics.json").read_text())["n_records"] == 8
+    assert "# Evaluation case analysis" in (tmp_path / "out/report.md").read_text()
+
+    second = baseline_eval(params)
+    assert len(engines) == 1, "unchanged inputs must not generate again"
+    assert second["summary"] == first["summary"]
+
+    mlflow.set_tracking_uri(params.tracking_uri)
+    runs = mlflow.search_runs(experiment_names=["baseline_eval"])
+    assert len(runs) == 2 and set(runs["metrics.n_records"]) == {8.0}
+    artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(first["mlflow_run_id"])}
+    assert {"generations.json", "summary.json", "report.md"} <= artifacts
+    mlflow.set_experiment("baseline_eval")  # load_table searches the current experiment
+    table = mlflow.load_table("generations.json", run_ids=[first["mlflow_run_id"]])
+    assert len(table) == 8 and "response" in table.columns
