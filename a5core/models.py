@@ -170,9 +170,18 @@ def convert_embedded(target: Path, gguf: Path | None = None) -> Path:
     gguf = gguf or embedded_gguf_path()
     start = time.monotonic()
     model, tokenizer = load_gguf(gguf)
-    for cfg in (model.config, model.generation_config):  # the GGUF's ids; assert rather than silently rewrite
-        if cfg.eos_token_id != tokenizer.eos_token_id:
-            raise ModelResolutionError(f"GGUF eos ids disagree: {cfg.eos_token_id} vs tokenizer {tokenizer.eos_token_id}")
+    if model.generation_config.eos_token_id != model.config.eos_token_id:
+        raise ModelResolutionError(
+            f"GGUF eos ids disagree: config {model.config.eos_token_id} vs generation config {model.generation_config.eos_token_id}"
+        )
+    # The model config carries the GGUF's own eos/pad ids; transformers 5.17 reads the tokenizer's eos as
+    # <|im_start|> (id 1) instead, so the tokenizer is aligned to the config.
+    for role in ("eos", "pad"):
+        token_id = getattr(model.config, f"{role}_token_id")
+        if token_id is not None and getattr(tokenizer, f"{role}_token_id") != token_id:
+            logger.warning("GGUF tokenizer %s id %s differs from the model's %s; using the model's", role,
+                           getattr(tokenizer, f"{role}_token_id"), token_id)
+            setattr(tokenizer, f"{role}_token", tokenizer.convert_ids_to_tokens(token_id))
     # The GGUF leaves model_max_length unset (1e30); use the context length, as the upstream repo does.
     tokenizer.model_max_length = model.config.max_position_embeddings
     model.save_pretrained(target)  # safetensors, float32, tied lm_head not duplicated
