@@ -80,6 +80,10 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
         raise DataError(f"{path}: empty data file (no records)")
 
 
+_UMASK = os.umask(0o022)  # read once at import (setting it is process-wide, so not from worker threads)
+os.umask(_UMASK)
+
+
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     """Write text to a temporary file beside ``path``, fsync it, then rename it into place.
 
@@ -89,6 +93,7 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the file the usual permissions
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()

@@ -96,3 +96,12 @@ def test_write_jsonl_atomic_keeps_old_file_on_failure(tmp_path):
         write_jsonl_atomic(path, exploding())
     assert [json.loads(line) for line in path.read_text().splitlines()] == [{"a": 1}, {"a": 2}]
     assert [p.name for p in path.parent.iterdir()] == ["r.jsonl"]  # no temporary left behind
+    assert path.stat().st_mode & 0o777 == 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    import os
+
+    current = os.umask(0)
+    os.umask(current)
+    return current

@@ -1,0 +1,60 @@
+"""A verifiable toy task the project generates itself: arithmetic problems in MATH's record format.
+
+Small models (SmolLM2-135M, tiny test models) cannot solve MATH, so their learning runs need a task in
+their reach. Each problem is "What is 23 + 45?" with answer "68" and a one-line solution ending in a
+``\\boxed{}`` answer, so every MATH tool (loaders, solution → r1 traces, the grader) applies unchanged.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+
+from a5core.data import Problem
+
+OPERATIONS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+
+
+SPLITS = ("train", "validation")
+
+
+def _split_of(a: int, op: str, b: int) -> str:
+    """A fixed, disjoint assignment: one problem in five is validation, whatever the seed."""
+    return "validation" if zlib.crc32(f"{a}{op}{b}".encode()) % 5 == 0 else "train"
+
+
+def arithmetic_problems(n: int, digits: int = 2, operations: str = "+-", seed: int = 0, split: str = "train") -> list[Problem]:
+    """``n`` distinct problems ``a op b`` with operands of up to ``digits`` digits, seeded.
+
+    The train and validation splits never share a problem. ``unique_id`` is ``arithmetic/{split}/{i}``;
+    level is the digit count; subject "arithmetic".
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    unknown = set(operations) - set(OPERATIONS)
+    if unknown or not operations:
+        raise ValueError(f"operations must be drawn from {''.join(OPERATIONS)}, got {operations!r}")
+    if n < 1 or digits < 1:
+        raise ValueError(f"n and digits must be ≥ 1, got n={n}, digits={digits}")
+    rng = random.Random(f"{seed}/{split}")
+    high = 10**digits - 1
+    available = sum(_split_of(a, op, b) == split for a in range(high + 1) for op in operations for b in range(high + 1))
+    if n > available:
+        raise ValueError(f"only {available} distinct {split} problems exist for digits={digits}, operations={operations!r}")
+    seen: set[tuple[int, str, int]] = set()
+    problems = []
+    while len(problems) < n:
+        a, op, b = rng.randint(0, high), rng.choice(operations), rng.randint(0, high)
+        if (a, op, b) in seen or _split_of(a, op, b) != split:
+            continue
+        seen.add((a, op, b))
+        result = OPERATIONS[op](a, b)
+        problems.append(Problem(
+            unique_id=f"arithmetic/{split}/{len(problems)}",
+            problem=f"What is ${a} {op} {b}$?",
+            answer=str(result),
+            solution=f"${a} {op} {b} = \\boxed{{{result}}}$.",
+            subject="arithmetic",
+            level=digits,
+        ))
+    return problems

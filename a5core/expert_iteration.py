@@ -1,0 +1,137 @@
+"""Expert Iteration (CS336 A5 §4): sample, keep what the verifier accepts, fine-tune on it, repeat.
+
+Each of ``n_ei_steps`` rounds:
+
+1. sample ``questions_per_step`` (D_b) questions from the training problems (seeded per round);
+2. push the policy's weights into the engine and draw ``rollouts_per_question`` (G) responses per
+   question (temperature 1.0, min_tokens 4, max_tokens 1024, stop ``</answer>`` by default);
+3. grade them and keep the correct ones — the round's SFT set (saved, so a resumed round trains on
+   exactly the same data);
+4. run the SFT loop on the kept traces for ``sft.epochs`` epochs (its own checkpoints);
+5. call ``evaluate(model, round)`` and log the round: kept fraction, rollout reward and format rate,
+   mean response entropy and lengths, plus whatever evaluate returned.
+
+Resuming: the round's kept set and the SFT checkpoint inside it make a killed run restart exactly where
+it stopped; a finished round is recorded in ``state.json`` and not run again. Metrics leave through the
+``log(metrics, step)`` callback; the step is the round index.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from a5core.data import Problem, Trace, load_sft_traces, write_jsonl_atomic, write_text_atomic
+from a5core.evaluation import grade_completions, response_entropies
+from a5core.prompts import PromptTemplate
+from a5core.rollout import Engine, SamplingSettings
+from a5core.sft import SFTConfig, train_sft
+
+
+@dataclass(frozen=True)
+class EIConfig:
+    """Expert Iteration settings; names follow the handout (D_b, G, E)."""
+
+    n_ei_steps: int = 5
+    questions_per_step: int = 512  # D_b
+    rollouts_per_question: int = 8  # G
+    sampling: SamplingSettings = field(
+        default_factory=lambda: SamplingSettings(temperature=1.0, min_tokens=4, max_tokens=1024, stop=("</answer>",))
+    )
+    sft: SFTConfig = field(default_factory=lambda: SFTConfig(epochs=1))  # E = sft.epochs
+    entropy_sample: int = 64  # responses whose mean token entropy is measured each round
+    seed: int = 0
+    checkpoint_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("n_ei_steps", "questions_per_step", "rollouts_per_question"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"EIConfig.{name} must be ≥ 1, got {getattr(self, name)}")
+
+
+def expert_iteration(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    engine: Engine,
+    problems: Sequence[Problem],
+    template: PromptTemplate,
+    reward_fn: Callable[[str, Any], dict[str, float]],
+    config: EIConfig,
+    *,
+    evaluate: Callable[[torch.nn.Module, int], dict[str, float]] | None = None,
+    log: Callable[[dict[str, float], int], None] = lambda metrics, step: None,
+) -> list[dict[str, float]]:
+    """Run (or resume) Expert Iteration; returns each round's logged metrics."""
+    root = Path(config.checkpoint_dir) if config.checkpoint_dir else None
+    state = json.loads((root / "state.json").read_text()) if root and (root / "state.json").is_file() else {"rounds": []}
+    if state["rounds"]:
+        model.load_state_dict(torch.load(root / "model.pt", map_location=next(model.parameters()).device))
+    history: list[dict[str, float]] = state["rounds"]
+    for step in range(len(history), config.n_ei_steps):
+        round_dir = root / f"round-{step}" if root else None
+        kept_path = round_dir / "kept.jsonl" if round_dir else None
+        if kept_path is not None and kept_path.is_file():
+            kept = load_sft_traces(kept_path) if kept_path.stat().st_size else []
+            metrics = json.loads((round_dir / "rollouts.json").read_text())
+        else:
+            kept, metrics = _rollout_round(model, tokenizer, engine, problems, template, reward_fn, config, step)
+            if round_dir is not None:
+                write_jsonl_atomic(kept_path, [asdict(t) for t in kept])
+                write_text_atomic(round_dir / "rollouts.json", json.dumps(metrics))
+        if kept:
+            sft_config = replace(config.sft, seed=config.seed + step,
+                                 checkpoint_dir=str(round_dir / "sft") if round_dir else None)
+            final = train_sft(model, tokenizer, kept, sft_config,
+                              log=lambda m, s, step=step: log({f"sft/{k}": v for k, v in m.items()}, step))
+            metrics["sft_loss"] = final.get("loss", float("nan"))
+        if evaluate is not None:
+            metrics.update(evaluate(model, step))
+        log(metrics, step)
+        history.append(metrics)
+        if root is not None:
+            torch.save(model.state_dict(), root / "model.pt.tmp")
+            (root / "model.pt.tmp").replace(root / "model.pt")
+            write_text_atomic(root / "state.json", json.dumps({"rounds": history}))
+    return history
+
+
+def _rollout_round(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    engine: Engine,
+    problems: Sequence[Problem],
+    template: PromptTemplate,
+    reward_fn: Callable[[str, Any], dict[str, float]],
+    config: EIConfig,
+    step: int,
+) -> tuple[list[Trace], dict[str, float]]:
+    """Sample D_b questions, G rollouts each, grade; return the correct ones as traces and round stats."""
+    rng = random.Random(config.seed * 1_000_003 + step)
+    questions = rng.sample(list(problems), min(config.questions_per_step, len(problems)))
+    prompts = [template.format(p.problem) for p in questions]
+    engine.load_weights(model)
+    sampling = replace(config.sampling, n=config.rollouts_per_question, seed=config.seed + step)
+    records = grade_completions(questions, prompts, engine.generate(prompts, sampling), reward_fn)
+    kept = [Trace(r["prompt"], r["response"], r["ground_truth"]) for r in records if r["reward"] == 1.0]
+    sample = rng.sample(records, min(config.entropy_sample, len(records)))
+    entropies = [e for e in response_entropies(model, tokenizer, [r["prompt"] for r in sample], [r["response"] for r in sample]) if e == e]
+    correct = [r["response_tokens"] for r in records if r["reward"] == 1.0]
+    incorrect = [r["response_tokens"] for r in records if r["reward"] != 1.0]
+    metrics = {
+        "rollouts": float(len(records)),
+        "kept": float(len(kept)),
+        "kept_fraction": len(kept) / len(records),
+        "questions_solved_fraction": len({r["unique_id"] for r in records if r["reward"] == 1.0}) / len(questions),
+        "rollout_format_rate": sum(r["format_reward"] for r in records) / len(records),
+        "rollout_mean_response_tokens": sum(r["response_tokens"] for r in records) / len(records),
+        "rollout_mean_response_tokens_correct": sum(correct) / len(correct) if correct else float("nan"),
+        "rollout_mean_response_tokens_incorrect": sum(incorrect) / len(incorrect) if incorrect else float("nan"),
+        "rollout_mean_token_entropy": sum(entropies) / len(entropies) if entropies else float("nan"),
+    }
+    return kept, metrics

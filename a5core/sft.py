@@ -1,0 +1,412 @@
+"""Supervised fine-tuning (CS336 A5 §3): maximise log p(response | prompt) on reasoning traces.
+
+``train_sft(model, tokenizer, traces, SFTConfig(...), evaluate=..., log=...)`` is one plain loop: no
+trainer class, metrics leave through ``log(metrics, step)``, weights reach an inference engine through
+the caller's ``evaluate(model, step)``. The loop's docstring explains the algorithm's choices; the
+checkpoint helpers at the bottom explain the on-disk layout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import random
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from a5core.data import Trace, write_text_atomic
+from a5core.policy import get_response_log_probs, sft_microbatch_train_step, tokenize_prompt_and_output
+
+logger = logging.getLogger(__name__)
+
+LR_SCHEDULES = ("cosine", "constant")
+# Fields that say where and how often side effects happen, not what is trained: a run may be resumed
+# with them changed (another checkpoint directory, checkpoints or evaluations more or less often).
+UNFINGERPRINTED_FIELDS = ("checkpoint_dir", "checkpoint_every", "eval_every")
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A training step produced a NaN/inf loss or gradient norm; the step's update was not applied."""
+
+
+class CheckpointMismatchError(ValueError):
+    """The checkpoint directory holds a run with another configuration or other training data."""
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Settings of one SFT run; invalid values raise ``ValueError`` naming the field.
+
+    ``batch_size`` sequences make one optimizer step, processed ``microbatch_size`` at a time
+    (gradient accumulation over ``batch_size // microbatch_size`` micro-batches). ``lr_schedule``:
+    linear warmup over ``warmup_steps`` steps, then ``constant`` or ``cosine`` decay to 0 at the end
+    of the run (see :func:`lr_multiplier`). ``grad_clip`` 0 disables clipping (the norm is still logged).
+    ``max_seq_len`` caps prompt + response tokens; longer sequences lose the end of their response.
+    ``eval_every``/``checkpoint_every`` 0 mean "only at the end"; ``checkpoint_dir`` None: no checkpoints.
+    """
+
+    learning_rate: float = 1e-5
+    lr_schedule: str = "cosine"
+    warmup_steps: int = 0
+    batch_size: int = 32
+    microbatch_size: int = 2
+    epochs: int = 1
+    max_steps: int | None = None
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    normalize_constant: float = 1.0
+    max_seq_len: int = 1024
+    gradient_checkpointing: bool = False
+    seed: int = 0
+    eval_every: int = 0
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+
+    def __post_init__(self) -> None:
+        def fail(field: str, requirement: str) -> None:
+            raise ValueError(f"SFTConfig.{field} must be {requirement}, got {getattr(self, field)!r}")
+
+        def is_int(value: Any) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        def is_number(value: Any) -> bool:
+            return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+        if not is_number(self.learning_rate) or self.learning_rate <= 0:
+            fail("learning_rate", "a finite number > 0")
+        if self.lr_schedule not in LR_SCHEDULES:
+            fail("lr_schedule", f"one of {', '.join(LR_SCHEDULES)}")
+        for name in ("batch_size", "microbatch_size", "epochs"):
+            if not is_int(getattr(self, name)) or getattr(self, name) < 1:
+                fail(name, "an int >= 1")
+        if not is_int(self.max_seq_len) or self.max_seq_len < 2:
+            fail("max_seq_len", "an int >= 2 (a prompt token and a response token)")
+        if self.batch_size % self.microbatch_size:
+            fail("batch_size", f"a multiple of microbatch_size ({self.microbatch_size})")
+        if self.max_steps is not None and (not is_int(self.max_steps) or self.max_steps < 1):
+            fail("max_steps", "None or an int >= 1")
+        for name in ("warmup_steps", "eval_every", "checkpoint_every", "seed"):
+            if not is_int(getattr(self, name)) or getattr(self, name) < 0:
+                fail(name, "an int >= 0")
+        if not is_number(self.weight_decay) or self.weight_decay < 0:
+            fail("weight_decay", "a finite number >= 0")
+        betas = tuple(self.betas) if isinstance(self.betas, (tuple, list)) else ()
+        if len(betas) != 2 or not all(is_number(b) and 0 <= b < 1 for b in betas):
+            fail("betas", "two numbers in [0, 1)")
+        object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
+        if not is_number(self.grad_clip) or self.grad_clip < 0:
+            fail("grad_clip", "a finite number >= 0 (0: no clipping)")
+        if not is_number(self.normalize_constant) or self.normalize_constant <= 0:
+            fail("normalize_constant", "a finite number > 0")
+        if not isinstance(self.gradient_checkpointing, bool):
+            fail("gradient_checkpointing", "a bool")
+        if self.checkpoint_dir is not None and not isinstance(self.checkpoint_dir, (str, os.PathLike)):
+            fail("checkpoint_dir", "None or a path")
+
+
+def lr_multiplier(step: int, warmup_steps: int, total_steps: int, schedule: str) -> float:
+    """The learning-rate factor for the optimizer step with 0-based index ``step`` (of ``total_steps``).
+
+    Warmup: step ``t < warmup_steps`` uses ``(t + 1) / warmup_steps``, so the first step already
+    learns and step ``warmup_steps − 1`` reaches the full rate. Then ``constant`` keeps 1; ``cosine``
+    uses ``0.5·(1 + cos(π·(t − W)/(total − W)))``: 1 at the first step after warmup, falling to 0 at
+    ``t = total_steps``, just past the last step (no step is spent at lr 0).
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant" or total_steps <= warmup_steps:
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def train_sft(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    examples: Sequence[Trace],
+    config: SFTConfig,
+    *,
+    evaluate: Callable[[torch.nn.Module, int], dict[str, float]] | None = None,
+    log: Callable[[dict[str, float], int], None] = lambda metrics, step: None,
+) -> dict[str, float]:
+    """Fine-tune ``model`` in place on ``(trace.prompt, trace.response)`` pairs; return the last metrics.
+
+    The objective is the handout's: for each sequence, the summed log-probability of its response
+    tokens divided by ``normalize_constant``; the loss of a step is minus its mean over the step's
+    sequences. Prompt and padding tokens carry no loss.
+
+    Data order: epoch ``e`` walks the examples in the permutation drawn by a ``torch.Generator``
+    seeded with ``seed + e``, ``batch_size`` at a time. The last batch of an epoch keeps the
+    remainder when ``len(examples)`` is not a multiple of ``batch_size`` (each epoch draws a new
+    permutation, so no example is dropped; a set smaller than one batch still trains); that step
+    averages over its smaller batch. One epoch is therefore ``ceil(n / batch_size)`` optimizer steps,
+    and the run ``epochs`` of them, or ``max_steps`` if that is fewer.
+
+    A step: the batch is cut into micro-batches of ``microbatch_size``; each is tokenised on its own
+    (so padding only reaches its longest member), cut to ``max_seq_len`` tokens, run forward (under
+    bf16 autocast when the model is on CUDA; the model's own dtype is the caller's choice) and
+    back-propagated through ``sft_microbatch_train_step``, whose divisor makes the accumulated
+    gradient the gradient of the batch mean. Then the gradient norm is clipped to ``grad_clip`` and
+    AdamW (fused on CUDA) steps at the scheduled learning rate (see :func:`lr_multiplier`).
+
+    A NaN/inf loss or gradient norm raises :class:`NonFiniteLossError` naming the step *before* the
+    update: the weights stay those of the previous step and no checkpoint is written from them.
+
+    Each step calls ``log`` with ``loss`` (per-sequence mean, not scaled for accumulation),
+    ``token_nll`` (mean negative log-prob per response token), ``lr`` (the rate the step used),
+    ``grad_norm`` (before clipping), ``tokens`` (response tokens trained on), ``truncated``
+    (sequences cut by ``max_seq_len``) and ``epoch`` (epochs done, fractional). ``evaluate(model,
+    step)`` runs every ``eval_every`` steps and after the last one, with the model in eval mode; what
+    it returns is merged, as named, into that step's metrics. The returned dict is the last step's
+    metrics (with the final evaluation) plus ``step``.
+
+    Checkpoints (``checkpoint_dir``): ``latest/`` holds weights, optimizer, scheduler, RNG states and
+    the data position, every ``checkpoint_every`` steps and after the last. A run whose checkpoint
+    exists resumes from it exactly, and refuses (:class:`CheckpointMismatchError`) if it was written
+    with another config or other examples. A finished checkpoint is not trained again: its final
+    weights are loaded into ``model`` and its final metrics returned.
+    """
+    examples = list(examples)
+    if not examples:
+        raise ValueError("train_sft needs at least one example")
+    n = len(examples)
+    steps_per_epoch = math.ceil(n / config.batch_size)
+    total_steps = steps_per_epoch * config.epochs
+    if config.max_steps is not None:
+        total_steps = min(total_steps, config.max_steps)
+    device = next(model.parameters()).device
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        params, lr=config.learning_rate, betas=config.betas, weight_decay=config.weight_decay,
+        fused=device.type == "cuda",
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda t: lr_multiplier(t, config.warmup_steps, total_steps, config.lr_schedule)
+    )
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+    # Start fresh, or resume where the checkpoint left off.
+    fingerprint = run_fingerprint(config, examples)
+    checkpoint = Path(config.checkpoint_dir) if config.checkpoint_dir is not None else None
+    state = load_checkpoint(checkpoint, fingerprint, model, optimizer, scheduler) if checkpoint else None
+    if state is not None and state["finished"]:
+        logger.info("SFT: %s holds a finished run (%d steps); not training again", checkpoint, state["step"])
+        return {**state["metrics"], "step": state["step"]}
+    if state is None:
+        step, epoch, batch_in_epoch, metrics = 0, 0, 0, {}
+        random.seed(config.seed)
+        np.random.seed(config.seed)
+        torch.manual_seed(config.seed)  # all devices
+    else:
+        step, epoch, batch_in_epoch, metrics = state["step"], state["epoch"], state["batch_in_epoch"], state["metrics"]
+        logger.info("SFT: resuming from %s at step %d (epoch %d, batch %d)", checkpoint, step, epoch, batch_in_epoch)
+    logger.info(
+        "SFT: %d examples, %d steps (%d per epoch), batch %d = %d micro-batches of %d",
+        n, total_steps, steps_per_epoch, config.batch_size, config.batch_size // config.microbatch_size,
+        config.microbatch_size,
+    )
+
+    was_training = model.training
+    model.train()
+    order, order_epoch = None, None
+    while step < total_steps:
+        if order_epoch != epoch:
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(config.seed + epoch)).tolist()
+            order_epoch = epoch
+        batch = [examples[i] for i in order[batch_in_epoch * config.batch_size : (batch_in_epoch + 1) * config.batch_size]]
+
+        optimizer.zero_grad(set_to_none=True)
+        loss = torch.zeros((), device=device)
+        nll = torch.zeros((), device=device)
+        tokens = torch.zeros((), dtype=torch.long, device=device)
+        truncated = 0
+        for start in range(0, len(batch), config.microbatch_size):
+            micro = batch[start : start + config.microbatch_size]
+            encoded = tokenize_prompt_and_output([t.prompt for t in micro], [t.response for t in micro], tokenizer)
+            keep = config.max_seq_len - 1  # positions of (input, label) pairs within max_seq_len tokens
+            truncated += int(encoded["response_mask"][:, keep:].any(dim=-1).sum())
+            input_ids, labels, response_mask = (
+                encoded[k][:, :keep].to(device) for k in ("input_ids", "labels", "response_mask")
+            )
+            with autocast:
+                log_probs = get_response_log_probs(model, input_ids, labels)["log_probs"]  # (b, T) fp32
+            # Dividing each micro-batch mean by len(batch)/len(micro) makes the sum the batch mean.
+            micro_loss, meta = sft_microbatch_train_step(
+                log_probs, response_mask, len(batch) / len(micro), config.normalize_constant
+            )
+            loss += micro_loss
+            nll -= (log_probs.detach() * response_mask).sum()
+            tokens += meta["response_tokens"]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip if config.grad_clip > 0 else math.inf)
+        loss_value, grad_norm_value = loss.item(), grad_norm.item()
+        if not (math.isfinite(loss_value) and math.isfinite(grad_norm_value)):
+            kept = f"; {checkpoint / 'latest'}, if written, still holds the last good step" if checkpoint else ""
+            raise NonFiniteLossError(
+                f"SFT step {step + 1} of {total_steps}: loss {loss_value}, grad_norm {grad_norm_value}; "
+                f"training stopped before the update{kept}"
+            )
+        lr = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+
+        step += 1
+        batch_in_epoch += 1
+        if batch_in_epoch == steps_per_epoch:
+            epoch, batch_in_epoch = epoch + 1, 0
+        token_count = int(tokens.item())
+        metrics = {
+            "loss": loss_value,
+            "token_nll": nll.item() / max(token_count, 1),
+            "lr": lr,
+            "grad_norm": grad_norm_value,
+            "tokens": float(token_count),
+            "truncated": float(truncated),
+            "epoch": step / steps_per_epoch,
+        }
+        if evaluate is not None and (step == total_steps or (config.eval_every and step % config.eval_every == 0)):
+            model.eval()
+            metrics.update(evaluate(model, step))
+            model.train()
+        log(metrics, step)
+        logger.debug("SFT step %d/%d: loss %.4f lr %.3g grad_norm %.3f", step, total_steps, loss_value, lr, grad_norm_value)
+        if checkpoint and (step == total_steps or (config.checkpoint_every and step % config.checkpoint_every == 0)):
+            save_checkpoint(checkpoint, model, optimizer, scheduler, {
+                "step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "total_steps": total_steps,
+                "finished": step == total_steps, "metrics": metrics, "fingerprint": fingerprint,
+            })
+    optimizer.zero_grad(set_to_none=True)  # free the gradients (a model's worth of memory) for what comes next
+    model.train(was_training)
+    return {**metrics, "step": step}
+
+
+# ------------------------------------------------------------------------------------- checkpoints
+#
+# checkpoint_dir/latest/ holds model.pt (state_dict), optimizer.pt (optimizer and scheduler state),
+# rng.pt (python, numpy, torch CPU and CUDA generator states) and state.json (step, epoch, batch within
+# the epoch, total steps, finished flag, last metrics, run fingerprint). A checkpoint is written whole
+# into .latest.partial/, then swapped in by two renames (latest → .latest.previous, .latest.partial →
+# latest) before .latest.previous is deleted: at every instant either latest/ or .latest.previous/ is
+# a complete checkpoint, and load_checkpoint puts .latest.previous back if a crash fell between the
+# renames.
+
+
+def run_fingerprint(config: SFTConfig, examples: Sequence[Trace]) -> dict[str, Any]:
+    """What must match for a checkpoint to be resumed: the config (less UNFINGERPRINTED_FIELDS), the
+    number of examples and a sha256 of their prompts and responses, in order."""
+    digest = hashlib.sha256()
+    for trace in examples:
+        for text in (trace.prompt, trace.response):
+            data = text.encode("utf-8")
+            digest.update(len(data).to_bytes(8, "little"))
+            digest.update(data)
+    fields = {k: v for k, v in dataclasses.asdict(config).items() if k not in UNFINGERPRINTED_FIELDS}
+    fields["betas"] = list(fields["betas"])
+    return {"config": fields, "n_examples": len(examples), "examples_sha256": digest.hexdigest()}
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _save_fsynced(obj: Any, path: Path) -> None:
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def save_checkpoint(
+    directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, state: dict[str, Any]
+) -> Path:
+    """Write ``directory/latest`` atomically (see the layout note above); returns its path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    latest, partial, previous = directory / "latest", directory / ".latest.partial", directory / ".latest.previous"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir()
+    _save_fsynced(model.state_dict(), partial / "model.pt")
+    _save_fsynced({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, partial / "optimizer.pt")
+    numpy_state = np.random.get_state()
+    _save_fsynced({
+        "python": random.getstate(),
+        "numpy": (numpy_state[0], numpy_state[1].tolist(), *numpy_state[2:]),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }, partial / "rng.pt")
+    write_text_atomic(partial / "state.json", json.dumps(state, indent=1, default=float) + "\n")  # float: numpy scalars
+    _fsync_dir(partial)
+    if latest.exists():
+        shutil.rmtree(previous, ignore_errors=True)
+        os.rename(latest, previous)
+    os.rename(partial, latest)
+    _fsync_dir(directory)
+    shutil.rmtree(previous, ignore_errors=True)
+    logger.info("SFT: checkpoint at step %d written to %s", state["step"], latest)
+    return latest
+
+
+def load_checkpoint(
+    directory: Path, fingerprint: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+) -> dict[str, Any] | None:
+    """Restore ``directory/latest`` into model, optimizer, scheduler and the RNGs; return its state.json.
+
+    None when there is no checkpoint. A finished run only restores the model. Raises
+    CheckpointMismatchError, naming what differs, when the fingerprint is not ``fingerprint``.
+    """
+    latest, previous = directory / "latest", directory / ".latest.previous"
+    if not latest.exists() and previous.exists():  # a crash between the two renames of a save
+        os.rename(previous, latest)
+    shutil.rmtree(directory / ".latest.partial", ignore_errors=True)  # a save the crash interrupted
+    if not (latest / "state.json").is_file():
+        return None
+    state = json.loads((latest / "state.json").read_text())
+    if state["fingerprint"] != fingerprint:
+        raise CheckpointMismatchError(_describe_mismatch(latest, state["fingerprint"], fingerprint))
+    device = next(model.parameters()).device
+    model.load_state_dict(torch.load(latest / "model.pt", map_location=device, weights_only=True))
+    if state["finished"]:
+        return state
+    saved = torch.load(latest / "optimizer.pt", map_location=device, weights_only=True)
+    optimizer.load_state_dict(saved["optimizer"])
+    scheduler.load_state_dict(saved["scheduler"])
+    rng = torch.load(latest / "rng.pt", weights_only=True)
+    random.setstate(rng["python"])
+    name, keys, *rest = rng["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), *rest))
+    torch.set_rng_state(rng["torch"])
+    if rng["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    return state
+
+
+def _describe_mismatch(latest: Path, saved: dict[str, Any], current: dict[str, Any]) -> str:
+    differences = [
+        f"{key}: {saved['config'].get(key)!r} in the checkpoint, {current['config'].get(key)!r} now"
+        for key in sorted(set(saved["config"]) | set(current["config"]))
+        if saved["config"].get(key) != current["config"].get(key)
+    ]
+    if saved["n_examples"] != current["n_examples"]:
+        differences.append(f"examples: {saved['n_examples']} in the checkpoint, {current['n_examples']} now")
+    elif saved["examples_sha256"] != current["examples_sha256"]:
+        differences.append(f"examples: same number ({current['n_examples']}) but different prompts/responses or order")
+    return (
+        f"checkpoint {latest} belongs to a different SFT run ({'; '.join(differences)}); "
+        "resume with the same config and examples, or use a new checkpoint_dir"
+    )

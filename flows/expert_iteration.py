@@ -1,0 +1,167 @@
+"""Flows ``expert_iteration`` (one EI run) and ``ei_sweep`` (a grid of runs as children of one parent).
+
+Each EI run samples D_b training questions per round, G rollouts each, keeps the correct ones, SFTs
+the policy on them for E epochs and evaluates on a validation subset (full set after the last round);
+every round is logged to MLflow (validation accuracy, kept fraction, entropy, lengths). The sweep
+covers any subset of G × E × D_b and writes one comparison plot and table into the parent run. Killed
+runs resume from their checkpoints and continue their MLflow runs.
+
+    python -m flows.expert_iteration --help
+    python -m flows.expert_iteration --config params.yaml                 # one run
+    python -m flows.expert_iteration --config params.yaml --sweep true    # the grid
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Literal
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel, Field
+
+from a5core.arithmetic import arithmetic_problems
+from a5core.data import Problem, load_gsm8k, load_math, write_text_atomic
+from a5core.expert_iteration import EIConfig, expert_iteration
+from a5core.grading import REWARD_FNS
+from a5core.models import resolve_model
+from a5core.policy import load_policy
+from a5core.prompts import load_prompt
+from a5core.rollout import Engine, SamplingSettings, make_engine
+from a5core.sft import SFTConfig
+from tasks.tracking import DEFAULT_TRACKING_URI, log_params_flat
+from tasks.training import log_comparison, mlflow_logger, start_resumable_run, validation_hook
+
+
+class EIParams(BaseModel):
+    model: str = Field("Qwen/Qwen2.5-Math-1.5B", description="starting policy: hub id, local folder (e.g. an SFT output)")
+    backend: Literal["auto", "vllm", "hf"] = Field("auto")
+    engine_dtype: str = Field("auto")
+    engine_memory_fraction: float = Field(0.3, gt=0, le=1)
+    policy_dtype: Literal["float32", "bfloat16"] = Field("float32")
+    train_data: str = Field("../shared/data/math/train.jsonl", description="questions to sample from, or arithmetic:N:DIGITS")
+    train_format: Literal["math", "gsm8k"] = Field("math")
+    validation_data: str = Field("../shared/data/math/validation.jsonl", description="validation problems, or arithmetic:N:DIGITS")
+    val_subset: int = Field(500, gt=0)
+    val_limit: int | None = Field(None, gt=0, description="problems in the final evaluation (None: all)")
+    prompt: str = Field("r1_zero")
+    reward_fn: Literal["r1_zero", "question_only"] = Field("r1_zero")
+    n_ei_steps: int = Field(5, gt=0)
+    questions_per_step: int = Field(512, gt=0, description="D_b")
+    rollouts_per_question: int = Field(8, gt=0, description="G")
+    epochs: int = Field(1, gt=0, description="E: SFT epochs per round")
+    temperature: float = Field(1.0, ge=0)
+    min_tokens: int = Field(4, ge=0)
+    max_tokens: int = Field(1024, gt=0)
+    learning_rate: float = Field(1e-5, gt=0)
+    batch_size: int = Field(32, gt=0)
+    microbatch_size: int = Field(2, gt=0)
+    max_seq_len: int = Field(1536, gt=0)
+    gradient_checkpointing: bool = Field(False)
+    seed: int = Field(0)
+    sweep: bool = Field(False, description="run the grid below as children of one parent run")
+    sweep_rollouts_per_question: list[int] = Field([4, 8], description="G values of the sweep")
+    sweep_epochs: list[int] = Field([1, 2], description="E values of the sweep")
+    sweep_questions_per_step: list[int] = Field([512, 1024, 2048], description="D_b values of the sweep")
+    output_dir: str = Field("outputs/expert_iteration")
+    metrics_path: str | None = Field("metrics/expert_iteration.json")
+    experiment: str = Field("expert_iteration")
+    tracking_uri: str = Field(DEFAULT_TRACKING_URI)
+
+
+def load_problems(source: str, data_format: str, seed: int, split: str) -> list[Problem]:
+    """A MATH/GSM8K file, or ``arithmetic:N:DIGITS`` (the generated toy task); shuffled with ``seed``."""
+    if source.startswith("arithmetic:"):
+        _, n, digits = source.split(":")
+        problems = arithmetic_problems(int(n), digits=int(digits), seed=seed, split=split)
+    else:
+        problems = (load_math if data_format == "math" else load_gsm8k)(source)
+    return random.Random(seed).sample(problems, len(problems))
+
+
+@task(cache_policy=NO_CACHE)
+def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | None) -> dict:
+    """One EI run in its own resumable MLflow run; returns its summary row."""
+    import mlflow
+    import torch
+
+    run_dir = Path(params.output_dir) / "runs" / name
+    if (run_dir / "done.json").is_file():
+        return json.loads((run_dir / "done.json").read_text())
+    train = load_problems(params.train_data, params.train_format, params.seed, "train")
+    validation = load_problems(params.validation_data, "math", params.seed, "validation")
+    template, reward_fn = load_prompt(params.prompt), REWARD_FNS[params.reward_fn]
+    eval_sampling = SamplingSettings(temperature=params.temperature, max_tokens=params.max_tokens, stop=("</answer>",), seed=params.seed)
+    config = EIConfig(
+        n_ei_steps=params.n_ei_steps, questions_per_step=params.questions_per_step,
+        rollouts_per_question=params.rollouts_per_question, seed=params.seed, checkpoint_dir=str(run_dir / "checkpoint"),
+        sampling=SamplingSettings(temperature=params.temperature, min_tokens=params.min_tokens, max_tokens=params.max_tokens, stop=("</answer>",)),
+        sft=SFTConfig(learning_rate=params.learning_rate, batch_size=params.batch_size, microbatch_size=params.microbatch_size,
+                      epochs=params.epochs, max_seq_len=params.max_seq_len, gradient_checkpointing=params.gradient_checkpointing,
+                      lr_schedule="constant"),
+    )
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with start_resumable_run(run_dir / "mlflow_run_id", params.experiment, f"ei-{name}", params.tracking_uri, parent_run_id) as run:
+        log_params_flat({**params.model_dump(exclude={"sweep_rollouts_per_question", "sweep_epochs", "sweep_questions_per_step"}), "setting": name})
+        model, tokenizer = load_policy(params.model, dtype=getattr(torch, params.policy_dtype), device=device)
+        hook = validation_hook(engine, tokenizer, validation, template, reward_fn, eval_sampling, params.val_subset)
+        history = expert_iteration(model, tokenizer, engine, train, template, reward_fn, config, evaluate=hook, log=mlflow_logger())
+        full = validation_hook(engine, tokenizer, validation, template, reward_fn, eval_sampling, params.val_limit)(model, params.n_ei_steps)
+        mlflow.log_metrics({f"final_{k}": v for k, v in full.items()}, step=params.n_ei_steps)
+        row = {"setting": name, "final_accuracy": full["val_accuracy"], "final_format_rate": full["val_format_rate"],
+               "curve": [{"step": i, "val_accuracy": h["val_accuracy"], "kept_fraction": h["kept_fraction"]} for i, h in enumerate(history)],
+               "mlflow_run_id": run.info.run_id}
+    write_text_atomic(run_dir / "done.json", json.dumps(row))
+    return row
+
+
+def grid(params: EIParams) -> dict[str, EIParams]:
+    """The sweep's settings, named G{g}_E{e}_Db{d}."""
+    return {
+        f"G{g}_E{e}_Db{d}": params.model_copy(update={"rollouts_per_question": g, "epochs": e, "questions_per_step": d})
+        for g, e, d in itertools.product(params.sweep_rollouts_per_question, params.sweep_epochs, params.sweep_questions_per_step)
+    }
+
+
+@flow(name="expert_iteration")
+def expert_iteration_flow(params: EIParams = EIParams()) -> dict:
+    """One EI run, or (``sweep``) the grid as children of one parent run with a comparison plot."""
+    import mlflow
+
+    out = Path(params.output_dir)
+    engine_kwargs = {"gpu_memory_utilization": params.engine_memory_fraction} if params.backend != "hf" else {}
+    engine = make_engine(resolve_model(params.model), params.backend, dtype=params.engine_dtype, **engine_kwargs)
+    if not params.sweep:
+        row = run_ei("single", params, engine, None)
+        summary = [{k: row[k] for k in ("setting", "final_accuracy", "final_format_rate")}]
+        paths: dict[str, str] = {}
+        run_id = row["mlflow_run_id"]
+    else:
+        with start_resumable_run(out / "mlflow_run_id", params.experiment, "ei_sweep", params.tracking_uri) as parent:
+            log_params_flat(params.model_dump())
+            rows = [run_ei(name, setting, engine, parent.info.run_id) for name, setting in grid(params).items()]
+            curves = [{"setting": r["setting"], **point} for r in rows for point in r["curve"]]
+            summary = [{k: r[k] for k in ("setting", "final_accuracy", "final_format_rate")} for r in rows]
+            paths = log_comparison(out, curves, summary, "setting", "Expert Iteration: validation accuracy by round")
+            run_id = parent.info.run_id
+    if params.metrics_path:
+        write_text_atomic(Path(params.metrics_path), json.dumps(summary, indent=2) + "\n")
+    return {"summary": summary, "paths": paths, "mlflow_run_id": run_id}
+
+
+def main(argv: list[str] | None = None) -> None:
+    from flows.cli import parse_params
+
+    result = expert_iteration_flow(parse_params(EIParams, "expert_iteration", argv, __doc__))
+    for row in result["summary"]:
+        print(f"{row['setting']:>14}: accuracy {row['final_accuracy']:.3f}, format {row['final_format_rate']:.3f}")
+    print("\n".join(f"{k:12} {v}" for k, v in result["paths"].items()))
+    print(f"mlflow run {result['mlflow_run_id']}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

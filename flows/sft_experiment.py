@@ -1,0 +1,148 @@
+"""Flow ``sft_experiment``: SFT on {128, 256, 512, 1024, full} examples and on the filtered set.
+
+One parent MLflow run (experiment ``sft_experiment``) with a child run per setting. Each child fine-tunes
+a fresh copy of the base model with the SFT loop, evaluates on a validation subset every
+``eval_every`` steps (weights pushed into one shared engine) and on the full validation set at the end.
+The parent gets the comparison plot (validation accuracy against step, one line per setting), a table
+(setting → final accuracy, format rate) and the curves as csv; the same files are DVC plots/metrics.
+A killed run resumes: each child continues its checkpoint and its MLflow run; finished children are
+not trained again.
+
+    python -m flows.sft_experiment --help
+    python -m flows.sft_experiment --config params.yaml
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Literal
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel, Field
+
+from a5core.data import Trace, load_math, load_sft_traces, write_text_atomic
+from a5core.grading import REWARD_FNS
+from a5core.models import resolve_model
+from a5core.policy import load_policy
+from a5core.prompts import load_prompt
+from a5core.rollout import Engine, SamplingSettings, make_engine
+from a5core.sft import SFTConfig, train_sft
+from tasks.tracking import DEFAULT_TRACKING_URI, log_params_flat
+from tasks.training import log_comparison, mlflow_logger, start_resumable_run, validation_hook
+
+
+class SFTExperimentParams(BaseModel):
+    model: str = Field("Qwen/Qwen2.5-Math-1.5B", description="base model: hub id, local folder, or smollm2-135m-instruct")
+    backend: Literal["auto", "vllm", "hf"] = Field("auto", description="rollout engine for evaluation")
+    engine_dtype: str = Field("auto", description="engine dtype (auto: bf16 on GPU, fp32 on CPU)")
+    engine_memory_fraction: float = Field(0.3, gt=0, le=1, description="vLLM gpu_memory_utilization beside the policy")
+    policy_dtype: Literal["float32", "bfloat16"] = Field("float32", description="policy weights (bf16 autocast on GPU)")
+    train_data: str = Field("data/sft/math_solutions.jsonl", description="SFT traces (prompt, response, ground_truth)")
+    filtered_data: str | None = Field("data/sft/teacher_filtered.jsonl", description="filtered traces, trained as one more setting")
+    sizes: list[int | Literal["full"]] = Field([128, 256, 512, 1024, "full"], description="training-set sizes")
+    validation_data: str = Field("../shared/data/math/validation.jsonl", description="MATH-format validation problems")
+    val_subset: int = Field(500, gt=0, description="problems evaluated every eval_every steps")
+    val_limit: int | None = Field(None, gt=0, description="problems in the final evaluation (None: all)")
+    prompt: str = Field("r1_zero", description="prompt template of the traces and the evaluation")
+    reward_fn: Literal["r1_zero", "question_only"] = Field("r1_zero", description="grader")
+    learning_rate: float = Field(2e-5, gt=0)
+    lr_schedule: Literal["cosine", "constant"] = Field("cosine")
+    warmup_steps: int = Field(0, ge=0)
+    batch_size: int = Field(32, gt=0, description="sequences per optimizer step")
+    microbatch_size: int = Field(2, gt=0, description="sequences per forward/backward")
+    epochs: int = Field(2, gt=0)
+    max_seq_len: int = Field(1024, gt=0)
+    gradient_checkpointing: bool = Field(False)
+    eval_every: int = Field(10, ge=0, description="optimizer steps between subset evaluations (0: end only)")
+    checkpoint_every: int = Field(20, ge=0)
+    temperature: float = Field(1.0, ge=0, description="evaluation sampling temperature")
+    max_tokens: int = Field(1024, gt=0, description="evaluation response budget")
+    seed: int = Field(0)
+    output_dir: str = Field("outputs/sft_experiment")
+    experiment: str = Field("sft_experiment")
+    tracking_uri: str = Field(DEFAULT_TRACKING_URI)
+
+
+def subsets(traces: list[Trace], sizes: list[int | str], seed: int) -> dict[str, list[Trace]]:
+    """Seeded random subsets (MATH train is ordered by subject, so never the first n)."""
+    shuffled = random.Random(seed).sample(traces, len(traces))
+    return {str(size): shuffled if size == "full" else shuffled[: int(size)] for size in sizes}
+
+
+@task(cache_policy=NO_CACHE)
+def train_setting(name: str, traces: list[Trace], params: SFTExperimentParams, engine: Engine, parent_run_id: str) -> dict:
+    """Train and evaluate one setting in its own (resumable) child run; returns its summary row."""
+    import mlflow
+    import torch
+
+    run_dir = Path(params.output_dir) / "runs" / name
+    done = run_dir / "done.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    problems = load_math(params.validation_data)
+    template, reward_fn = load_prompt(params.prompt), REWARD_FNS[params.reward_fn]
+    sampling = SamplingSettings(temperature=params.temperature, max_tokens=params.max_tokens, stop=("</answer>",), seed=params.seed)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with start_resumable_run(run_dir / "mlflow_run_id", params.experiment, f"sft-{name}", params.tracking_uri, parent_run_id) as run:
+        log_params_flat({**params.model_dump(), "setting": name, "n_examples": len(traces)})
+        model, tokenizer = load_policy(params.model, dtype=getattr(torch, params.policy_dtype), device=device)
+        config = SFTConfig(
+            learning_rate=params.learning_rate, lr_schedule=params.lr_schedule, warmup_steps=params.warmup_steps,
+            batch_size=min(params.batch_size, len(traces)), microbatch_size=min(params.microbatch_size, len(traces)),
+            epochs=params.epochs, max_seq_len=params.max_seq_len, gradient_checkpointing=params.gradient_checkpointing,
+            seed=params.seed, eval_every=params.eval_every, checkpoint_dir=str(run_dir / "checkpoint"),
+            checkpoint_every=params.checkpoint_every,
+        )
+        hook = validation_hook(engine, tokenizer, problems, template, reward_fn, sampling, params.val_subset)
+        final = train_sft(model, tokenizer, traces, config, evaluate=hook, log=mlflow_logger())
+        step = int(final.get("step", 0))
+        full = validation_hook(engine, tokenizer, problems, template, reward_fn, sampling, params.val_limit)(model, step)
+        mlflow.log_metrics({f"final_{k}": v for k, v in full.items()}, step=step)
+        history = mlflow.MlflowClient().get_metric_history(run.info.run_id, "val_accuracy")
+        row = {"setting": name, "n_examples": len(traces), "steps": step,
+               "final_accuracy": full["val_accuracy"], "final_format_rate": full["val_format_rate"],
+               "curve": [{"step": m.step, "val_accuracy": m.value} for m in sorted(history, key=lambda m: m.step)]}
+    del model
+    write_text_atomic(done, json.dumps(row))
+    return row
+
+
+@flow(name="sft_experiment")
+def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
+    """Run every setting as a child of one parent run; returns the summary rows and output paths."""
+    import mlflow
+
+    out = Path(params.output_dir)
+    settings = subsets(load_sft_traces(params.train_data), params.sizes, params.seed)
+    if params.filtered_data:
+        settings["filtered"] = load_sft_traces(params.filtered_data)
+    engine_kwargs = {"gpu_memory_utilization": params.engine_memory_fraction} if params.backend != "hf" else {}
+    engine = make_engine(resolve_model(params.model), params.backend, dtype=params.engine_dtype, **engine_kwargs)
+    with start_resumable_run(out / "mlflow_run_id", params.experiment, "sft_experiment", params.tracking_uri) as parent:
+        log_params_flat(params.model_dump())
+        rows = [train_setting(name, traces, params, engine, parent.info.run_id) for name, traces in settings.items()]
+        curves = [{"setting": r["setting"], **point} for r in rows for point in r["curve"]]
+        summary = [{k: r[k] for k in ("setting", "n_examples", "steps", "final_accuracy", "final_format_rate")} for r in rows]
+        paths = log_comparison(out, curves, summary, "setting", "SFT: validation accuracy by training-set size")
+        mlflow.log_metrics({f"final_accuracy_{r['setting']}": r["final_accuracy"] for r in rows})
+        write_text_atomic(Path("metrics/sft_experiment.json"), json.dumps({r["setting"]: {k: v for k, v in r.items() if k != "curve"} for r in rows}, indent=2) + "\n")
+    return {"summary": summary, "paths": paths, "mlflow_run_id": parent.info.run_id}
+
+
+def main(argv: list[str] | None = None) -> None:
+    from flows.cli import parse_params
+
+    result = sft_experiment(parse_params(SFTExperimentParams, "sft_experiment", argv, __doc__))
+    for row in result["summary"]:
+        print(f"{row['setting']:>9}: {row['n_examples']:>5} examples, {row['steps']:>4} steps, "
+              f"accuracy {row['final_accuracy']:.3f}, format {row['final_format_rate']:.3f}")
+    print("\n".join(f"{k:12} {v}" for k, v in result["paths"].items()))
+    print(f"mlflow parent run {result['mlflow_run_id']}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

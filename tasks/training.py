@@ -1,0 +1,122 @@
+"""Shared pieces of the training flows: resumable MLflow runs, the validation hook, curves and plots."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import torch
+
+from a5core.data import Problem, write_text_atomic
+from a5core.evaluation import evaluate, log_generations
+from a5core.prompts import PromptTemplate
+from a5core.rollout import Engine, SamplingSettings
+from tasks.tracking import ensure_experiment
+
+
+def start_resumable_run(run_id_file: Path, experiment: str, run_name: str, tracking_uri: str,
+                        parent_run_id: str | None = None) -> Any:
+    """Start an MLflow run, or continue the one whose id ``run_id_file`` holds (a resumed training run).
+
+    The id is written as soon as the run exists, so a kill at any later point resumes the same run.
+    """
+    experiment_id = ensure_experiment(experiment, tracking_uri)
+    if run_id_file.is_file():
+        return mlflow.start_run(run_id=run_id_file.read_text().strip(), nested=parent_run_id is not None)
+    tags = {"mlflow.parentRunId": parent_run_id} if parent_run_id else None
+    run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name, nested=parent_run_id is not None, tags=tags)
+    write_text_atomic(run_id_file, run.info.run_id)
+    return run
+
+
+def mlflow_logger(prefix: str = "") -> Callable[[dict[str, float], int], None]:
+    """A ``log(metrics, step)`` callback for the a5core loops that writes to the active MLflow run."""
+
+    def log(metrics: dict[str, float], step: int) -> None:
+        finite = {f"{prefix}{k}": float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and v == v}
+        mlflow.log_metrics(finite, step=step)
+
+    return log
+
+
+def validation_hook(
+    engine: Engine,
+    tokenizer: Any,
+    problems: Sequence[Problem],
+    template: PromptTemplate,
+    reward_fn: Callable[[str, Any], dict[str, float]],
+    sampling: SamplingSettings,
+    subset: int | None,
+    table_samples: int = 16,
+) -> Callable[[torch.nn.Module, int], dict[str, float]]:
+    """``evaluate(model, step)`` for the loops: push weights, evaluate, log a generations table.
+
+    Evaluates the first ``subset`` problems (all if None); returns ``val_*`` metrics (accuracy,
+    format rate, lengths of correct/incorrect responses, token entropy).
+    """
+
+    def run(model: torch.nn.Module, step: int) -> dict[str, float]:
+        engine.load_weights(model)
+        records, summary = evaluate(engine, problems[:subset], template, reward_fn, sampling)
+        rows, generation_metrics = log_generations(model, tokenizer, records, table_samples, seed=step)
+        mlflow.log_table({k: [r[k] for r in rows] for k in rows[0]}, artifact_file=f"generations/{'full' if subset is None else 'subset'}_step_{step:06d}.json")
+        metrics = {"accuracy": summary["accuracy"], "format_rate": summary["format_rate"], "n_problems": summary["n_problems"],
+                   **generation_metrics}
+        return {f"val_{k}": v for k, v in metrics.items()}
+
+    return run
+
+
+def write_curves(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
+    """A csv of learning-curve points (DVC plots read it), written atomically."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    return write_text_atomic(path, buffer.getvalue())
+
+
+def plot_curves(path: Path, rows: Sequence[dict[str, Any]], x: str, y: str, series: str, title: str) -> Path:
+    """One line per ``series`` value of ``y`` against ``x``, saved as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for name in dict.fromkeys(str(r[series]) for r in rows):
+        points = sorted((r[x], r[y]) for r in rows if str(r[series]) == name)
+        axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+    axes.set(xlabel=x, ylabel=y, title=title)
+    axes.grid(alpha=0.3)
+    axes.legend(title=series)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+    header = list(rows[0])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(f"{r[h]:.4g}" if isinstance(r[h], float) else str(r[h]) for h in header) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def log_comparison(output_dir: Path, curves: list[dict[str, Any]], summary: list[dict[str, Any]], series: str, title: str) -> dict[str, str]:
+    """Write curves.csv, summary.md/json and the comparison plot; log them to the active (parent) run."""
+    paths = {
+        "curves": write_curves(output_dir / "curves.csv", curves),
+        "summary_md": write_text_atomic(output_dir / "summary.md", markdown_table(summary)),
+        "summary_json": write_text_atomic(output_dir / "summary.json", json.dumps(summary, indent=2) + "\n"),
+        "plot": plot_curves(output_dir / "accuracy_vs_step.png", curves, "step", "val_accuracy", series, title),
+    }
+    for path in paths.values():
+        mlflow.log_artifact(str(path))
+    return {k: str(v) for k, v in paths.items()}
