@@ -103,7 +103,7 @@ def get_response_log_probs(
     input_ids, labels: (B, T) → {"log_probs": (B, T) fp32, "token_entropy": (B, T) fp32 if asked}.
     Entropy carries no gradient: it is for logging.
     """
-    logits = model(input_ids).logits
+    logits = model(input_ids, use_cache=False).logits
     result = {"log_probs": token_log_probs(logits, labels)}
     if return_token_entropy:
         result["token_entropy"] = token_entropy(logits)

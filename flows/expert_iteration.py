@@ -34,7 +34,7 @@ from a5core.prompts import load_prompt
 from a5core.rollout import Engine, SamplingSettings, make_engine
 from a5core.sft import SFTConfig
 from tasks.tracking import DEFAULT_TRACKING_URI, log_params_flat
-from tasks.training import log_comparison, mlflow_logger, start_resumable_run, validation_hook
+from tasks.training import log_comparison, mlflow_logger, params_key, start_resumable_run, validation_hook
 
 
 class EIParams(BaseModel):
@@ -89,7 +89,7 @@ def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | Non
     import mlflow
     import torch
 
-    run_dir = Path(params.output_dir) / "runs" / name
+    run_dir = Path(params.output_dir) / f"runs-{params_key(params)}" / name
     if (run_dir / "done.json").is_file():
         return json.loads((run_dir / "done.json").read_text())
     train = load_problems(params.train_data, params.train_format, params.seed, "train")
@@ -141,7 +141,8 @@ def expert_iteration_flow(params: EIParams = EIParams()) -> dict:
         paths: dict[str, str] = {}
         run_id = row["mlflow_run_id"]
     else:
-        with start_resumable_run(out / "mlflow_run_id", params.experiment, "ei_sweep", params.tracking_uri) as parent:
+        with start_resumable_run(out / f"runs-{params_key(params)}" / "mlflow_run_id", params.experiment, "ei_sweep",
+                                 params.tracking_uri) as parent:
             log_params_flat(params.model_dump())
             rows = [run_ei(name, setting, engine, parent.info.run_id) for name, setting in grid(params).items()]
             curves = [{"setting": r["setting"], **point} for r in rows for point in r["curve"]]

@@ -32,7 +32,7 @@ from a5core.prompts import load_prompt
 from a5core.rollout import Engine, SamplingSettings, make_engine
 from a5core.sft import SFTConfig, train_sft
 from tasks.tracking import DEFAULT_TRACKING_URI, log_params_flat
-from tasks.training import log_comparison, mlflow_logger, start_resumable_run, validation_hook
+from tasks.training import log_comparison, mlflow_logger, params_key, start_resumable_run, validation_hook
 
 
 class SFTExperimentParams(BaseModel):
@@ -55,6 +55,7 @@ class SFTExperimentParams(BaseModel):
     batch_size: int = Field(32, gt=0, description="sequences per optimizer step")
     microbatch_size: int = Field(2, gt=0, description="sequences per forward/backward")
     epochs: int = Field(2, gt=0)
+    max_steps: int | None = Field(None, gt=0, description="cap on optimizer steps per setting")
     max_seq_len: int = Field(1024, gt=0)
     gradient_checkpointing: bool = Field(False)
     eval_every: int = Field(10, ge=0, description="optimizer steps between subset evaluations (0: end only)")
@@ -63,6 +64,7 @@ class SFTExperimentParams(BaseModel):
     max_tokens: int = Field(1024, gt=0, description="evaluation response budget")
     seed: int = Field(0)
     output_dir: str = Field("outputs/sft_experiment")
+    metrics_path: str | None = Field("metrics/sft_experiment.json", description="DVC metrics file")
     experiment: str = Field("sft_experiment")
     tracking_uri: str = Field(DEFAULT_TRACKING_URI)
 
@@ -79,7 +81,7 @@ def train_setting(name: str, traces: list[Trace], params: SFTExperimentParams, e
     import mlflow
     import torch
 
-    run_dir = Path(params.output_dir) / "runs" / name
+    run_dir = Path(params.output_dir) / f"runs-{params_key(params)}" / name
     done = run_dir / "done.json"
     if done.is_file():
         return json.loads(done.read_text())
@@ -92,8 +94,8 @@ def train_setting(name: str, traces: list[Trace], params: SFTExperimentParams, e
         model, tokenizer = load_policy(params.model, dtype=getattr(torch, params.policy_dtype), device=device)
         config = SFTConfig(
             learning_rate=params.learning_rate, lr_schedule=params.lr_schedule, warmup_steps=params.warmup_steps,
-            batch_size=min(params.batch_size, len(traces)), microbatch_size=min(params.microbatch_size, len(traces)),
-            epochs=params.epochs, max_seq_len=params.max_seq_len, gradient_checkpointing=params.gradient_checkpointing,
+            batch_size=params.batch_size, microbatch_size=params.microbatch_size,
+            epochs=params.epochs, max_steps=params.max_steps, max_seq_len=params.max_seq_len, gradient_checkpointing=params.gradient_checkpointing,
             seed=params.seed, eval_every=params.eval_every, checkpoint_dir=str(run_dir / "checkpoint"),
             checkpoint_every=params.checkpoint_every,
         )
@@ -122,14 +124,16 @@ def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
         settings["filtered"] = load_sft_traces(params.filtered_data)
     engine_kwargs = {"gpu_memory_utilization": params.engine_memory_fraction} if params.backend != "hf" else {}
     engine = make_engine(resolve_model(params.model), params.backend, dtype=params.engine_dtype, **engine_kwargs)
-    with start_resumable_run(out / "mlflow_run_id", params.experiment, "sft_experiment", params.tracking_uri) as parent:
+    with start_resumable_run(out / f"runs-{params_key(params)}" / "mlflow_run_id", params.experiment, "sft_experiment",
+                             params.tracking_uri) as parent:
         log_params_flat(params.model_dump())
         rows = [train_setting(name, traces, params, engine, parent.info.run_id) for name, traces in settings.items()]
         curves = [{"setting": r["setting"], **point} for r in rows for point in r["curve"]]
         summary = [{k: r[k] for k in ("setting", "n_examples", "steps", "final_accuracy", "final_format_rate")} for r in rows]
         paths = log_comparison(out, curves, summary, "setting", "SFT: validation accuracy by training-set size")
         mlflow.log_metrics({f"final_accuracy_{r['setting']}": r["final_accuracy"] for r in rows})
-        write_text_atomic(Path("metrics/sft_experiment.json"), json.dumps({r["setting"]: {k: v for k, v in r.items() if k != "curve"} for r in rows}, indent=2) + "\n")
+        if params.metrics_path:
+            write_text_atomic(Path(params.metrics_path), json.dumps(summary, indent=2) + "\n")
     return {"summary": summary, "paths": paths, "mlflow_run_id": parent.info.run_id}
 
 

@@ -34,6 +34,15 @@ def start_resumable_run(run_id_file: Path, experiment: str, run_name: str, track
     return run
 
 
+def params_key(params: Any, ignore: tuple[str, ...] = ("output_dir", "metrics_path", "experiment", "tracking_uri")) -> str:
+    """A short hash of a flow's parameters: runs with other settings get other folders (and MLflow runs),
+    so a resumed run never picks up a checkpoint or a 'done' marker written under different settings."""
+    import hashlib
+
+    dump = json.dumps(params.model_dump(exclude=set(ignore)), sort_keys=True, default=str)
+    return hashlib.sha256(dump.encode()).hexdigest()[:10]
+
+
 def mlflow_logger(prefix: str = "") -> Callable[[dict[str, float], int], None]:
     """A ``log(metrics, step)`` callback for the a5core loops that writes to the active MLflow run."""
 

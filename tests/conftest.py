@@ -46,3 +46,12 @@ def tiny_lm_dir(tmp_path_factory, shared_data) -> Path:
     from tiny_lm import build_tiny_lm
 
     return build_tiny_lm(tmp_path_factory.mktemp("tiny_lm"), shared_data / "math" / "train.jsonl")
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """A temporary Prefect API (its own database) for flow tests; started once per session."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield

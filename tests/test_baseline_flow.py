@@ -4,15 +4,6 @@ import json
 import subprocess
 import sys
 
-import pytest
-
-
-@pytest.fixture(scope="module")
-def prefect_harness(tmp_path_factory):
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
 
 
 def test_cli_help_lists_every_parameter():

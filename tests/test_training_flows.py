@@ -1,0 +1,97 @@
+"""The sft_experiment and expert_iteration flows on CPU: parent/child MLflow runs, plots, tables, resume."""
+
+import json
+from dataclasses import asdict
+
+import pytest
+import torch
+
+from a5core.arithmetic import arithmetic_problems
+from a5core.data import Trace, write_jsonl_atomic
+from a5core.prompts import load_prompt
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def arithmetic_traces(n, split="train"):
+    template = load_prompt("r1_zero")
+    return [Trace(template.format(p.problem), f" {p.solution} </think> <answer> {p.answer} </answer>", p.answer)
+            for p in arithmetic_problems(n, digits=1, split=split)]
+
+
+def children_of(parent_run_id, experiment):
+    import mlflow
+
+    runs = mlflow.search_runs(experiment_names=[experiment])
+    return runs[runs["tags.mlflow.parentRunId"] == parent_run_id]
+
+
+def test_sft_experiment_parent_children_plot_and_resume(prefect_harness, tiny_lm_dir, tmp_path, monkeypatch):
+    import mlflow
+
+    import flows.sft_experiment as flow_module
+    from flows.sft_experiment import SFTExperimentParams, sft_experiment
+
+    write_jsonl_atomic(tmp_path / "train.jsonl", [asdict(t) for t in arithmetic_traces(24)])
+    write_jsonl_atomic(tmp_path / "filtered.jsonl", [asdict(t) for t in arithmetic_traces(6)])
+    validation = [p.__dict__ | {"type": "arithmetic"} for p in arithmetic_problems(6, digits=1, split="validation")]
+    write_jsonl_atomic(tmp_path / "val.jsonl", validation)
+    monkeypatch.chdir(tmp_path)
+    params = SFTExperimentParams(
+        model=str(tiny_lm_dir), backend="hf", train_data="train.jsonl", filtered_data="filtered.jsonl", sizes=[8, "full"],
+        validation_data="val.jsonl", val_subset=3, val_limit=6, learning_rate=1e-3, batch_size=4, microbatch_size=2,
+        epochs=1, eval_every=2, checkpoint_every=2, max_tokens=12, output_dir="out", metrics_path="metrics.json",
+        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+    )
+    result = sft_experiment(params)
+    assert [r["setting"] for r in result["summary"]] == ["8", "full", "filtered"]
+    assert [r["steps"] for r in result["summary"]] == [2, 6, 2]
+    assert (tmp_path / "out/accuracy_vs_step.png").stat().st_size > 1000
+    assert json.loads((tmp_path / "metrics.json").read_text()) == result["summary"]
+    curves = (tmp_path / "out/curves.csv").read_text().splitlines()
+    assert curves[0] == "setting,step,val_accuracy" and len(curves) == 1 + 1 + 3 + 1  # evals at steps 2 | 2,4,6 | 2
+
+    mlflow.set_tracking_uri(params.tracking_uri)
+    children = children_of(result["mlflow_run_id"], "sft_experiment")
+    assert sorted(children["tags.mlflow.runName"]) == ["sft-8", "sft-filtered", "sft-full"]
+    assert set(children["metrics.final_val_n_problems"]) == {6.0}
+    artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(result["mlflow_run_id"])}
+    assert {"accuracy_vs_step.png", "summary.md", "curves.csv"} <= artifacts
+    child_artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(children["run_id"].iloc[0], "generations")}
+    assert child_artifacts  # a generations table per evaluation
+
+    # Running again trains nothing: every child is done, the same parent run is continued.
+    monkeypatch.setattr(flow_module, "train_sft", lambda *a, **k: pytest.fail("a finished setting was trained again"))
+    again = sft_experiment(params)
+    assert again["mlflow_run_id"] == result["mlflow_run_id"] and again["summary"] == result["summary"]
+
+
+def test_expert_iteration_sweep_as_children(prefect_harness, tiny_lm_dir, tmp_path, monkeypatch):
+    import mlflow
+
+    from flows.expert_iteration import EIParams, expert_iteration_flow
+
+    monkeypatch.chdir(tmp_path)
+    params = EIParams(
+        model=str(tiny_lm_dir), backend="hf", train_data="arithmetic:30:1", validation_data="arithmetic:6:1",
+        val_subset=3, val_limit=6, n_ei_steps=2, questions_per_step=4, max_tokens=12, min_tokens=0,
+        batch_size=4, microbatch_size=2, sweep=True, sweep_rollouts_per_question=[2], sweep_epochs=[1],
+        sweep_questions_per_step=[4, 6], output_dir="out", metrics_path="metrics.json",
+        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+    )
+    result = expert_iteration_flow(params)
+    assert [r["setting"] for r in result["summary"]] == ["G2_E1_Db4", "G2_E1_Db6"]
+    assert (tmp_path / "out/accuracy_vs_step.png").is_file()
+    mlflow.set_tracking_uri(params.tracking_uri)
+    children = children_of(result["mlflow_run_id"], "expert_iteration")
+    assert len(children) == 2
+    child = mlflow.MlflowClient().get_run(children["run_id"].iloc[0])
+    assert {"kept_fraction", "rollout_mean_token_entropy", "val_accuracy", "final_val_accuracy"} <= set(child.data.metrics)
+    history = mlflow.MlflowClient().get_metric_history(child.info.run_id, "val_accuracy")
+    assert sorted(m.step for m in history) == [0, 1]
