@@ -1,5 +1,6 @@
 """`dvc repro` runs prepare_data → baseline_eval from a copy of the project, and a second repro does nothing."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -18,7 +19,16 @@ def test_dvc_repro_then_nothing_to_do(tmp_path, tiny_lm_dir, shared_data):
     (tmp_path / "shared").symlink_to(shared_data.parent, target_is_directory=True)
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["profile"] = "test"
-    params["profiles"]["test"] = {"baseline_eval": {"model": str(tiny_lm_dir), "backend": "hf", "limit": 2, "max_tokens": 8}}
+    tiny = {"model": str(tiny_lm_dir), "backend": "hf", "max_tokens": 8}
+    params["profiles"]["test"] = {
+        "baseline_eval": {**tiny, "limit": 2},
+        "sft_data": params["profiles"]["cpu"]["sft_data"] | {"distill": {**params["profiles"]["cpu"]["sft_data"]["distill"], "model": str(tiny_lm_dir), "max_tokens": 8}},
+        "sft_experiment": {**tiny, "sizes": [4], "max_steps": 1, "batch_size": 2, "microbatch_size": 2, "max_seq_len": 128,
+                           "val_subset": 2, "val_limit": 2, "eval_every": 1},
+        "expert_iteration": {**tiny, "train_data": "arithmetic:20:1", "validation_data": "arithmetic:2:1", "val_subset": 2,
+                             "val_limit": 2, "n_ei_steps": 1, "questions_per_step": 2, "rollouts_per_question": 2,
+                             "batch_size": 2, "microbatch_size": 2, "max_seq_len": 128},
+    }
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PREFECT_HOME": str(tmp_path / "prefect"),
            "DVC_NO_ANALYTICS": "1", "PYTHONPATH": str(repo)}
@@ -30,9 +40,13 @@ def test_dvc_repro_then_nothing_to_do(tmp_path, tiny_lm_dir, shared_data):
         return result.stdout
 
     first = repro()
-    assert "Running stage 'prepare_data'" in first and "Running stage 'baseline_eval'" in first
+    for stage in ("prepare_data", "baseline_eval", "sft_data", "sft_filter", "sft", "ei"):
+        assert f"Running stage '{stage}'" in first
     metrics = yaml.safe_load((repo / "metrics/baseline_eval.json").read_text())
     assert metrics["n_records"] == 2
     assert (repo / "outputs/baseline_eval/records.jsonl").is_file() and (repo / "mlflow.db").is_file()
+    assert json.loads((repo / "metrics/sft_experiment.json").read_text())[0]["setting"] == "4"
+    assert (repo / "outputs/sft_experiment/accuracy_vs_step.png").is_file()
+    assert json.loads((repo / "metrics/expert_iteration.json").read_text())[0]["setting"] == "single"
     second = repro()
     assert "Running stage" not in second and "up to date" in second
