@@ -130,8 +130,6 @@ def grid(params: EIParams) -> dict[str, EIParams]:
 @flow(name="expert_iteration")
 def expert_iteration_flow(params: EIParams = EIParams()) -> dict:
     """One EI run, or (``sweep``) the grid as children of one parent run with a comparison plot."""
-    import mlflow
-
     out = Path(params.output_dir)
     engine_kwargs = {"gpu_memory_utilization": params.engine_memory_fraction} if params.backend != "hf" else {}
     engine = make_engine(resolve_model(params.model), params.backend, dtype=params.engine_dtype, **engine_kwargs)

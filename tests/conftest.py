@@ -55,3 +55,21 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models are fastest on one thread, two threads crawl when another process holds a core, and
+    bitwise comparisons need the same thread count. Modules opt in with ``pytestmark``."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_lm_dir):
+    """The tiny BPE tokenizer of ``tiny_lm_dir``."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_lm_dir)

@@ -17,7 +17,7 @@ def test_problems_are_distinct_seeded_and_correct():
 
 
 def test_splits_differ_and_bad_arguments_fail():
-    train, validation = arithmetic_problems(50, split="train"), arithmetic_problems(50, split="validation")
+    validation = arithmetic_problems(50, split="validation")
     assert not {p.problem for p in arithmetic_problems(500, split="train")} & {p.problem for p in arithmetic_problems(500, split="validation")}
     assert validation[0].unique_id == "arithmetic/validation/0"
     with pytest.raises(ValueError, match="operations"):

@@ -16,19 +16,12 @@ from a5core.sft import SFTConfig, train_sft
 from test_sft import make_model
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_lm_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_lm_dir)
+def tokenizer(tiny_tokenizer):
+    return tiny_tokenizer
 
 
 TEMPLATE = load_prompt("r1_zero")

@@ -23,13 +23,7 @@ GREEDY = SamplingSettings(temperature=0, max_tokens=40)
 LOG_PROB_TOL = 1e-4  # fp32 on CPU: engine and policy agree to ~1e-6
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The tiny model is fastest on one thread, and two threads crawl when another process holds a core."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -34,20 +34,12 @@ from sft_kill_target import CHECKPOINT_EVERY, build_run
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny models are fastest on one thread, and bitwise comparisons need the same thread count."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_lm_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_lm_dir)
+def tokenizer(tiny_tokenizer):
+    return tiny_tokenizer
 
 
 def make_model(tokenizer, hidden: int = 32, layers: int = 1, seed: int = 0):

@@ -1,14 +1,9 @@
 """SFT trace sets: MATH solutions, imported and distilled traces, dedup + filter, the CLI and the DVC stages."""
 
 import json
-import os
-import shutil
 import socket
-import subprocess
-import sys
 import threading
 import time
-from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -347,36 +342,3 @@ def test_profile_overrides_merge_into_nested_distill_settings(tmp_path):
     assert (params.dedup, params.distill.enabled, params.distill.n, params.distill.max_tokens) == (False, True, 8, 64)
     real = flow.load_params(ROOT / "params.yaml")  # the project's own params validate
     assert real.distill.enabled is (yaml.safe_load((ROOT / "params.yaml").read_text())["profile"] == "cpu")
-
-
-# --------------------------------------------------------------------------------------- DVC
-
-
-def test_dvc_repro_of_the_sft_stages(tmp_path, tiny_lm_dir, shared_data):
-    repo = tmp_path / "a5"
-    shutil.copytree(ROOT, repo, ignore=shutil.ignore_patterns(
-        ".venv", ".git", "outputs", "mlruns", "mlflow.db", "tmp", "cache", "data", "metrics", "dvc.lock", "__pycache__", ".whl"))
-    (tmp_path / "shared").symlink_to(shared_data.parent, target_is_directory=True)
-    params = yaml.safe_load((repo / "params.yaml").read_text())
-    params["profile"] = "test"
-    params["profiles"]["test"] = {"sft_data": {"distill": {"enabled": True, "teacher": "engine", "model": str(tiny_lm_dir),
-                                                           "backend": "hf", "limit": 2, "n": 2, "max_tokens": 8}}}
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1", "PYTHONPATH": str(repo)}
-    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-
-    def repro():
-        result = subprocess.run(["dvc", "repro", "sft_filter"], cwd=repo, env=env, capture_output=True, text=True)
-        assert result.returncode == 0, result.stdout + result.stderr
-        return result.stdout
-
-    first = repro()
-    assert all(f"Running stage '{s}'" in first for s in ("prepare_data", "sft_data", "sft_distill", "sft_filter"))
-    assert "baseline_eval" not in first
-    metrics = json.loads((repo / "metrics/sft_data.json").read_text())
-    assert metrics["math_solutions"]["filtered"] == 7498 and metrics["teacher"]["raw"] == 1767
-    assert metrics["distilled"]["raw"] == 4 and len(load_sft_traces(repo / "data/sft/distilled_raw.jsonl")) == 4
-    assert Counter(p.name for p in (repo / "data/sft").glob("*_filtered.jsonl")) == Counter(
-        ["math_solutions_filtered.jsonl", "teacher_filtered.jsonl", "distilled_filtered.jsonl"])
-    second = repro()
-    assert "Running stage" not in second

@@ -4,19 +4,13 @@ import json
 from dataclasses import asdict
 
 import pytest
-import torch
 
 from a5core.arithmetic import arithmetic_problems
 from a5core.data import Trace, write_jsonl_atomic
 from a5core.prompts import load_prompt
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def arithmetic_traces(n, split="train"):
