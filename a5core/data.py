@@ -226,3 +226,7 @@ def load_sft_traces(source: str | os.PathLike, split: str | None = None) -> list
             )
         )
     return traces
+
+
+PROBLEM_LOADERS = {"math": load_math, "gsm8k": load_gsm8k}  # record format → loader of Problems
+LOADERS = {**PROBLEM_LOADERS, "sft": load_sft_traces}  # every format params.yaml can name

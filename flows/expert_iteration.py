@@ -25,7 +25,7 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
 from a5core.arithmetic import arithmetic_problems
-from a5core.data import Problem, load_gsm8k, load_math, write_text_atomic
+from a5core.data import PROBLEM_LOADERS, Problem, write_text_atomic
 from a5core.expert_iteration import EIConfig, expert_iteration
 from a5core.grading import REWARD_FNS
 from a5core.models import resolve_model
@@ -79,7 +79,7 @@ def load_problems(source: str, data_format: str, seed: int, split: str) -> list[
         _, n, digits = source.split(":")
         problems = arithmetic_problems(int(n), digits=int(digits), seed=seed, split=split)
     else:
-        problems = (load_math if data_format == "math" else load_gsm8k)(source)
+        problems = PROBLEM_LOADERS[data_format](source)
     return random.Random(seed).sample(problems, len(problems))
 
 

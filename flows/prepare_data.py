@@ -15,9 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from a5core.data import DataError, load_gsm8k, load_math, load_sft_traces, write_text_atomic
+from a5core.data import LOADERS, DataError, write_text_atomic
 
-LOADERS = {"math": load_math, "gsm8k": load_gsm8k, "sft": load_sft_traces}
 
 
 def build_manifest(data_params: dict) -> dict:

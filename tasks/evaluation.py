@@ -10,13 +10,12 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import INPUTS, TASK_SOURCE
 
-from a5core.data import Problem, load_gsm8k, load_math, write_jsonl_atomic, write_text_atomic
+from a5core.data import PROBLEM_LOADERS, Problem, write_jsonl_atomic, write_text_atomic
 from a5core.evaluation import case_report, grade_completions, summarize
 from a5core.grading import REWARD_FNS
 from a5core.models import resolve_model
 from a5core.rollout import Completion, SamplingSettings, make_engine
 
-LOADERS = {"math": load_math, "gsm8k": load_gsm8k}
 
 
 def model_fingerprint(model: str) -> str:
@@ -31,7 +30,7 @@ def model_fingerprint(model: str) -> str:
 @task(cache_policy=INPUTS + TASK_SOURCE, persist_result=True)
 def load_problems(source: str, data_format: str, limit: int | None) -> list[Problem]:
     """The first ``limit`` problems (all if None) of a MATH or GSM8K source."""
-    return LOADERS[data_format](source)[:limit]
+    return PROBLEM_LOADERS[data_format](source)[:limit]
 
 
 @task(cache_policy=INPUTS + TASK_SOURCE, persist_result=True, retries=1, retry_delay_seconds=5)
