@@ -24,7 +24,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
-from a5core.data import Trace, load_math, load_sft_traces, write_text_atomic
+from a5core.data import Problem, Trace, load_math, load_sft_traces, write_text_atomic
 from a5core.grading import REWARD_FNS
 from a5core.models import resolve_model
 from a5core.policy import load_policy
@@ -76,7 +76,8 @@ def subsets(traces: list[Trace], sizes: list[int | str], seed: int) -> dict[str,
 
 
 @task(cache_policy=NO_CACHE)
-def train_setting(name: str, traces: list[Trace], params: SFTExperimentParams, engine: Engine, parent_run_id: str) -> dict:
+def train_setting(name: str, traces: list[Trace], problems: list[Problem], params: SFTExperimentParams, engine: Engine,
+                  parent_run_id: str) -> dict:
     """Train and evaluate one setting in its own (resumable) child run; returns its summary row."""
     import mlflow
     import torch
@@ -85,7 +86,6 @@ def train_setting(name: str, traces: list[Trace], params: SFTExperimentParams, e
     done = run_dir / "done.json"
     if done.is_file():
         return json.loads(done.read_text())
-    problems = load_math(params.validation_data)
     template, reward_fn = load_prompt(params.prompt), REWARD_FNS[params.reward_fn]
     sampling = SamplingSettings(temperature=params.temperature, max_tokens=params.max_tokens, stop=("</answer>",), seed=params.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -120,6 +120,8 @@ def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
 
     out = Path(params.output_dir)
     settings = subsets(load_sft_traces(params.train_data), params.sizes, params.seed)
+    validation = load_math(params.validation_data)
+    validation = random.Random(params.seed).sample(validation, len(validation))  # MATH is ordered by subject
     if params.filtered_data:
         settings["filtered"] = load_sft_traces(params.filtered_data)
     engine_kwargs = {"gpu_memory_utilization": params.engine_memory_fraction} if params.backend != "hf" else {}
@@ -127,7 +129,7 @@ def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
     with start_resumable_run(out / f"runs-{params_key(params)}" / "mlflow_run_id", params.experiment, "sft_experiment",
                              params.tracking_uri) as parent:
         log_params_flat(params.model_dump())
-        rows = [train_setting(name, traces, params, engine, parent.info.run_id) for name, traces in settings.items()]
+        rows = [train_setting(name, traces, validation, params, engine, parent.info.run_id) for name, traces in settings.items()]
         curves = [{"setting": r["setting"], **point} for r in rows for point in r["curve"]]
         summary = [{k: r[k] for k in ("setting", "n_examples", "steps", "final_accuracy", "final_format_rate")} for r in rows]
         paths = log_comparison(out, curves, summary, "setting", "SFT: validation accuracy by training-set size")
