@@ -3,20 +3,17 @@
 ``train_sft(model, tokenizer, traces, SFTConfig(...), evaluate=..., log=...)`` is one plain loop: no
 trainer class, metrics leave through ``log(metrics, step)``, weights reach an inference engine through
 the caller's ``evaluate(model, step)``. The loop's docstring explains the algorithm's choices; the
-checkpoint helpers at the bottom explain the on-disk layout.
+checkpoint layout is :mod:`a5core.checkpoint`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
-import json
 import logging
 import math
 import os
 import random
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +22,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from a5core.data import Trace, write_text_atomic
+from a5core.checkpoint import (  # noqa: F401  (the errors are part of this module's interface)
+    CheckpointMismatchError,
+    NonFiniteLossError,
+    fingerprint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from a5core.data import Trace
 from a5core.policy import get_response_log_probs, sft_microbatch_train_step, tokenize_prompt_and_output
 
 logger = logging.getLogger(__name__)
@@ -34,14 +38,6 @@ LR_SCHEDULES = ("cosine", "constant")
 # Fields that say where and how often side effects happen, not what is trained: a run may be resumed
 # with them changed (another checkpoint directory, checkpoints or evaluations more or less often).
 UNFINGERPRINTED_FIELDS = ("checkpoint_dir", "checkpoint_every", "eval_every")
-
-
-class NonFiniteLossError(FloatingPointError):
-    """A training step produced a NaN/inf loss or gradient norm; the step's update was not applied."""
-
-
-class CheckpointMismatchError(ValueError):
-    """The checkpoint directory holds a run with another configuration or other training data."""
 
 
 @dataclass(frozen=True)
@@ -293,120 +289,8 @@ def train_sft(
     return {**metrics, "step": step}
 
 
-# ------------------------------------------------------------------------------------- checkpoints
-#
-# checkpoint_dir/latest/ holds model.pt (state_dict), optimizer.pt (optimizer and scheduler state),
-# rng.pt (python, numpy, torch CPU and CUDA generator states) and state.json (step, epoch, batch within
-# the epoch, total steps, finished flag, last metrics, run fingerprint). A checkpoint is written whole
-# into .latest.partial/, then swapped in by two renames (latest → .latest.previous, .latest.partial →
-# latest) before .latest.previous is deleted: at every instant either latest/ or .latest.previous/ is
-# a complete checkpoint, and load_checkpoint puts .latest.previous back if a crash fell between the
-# renames.
-
-
 def run_fingerprint(config: SFTConfig, examples: Sequence[Trace]) -> dict[str, Any]:
-    """What must match for a checkpoint to be resumed: the config (less UNFINGERPRINTED_FIELDS), the
-    number of examples and a sha256 of their prompts and responses, in order."""
-    digest = hashlib.sha256()
-    for trace in examples:
-        for text in (trace.prompt, trace.response):
-            data = text.encode("utf-8")
-            digest.update(len(data).to_bytes(8, "little"))
-            digest.update(data)
-    fields = {k: v for k, v in dataclasses.asdict(config).items() if k not in UNFINGERPRINTED_FIELDS}
-    fields["betas"] = list(fields["betas"])
-    return {"config": fields, "n_examples": len(examples), "examples_sha256": digest.hexdigest()}
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _save_fsynced(obj: Any, path: Path) -> None:
-    with open(path, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def save_checkpoint(
-    directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, state: dict[str, Any]
-) -> Path:
-    """Write ``directory/latest`` atomically (see the layout note above); returns its path."""
-    directory.mkdir(parents=True, exist_ok=True)
-    latest, partial, previous = directory / "latest", directory / ".latest.partial", directory / ".latest.previous"
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir()
-    _save_fsynced(model.state_dict(), partial / "model.pt")
-    _save_fsynced({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, partial / "optimizer.pt")
-    numpy_state = np.random.get_state()
-    _save_fsynced({
-        "python": random.getstate(),
-        "numpy": (numpy_state[0], numpy_state[1].tolist(), *numpy_state[2:]),
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-    }, partial / "rng.pt")
-    write_text_atomic(partial / "state.json", json.dumps(state, indent=1, default=float) + "\n")  # float: numpy scalars
-    _fsync_dir(partial)
-    if latest.exists():
-        shutil.rmtree(previous, ignore_errors=True)
-        os.rename(latest, previous)
-    os.rename(partial, latest)
-    _fsync_dir(directory)
-    shutil.rmtree(previous, ignore_errors=True)
-    logger.info("SFT: checkpoint at step %d written to %s", state["step"], latest)
-    return latest
-
-
-def load_checkpoint(
-    directory: Path, fingerprint: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
-) -> dict[str, Any] | None:
-    """Restore ``directory/latest`` into model, optimizer, scheduler and the RNGs; return its state.json.
-
-    None when there is no checkpoint. A finished run only restores the model. Raises
-    CheckpointMismatchError, naming what differs, when the fingerprint is not ``fingerprint``.
-    """
-    latest, previous = directory / "latest", directory / ".latest.previous"
-    if not latest.exists() and previous.exists():  # a crash between the two renames of a save
-        os.rename(previous, latest)
-    shutil.rmtree(directory / ".latest.partial", ignore_errors=True)  # a save the crash interrupted
-    if not (latest / "state.json").is_file():
-        return None
-    state = json.loads((latest / "state.json").read_text())
-    if state["fingerprint"] != fingerprint:
-        raise CheckpointMismatchError(_describe_mismatch(latest, state["fingerprint"], fingerprint))
-    device = next(model.parameters()).device
-    model.load_state_dict(torch.load(latest / "model.pt", map_location=device, weights_only=True))
-    if state["finished"]:
-        return state
-    saved = torch.load(latest / "optimizer.pt", map_location=device, weights_only=True)
-    optimizer.load_state_dict(saved["optimizer"])
-    scheduler.load_state_dict(saved["scheduler"])
-    rng = torch.load(latest / "rng.pt", weights_only=True)
-    random.setstate(rng["python"])
-    name, keys, *rest = rng["numpy"]
-    np.random.set_state((name, np.array(keys, dtype=np.uint32), *rest))
-    torch.set_rng_state(rng["torch"])
-    if rng["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
-    return state
-
-
-def _describe_mismatch(latest: Path, saved: dict[str, Any], current: dict[str, Any]) -> str:
-    differences = [
-        f"{key}: {saved['config'].get(key)!r} in the checkpoint, {current['config'].get(key)!r} now"
-        for key in sorted(set(saved["config"]) | set(current["config"]))
-        if saved["config"].get(key) != current["config"].get(key)
-    ]
-    if saved["n_examples"] != current["n_examples"]:
-        differences.append(f"examples: {saved['n_examples']} in the checkpoint, {current['n_examples']} now")
-    elif saved["examples_sha256"] != current["examples_sha256"]:
-        differences.append(f"examples: same number ({current['n_examples']}) but different prompts/responses or order")
-    return (
-        f"checkpoint {latest} belongs to a different SFT run ({'; '.join(differences)}); "
-        "resume with the same config and examples, or use a new checkpoint_dir"
-    )
+    """What must match for a checkpoint to be resumed: the config (less UNFINGERPRINTED_FIELDS) and the
+    examples' prompts and responses, in order (see :func:`a5core.checkpoint.fingerprint`)."""
+    settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in UNFINGERPRINTED_FIELDS}
+    return fingerprint(settings, ((t.prompt, t.response) for t in examples), "examples")

@@ -49,6 +49,7 @@ def _freeze(marker: Path) -> None:
 
 
 def main(tiny_lm_dir: str, checkpoint_dir: str, marker: str, mode: str) -> None:
+    import a5core.checkpoint as checkpoint
     import a5core.sft as sft
 
     torch.set_num_threads(1)
@@ -60,7 +61,7 @@ def main(tiny_lm_dir: str, checkpoint_dir: str, marker: str, mode: str) -> None:
             _freeze(Path(marker))
 
     if mode == "mid_write":
-        real_save, saves = sft._save_fsynced, []
+        real_save, saves = checkpoint._save_fsynced, []
 
         def save(obj, path: Path) -> None:
             saves.append(path.name)
@@ -68,7 +69,7 @@ def main(tiny_lm_dir: str, checkpoint_dir: str, marker: str, mode: str) -> None:
                 _freeze(Path(marker))
             real_save(obj, path)
 
-        sft._save_fsynced = save
+        checkpoint._save_fsynced = save
     sft.train_sft(model, tokenizer, examples, config, log=log)
     raise SystemExit("finished without freezing")  # the test expects to kill it first
 

@@ -374,7 +374,7 @@ def test_a_checkpoint_of_another_run_is_refused(tokenizer, tmp_path):
     with pytest.raises(CheckpointMismatchError, match="examples: 8 in the checkpoint, 7 now"):
         train_sft(make_model(tokenizer), tokenizer, examples[:7], config)
     changed = [*examples[:-1], Trace(examples[-1].prompt, examples[-1].response + "!", examples[-1].ground_truth)]
-    with pytest.raises(CheckpointMismatchError, match="different prompts/responses"):
+    with pytest.raises(CheckpointMismatchError, match="different contents or order"):
         train_sft(make_model(tokenizer), tokenizer, changed, config)
     # Where and how often checkpoints and evaluations happen is not part of the run's identity.
     elsewhere = SFTConfig(**{**vars(config), "checkpoint_every": 1, "eval_every": 1})
