@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-LOSS_TYPES = ("no_baseline", "reinforce_with_baseline", "grpo_clip")
+LOSS_TYPES = ("no_baseline", "reinforce_with_baseline", "grpo_clip", "grpo_no_clip")
+RATIO_LOSS_TYPES = ("grpo_clip", "grpo_no_clip")  # losses that need the old policy's log-probs
 
 
 def masked_mean(tensor: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -108,17 +109,32 @@ def compute_grpo_clip_loss(
     policy_log_probs: torch.Tensor,
     old_log_probs: torch.Tensor,
     cliprange: float,
+    cliprange_high: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-token GRPO-Clip loss −min(ρ·A, clip(ρ, 1−ε, 1+ε)·A) with ρ = π/π_old.
+    """Per-token GRPO-Clip loss −min(ρ·A, clip(ρ, 1−ε, 1+ε_high)·A) with ρ = π/π_old.
 
     advantages: (B, 1); policy_log_probs, old_log_probs: (B, T) → loss (B, T), and metadata with
     "clipped" (B, T) bool: where the clipped term is the smaller one (the min chose it), and "ratio".
+    ``cliprange_high`` None means ε_high = ε (the handout's symmetric clip); a larger ε_high is
+    DAPO's "clip-higher", which lets low-probability tokens with positive advantage grow further.
     """
+    high = cliprange if cliprange_high is None else cliprange_high
     ratio = torch.exp(policy_log_probs - old_log_probs)
     unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange) * advantages
+    clipped = torch.clamp(ratio, 1.0 - cliprange, 1.0 + high) * advantages
     loss = -torch.minimum(unclipped, clipped)
     return loss, {"clipped": clipped < unclipped, "ratio": ratio.detach()}
+
+
+def compute_grpo_no_clip_loss(
+    advantages: torch.Tensor, policy_log_probs: torch.Tensor, old_log_probs: torch.Tensor
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token importance-weighted policy-gradient loss −ρ·A with ρ = π/π_old, unclipped.
+
+    advantages: (B, 1); policy_log_probs, old_log_probs: (B, T) → loss (B, T), metadata "ratio".
+    """
+    ratio = torch.exp(policy_log_probs - old_log_probs)
+    return -ratio * advantages, {"ratio": ratio.detach()}
 
 
 def compute_policy_gradient_loss(
@@ -128,12 +144,14 @@ def compute_policy_gradient_loss(
     advantages: torch.Tensor | None = None,
     old_log_probs: torch.Tensor | None = None,
     cliprange: float | None = None,
+    cliprange_high: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Dispatch to the per-token loss of ``loss_type``.
 
     policy_log_probs: (B, T); raw_rewards, advantages: (B, 1); old_log_probs: (B, T) → loss (B, T).
     ``no_baseline`` needs raw_rewards; ``reinforce_with_baseline`` needs advantages; ``grpo_clip``
-    needs advantages, old_log_probs and cliprange. A missing argument raises ValueError naming it.
+    needs advantages, old_log_probs and cliprange (cliprange_high optional); ``grpo_no_clip`` needs
+    advantages and old_log_probs. A missing argument raises ValueError naming it.
     """
 
     def need(**arguments: Any) -> None:
@@ -149,5 +167,8 @@ def compute_policy_gradient_loss(
         return compute_naive_policy_gradient_loss(advantages, policy_log_probs), {}
     if loss_type == "grpo_clip":
         need(advantages=advantages, old_log_probs=old_log_probs, cliprange=cliprange)
-        return compute_grpo_clip_loss(advantages, policy_log_probs, old_log_probs, cliprange)
+        return compute_grpo_clip_loss(advantages, policy_log_probs, old_log_probs, cliprange, cliprange_high)
+    if loss_type == "grpo_no_clip":
+        need(advantages=advantages, old_log_probs=old_log_probs)
+        return compute_grpo_no_clip_loss(advantages, policy_log_probs, old_log_probs)
     raise ValueError(f"unknown loss_type {loss_type!r}; expected one of {', '.join(LOSS_TYPES)}")

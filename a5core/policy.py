@@ -6,6 +6,7 @@ Shapes: ``B`` sequences, ``T`` token positions (prompt + response − 1), ``V`` 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -45,16 +46,29 @@ def tokenize_prompt_and_output(prompt_strs: list[str], output_strs: list[str], t
     """
     if len(prompt_strs) != len(output_strs):
         raise ValueError(f"{len(prompt_strs)} prompts but {len(output_strs)} outputs")
+    prompts = tokenizer(list(prompt_strs), add_special_tokens=False)["input_ids"]
+    outputs = tokenizer(list(output_strs), add_special_tokens=False)["input_ids"]
+    return pack_prompt_and_output_ids(prompts, outputs, pad_id_of(tokenizer))
+
+
+def pad_id_of(tokenizer: Any) -> int:
+    """The tokenizer's pad id, else its eos id."""
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pad_id is None:
         raise ValueError("tokenizer has neither a pad nor an eos token to pad with")
-    prompts = tokenizer(list(prompt_strs), add_special_tokens=False)["input_ids"]
-    outputs = tokenizer(list(output_strs), add_special_tokens=False)["input_ids"]
-    length = max(len(p) + len(o) for p, o in zip(prompts, outputs))
-    ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), length), dtype=torch.bool)
-    for row, (p, o) in enumerate(zip(prompts, outputs)):
-        ids[row, : len(p) + len(o)] = torch.tensor(p + o, dtype=torch.long)
+    return pad_id
+
+
+def pack_prompt_and_output_ids(
+    prompt_ids: Sequence[Sequence[int]], output_ids: Sequence[Sequence[int]], pad_id: int
+) -> dict[str, torch.Tensor]:
+    """Concatenate token-id lists pairwise and right-pad: what :func:`tokenize_prompt_and_output` returns,
+    from ids (e.g. the exact tokens an engine sampled). B pairs → input_ids, labels, response_mask (B, L−1)."""
+    length = max(len(p) + len(o) for p, o in zip(prompt_ids, output_ids))
+    ids = torch.full((len(prompt_ids), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompt_ids), length), dtype=torch.bool)
+    for row, (p, o) in enumerate(zip(prompt_ids, output_ids)):
+        ids[row, : len(p) + len(o)] = torch.tensor([*p, *o], dtype=torch.long)
         mask[row, len(p) : len(p) + len(o)] = True
     return {"input_ids": ids[:, :-1], "labels": ids[:, 1:], "response_mask": mask[:, 1:]}
 
@@ -134,7 +148,7 @@ def sft_microbatch_train_step(
 def grpo_microbatch_train_step(
     policy_log_probs: torch.Tensor,
     response_mask: torch.Tensor,
-    gradient_accumulation_steps: int,
+    gradient_accumulation_steps: float,
     loss_type: str,
     raw_rewards: torch.Tensor | None = None,
     advantages: torch.Tensor | None = None,
@@ -142,18 +156,24 @@ def grpo_microbatch_train_step(
     cliprange: float | None = None,
     length_normalization: str = "masked_mean",
     normalize_constant: float | None = None,
+    cliprange_high: float | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One policy-gradient micro-batch: per-token loss → per-sequence reduction → batch mean → backward.
 
-    policy_log_probs, response_mask, old_log_probs: (B, T); raw_rewards, advantages: (B, 1).
+    policy_log_probs, response_mask, old_log_probs, token_weights: (B, T); raw_rewards, advantages: (B, 1).
     ``length_normalization``: ``masked_mean`` divides each sequence's summed loss by its own response
     length; ``masked_normalize`` divides by ``normalize_constant`` (e.g. max_tokens) for every sequence.
-    The batch mean is divided by gradient_accumulation_steps before ``backward``. Metadata carries the
-    scaled loss and, for grpo_clip, the fraction of response tokens whose ratio was clipped.
+    ``token_weights`` (no gradient), if given, multiply the per-token loss first (e.g. truncated
+    importance weights). The batch mean is divided by gradient_accumulation_steps before ``backward``.
+    Metadata carries the scaled loss and, for grpo_clip, the fraction of response tokens whose ratio
+    was clipped.
     """
     per_token, loss_metadata = compute_policy_gradient_loss(
-        policy_log_probs, loss_type, raw_rewards, advantages, old_log_probs, cliprange
+        policy_log_probs, loss_type, raw_rewards, advantages, old_log_probs, cliprange, cliprange_high
     )
+    if token_weights is not None:
+        per_token = per_token * token_weights.detach()
     if length_normalization == "masked_mean":
         per_sequence = masked_mean(per_token, response_mask, dim=-1)
     elif length_normalization == "masked_normalize":

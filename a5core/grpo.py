@@ -1,0 +1,458 @@
+"""GRPO (CS336 A5 §7, Algorithm 3): group-relative policy optimisation with verified rewards.
+
+Each of ``n_grpo_steps`` steps of :func:`grpo`:
+
+1. sample ``rollout_batch_size / group_size`` questions from the training problems (seeded per step);
+2. push the policy's weights into the engine and draw ``group_size`` rollouts per question
+   (temperature 1.0, min_tokens 4, max_tokens 1024, stop ``</answer>`` by default);
+3. grade them with the reward function and normalise each reward within its group:
+   A = (r − mean(group)) / (std(group) + advantage_eps), without the division if
+   ``use_std_normalization`` is false (:func:`a5core.losses.compute_group_normalized_rewards`);
+4. if the loss needs them (``grpo_clip``/``grpo_no_clip``, or the truncated importance-sampling
+   correction), compute the rollouts' log-probs under the current policy once, without gradients:
+   the "old" log-probs of every later optimizer step on this batch;
+5. ``epochs_per_rollout_batch`` times, walk the rollouts (shuffled per epoch) in batches of
+   ``train_batch_size``; each batch is one AdamW step, accumulated over micro-batches of
+   ``train_batch_size / gradient_accumulation_steps`` rollouts through
+   :func:`a5core.policy.grpo_microbatch_train_step`, with the gradient norm clipped to ``grad_clip``.
+
+One rollout batch with one epoch and ``train_batch_size == rollout_batch_size`` is on-policy (one
+optimizer step per batch of rollouts); anything else is off-policy, which is when the clipped ratio
+of ``grpo_clip`` means something.
+
+Beyond the handout, off by default: ``tis_cap`` multiplies each token's loss by the truncated
+importance weight min(π_old(o_t)/π_engine(o_t), tis_cap), correcting for the engine sampling from a
+slightly different distribution than the policy computes (bf16 engine, other kernels);
+``drop_uniform_groups`` removes the groups whose rewards are all equal (their advantages are all 0:
+they only dilute the batch; with ``no_baseline`` they would not be 0, and are dropped too);
+``cliprange_high`` is DAPO's asymmetric "clip-higher" upper bound 1 + cliprange_high.
+
+Tokens: the policy trains on exactly the token ids the engine sampled (the prompt tokenised without
+special tokens, as the engines do), so an EOS that ended a rollout is trained on and no re-tokenised
+text can disagree with what was sampled.
+
+Metrics leave through ``log(metrics, step)``; weights reach the engine through ``engine.load_weights``;
+``evaluate(model, step)`` runs at step 0, every ``eval_every`` steps and after the last one.
+Checkpoints (``checkpoint_dir``, every ``checkpoint_every`` steps and after the last; layout in
+:mod:`a5core.checkpoint`) hold the weights, the optimizer, the step, the elapsed wall-clock seconds and
+every step's metrics. Steps are seeded by (seed, step), so a resumed run redraws the same questions
+and, on a seeded engine, the same rollouts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from a5core.checkpoint import NonFiniteLossError, fingerprint, load_checkpoint, save_checkpoint
+from a5core.data import Problem
+from a5core.losses import LOSS_TYPES, RATIO_LOSS_TYPES, compute_group_normalized_rewards
+from a5core.policy import LENGTH_NORMALIZATIONS, get_response_log_probs, grpo_microbatch_train_step, pack_prompt_and_output_ids, pad_id_of
+from a5core.prompts import PromptTemplate
+from a5core.rollout import Engine, SamplingSettings
+
+logger = logging.getLogger(__name__)
+
+# Fields that say where and how often side effects happen, not what is trained (see a5core.checkpoint).
+UNFINGERPRINTED_FIELDS = ("checkpoint_dir", "checkpoint_every", "eval_every")
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """Settings of one GRPO run; defaults are the A5 handout's. Invalid values or combinations raise
+    ``ValueError`` naming the field at construction."""
+
+    n_grpo_steps: int = 200
+    learning_rate: float = 1e-5
+    advantage_eps: float = 1e-6
+    rollout_batch_size: int = 256
+    group_size: int = 8
+    sampling: SamplingSettings = field(
+        default_factory=lambda: SamplingSettings(temperature=1.0, min_tokens=4, max_tokens=1024, stop=("</answer>",))
+    )
+    epochs_per_rollout_batch: int = 1
+    train_batch_size: int = 256
+    gradient_accumulation_steps: int = 128
+    loss_type: str = "reinforce_with_baseline"
+    use_std_normalization: bool = True
+    length_normalization: str = "masked_mean"
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    cliprange: float = 0.2
+    cliprange_high: float | None = None
+    tis_cap: float | None = None
+    drop_uniform_groups: bool = False
+    gradient_checkpointing: bool = False
+    seed: int = 0
+    eval_every: int = 0
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 1
+
+    def __post_init__(self) -> None:
+        def fail(name: str, requirement: str) -> None:
+            raise ValueError(f"GRPOConfig.{name} must be {requirement}, got {getattr(self, name)!r}")
+
+        def is_int(value: Any) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        def is_number(value: Any) -> bool:
+            return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+        for name in ("n_grpo_steps", "rollout_batch_size", "group_size", "epochs_per_rollout_batch",
+                     "train_batch_size", "gradient_accumulation_steps"):
+            if not is_int(getattr(self, name)) or getattr(self, name) < 1:
+                fail(name, "an int >= 1")
+        for name in ("seed", "eval_every", "checkpoint_every"):
+            if not is_int(getattr(self, name)) or getattr(self, name) < 0:
+                fail(name, "an int >= 0")
+        for name in ("learning_rate", "cliprange"):
+            if not is_number(getattr(self, name)) or getattr(self, name) <= 0:
+                fail(name, "a finite number > 0")
+        for name in ("advantage_eps", "weight_decay", "grad_clip"):
+            if not is_number(getattr(self, name)) or getattr(self, name) < 0:
+                fail(name, "a finite number >= 0")
+        betas = tuple(self.betas) if isinstance(self.betas, (tuple, list)) else ()
+        if len(betas) != 2 or not all(is_number(b) and 0 <= b < 1 for b in betas):
+            fail("betas", "two numbers in [0, 1)")
+        object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
+        if self.loss_type not in LOSS_TYPES:
+            fail("loss_type", f"one of {', '.join(LOSS_TYPES)}")
+        if self.length_normalization not in LENGTH_NORMALIZATIONS:
+            fail("length_normalization", f"one of {', '.join(LENGTH_NORMALIZATIONS)}")
+        if not isinstance(self.sampling, SamplingSettings):
+            fail("sampling", "a SamplingSettings")
+        if self.rollout_batch_size % self.group_size:
+            fail("rollout_batch_size", f"a multiple of group_size ({self.group_size})")
+        if self.train_batch_size % self.gradient_accumulation_steps:
+            fail("train_batch_size", f"a multiple of gradient_accumulation_steps ({self.gradient_accumulation_steps})")
+        if self.rollout_batch_size % self.train_batch_size:
+            fail("rollout_batch_size", f"a multiple of train_batch_size ({self.train_batch_size})")
+        if self.train_batch_size < self.group_size:
+            fail("train_batch_size", f">= group_size ({self.group_size})")
+        if self.loss_type in RATIO_LOSS_TYPES and not self.off_policy:
+            raise ValueError(
+                f"GRPOConfig.loss_type {self.loss_type!r} weighs each token by π/π_old, the ratio to the policy "
+                "that sampled the rollouts; on-policy (epochs_per_rollout_batch 1 and train_batch_size == "
+                "rollout_batch_size) every ratio is 1. Use reinforce_with_baseline, or make it off-policy."
+            )
+        if self.cliprange_high is not None and (self.loss_type != "grpo_clip" or not is_number(self.cliprange_high)
+                                                or self.cliprange_high <= 0):
+            fail("cliprange_high", "None, or a number > 0 with loss_type grpo_clip")
+        if self.tis_cap is not None and (not is_number(self.tis_cap) or self.tis_cap <= 0):
+            fail("tis_cap", "None or a finite number > 0")
+        if not isinstance(self.sampling.stop, tuple) or self.sampling.n != 1 or self.sampling.seed is not None:
+            fail("sampling", "settings without n or seed (GRPO sets them: n = group_size, seed per step)")
+
+    @property
+    def prompts_per_step(self) -> int:
+        return self.rollout_batch_size // self.group_size
+
+    @property
+    def microbatch_size(self) -> int:
+        return self.train_batch_size // self.gradient_accumulation_steps
+
+    @property
+    def off_policy(self) -> bool:
+        return self.epochs_per_rollout_batch > 1 or self.train_batch_size < self.rollout_batch_size
+
+    @property
+    def needs_old_log_probs(self) -> bool:
+        return self.loss_type in RATIO_LOSS_TYPES or self.tis_cap is not None
+
+
+@dataclass
+class RolloutBatch:
+    """One step's graded rollouts, N of them, groups consecutive.
+
+    prompt_ids, response_ids: N token-id lists; raw_rewards, advantages: (N,); correct: (N,) bool;
+    old_log_probs, engine_log_probs: None or N 1-D fp32 tensors of the response's length.
+    """
+
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    raw_rewards: torch.Tensor
+    advantages: torch.Tensor
+    correct: torch.Tensor
+    old_log_probs: list[torch.Tensor] | None = None
+    engine_log_probs: list[torch.Tensor] | None = None
+
+    def __len__(self) -> int:
+        return len(self.response_ids)
+
+    def select(self, index: Sequence[int]) -> RolloutBatch:
+        pick = torch.as_tensor(list(index), dtype=torch.long)
+        return RolloutBatch(
+            [self.prompt_ids[i] for i in index], [self.response_ids[i] for i in index],
+            self.raw_rewards[pick], self.advantages[pick], self.correct[pick],
+            None if self.old_log_probs is None else [self.old_log_probs[i] for i in index],
+            None if self.engine_log_probs is None else [self.engine_log_probs[i] for i in index],
+        )
+
+    def tensors(self, pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
+        """input_ids, labels, response_mask (b, T); raw_rewards, advantages (b, 1); and old/engine
+        log-probs (b, T), zero outside the response, when present."""
+        packed = pack_prompt_and_output_ids(self.prompt_ids, self.response_ids, pad_id)
+        mask = packed["response_mask"]
+
+        def per_token(values: list[torch.Tensor]) -> torch.Tensor:
+            out = torch.zeros(mask.shape, dtype=torch.float32)
+            out[mask] = torch.cat(values)  # row-major: each row's response positions, in order
+            return out.to(device)
+
+        result = {k: v.to(device) for k, v in packed.items()}
+        result["raw_rewards"] = self.raw_rewards.view(-1, 1).to(device)
+        result["advantages"] = self.advantages.view(-1, 1).to(device)
+        if self.old_log_probs is not None:
+            result["old_log_probs"] = per_token(self.old_log_probs)
+        if self.engine_log_probs is not None:
+            result["engine_log_probs"] = per_token(self.engine_log_probs)
+        return result
+
+
+def run_fingerprint(config: GRPOConfig, problems: Sequence[Problem]) -> dict[str, Any]:
+    """What must match for a checkpoint to be resumed: the config (less UNFINGERPRINTED_FIELDS) and the
+    problems, in order."""
+    settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in UNFINGERPRINTED_FIELDS}
+    return fingerprint(settings, ((p.problem, p.answer) for p in problems), "problems")
+
+
+def grpo(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    engine: Engine,
+    problems: Sequence[Problem],
+    template: PromptTemplate,
+    reward_fn: Callable[[str, Any], dict[str, float]],
+    config: GRPOConfig,
+    *,
+    evaluate: Callable[[torch.nn.Module, int], dict[str, float]] | None = None,
+    log: Callable[[dict[str, float], int], None] = lambda metrics, step: None,
+) -> list[dict[str, float]]:
+    """Train ``model`` in place with GRPO (see the module docstring); returns every logged metrics dict.
+
+    Each step logs the rollouts' reward, format and answer reward, advantage statistics, mean token
+    entropy, response lengths (all, correct, incorrect), loss, gradient norm, clip fraction, learning
+    rate, ratio statistics (off-policy), the seconds of each phase (weight sync, generate, grade, old
+    log-probs, train), tokens/s, and ``wall_seconds`` since the run began (resumes included); an
+    evaluation's metrics are merged into its step's. A NaN/inf loss or gradient norm raises
+    :class:`a5core.checkpoint.NonFiniteLossError` before the update, the last checkpoint intact.
+    """
+    problems = list(problems)
+    if len(problems) < config.prompts_per_step:
+        raise ValueError(f"GRPO samples {config.prompts_per_step} questions per step but got {len(problems)} problems")
+    device = next(model.parameters()).device
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.learning_rate, betas=config.betas,
+                                  weight_decay=config.weight_decay, fused=device.type == "cuda")
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    expected = run_fingerprint(config, problems)
+    checkpoint = Path(config.checkpoint_dir) if config.checkpoint_dir is not None else None
+    state = load_checkpoint(checkpoint, expected, model, optimizer, None) if checkpoint else None
+    if state is not None and state["finished"]:
+        logger.info("GRPO: %s holds a finished run (%d steps); not training again", checkpoint, state["step"])
+        return state["history"]
+    if state is None:
+        step, history, elapsed = 0, [], 0.0
+        torch.manual_seed(config.seed)
+    else:
+        step, history, elapsed = state["step"], state["history"], state["wall_seconds"]
+        logger.info("GRPO: resuming from %s after step %d", checkpoint, step)
+    started = time.monotonic() - elapsed
+    trainer = _Trainer(model, tokenizer, optimizer, params, config, device)
+
+    def finish_step(metrics: dict[str, float], step: int) -> None:
+        if evaluate is not None and (step == config.n_grpo_steps or (config.eval_every and step % config.eval_every == 0)):
+            model.eval()
+            metrics.update(evaluate(model, step))
+        metrics["wall_seconds"] = time.monotonic() - started
+        log(metrics, step)
+        history.append({"step": step, **metrics})
+
+    was_training = model.training
+    if step == 0 and evaluate is not None and config.eval_every:
+        finish_step({}, 0)  # the starting policy: the first point of every curve
+    while step < config.n_grpo_steps:
+        metrics = trainer.step(engine, problems, template, reward_fn, step)
+        step += 1
+        finish_step(metrics, step)
+        if checkpoint and (step == config.n_grpo_steps or (config.checkpoint_every and step % config.checkpoint_every == 0)):
+            save_checkpoint(checkpoint, model, optimizer, None, {
+                "step": step, "finished": step == config.n_grpo_steps, "wall_seconds": time.monotonic() - started,
+                "history": history, "fingerprint": expected,
+            })
+    optimizer.zero_grad(set_to_none=True)
+    model.train(was_training)
+    return history
+
+
+class _Trainer:
+    """The body of one GRPO step, phase by phase (each timed)."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, optimizer: torch.optim.Optimizer,
+                 params: list[torch.nn.Parameter], config: GRPOConfig, device: torch.device):
+        self.model, self.tokenizer, self.optimizer, self.params = model, tokenizer, optimizer, params
+        self.config, self.device = config, device
+        self.pad_id = pad_id_of(tokenizer)
+        self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
+                         else contextlib.nullcontext())
+        self.times: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        yield
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.times[f"time_{phase}"] = time.perf_counter() - start
+
+    def step(self, engine: Engine, problems: list[Problem], template: PromptTemplate,
+             reward_fn: Callable[[str, Any], dict[str, float]], step: int) -> dict[str, float]:
+        config, self.times = self.config, {}
+        start = time.perf_counter()
+        rng = random.Random(config.seed * 1_000_003 + step)
+        questions = rng.sample(problems, config.prompts_per_step)
+        prompts = [template.format(q.problem) for q in questions]
+        with self.timed("weight_sync"):
+            engine.load_weights(self.model)
+        with self.timed("generate"):
+            sampling = replace(config.sampling, n=config.group_size, seed=config.seed * 1_000_003 + step,
+                               logprobs=config.tis_cap is not None)
+            completions = [c for group in engine.generate(prompts, sampling) for c in group]
+        with self.timed("grade"):
+            advantages, raw_rewards, metrics = compute_group_normalized_rewards(
+                reward_fn, [c.text for c in completions], [q.answer for q in questions for _ in range(config.group_size)],
+                config.group_size, config.advantage_eps, config.use_std_normalization,
+            )
+        prompt_ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
+        batch = RolloutBatch(
+            [prompt_ids[i // config.group_size] for i in range(len(completions))],
+            [list(c.token_ids) for c in completions], raw_rewards, advantages, raw_rewards == 1.0,
+            engine_log_probs=[torch.tensor(c.log_probs, dtype=torch.float32) for c in completions]
+            if config.tis_cap is not None else None,
+        )
+        lengths = torch.tensor([len(ids) for ids in batch.response_ids], dtype=torch.float32)
+        metrics.update({
+            "response_tokens_mean": lengths.mean().item(),
+            "response_tokens_correct": lengths[batch.correct].mean().item() if batch.correct.any() else math.nan,
+            "response_tokens_incorrect": lengths[~batch.correct].mean().item() if (~batch.correct).any() else math.nan,
+            "truncated_fraction": sum(c.finish_reason == "length" for c in completions) / len(completions),
+        })
+        if config.drop_uniform_groups:
+            grouped = raw_rewards.view(-1, config.group_size)
+            varied = (grouped.max(dim=1).values != grouped.min(dim=1).values).tolist()
+            keep = [i for i in range(len(batch)) if varied[i // config.group_size]]
+            metrics["dropped_groups"] = float(varied.count(False))
+            batch = batch.select(keep)
+        if len(batch) and config.needs_old_log_probs:
+            with self.timed("old_log_probs"):
+                batch.old_log_probs = self.response_log_probs(batch)
+        with self.timed("train"):
+            metrics.update(self.train(batch, step) if len(batch) else {"optimizer_steps": 0.0})
+        generated = float(lengths.sum())
+        metrics.update(self.times)
+        metrics["time_step"] = time.perf_counter() - start
+        metrics["generate_tokens_per_s"] = generated / max(self.times["time_generate"], 1e-9)
+        metrics["train_tokens_per_s"] = metrics.get("train_tokens", 0.0) / max(self.times["time_train"], 1e-9)
+        return metrics
+
+    @torch.no_grad()
+    def response_log_probs(self, batch: RolloutBatch) -> list[torch.Tensor]:
+        """Each rollout's response-token log-probs under the current policy, no graph: N tensors."""
+        self.model.eval()
+        out: list[torch.Tensor] = []
+        for start in range(0, len(batch), self.config.microbatch_size):
+            micro = batch.select(range(start, min(start + self.config.microbatch_size, len(batch))))
+            t = micro.tensors(self.pad_id, self.device)
+            with self.autocast:
+                log_probs = get_response_log_probs(self.model, t["input_ids"], t["labels"])["log_probs"]
+            mask = t["response_mask"]
+            out += list(log_probs[mask].float().cpu().split(mask.sum(dim=1).tolist()))
+        return out
+
+    def train(self, batch: RolloutBatch, step: int) -> dict[str, float]:
+        """``epochs_per_rollout_batch`` passes over ``batch`` in optimizer steps of ``train_batch_size``."""
+        config = self.config
+        self.model.train()
+        sums: dict[str, float] = {"loss": 0.0, "grad_norm": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0}
+        ratio_max, entropy_sum, entropy_tokens, tokens, optimizer_steps = 0.0, 0.0, 0, 0, 0
+        for epoch in range(config.epochs_per_rollout_batch):
+            generator = torch.Generator().manual_seed((config.seed * 1_000_003 + step) * 1_000 + epoch)
+            order = torch.randperm(len(batch), generator=generator).tolist()
+            for start in range(0, len(batch), config.train_batch_size):
+                train_batch = order[start : start + config.train_batch_size]
+                self.optimizer.zero_grad(set_to_none=True)
+                loss = clip = ratio_sum = 0.0
+                response_tokens = 0
+                for m in range(0, len(train_batch), config.microbatch_size):
+                    index = train_batch[m : m + config.microbatch_size]
+                    t = batch.select(index).tensors(self.pad_id, self.device)
+                    with self.autocast:
+                        out = get_response_log_probs(self.model, t["input_ids"], t["labels"],
+                                                     return_token_entropy=epoch == 0)
+                    weights = None
+                    if config.tis_cap is not None:
+                        weights = torch.exp(t["old_log_probs"] - t["engine_log_probs"]).clamp(max=config.tis_cap)
+                    # Dividing each micro-batch mean by len(batch)/len(micro) makes the sum the batch mean.
+                    micro_loss, meta = grpo_microbatch_train_step(
+                        out["log_probs"], t["response_mask"], len(train_batch) / len(index), config.loss_type,
+                        raw_rewards=t["raw_rewards"], advantages=t["advantages"], old_log_probs=t.get("old_log_probs"),
+                        cliprange=config.cliprange, length_normalization=config.length_normalization,
+                        normalize_constant=float(config.sampling.max_tokens), cliprange_high=config.cliprange_high,
+                        token_weights=weights,
+                    )
+                    mask = t["response_mask"]
+                    n_tokens = int(mask.sum())
+                    loss += micro_loss.item()
+                    response_tokens += n_tokens
+                    tokens += int(t["input_ids"].numel())
+                    if "clip_fraction" in meta:
+                        clip += meta["clip_fraction"].item() * n_tokens
+                    if "old_log_probs" in t:
+                        ratio = torch.exp(out["log_probs"].detach() - t["old_log_probs"])[mask]
+                        ratio_sum += ratio.sum().item()
+                        ratio_max = max(ratio_max, ratio.max().item())
+                    if "token_entropy" in out:
+                        entropy_sum += out["token_entropy"][mask].sum().item()
+                        entropy_tokens += n_tokens
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.params, config.grad_clip if config.grad_clip > 0 else math.inf).item()
+                if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                    raise NonFiniteLossError(
+                        f"GRPO step {step + 1} of {config.n_grpo_steps} (epoch {epoch}, optimizer step {optimizer_steps}): "
+                        f"loss {loss}, grad_norm {grad_norm}; training stopped before the update; the last checkpoint, "
+                        "if any, holds the last good step"
+                    )
+                self.optimizer.step()
+                optimizer_steps += 1
+                sums["loss"] += loss
+                sums["grad_norm"] += grad_norm
+                sums["clip_fraction"] += clip / max(response_tokens, 1)
+                sums["ratio_mean"] += ratio_sum / max(response_tokens, 1)
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics = {k: v / optimizer_steps for k, v in sums.items()}
+        if config.loss_type != "grpo_clip":
+            del metrics["clip_fraction"]
+        if not config.needs_old_log_probs:
+            del metrics["ratio_mean"]
+        else:
+            metrics["ratio_max"] = ratio_max
+        metrics.update({
+            "token_entropy": entropy_sum / max(entropy_tokens, 1),
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "optimizer_steps": float(optimizer_steps),
+            "train_tokens": float(tokens),
+        })
+        return metrics

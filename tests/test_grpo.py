@@ -1,0 +1,279 @@
+"""GRPO (Algorithm 3) on CPU with tiny models: exact update, settings, extras, learning, resume."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+import torch
+
+from a5core.checkpoint import CheckpointMismatchError, NonFiniteLossError
+from a5core.data import Problem
+from a5core.grpo import GRPOConfig, grpo
+from a5core.prompts import load_prompt
+from a5core.rollout import SamplingSettings
+from a5core.rollout.hf import HFEngine
+from test_expert_iteration import TRAIN, warm_start
+from test_sft import Recorder, assert_same_params, make_model, params_of
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+TEMPLATE = load_prompt("r1_zero")
+PROBLEMS = [Problem(f"p{i}", f"What is {i} + 1?", str(i + 1)) for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_tokenizer):
+    return tiny_tokenizer
+
+
+def parity_reward(response: str, ground_truth: str) -> dict[str, float]:
+    """A verifiable toy reward that varies within groups even for a random model."""
+    reward = float(len(response) % 2 == 0)
+    return {"reward": reward, "format_reward": reward, "answer_reward": reward}
+
+
+class RecordingEngine:
+    """An HFEngine on its own copy of the model that keeps every generate call's prompts and outputs."""
+
+    def __init__(self, model, tokenizer):
+        self.inner = HFEngine(copy.deepcopy(model), tokenizer)
+        self.calls = []
+
+    def generate(self, prompts, sampling):
+        out = self.inner.generate(prompts, sampling)
+        self.calls.append((list(prompts), out, sampling))
+        return out
+
+    def load_weights(self, model):
+        self.inner.load_weights(model)
+
+
+def small_config(**overrides) -> GRPOConfig:
+    settings = dict(
+        n_grpo_steps=1, learning_rate=1e-3, rollout_batch_size=8, group_size=4, train_batch_size=8,
+        gradient_accumulation_steps=4, sampling=SamplingSettings(temperature=1.0, min_tokens=2, max_tokens=12, stop=("</answer>",)),
+    )
+    return GRPOConfig(**{**settings, **overrides})
+
+
+# ------------------------------------------------------------------------------------------ exactness
+
+
+def test_one_step_update_equals_the_hand_computed_one(tokenizer):
+    """Rewards → group-normalised advantages → masked-mean REINFORCE loss over the batch → clipped
+    gradient → one AdamW step, all written out here from the rollouts the engine returned."""
+    model = make_model(tokenizer)
+    start = copy.deepcopy(model)
+    engine = RecordingEngine(model, tokenizer)
+    config = small_config(grad_clip=0.05)
+    history = grpo(model, tokenizer, engine, PROBLEMS, TEMPLATE, parity_reward, config)
+
+    (prompts, groups, sampling), = engine.calls
+    assert len(prompts) == 2 and sampling.n == 4 and sampling.seed is not None
+    completions = [c for group in groups for c in group]
+    rewards = torch.tensor([parity_reward(c.text, None)["reward"] for c in completions]).view(2, 4)
+    advantages = ((rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-6)).flatten()
+    assert advantages.abs().sum() > 0, "the test needs groups with different rewards"
+
+    loss = torch.zeros(())
+    for i, completion in enumerate(completions):
+        prompt = tokenizer(prompts[i // 4], add_special_tokens=False)["input_ids"]
+        sequence = torch.tensor([prompt + list(completion.token_ids)])
+        log_probs = torch.log_softmax(start(sequence).logits[0, :-1].float(), dim=-1)
+        token_log_probs = log_probs[torch.arange(sequence.shape[1] - 1), sequence[0, 1:]][len(prompt) - 1 :]
+        loss = loss - advantages[i] * token_log_probs.mean()
+    loss = loss / len(completions)
+    loss.backward()
+    grads = {name: p.grad for name, p in start.named_parameters()}
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads.values()]))
+    scale = min(1.0, 0.05 / (norm.item() + 1e-6))
+    assert scale < 1  # clipping is part of what is checked
+    expected = {}
+    for name, p in start.named_parameters():
+        g = grads[name] * scale
+        m_hat, v_hat = g, g * g  # Adam's first step: bias-corrected moments are g and g²
+        expected[name] = p.detach() - 1e-3 * m_hat / (v_hat.sqrt() + 1e-8)
+    actual = dict(model.named_parameters())
+    for name, value in expected.items():
+        torch.testing.assert_close(actual[name].detach(), value, atol=2e-6, rtol=0, msg=name)
+    assert history[-1]["loss"] == pytest.approx(loss.item(), abs=1e-6)
+    assert history[-1]["grad_norm"] == pytest.approx(norm.item(), rel=1e-5)
+
+
+# ------------------------------------------------------------------------------------------ settings
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(rollout_batch_size=10, group_size=4), "rollout_batch_size must be a multiple of group_size"),
+    (dict(train_batch_size=8, gradient_accumulation_steps=3), "train_batch_size must be a multiple of gradient_accumulation_steps"),
+    (dict(rollout_batch_size=8, train_batch_size=6, gradient_accumulation_steps=2), "rollout_batch_size must be a multiple of train_batch_size"),
+    (dict(group_size=8, rollout_batch_size=16, train_batch_size=4, gradient_accumulation_steps=2), "train_batch_size must be >= group_size"),
+    (dict(loss_type="grpo_clip"), "every ratio is 1"),
+    (dict(loss_type="ppo"), "loss_type must be one of"),
+    (dict(length_normalization="sum"), "length_normalization must be one of"),
+    (dict(learning_rate=-1.0), "learning_rate must be a finite number > 0"),
+    (dict(cliprange_high=0.3), "cliprange_high must be None, or a number > 0 with loss_type grpo_clip"),
+    (dict(tis_cap=0.0), "tis_cap must be None or a finite number > 0"),
+    (dict(n_grpo_steps=0), "n_grpo_steps must be an int >= 1"),
+    (dict(sampling=SamplingSettings(n=4)), "settings without n or seed"),
+])
+def test_invalid_settings_fail_at_construction(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        small_config(**overrides)
+
+
+def test_a5_defaults():
+    config = GRPOConfig()
+    assert (config.n_grpo_steps, config.learning_rate, config.rollout_batch_size, config.group_size) == (200, 1e-5, 256, 8)
+    assert (config.train_batch_size, config.gradient_accumulation_steps, config.microbatch_size) == (256, 128, 2)
+    assert (config.loss_type, config.use_std_normalization, config.betas, config.cliprange) == (
+        "reinforce_with_baseline", True, (0.9, 0.95), 0.2)
+    assert (config.sampling.temperature, config.sampling.min_tokens, config.sampling.max_tokens) == (1.0, 4, 1024)
+    assert not config.off_policy and not config.needs_old_log_probs
+
+
+def test_too_few_problems():
+    with pytest.raises(ValueError, match="samples 2 questions per step but got 1 problems"):
+        grpo(torch.nn.Linear(1, 1), None, None, PROBLEMS[:1], TEMPLATE, parity_reward, small_config())
+
+
+# ------------------------------------------------------------------------------------ loop variants
+
+
+def test_off_policy_grpo_clip_logs_ratios_and_clipping(tokenizer):
+    """Two epochs of two optimizer steps per rollout batch: the first step's ratios are exactly 1 (old
+    log-probs are the same policy's), later ones move; clip fraction and ratio statistics are logged."""
+    model = make_model(tokenizer)
+    config = small_config(n_grpo_steps=2, loss_type="grpo_clip", epochs_per_rollout_batch=2, train_batch_size=4,
+                          gradient_accumulation_steps=2, learning_rate=1e-2, cliprange=0.05, cliprange_high=0.1)
+    history = grpo(model, tokenizer, RecordingEngine(model, tokenizer), PROBLEMS, TEMPLATE, parity_reward, config)
+    assert [h["optimizer_steps"] for h in history] == [4.0, 4.0]
+    assert all(h["ratio_max"] > 1.0 and 0 <= h["clip_fraction"] <= 1 for h in history)
+    assert any(h["clip_fraction"] > 0 for h in history)
+    assert {"time_old_log_probs", "time_generate", "time_grade", "time_train", "time_weight_sync", "token_entropy",
+            "response_tokens_mean", "advantage_std", "generate_tokens_per_s", "train_tokens_per_s"} <= set(history[0])
+
+
+def test_drop_uniform_groups(tokenizer):
+    model = make_model(tokenizer)
+    constant = lambda response, truth: {"reward": 1.0, "format_reward": 1.0, "answer_reward": 1.0}  # noqa: E731
+    before = params_of(model)
+    history = grpo(model, tokenizer, RecordingEngine(model, tokenizer), PROBLEMS, TEMPLATE, constant,
+                   small_config(drop_uniform_groups=True, loss_type="no_baseline"))
+    assert history[0]["dropped_groups"] == 2 and history[0]["optimizer_steps"] == 0
+    assert_same_params(params_of(model), before)  # nothing left to train on
+    # Without dropping, no_baseline still pushes up every (rewarded) rollout.
+    grpo(model, tokenizer, RecordingEngine(model, tokenizer), PROBLEMS, TEMPLATE, constant, small_config(loss_type="no_baseline"))
+    assert any(not torch.equal(before[k], v) for k, v in params_of(model).items())
+
+
+class ShiftedLogProbEngine(RecordingEngine):
+    """Reports each sampled token's log-prob as the policy's plus ``shift``: a sampler that is off by a
+    known factor exp(-shift), so the truncated importance weight is min(exp(-shift), cap)."""
+
+    def __init__(self, model, tokenizer, shift):
+        super().__init__(model, tokenizer)
+        self.shift = shift
+
+    def generate(self, prompts, sampling):
+        groups = super().generate(prompts, sampling)
+        return [[c.__class__(c.text, c.token_ids, c.finish_reason, tuple(lp + self.shift for lp in c.log_probs))
+                 for c in group] for group in groups]
+
+
+@pytest.mark.parametrize("cap, factor", [(10.0, 0.5), (0.25, 0.25)])
+def test_truncated_importance_sampling_scales_the_gradient(tokenizer, cap, factor):
+    """The engine claims twice the policy's probability for every token: weights min(1/2, cap)."""
+    norms = {}
+    for name, engine_cls, extra in [("plain", RecordingEngine, {}), ("tis", ShiftedLogProbEngine, {"tis_cap": cap})]:
+        model = make_model(tokenizer)
+        engine = engine_cls(model, tokenizer, math.log(2.0)) if name == "tis" else engine_cls(model, tokenizer)
+        history = grpo(model, tokenizer, engine, PROBLEMS, TEMPLATE, parity_reward, small_config(grad_clip=0.0, **extra))
+        norms[name] = history[0]["grad_norm"]
+    assert norms["tis"] == pytest.approx(factor * norms["plain"], rel=1e-4)
+
+
+def test_nan_loss_stops_before_the_update_with_the_checkpoint_intact(tokenizer, tmp_path):
+    model = make_model(tokenizer)
+    config = small_config(n_grpo_steps=3, checkpoint_dir=str(tmp_path / "ckpt"))
+    calls = []
+
+    def reward_turning_nan(response, truth):  # a reward model that breaks during step 2
+        calls.append(1)
+        value = math.nan if len(calls) > 8 else parity_reward(response, truth)["reward"]
+        return {"reward": value, "format_reward": 1.0, "answer_reward": value}
+
+    with pytest.raises(NonFiniteLossError, match=r"GRPO step 2 of 3 .*loss nan"):
+        grpo(model, tokenizer, RecordingEngine(model, tokenizer), PROBLEMS, TEMPLATE, reward_turning_nan, config)
+    state = json.loads((tmp_path / "ckpt/latest/state.json").read_text())
+    assert state["step"] == 1 and not state["finished"]
+
+
+# ------------------------------------------------------------------------------------------- resume
+
+
+def test_resume_after_a_crash_equals_the_uninterrupted_run(tokenizer, tmp_path):
+    config = small_config(n_grpo_steps=3, checkpoint_dir=str(tmp_path / "ckpt"), eval_every=1)
+    reference = make_model(tokenizer)
+    evaluate = lambda model, step: {"val_probe": float(step)}  # noqa: E731
+    expected = grpo(reference, tokenizer, RecordingEngine(reference, tokenizer), PROBLEMS, TEMPLATE, parity_reward,
+                    small_config(n_grpo_steps=3, eval_every=1), evaluate=evaluate)
+
+    crashed = make_model(tokenizer)
+    with pytest.raises(KeyboardInterrupt):
+        grpo(crashed, tokenizer, RecordingEngine(crashed, tokenizer), PROBLEMS, TEMPLATE, parity_reward, config,
+             evaluate=evaluate, log=Recorder(crash_at=3))
+    resumed = make_model(tokenizer, seed=1)  # other starting weights: the checkpoint must replace them
+    recorder = Recorder()
+    history = grpo(resumed, tokenizer, RecordingEngine(resumed, tokenizer), PROBLEMS, TEMPLATE, parity_reward, config,
+                   evaluate=evaluate, log=recorder)
+    assert recorder.steps == [3]  # steps 0-2 came from the checkpoint
+    assert_same_params(params_of(resumed), params_of(reference), atol=1e-6)
+    assert [h["step"] for h in history] == [0, 1, 2, 3]
+    assert [h["reward_mean"] for h in history[1:]] == [h["reward_mean"] for h in expected[1:]]
+    assert history[-1]["wall_seconds"] >= history[-2]["wall_seconds"]
+    # A finished run is not trained again; another configuration is refused.
+    assert grpo(resumed, tokenizer, None, PROBLEMS, TEMPLATE, parity_reward, config) == history
+    with pytest.raises(CheckpointMismatchError, match="learning_rate: 0.001 in the checkpoint, 0.01 now"):
+        grpo(resumed, tokenizer, None, PROBLEMS, TEMPLATE, parity_reward,
+             small_config(n_grpo_steps=3, checkpoint_dir=str(tmp_path / "ckpt"), learning_rate=1e-2))
+
+
+# ------------------------------------------------------------------------------------------ learning
+
+
+def brevity_reward(response: str, ground_truth: str) -> dict[str, float]:
+    """A toy verifiable task with a constant part: 5 points for any answer that closes ``</answer>``,
+    1 more if the whole response is under 40 characters. The baseline removes the constant; without
+    one, it multiplies every sampled response's gradient and drowns the 1-point signal."""
+    formatted = float("</answer>" in response)
+    short = float(formatted and len(response) < 40)
+    return {"reward": 5 * formatted + short, "format_reward": formatted, "answer_reward": short}
+
+
+@pytest.fixture(scope="module")
+def formatted_policy(tokenizer):
+    """A tiny policy that writes the r1 format (brief SFT); about 2% of its samples are short."""
+    return warm_start(tokenizer)
+
+
+def run_toy_grpo(policy, tokenizer, loss_type: str) -> list[float]:
+    """Eight GRPO steps on the brevity task; each step's mean short-answer rate."""
+    model = copy.deepcopy(policy)
+    config = GRPOConfig(
+        n_grpo_steps=8, learning_rate=3e-4, rollout_batch_size=64, group_size=8, train_batch_size=64,
+        gradient_accumulation_steps=2, loss_type=loss_type, seed=0,
+        sampling=SamplingSettings(temperature=1.0, min_tokens=4, max_tokens=32, stop=("</answer>",)),
+    )
+    history = grpo(model, tokenizer, HFEngine(model, tokenizer), TRAIN, TEMPLATE, brevity_reward, config)
+    return [h["answer_reward_mean"] for h in history]
+
+
+def test_grpo_raises_reward_and_the_baseline_helps(formatted_policy, tokenizer):
+    with_baseline = run_toy_grpo(formatted_policy, tokenizer, "reinforce_with_baseline")
+    assert with_baseline[0] < 0.1 and with_baseline[-1] > 0.5, with_baseline
+    without = run_toy_grpo(formatted_policy, tokenizer, "no_baseline")
+    assert without[-1] < with_baseline[-1] - 0.2, (without, with_baseline)
