@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import random
 import sys
 from pathlib import Path
 from typing import Literal
@@ -24,8 +23,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
-from a5core.arithmetic import arithmetic_problems
-from a5core.data import PROBLEM_LOADERS, Problem, write_text_atomic
+from a5core.data import write_text_atomic
 from a5core.expert_iteration import EIConfig, expert_iteration
 from a5core.grading import REWARD_FNS
 from a5core.models import resolve_model
@@ -34,7 +32,14 @@ from a5core.prompts import load_prompt
 from a5core.rollout import Engine, SamplingSettings, make_engine
 from a5core.sft import SFTConfig
 from tasks.tracking import DEFAULT_TRACKING_URI, log_params_flat
-from tasks.training import log_comparison, mlflow_logger, params_key, start_resumable_run, validation_hook
+from tasks.training import (
+    load_problem_set,
+    log_comparison,
+    mlflow_logger,
+    params_key,
+    start_resumable_run,
+    validation_hook,
+)
 
 
 class EIParams(BaseModel):
@@ -73,16 +78,6 @@ class EIParams(BaseModel):
     tracking_uri: str = Field(DEFAULT_TRACKING_URI)
 
 
-def load_problems(source: str, data_format: str, seed: int, split: str) -> list[Problem]:
-    """A MATH/GSM8K file, or ``arithmetic:N:DIGITS`` (the generated toy task); shuffled with ``seed``."""
-    if source.startswith("arithmetic:"):
-        _, n, digits = source.split(":")
-        problems = arithmetic_problems(int(n), digits=int(digits), seed=seed, split=split)
-    else:
-        problems = PROBLEM_LOADERS[data_format](source)
-    return random.Random(seed).sample(problems, len(problems))
-
-
 @task(cache_policy=NO_CACHE)
 def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | None) -> dict:
     """One EI run in its own resumable MLflow run; returns its summary row."""
@@ -92,8 +87,8 @@ def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | Non
     run_dir = Path(params.output_dir) / f"runs-{params_key(params)}" / name
     if (run_dir / "done.json").is_file():
         return json.loads((run_dir / "done.json").read_text())
-    train = load_problems(params.train_data, params.train_format, params.seed, "train")
-    validation = load_problems(params.validation_data, "math", params.seed, "validation")
+    train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
+    validation = load_problem_set(params.validation_data, "math", params.seed, "validation")
     template, reward_fn = load_prompt(params.prompt), REWARD_FNS[params.reward_fn]
     eval_sampling = SamplingSettings(temperature=params.temperature, max_tokens=params.max_tokens, stop=("</answer>",), seed=params.seed)
     config = EIConfig(

@@ -81,6 +81,22 @@ def validation_hook(
     return run
 
 
+def load_problem_set(source: str, data_format: str, seed: int, split: str) -> list[Problem]:
+    """A MATH/GSM8K file, or ``arithmetic:N:DIGITS`` (the generated toy task); shuffled with ``seed``
+    (MATH files are ordered by subject: a prefix of the shuffled list is a fair subset)."""
+    import random
+
+    from a5core.arithmetic import arithmetic_problems
+    from a5core.data import PROBLEM_LOADERS
+
+    if source.startswith("arithmetic:"):
+        _, n, digits = source.split(":")
+        problems = arithmetic_problems(int(n), digits=int(digits), seed=seed, split=split)
+    else:
+        problems = PROBLEM_LOADERS[data_format](source)
+    return random.Random(seed).sample(problems, len(problems))
+
+
 def write_curves(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
     """A csv of learning-curve points (DVC plots read it), written atomically."""
     buffer = io.StringIO()
@@ -118,14 +134,30 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def log_comparison(output_dir: Path, curves: list[dict[str, Any]], summary: list[dict[str, Any]], series: str, title: str) -> dict[str, str]:
-    """Write curves.csv, summary.md/json and the comparison plot; log them to the active (parent) run."""
+def log_comparison(
+    output_dir: Path, curves: list[dict[str, Any]], summary: list[dict[str, Any]], series: str, title: str,
+    *, trends: list[dict[str, Any]] | None = None,
+) -> dict[str, str]:
+    """Write curves.csv, summary.md/json and the comparison plot; log them to the active (parent) run.
+
+    curves: validation points (``series``, step, val_accuracy[, wall_seconds]); with wall_seconds a
+    second plot shows accuracy against wall-clock time. trends: per-step training points (``series``,
+    step, then any metrics), written as train_curves.csv with one plot per metric against step.
+    """
     paths = {
         "curves": write_curves(output_dir / "curves.csv", curves),
         "summary_md": write_text_atomic(output_dir / "summary.md", markdown_table(summary)),
         "summary_json": write_text_atomic(output_dir / "summary.json", json.dumps(summary, indent=2) + "\n"),
         "plot": plot_curves(output_dir / "accuracy_vs_step.png", curves, "step", "val_accuracy", series, title),
     }
+    if "wall_seconds" in curves[0]:
+        paths["plot_wall_clock"] = plot_curves(output_dir / "accuracy_vs_wall_clock.png", curves, "wall_seconds",
+                                               "val_accuracy", series, f"{title} (wall-clock)")
+    if trends:
+        paths["trends"] = write_curves(output_dir / "train_curves.csv", trends)
+        for metric in [k for k in trends[0] if k not in (series, "step", "wall_seconds")]:
+            paths[f"plot_{metric}"] = plot_curves(output_dir / f"{metric}_vs_step.png", trends, "step", metric, series,
+                                                  f"{metric} by step")
     for path in paths.values():
         mlflow.log_artifact(str(path))
     return {k: str(v) for k, v in paths.items()}

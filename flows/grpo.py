@@ -1,0 +1,313 @@
+"""Flow ``grpo`` (one GRPO run) and the A5 ablation flows (a parent MLflow run with a child per setting).
+
+A run trains the policy with :func:`a5core.grpo.grpo`, logging every step to MLflow (rewards, advantage
+statistics, entropy, lengths, loss, gradient norm, clip fraction, phase times, tokens/s), validation
+accuracy every ``eval_every`` steps on a fixed random subset (against step, and against wall-clock
+seconds as ``val_accuracy_by_wall_seconds``), a table of example rollouts at each validation, and the
+full validation set at the end. A killed run resumes from its checkpoint and continues its MLflow run.
+
+The ablations (each also a flow of that name, for the Prefect UI; ``--ablation NAME`` on the CLI and
+``grpo.ablation`` in params.yaml for ``dvc exp run -S grpo.ablation=NAME``):
+
+- ``grpo_lr_sweep``: ``sweep_learning_rates``;
+- ``grpo_baseline_ablation``: no_baseline vs reinforce_with_baseline;
+- ``grpo_length_norm_ablation``: masked_mean vs masked_normalize (see docs/length_normalization.md);
+- ``grpo_std_norm_ablation``: advantages divided by the group std or not;
+- ``grpo_off_policy_sweep``: on-policy against grpo_clip at each epochs_per_rollout_batch ×
+  train_batch_size of the sweep (micro-batch size kept), by step and by wall-clock, with entropy
+  and length trends;
+- ``grpo_clip_ablation``: grpo_clip vs grpo_no_clip at ``clip_epochs_per_rollout_batch`` ×
+  ``clip_train_batch_size`` (set them to the off-policy sweep's best);
+- ``grpo_prompt_ablation``: r1_zero vs question_only, each with its own reward function.
+
+Each writes accuracy-by-step and by-wall-clock plots, entropy/length/reward trend plots, curves as
+csv and a summary table (setting → final accuracy, format rate, wall seconds) into the parent run.
+
+    python -m flows.grpo --help
+    python -m flows.grpo --config params.yaml                                   # one run
+    python -m flows.grpo --config params.yaml --ablation grpo_baseline_ablation  # an ablation
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel, Field
+
+from a5core.data import write_text_atomic
+from a5core.grading import REWARD_FNS
+from a5core.grpo import GRPOConfig, grpo
+from a5core.models import resolve_model
+from a5core.policy import load_policy
+from a5core.prompts import load_prompt
+from a5core.rollout import Engine, SamplingSettings, make_engine
+from tasks.tracking import DEFAULT_TRACKING_URI, log_params_flat
+from tasks.training import (
+    load_problem_set,
+    log_comparison,
+    mlflow_logger,
+    params_key,
+    start_resumable_run,
+    validation_hook,
+)
+
+PROMPT_STOPS = {"r1_zero": ("</answer>",), "question_only": ()}  # question_only answers end with EOS
+TREND_METRICS = ("reward_mean", "token_entropy", "response_tokens_mean")
+AblationName = Literal["grpo_lr_sweep", "grpo_baseline_ablation", "grpo_length_norm_ablation", "grpo_std_norm_ablation",
+                       "grpo_off_policy_sweep", "grpo_clip_ablation", "grpo_prompt_ablation"]
+
+
+class GRPOParams(BaseModel):
+    model: str = Field("Qwen/Qwen2.5-Math-1.5B", description="starting policy: hub id, local folder (e.g. an SFT output)")
+    backend: Literal["auto", "vllm", "hf"] = Field("auto", description="rollout engine")
+    engine_dtype: str = Field("auto", description="engine dtype (auto: bf16 on GPU, fp32 on CPU)")
+    engine_memory_fraction: float = Field(0.3, gt=0, le=1, description="vLLM gpu_memory_utilization beside the policy")
+    policy_dtype: Literal["float32", "bfloat16"] = Field("float32", description="policy weights (bf16 autocast on GPU)")
+    train_data: str = Field("../shared/data/math/train.jsonl", description="questions to sample from, or arithmetic:N:DIGITS")
+    train_format: Literal["math", "gsm8k"] = Field("math")
+    validation_data: str = Field("../shared/data/math/validation.jsonl", description="validation problems, or arithmetic:N:DIGITS")
+    validation_format: Literal["math", "gsm8k"] = Field("math")
+    val_subset: int = Field(1024, gt=0, description="problems evaluated every eval_every steps (a fixed random subset)")
+    val_limit: int | None = Field(None, gt=0, description="problems in the final evaluation (None: all)")
+    eval_every: int = Field(10, ge=0, description="steps between validations (0: only at the start and end)")
+    prompt: Literal["r1_zero", "question_only"] = Field("r1_zero", description="prompt; its reward function goes with it")
+    n_grpo_steps: int = Field(200, gt=0)
+    learning_rate: float = Field(1e-5, gt=0)
+    advantage_eps: float = Field(1e-6, ge=0)
+    rollout_batch_size: int = Field(256, gt=0)
+    group_size: int = Field(8, gt=0)
+    temperature: float = Field(1.0, ge=0)
+    min_tokens: int = Field(4, ge=0)
+    max_tokens: int = Field(1024, gt=0, description="response cap; also masked_normalize's constant")
+    epochs_per_rollout_batch: int = Field(1, gt=0)
+    train_batch_size: int = Field(256, gt=0)
+    gradient_accumulation_steps: int = Field(128, gt=0)
+    loss_type: Literal["no_baseline", "reinforce_with_baseline", "grpo_clip", "grpo_no_clip"] = Field("reinforce_with_baseline")
+    use_std_normalization: bool = Field(True)
+    length_normalization: Literal["masked_mean", "masked_normalize"] = Field("masked_mean")
+    weight_decay: float = Field(0.0, ge=0)
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.95, ge=0, lt=1)
+    grad_clip: float = Field(1.0, ge=0)
+    cliprange: float = Field(0.2, gt=0)
+    cliprange_high: float | None = Field(None, gt=0, description="clip-higher upper range (grpo_clip); None: symmetric")
+    tis_cap: float | None = Field(None, gt=0, description="truncated importance-sampling cap; None: off")
+    drop_uniform_groups: bool = Field(False, description="drop groups whose rewards are all equal")
+    gradient_checkpointing: bool = Field(False)
+    checkpoint_every: int = Field(10, ge=0)
+    seed: int = Field(0)
+    ablation: AblationName | None = Field(None, description="run this ablation instead of one run")
+    sweep_learning_rates: list[float] = Field([3e-6, 1e-5, 3e-5, 1e-4], description="grpo_lr_sweep")
+    sweep_epochs_per_rollout_batch: list[int] = Field([2, 4], description="grpo_off_policy_sweep")
+    sweep_train_batch_sizes: list[int] = Field([128, 64], description="grpo_off_policy_sweep")
+    clip_epochs_per_rollout_batch: int = Field(2, gt=0, description="grpo_clip_ablation's off-policy setting")
+    clip_train_batch_size: int = Field(128, gt=0, description="grpo_clip_ablation's off-policy setting")
+    output_dir: str = Field("outputs/grpo")
+    metrics_path: str | None = Field("metrics/grpo.json")
+    experiment: str = Field("grpo")
+    tracking_uri: str = Field(DEFAULT_TRACKING_URI)
+
+
+def grpo_config(params: GRPOParams, checkpoint_dir: str | None = None) -> GRPOConfig:
+    """The loop's settings; an invalid combination fails here with GRPOConfig's message."""
+    return GRPOConfig(
+        n_grpo_steps=params.n_grpo_steps, learning_rate=params.learning_rate, advantage_eps=params.advantage_eps,
+        rollout_batch_size=params.rollout_batch_size, group_size=params.group_size,
+        sampling=SamplingSettings(temperature=params.temperature, min_tokens=params.min_tokens,
+                                  max_tokens=params.max_tokens, stop=PROMPT_STOPS[params.prompt]),
+        epochs_per_rollout_batch=params.epochs_per_rollout_batch, train_batch_size=params.train_batch_size,
+        gradient_accumulation_steps=params.gradient_accumulation_steps, loss_type=params.loss_type,
+        use_std_normalization=params.use_std_normalization, length_normalization=params.length_normalization,
+        weight_decay=params.weight_decay, betas=(params.beta1, params.beta2), grad_clip=params.grad_clip,
+        cliprange=params.cliprange, cliprange_high=params.cliprange_high, tis_cap=params.tis_cap,
+        drop_uniform_groups=params.drop_uniform_groups, gradient_checkpointing=params.gradient_checkpointing,
+        seed=params.seed, eval_every=params.eval_every, checkpoint_dir=checkpoint_dir,
+        checkpoint_every=params.checkpoint_every,
+    )
+
+
+def with_overrides(params: GRPOParams, overrides: dict[str, Any]) -> GRPOParams:
+    return GRPOParams(**{**params.model_dump(), **overrides})
+
+
+# ---------------------------------------------------------------------------------- the ablations
+
+
+def _off_policy(params: GRPOParams, epochs: int, train_batch_size: int, loss_type: str) -> dict[str, Any]:
+    """An off-policy setting that keeps the micro-batch size (so memory per forward stays the same)."""
+    micro = params.train_batch_size // params.gradient_accumulation_steps
+    return {"epochs_per_rollout_batch": epochs, "train_batch_size": train_batch_size,
+            "gradient_accumulation_steps": max(1, train_batch_size // micro), "loss_type": loss_type}
+
+
+def _off_policy_sweep(p: GRPOParams) -> dict[str, dict[str, Any]]:
+    settings = {"on_policy": {**_off_policy(p, 1, p.rollout_batch_size, "reinforce_with_baseline")}}
+    for epochs in p.sweep_epochs_per_rollout_batch:
+        for size in p.sweep_train_batch_sizes:
+            settings[f"E{epochs}_tb{size}"] = _off_policy(p, epochs, size, "grpo_clip")
+    return settings
+
+
+ABLATIONS: dict[str, tuple[str, Callable[[GRPOParams], dict[str, dict[str, Any]]]]] = {
+    "grpo_lr_sweep": ("learning rate", lambda p: {f"lr_{lr:g}": {"learning_rate": lr} for lr in p.sweep_learning_rates}),
+    "grpo_baseline_ablation": ("baseline", lambda p: {t: {"loss_type": t} for t in ("no_baseline", "reinforce_with_baseline")}),
+    "grpo_length_norm_ablation": ("length normalisation", lambda p: {
+        n: {"length_normalization": n} for n in ("masked_mean", "masked_normalize")}),
+    "grpo_std_norm_ablation": ("std normalisation", lambda p: {
+        "std_normalization": {"use_std_normalization": True}, "no_std_normalization": {"use_std_normalization": False}}),
+    "grpo_off_policy_sweep": ("off-policy", _off_policy_sweep),
+    "grpo_clip_ablation": ("clipping", lambda p: {
+        t: _off_policy(p, p.clip_epochs_per_rollout_batch, p.clip_train_batch_size, t) for t in ("grpo_clip", "grpo_no_clip")}),
+    "grpo_prompt_ablation": ("prompt", lambda p: {name: {"prompt": name} for name in ("r1_zero", "question_only")}),
+}
+
+
+def ablation_settings(name: str, params: GRPOParams) -> dict[str, GRPOParams]:
+    """The children of ablation ``name``: setting name → validated parameters (an invalid one fails
+    before anything runs)."""
+    _, build = ABLATIONS[name]
+    children = {}
+    for setting, overrides in build(params).items():
+        child = with_overrides(params, {**overrides, "ablation": None})
+        grpo_config(child)
+        children[setting] = child
+    return children
+
+
+# ----------------------------------------------------------------------------------------- a run
+
+
+@task(cache_policy=NO_CACHE)
+def run_grpo(name: str, params: GRPOParams, engine: Engine, parent_run_id: str | None) -> dict:
+    """One GRPO run in its own resumable MLflow run; returns its summary row, curve and trends."""
+    import mlflow
+    import torch
+
+    run_dir = Path(params.output_dir) / f"runs-{params_key(params)}" / name
+    if (run_dir / "done.json").is_file():
+        return json.loads((run_dir / "done.json").read_text())
+    config = grpo_config(params, str(run_dir / "checkpoint"))
+    train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
+    validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
+    template, reward_fn = load_prompt(params.prompt), REWARD_FNS[params.prompt]
+    eval_sampling = SamplingSettings(temperature=params.temperature, max_tokens=params.max_tokens,
+                                     stop=PROMPT_STOPS[params.prompt], seed=params.seed)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with start_resumable_run(run_dir / "mlflow_run_id", params.experiment, f"grpo-{name}", params.tracking_uri,
+                             parent_run_id) as run:
+        log_params_flat({**params.model_dump(exclude={"ablation"}), "setting": name})
+        model, tokenizer = load_policy(params.model, dtype=getattr(torch, params.policy_dtype), device=device)
+        hook = validation_hook(engine, tokenizer, validation, template, reward_fn, eval_sampling, params.val_subset)
+        to_mlflow = mlflow_logger()
+
+        def log(metrics: dict[str, float], step: int) -> None:
+            to_mlflow(metrics, step)
+            if "val_accuracy" in metrics:
+                to_mlflow({"val_accuracy_by_wall_seconds": metrics["val_accuracy"]}, int(metrics["wall_seconds"]))
+
+        history = grpo(model, tokenizer, engine, train, template, reward_fn, config, evaluate=hook, log=log)
+        model.eval()
+        full = validation_hook(engine, tokenizer, validation, template, reward_fn, eval_sampling, params.val_limit)(
+            model, params.n_grpo_steps)
+        mlflow.log_metrics({f"final_{k}": v for k, v in full.items()}, step=params.n_grpo_steps)
+        row = {
+            "setting": name, "final_accuracy": full["val_accuracy"], "final_format_rate": full["val_format_rate"],
+            "wall_seconds": history[-1]["wall_seconds"],
+            "curve": [{"step": h["step"], "wall_seconds": h["wall_seconds"], "val_accuracy": h["val_accuracy"]}
+                      for h in history if "val_accuracy" in h],
+            "trends": [{"step": h["step"], **{k: h[k] for k in TREND_METRICS}} for h in history if "reward_mean" in h],
+            "mlflow_run_id": run.info.run_id,
+        }
+    write_text_atomic(run_dir / "done.json", json.dumps(row))
+    return row
+
+
+def _make_engine(params: GRPOParams) -> Engine:
+    kwargs = {"gpu_memory_utilization": params.engine_memory_fraction} if params.backend != "hf" else {}
+    return make_engine(resolve_model(params.model), params.backend, dtype=params.engine_dtype, **kwargs)
+
+
+def _report(params: GRPOParams, rows: list[dict], title: str) -> tuple[list[dict], dict[str, str]]:
+    """Summary table, curves and plots of ``rows`` into output_dir and the active MLflow run."""
+    curves = [{"setting": r["setting"], **point} for r in rows for point in r["curve"]]
+    trends = [{"setting": r["setting"], **point} for r in rows for point in r["trends"]]
+    summary = [{k: r[k] for k in ("setting", "final_accuracy", "final_format_rate", "wall_seconds")} for r in rows]
+    paths = log_comparison(Path(params.output_dir), curves, summary, "setting", title, trends=trends)
+    if params.metrics_path:
+        write_text_atomic(Path(params.metrics_path), json.dumps(summary, indent=2) + "\n")
+    return summary, paths
+
+
+def run_ablation(name: str, params: GRPOParams) -> dict:
+    """Ablation ``name`` as a parent MLflow run with one child run per setting; resumable."""
+    import mlflow
+
+    children = ablation_settings(name, params)
+    engine = _make_engine(params)
+    parent_params = params.model_copy(update={"ablation": name})
+    run_id_file = Path(params.output_dir) / f"runs-{params_key(parent_params)}" / "mlflow_run_id"
+    with start_resumable_run(run_id_file, params.experiment, name, params.tracking_uri) as parent:
+        log_params_flat(parent_params.model_dump())
+        rows = [run_grpo(setting, child, engine, parent.info.run_id) for setting, child in children.items()]
+        summary, paths = _report(params, rows, f"GRPO {ABLATIONS[name][0]} ablation: validation accuracy")
+        mlflow.set_tag("ablation", name)
+    return {"summary": summary, "paths": paths, "mlflow_run_id": parent.info.run_id}
+
+
+@flow(name="grpo")
+def grpo_flow(params: GRPOParams = GRPOParams()) -> dict:
+    """One GRPO run, or (``ablation`` set) that ablation."""
+    if params.ablation is not None:
+        return run_ablation(params.ablation, params)
+    import mlflow
+
+    grpo_config(params)  # fail on a bad combination before an engine starts
+    row = run_grpo("single", params, _make_engine(params), None)
+    with mlflow.start_run(run_id=row["mlflow_run_id"]):
+        summary, paths = _report(params, [row], "GRPO: validation accuracy")
+    return {"summary": summary, "paths": paths, "mlflow_run_id": row["mlflow_run_id"]}
+
+
+def _ablation_flow(name: str) -> Any:
+    def run(params: GRPOParams = GRPOParams()) -> dict:
+        return run_ablation(name, params)
+
+    run.__doc__ = f"The {ABLATIONS[name][0]} ablation: a parent MLflow run with one child per setting."
+    return flow(name=name)(run)
+
+
+grpo_lr_sweep = _ablation_flow("grpo_lr_sweep")
+grpo_baseline_ablation = _ablation_flow("grpo_baseline_ablation")
+grpo_length_norm_ablation = _ablation_flow("grpo_length_norm_ablation")
+grpo_std_norm_ablation = _ablation_flow("grpo_std_norm_ablation")
+grpo_off_policy_sweep = _ablation_flow("grpo_off_policy_sweep")
+grpo_clip_ablation = _ablation_flow("grpo_clip_ablation")
+grpo_prompt_ablation = _ablation_flow("grpo_prompt_ablation")
+
+
+def main(argv: list[str] | None = None) -> None:
+    from flows.cli import parse_params
+
+    params = parse_params(GRPOParams, "grpo", argv, __doc__)
+    try:
+        grpo_config(params)
+        if params.ablation is not None:
+            ablation_settings(params.ablation, params)
+    except ValueError as error:
+        raise SystemExit(f"invalid GRPO settings: {error}") from None
+    result = grpo_flow(params)
+    for row in result["summary"]:
+        print(f"{row['setting']:>24}: accuracy {row['final_accuracy']:.3f}, format {row['final_format_rate']:.3f}, "
+              f"{row['wall_seconds']:.0f} s")
+    print("\n".join(f"{k:16} {v}" for k, v in result["paths"].items()))
+    print(f"mlflow run {result['mlflow_run_id']}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
