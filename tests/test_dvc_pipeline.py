@@ -1,4 +1,5 @@
-"""`dvc repro` runs prepare_data → baseline_eval from a copy of the project, and a second repro does nothing."""
+"""`dvc repro` runs the whole pipeline (prepare_data → … → grpo) on a tiny model from a copy of the project,
+and a second repro does nothing."""
 
 import json
 import os
@@ -28,6 +29,9 @@ def test_dvc_repro_then_nothing_to_do(tmp_path, tiny_lm_dir, shared_data):
         "expert_iteration": {**tiny, "train_data": "arithmetic:20:1", "validation_data": "arithmetic:2:1", "val_subset": 2,
                              "val_limit": 2, "n_ei_steps": 1, "questions_per_step": 2, "rollouts_per_question": 2,
                              "batch_size": 2, "microbatch_size": 2, "max_seq_len": 128},
+        "grpo": {**tiny, "train_data": "arithmetic:20:1", "validation_data": "arithmetic:2:1", "val_subset": 2, "val_limit": 2,
+                 "eval_every": 1, "n_grpo_steps": 1, "rollout_batch_size": 4, "group_size": 2, "train_batch_size": 4,
+                 "gradient_accumulation_steps": 2},
     }
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PREFECT_HOME": str(tmp_path / "prefect"),
@@ -40,7 +44,7 @@ def test_dvc_repro_then_nothing_to_do(tmp_path, tiny_lm_dir, shared_data):
         return result.stdout
 
     first = repro()
-    for stage in ("prepare_data", "baseline_eval", "sft_data", "sft_filter", "sft", "ei"):
+    for stage in ("prepare_data", "baseline_eval", "sft_data", "sft_filter", "sft", "ei", "grpo"):
         assert f"Running stage '{stage}'" in first
     metrics = yaml.safe_load((repo / "metrics/baseline_eval.json").read_text())
     assert metrics["n_records"] == 2
@@ -48,5 +52,7 @@ def test_dvc_repro_then_nothing_to_do(tmp_path, tiny_lm_dir, shared_data):
     assert json.loads((repo / "metrics/sft_experiment.json").read_text())[0]["setting"] == "4"
     assert (repo / "outputs/sft_experiment/accuracy_vs_step.png").is_file()
     assert json.loads((repo / "metrics/expert_iteration.json").read_text())[0]["setting"] == "single"
+    assert json.loads((repo / "metrics/grpo.json").read_text())[0]["setting"] == "single"
+    assert (repo / "outputs/grpo/accuracy_vs_wall_clock.png").is_file()
     second = repro()
     assert "Running stage" not in second and "up to date" in second
