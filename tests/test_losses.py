@@ -116,3 +116,23 @@ def test_policy_gradient_dispatch_and_errors():
         compute_policy_gradient_loss(logp, "grpo_clip", advantages=adv)
     with pytest.raises(ValueError, match="unknown loss_type 'ppo'"):
         compute_policy_gradient_loss(logp, "ppo", advantages=adv)
+
+
+def test_length_normalization_per_token_weights():
+    """docs/length_normalization.md: masked_mean weighs a token by −A/(B·|o|), masked_normalize by −A/(B·L)."""
+    from a5core.policy import grpo_microbatch_train_step
+
+    lengths, width, max_tokens = (2, 8), 8, 16.0
+    mask = torch.tensor([[t < n for t in range(width)] for n in lengths])
+    advantages = torch.tensor([[1.0], [1.0]])
+    weights = {}
+    for reduction in ("masked_mean", "masked_normalize"):
+        log_probs = torch.full((2, width), -1.0, requires_grad=True)
+        grpo_microbatch_train_step(log_probs, mask, 1, "reinforce_with_baseline", advantages=advantages,
+                                   length_normalization=reduction, normalize_constant=max_tokens)
+        weights[reduction] = log_probs.grad
+    short, long = weights["masked_mean"][0, 0].item(), weights["masked_mean"][1, 0].item()
+    assert short == pytest.approx(-1 / (2 * 2)) and long == pytest.approx(-1 / (2 * 8))
+    assert short / long == pytest.approx(4.0)  # a token of the 2-token answer moves 4× as much as one of the 8-token answer
+    assert torch.allclose(weights["masked_normalize"][mask], torch.full((10,), -1 / (2 * max_tokens)))
+    assert (weights["masked_mean"][~mask] == 0).all() and (weights["masked_normalize"][~mask] == 0).all()
