@@ -81,7 +81,6 @@ class EIParams(BaseModel):
 @task(cache_policy=NO_CACHE)
 def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | None) -> dict:
     """One EI run in its own resumable MLflow run; returns its summary row."""
-    import mlflow
     import torch
 
     run_dir = Path(params.output_dir) / f"runs-{params_key(params)}" / name
@@ -104,9 +103,10 @@ def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | Non
         log_params_flat({**params.model_dump(exclude={"sweep_rollouts_per_question", "sweep_epochs", "sweep_questions_per_step"}), "setting": name})
         model, tokenizer = load_policy(params.model, dtype=getattr(torch, params.policy_dtype), device=device)
         hook = validation_hook(engine, tokenizer, validation, template, reward_fn, eval_sampling, params.val_subset)
-        history = expert_iteration(model, tokenizer, engine, train, template, reward_fn, config, evaluate=hook, log=mlflow_logger())
+        log = mlflow_logger()
+        history = expert_iteration(model, tokenizer, engine, train, template, reward_fn, config, evaluate=hook, log=log)
         full = validation_hook(engine, tokenizer, validation, template, reward_fn, eval_sampling, params.val_limit)(model, params.n_ei_steps)
-        mlflow.log_metrics({f"final_{k}": v for k, v in full.items()}, step=params.n_ei_steps)
+        log({f"final_{k}": v for k, v in full.items()}, params.n_ei_steps)
         row = {"setting": name, "final_accuracy": full["val_accuracy"], "final_format_rate": full["val_format_rate"],
                "curve": [{"step": i, "val_accuracy": h["val_accuracy"], "kept_fraction": h["kept_fraction"]} for i, h in enumerate(history)],
                "mlflow_run_id": run.info.run_id}

@@ -100,10 +100,11 @@ def train_setting(name: str, traces: list[Trace], problems: list[Problem], param
             checkpoint_every=params.checkpoint_every,
         )
         hook = validation_hook(engine, tokenizer, problems, template, reward_fn, sampling, params.val_subset)
-        final = train_sft(model, tokenizer, traces, config, evaluate=hook, log=mlflow_logger())
+        log = mlflow_logger()
+        final = train_sft(model, tokenizer, traces, config, evaluate=hook, log=log)
         step = int(final.get("step", 0))
         full = validation_hook(engine, tokenizer, problems, template, reward_fn, sampling, params.val_limit)(model, step)
-        mlflow.log_metrics({f"final_{k}": v for k, v in full.items()}, step=step)
+        log({f"final_{k}": v for k, v in full.items()}, step)
         history = mlflow.MlflowClient().get_metric_history(run.info.run_id, "val_accuracy")
         row = {"setting": name, "n_examples": len(traces), "steps": step,
                "final_accuracy": full["val_accuracy"], "final_format_rate": full["val_format_rate"],
@@ -116,8 +117,6 @@ def train_setting(name: str, traces: list[Trace], problems: list[Problem], param
 @flow(name="sft_experiment")
 def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
     """Run every setting as a child of one parent run; returns the summary rows and output paths."""
-    import mlflow
-
     out = Path(params.output_dir)
     settings = subsets(load_sft_traces(params.train_data), params.sizes, params.seed)
     validation = load_math(params.validation_data)
@@ -133,7 +132,7 @@ def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
         curves = [{"setting": r["setting"], **point} for r in rows for point in r["curve"]]
         summary = [{k: r[k] for k in ("setting", "n_examples", "steps", "final_accuracy", "final_format_rate")} for r in rows]
         paths = log_comparison(out, curves, summary, "setting", "SFT: validation accuracy by training-set size")
-        mlflow.log_metrics({f"final_accuracy_{r['setting']}": r["final_accuracy"] for r in rows})
+        mlflow_logger()({f"final_accuracy_{r['setting']}": r["final_accuracy"] for r in rows}, 0)
         if params.metrics_path:
             write_text_atomic(Path(params.metrics_path), json.dumps(summary, indent=2) + "\n")
     return {"summary": summary, "paths": paths, "mlflow_run_id": parent.info.run_id}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,11 +45,28 @@ def params_key(params: Any, ignore: tuple[str, ...] = ("output_dir", "metrics_pa
 
 
 def mlflow_logger(prefix: str = "") -> Callable[[dict[str, float], int], None]:
-    """A ``log(metrics, step)`` callback for the a5core loops that writes to the active MLflow run."""
+    """A ``log(metrics, step)`` callback for the a5core loops that writes to the active MLflow run.
+
+    Resume-safe: a resumed run repeats what it did between its last checkpoint and the kill, and MLflow
+    keeps every value logged (a step logged twice is in the history, the curves and the plots twice).
+    So the first call counts the values the run already holds per (metric, step), and the n-th value
+    this logger is given for a (metric, step) is only written if the run held fewer than n: a replayed
+    step is dropped, the rest of the run is logged. A new run holds nothing, so nothing is dropped.
+    """
+    held: Counter[tuple[str, int]] | None = None
+    given: Counter[tuple[str, int]] = Counter()
 
     def log(metrics: dict[str, float], step: int) -> None:
+        nonlocal held
+        if held is None:
+            client, run_id = mlflow.MlflowClient(), mlflow.active_run().info.run_id
+            held = Counter((key, m.step) for key in client.get_run(run_id).data.metrics
+                           for m in client.get_metric_history(run_id, key))
         finite = {f"{prefix}{k}": float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and v == v}
-        mlflow.log_metrics(finite, step=step)
+        given.update((k, step) for k in finite)
+        new = {k: v for k, v in finite.items() if given[(k, step)] > held[(k, step)]}
+        if new:
+            mlflow.log_metrics(new, step=step)
 
     return log
 
@@ -73,7 +91,13 @@ def validation_hook(
         engine.load_weights(model)
         records, summary = evaluate(engine, problems[:subset], template, reward_fn, sampling)
         rows, generation_metrics = log_generations(model, tokenizer, records, table_samples, seed=step)
-        mlflow.log_table({k: [r[k] for r in rows] for k in rows[0]}, artifact_file=f"generations/{'full' if subset is None else 'subset'}_step_{step:06d}.json")
+        # Named by the problems evaluated: the last subset evaluation of a run and its final evaluation
+        # share a step. log_table appends to an existing table, so a step evaluated again (a resumed
+        # run repeating it) keeps its first table.
+        table = f"generations/{'full' if subset is None else f'subset{subset}'}_step_{step:06d}.json"
+        run_id = mlflow.active_run().info.run_id
+        if table not in {a.path for a in mlflow.MlflowClient().list_artifacts(run_id, "generations")}:
+            mlflow.log_table({k: [r[k] for r in rows] for k in rows[0]}, artifact_file=table)
         metrics = {"accuracy": summary["accuracy"], "format_rate": summary["format_rate"], "n_problems": summary["n_problems"],
                    **generation_metrics}
         return {f"val_{k}": v for k, v in metrics.items()}

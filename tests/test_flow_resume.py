@@ -1,0 +1,248 @@
+"""The training flows survive a real ``kill -9``: their command line, killed mid-run and started again
+with the same flags, finishes in the same MLflow runs without redoing finished work or logging a step twice.
+
+Each test starts the flow's CLI in a subprocess (through tests/flow_kill_target.py, which freezes it
+right after a chosen metric reaches the MLflow store), checks the checkpoint files that make the
+kill "mid-run", SIGKILLs the process group, then runs ``python -m flows.<flow>`` with the same flags
+to completion. The kill points are the worst cases for bookkeeping: a step or round whose metrics
+are already logged but whose checkpoint/state is not yet written, so the resumed run repeats it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from a5core.arithmetic import arithmetic_problems
+from a5core.data import Trace, write_jsonl_atomic
+from a5core.prompts import load_prompt
+
+REPO = Path(__file__).resolve().parents[1]
+TEMPLATE = load_prompt("r1_zero")
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture
+def flow_env(prefect_harness, tmp_path) -> dict[str, str]:
+    """The flow tests' environment for a child process: offline hub, the session's Prefect API (no
+    ephemeral server per child), Prefect's files in tmp_path, the repository importable, and one
+    torch thread (see conftest's one_torch_thread: two threads crawl when another process holds a core)."""
+    import prefect.settings
+
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "PREFECT_API_URL": str(prefect.settings.PREFECT_API_URL.value()),
+        "PREFECT_HOME": str(tmp_path / "prefect"),
+        "PYTHONPATH": os.pathsep.join(p for p in [str(REPO), os.environ.get("PYTHONPATH", "")] if p),
+    }
+
+
+def cli_flags(**params) -> list[str]:
+    """``--flag value`` pairs for flows.cli (values are read as YAML, so JSON works)."""
+    return [arg for name, value in params.items() for arg in ("--" + name.replace("_", "-"), json.dumps(value))]
+
+
+def kill_mid_run(module: str, flags: list[str], key: str, step: int, cwd: Path, env: dict[str, str],
+                 check_mid_run) -> None:
+    """Run the flow until it has logged ``key`` at ``step``, assert ``check_mid_run()``, then SIGKILL it
+    (its whole process group: grading workers included)."""
+    marker, log = cwd / "frozen", cwd / "killed_run.log"
+    with open(log, "wb") as out:
+        child = subprocess.Popen(
+            [sys.executable, str(REPO / "tests" / "flow_kill_target.py"), module, str(marker), key, str(step), *flags],
+            cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 300  # a guard against a hung child, not a timing assertion
+        while not marker.exists():
+            if child.poll() is not None:
+                pytest.fail(f"the flow exited ({child.returncode}) before its kill point:\n{log.read_text()[-5000:]}")
+            if time.monotonic() > deadline:
+                pytest.fail("the flow never reached its kill point")
+            time.sleep(0.05)
+        check_mid_run()
+        os.killpg(child.pid, signal.SIGKILL)
+        assert child.wait() == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+
+
+def run_to_completion(module: str, flags: list[str], cwd: Path, env: dict[str, str]) -> str:
+    result = subprocess.run([sys.executable, "-m", module, *flags], cwd=cwd, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+    return result.stdout
+
+
+def snapshot(*paths: Path) -> dict[Path, tuple[int, bytes]]:
+    return {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in paths}
+
+
+def steps(client, run_id: str, key: str) -> list[int]:
+    return sorted(m.step for m in client.get_metric_history(run_id, key))
+
+
+def table_rows(client, run_id: str, path: str, tmp_path: Path) -> int:
+    local = client.download_artifacts(run_id, path, str(tmp_path / "downloads"))
+    return len(json.loads(Path(local).read_text())["data"])
+
+
+@pytest.fixture(scope="module")
+def warm_policy_dir(tiny_lm_dir, tmp_path_factory) -> Path:
+    """A tiny policy that writes the r1_zero format and gets some of the 8 training sums right at
+    temperature 1 (the planted tiny LM never answers, so Expert Iteration would keep nothing and never
+    fine-tune): 40 SFT steps on the questions of ``arithmetic:8:1``, ~3 s."""
+    from transformers import AutoTokenizer
+
+    from a5core.sft import SFTConfig, train_sft
+    from test_sft import make_model
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_lm_dir)
+    model = make_model(tokenizer, hidden=64, layers=1)
+    traces = [Trace(TEMPLATE.format(p.problem), f" </think> <answer> {p.answer} </answer>", p.answer)
+              for p in arithmetic_problems(8, digits=1, split="train", seed=0)]
+    train_sft(model, tokenizer, traces, SFTConfig(learning_rate=5e-3, batch_size=8, microbatch_size=8, epochs=40,
+                                                  lr_schedule="constant"))
+    directory = tmp_path_factory.mktemp("warm_policy")
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def test_expert_iteration_resumes_after_kill_9(warm_policy_dir, flow_env, tmp_path):
+    """Killed after round 1's metrics reached MLflow but before state.json recorded the round: the rerun
+    keeps round 0 and round 1's kept set and fine-tuned weights, re-evaluates round 1 without logging it
+    twice, runs round 2 and the final evaluation, all in the one MLflow run."""
+    from mlflow import MlflowClient
+
+    n_rounds, batch_size, epochs, val_subset, val_limit = 3, 4, 1, 2, 3
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    flags = cli_flags(
+        model=str(warm_policy_dir), backend="hf", train_data="arithmetic:8:1", validation_data="arithmetic:4:1",
+        val_subset=val_subset, val_limit=val_limit, n_ei_steps=n_rounds, questions_per_step=8, rollouts_per_question=4,
+        epochs=epochs, min_tokens=0, max_tokens=24, learning_rate=1e-3, batch_size=batch_size, microbatch_size=2,
+        max_seq_len=160, output_dir="out", metrics_path="metrics.json", tracking_uri=tracking_uri,
+    )
+
+    def mid_run() -> None:
+        (run_dir,) = (tmp_path / "out").glob("runs-*/single")
+        state = json.loads((run_dir / "checkpoint/state.json").read_text())
+        assert len(state["rounds"]) == 1 and state["rounds"][0]["kept"] > 0  # round 0 fine-tuned on something
+        assert (run_dir / "checkpoint/round-1/kept.jsonl").stat().st_size > 0
+        assert json.loads((run_dir / "checkpoint/round-1/sft/latest/state.json").read_text())["finished"]
+        assert not (run_dir / "done.json").exists()
+
+    kill_mid_run("flows.expert_iteration", flags, "kept_fraction", 1, tmp_path, flow_env, mid_run)
+    (run_dir,) = (tmp_path / "out").glob("runs-*/single")
+    checkpoint = run_dir / "checkpoint"
+    before = snapshot(run_dir / "mlflow_run_id", checkpoint / "round-0/kept.jsonl", checkpoint / "round-0/rollouts.json",
+                      checkpoint / "round-1/kept.jsonl", checkpoint / "round-1/rollouts.json",
+                      checkpoint / "round-0/sft/latest/model.pt", checkpoint / "round-1/sft/latest/state.json")
+    round_0 = json.loads((checkpoint / "state.json").read_text())["rounds"][0]
+    run_id = (run_dir / "mlflow_run_id").read_text().strip()
+    client = MlflowClient(tracking_uri)
+    assert steps(client, run_id, "kept_fraction") == [0, 1]  # the kill point: round 1 logged, not in state.json
+
+    stdout = run_to_completion("flows.expert_iteration", flags, tmp_path, flow_env)
+
+    assert f"mlflow run {run_id}" in stdout
+    assert snapshot(*before) == before  # round 0 and round 1's rollouts and fine-tuning were not redone
+    rounds = json.loads((checkpoint / "state.json").read_text())["rounds"]
+    assert len(rounds) == n_rounds and rounds[0] == round_0
+    done = json.loads((run_dir / "done.json").read_text())
+    assert done["mlflow_run_id"] == run_id and [p["step"] for p in done["curve"]] == list(range(n_rounds))
+    assert json.loads((tmp_path / "metrics.json").read_text()) == [
+        {"setting": "single", "final_accuracy": done["final_accuracy"], "final_format_rate": done["final_format_rate"]}]
+
+    runs = client.search_runs([client.get_experiment_by_name("expert_iteration").experiment_id])
+    assert [r.info.run_id for r in runs] == [run_id]  # no second run
+    assert runs[0].info.status == "FINISHED"
+    for key in ("kept_fraction", "val_accuracy", "rollout_mean_token_entropy", "val_mean_token_entropy"):
+        assert steps(client, run_id, key) == list(range(n_rounds)), key  # round 1 logged once, not twice
+    assert steps(client, run_id, "final_val_accuracy") == [n_rounds]
+    # SFT metrics are logged at the round's step, one entry per SFT step of that round's fine-tuning.
+    sft_steps = [math.ceil(r["kept"] / batch_size) * epochs for r in rounds]
+    assert steps(client, run_id, "sft/loss") == [r for r, n in enumerate(sft_steps) for _ in range(n)]
+    tables = sorted(a.path for a in client.list_artifacts(run_id, "generations"))
+    assert tables == [f"generations/subset{val_subset}_step_{r:06d}.json" for r in range(n_rounds)] + [
+        f"generations/subset{val_limit}_step_{n_rounds:06d}.json"]  # the final evaluation's
+    assert [table_rows(client, run_id, t, tmp_path) for t in tables] == [val_subset] * n_rounds + [val_limit]
+
+
+def test_sft_experiment_resumes_after_kill_9(tiny_lm_dir, flow_env, tmp_path):
+    """Killed in the second setting after step 3 was logged (its checkpoint is at step 2): the rerun skips
+    the finished setting, resumes the second from step 2 in the same child run, and every step of every
+    metric is logged once; the summary, curves and plot cover both settings."""
+    from mlflow import MlflowClient
+
+    traces = [Trace(TEMPLATE.format(p.problem), f" {p.solution} </think> <answer> {p.answer} </answer>", p.answer)
+              for p in arithmetic_problems(8, digits=1, split="train")]
+    write_jsonl_atomic(tmp_path / "train.jsonl", [asdict(t) for t in traces])
+    validation = [p.__dict__ | {"type": "arithmetic"} for p in arithmetic_problems(4, digits=1, split="validation")]
+    write_jsonl_atomic(tmp_path / "val.jsonl", validation)
+    val_subset, val_limit = 2, 3
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    flags = cli_flags(
+        model=str(tiny_lm_dir), backend="hf", train_data="train.jsonl", filtered_data=None, sizes=[4, 8],
+        validation_data="val.jsonl", val_subset=val_subset, val_limit=val_limit, learning_rate=1e-3, batch_size=2,
+        microbatch_size=2, epochs=1, eval_every=1, checkpoint_every=2, max_tokens=12, max_seq_len=256,
+        output_dir="out", metrics_path="metrics.json", tracking_uri=tracking_uri,
+    )
+
+    def mid_run() -> None:
+        (root,) = (tmp_path / "out").glob("runs-*")
+        assert (root / "4/done.json").is_file() and not (root / "8/done.json").exists()
+        state = json.loads((root / "8/checkpoint/latest/state.json").read_text())
+        assert state["step"] == 2 and not state["finished"]
+
+    kill_mid_run("flows.sft_experiment", flags, "loss", 3, tmp_path, flow_env, mid_run)
+    (root,) = (tmp_path / "out").glob("runs-*")
+    before = snapshot(root / "mlflow_run_id", root / "4/mlflow_run_id", root / "8/mlflow_run_id", root / "4/done.json",
+                      root / "4/checkpoint/latest/model.pt")
+    parent_id, small_id, large_id = (p.read_text().strip() for p in (root / "mlflow_run_id", root / "4/mlflow_run_id",
+                                                                        root / "8/mlflow_run_id"))
+    client = MlflowClient(tracking_uri)
+    assert steps(client, large_id, "loss") == [1, 2, 3]  # the kill point: step 3 logged, checkpoint at 2
+
+    stdout = run_to_completion("flows.sft_experiment", flags, tmp_path, flow_env)
+
+    assert f"mlflow parent run {parent_id}" in stdout
+    assert snapshot(*before) == before  # the finished setting was not trained again
+    summary = json.loads((tmp_path / "metrics.json").read_text())
+    assert [(r["setting"], r["n_examples"], r["steps"]) for r in summary] == [("4", 4, 2), ("8", 8, 4)]
+    assert json.loads((tmp_path / "out/summary.json").read_text()) == summary
+    assert (tmp_path / "out/accuracy_vs_step.png").stat().st_size > 1000
+    curves = (tmp_path / "out/curves.csv").read_text().splitlines()
+    assert [line.split(",")[:2] for line in curves[1:]] == [["4", "1"], ["4", "2"]] + [["8", str(s)] for s in range(1, 5)]
+    assert json.loads((root / "8/done.json").read_text())["steps"] == 4
+
+    experiment = client.get_experiment_by_name("sft_experiment").experiment_id
+    runs = {r.info.run_id: r for r in client.search_runs([experiment])}
+    assert set(runs) == {parent_id, small_id, large_id}  # no duplicate parent or child
+    assert {runs[i].data.tags.get("mlflow.parentRunId") for i in (small_id, large_id)} == {parent_id}
+    assert {r.info.status for r in runs.values()} == {"FINISHED"}
+    for run_id, n_steps in ((small_id, 2), (large_id, 4)):
+        for key in ("loss", "lr", "grad_norm", "val_accuracy", "val_mean_token_entropy"):
+            assert steps(client, run_id, key) == list(range(1, n_steps + 1)), (run_id, key)
+        assert steps(client, run_id, "final_val_accuracy") == [n_steps]
+        tables = sorted(a.path for a in client.list_artifacts(run_id, "generations"))
+        assert tables == [f"generations/subset{val_subset}_step_{s:06d}.json" for s in range(1, n_steps + 1)] + [
+            f"generations/subset{val_limit}_step_{n_steps:06d}.json"]  # the final evaluation's, at the last step too
+        assert [table_rows(client, run_id, t, tmp_path) for t in tables] == [val_subset] * n_steps + [val_limit]
+    for setting in ("4", "8"):
+        assert steps(client, parent_id, f"final_accuracy_{setting}") == [0]
