@@ -16,7 +16,7 @@ import torch
 
 from a5core.policy import get_response_log_probs, load_policy
 from a5core.rollout import BACKENDS, Completion, Engine, SamplingSettings, make_engine
-from a5core.rollout.hf import HFEngine
+from a5core.rollout.hf import HFEngine, stop_candidates
 from tiny_lm import LOOP_TEXT, STOP, loop_token_ids, plant_eos_after_stop
 
 GREEDY = SamplingSettings(temperature=0, max_tokens=40)
@@ -214,6 +214,22 @@ def test_n_samples_and_seeds(engine, prompts):
     assert other != first
     greedy = engine.generate(prompts[:1], SamplingSettings(n=3, temperature=0, max_tokens=12))
     assert len(greedy[0]) == 3 and len(set(greedy[0])) == 1
+
+
+def test_stop_candidates_flag_last_characters_and_byte_fragments():
+    texts = ["</", "answer", ">", " x>y", "\ufffd", "is", " </"]
+    assert stop_candidates(texts, ("</answer>",)) == [False, False, True, True, True, False, False]
+    assert stop_candidates(texts, ("</answer>", "is </")) == [True, False, True, True, True, False, True]
+    assert stop_candidates(texts, ("done\n",)) is None  # a lone token's decode may lose whitespace
+
+
+def test_hf_candidate_filter_changes_no_output(hf_engine, prompts, monkeypatch):
+    """Decoding only the flagged rows gives exactly what decoding every row each step gives."""
+    cases = [SamplingSettings(n=6, temperature=1.0, max_tokens=48, min_tokens=3, seed=5, stop=stop)
+             for stop in (("</answer>",), ("ans", "is </"))]
+    filtered = [hf_engine.generate(prompts, s) for s in cases]
+    monkeypatch.setattr(hf_engine, "_stop_candidates", lambda stops: None)
+    assert [hf_engine.generate(prompts, s) for s in cases] == filtered
 
 
 @pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9)])

@@ -9,7 +9,11 @@ See ``a5core.rollout`` for the shared semantics; how this backend gets there:
   such as top-k 50 or a repetition penalty, are not applied): temperature, top-p, ``min_new_tokens``.
 - Stop strings: a stopping criterion ends a sequence when a stop string completes in its newest
   token (after ``min_tokens`` tokens); the same rule is then applied to each finished sequence's
-  text to cut ``text`` and ``token_ids``.
+  text to cut ``text`` and ``token_ids``. Each step the criterion decodes only the rows whose newest
+  token can complete a stop string: a token does so only if its own text holds a stop string's last
+  character, or a U+FFFD (a byte fragment, which may complete a multi-byte character). The engine
+  builds that vocabulary table once per set of stop strings (one batch decode of the vocabulary); if
+  a stop string ends in whitespace, which a decoder may drop from a lone token, every row is decoded.
 - ``seed``: the whole call runs under ``torch.manual_seed(seed)`` in a forked RNG (the global RNG is
   left as it was); without a seed the global RNG is used.
 - Log-probs: after generation, one teacher-forced forward pass over prompt + completion gives
@@ -44,11 +48,14 @@ def _stop_end(text: str, stops: Sequence[str], start: int) -> int | None:
 class _StopOnStrings:
     """StoppingCriteria: true for rows whose newest token completes a stop string (past min_tokens).
 
-    Decodes only a window of recent tokens, wide enough for the longest stop string.
+    Decodes only a window of recent tokens, wide enough for the longest stop string, and only in the
+    rows whose newest token is flagged in ``candidates`` (a bool tensor over token ids on the ids'
+    device; ids past its end count as flagged); ``candidates`` None: every row.
     """
 
-    def __init__(self, decode, stops: Sequence[str], prompt_len: int, min_tokens: int):
+    def __init__(self, decode, stops: Sequence[str], prompt_len: int, min_tokens: int, candidates: torch.Tensor | None = None):
         self.decode, self.stops, self.prompt_len, self.min_tokens = decode, tuple(stops), prompt_len, min_tokens
+        self.candidates = candidates
         # tokens to decode: each decodes to >= 1 character, except byte fragments of a multi-byte one
         self.window = 4 * max(len(s) for s in stops) + 8
 
@@ -57,11 +64,38 @@ class _StopOnStrings:
         generated = input_ids.shape[1] - self.prompt_len
         if generated <= self.min_tokens:
             return done
-        tails = input_ids[:, max(self.prompt_len, input_ids.shape[1] - self.window) :].tolist()
-        for row, tail in enumerate(tails):
+        window = input_ids[:, max(self.prompt_len, input_ids.shape[1] - self.window) :]
+        if self.candidates is None:
+            rows = list(range(input_ids.shape[0]))
+        else:
+            newest = input_ids[:, -1]
+            size = self.candidates.shape[0]
+            flagged = self.candidates[newest.clamp(max=size - 1)] | (newest >= size)
+            rows = flagged.nonzero().flatten().tolist()  # the one device sync of a step
+            if not rows:
+                return done
+            window = window[rows]
+        hits = []
+        for row, tail in zip(rows, window.tolist()):
             before = len(self.decode(tail[:-1]))
-            done[row] = _stop_end(self.decode(tail), self.stops, before) is not None
+            if _stop_end(self.decode(tail), self.stops, before) is not None:
+                hits.append(row)
+        if hits:
+            done[hits] = True
         return done
+
+
+def stop_candidates(token_texts: Sequence[str], stops: Sequence[str]) -> list[bool] | None:
+    """Per token id (``token_texts[i]``: token i decoded alone): can it complete one of ``stops``?
+
+    True when the text holds a stop string's last character or U+FFFD (a byte fragment). None (no
+    filtering) when a stop string ends in whitespace: a decoder may strip it from a lone token.
+    """
+    lasts = {stop[-1] for stop in stops}
+    if any(c.isspace() for c in lasts):
+        return None
+    marks = lasts | {"\ufffd"}
+    return [any(c in text for c in marks) for text in token_texts]
 
 
 class HFEngine:
@@ -85,6 +119,8 @@ class HFEngine:
         if tokenizer.eos_token_id is not None:
             eos.append(tokenizer.eos_token_id)
         self.eos_ids = sorted(set(eos))
+        self._token_texts: list[str] | None = None  # each token id decoded alone, built on first need
+        self._candidates: dict[tuple[str, ...], torch.Tensor | None] = {}
 
     @classmethod
     def from_pretrained(
@@ -100,6 +136,18 @@ class HFEngine:
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def _stop_candidates(self, stops: tuple[str, ...]) -> torch.Tensor | None:
+        """Bool tensor over token ids (model's device): may the token complete one of ``stops``?"""
+        if stops not in self._candidates:
+            if self._token_texts is None:
+                ids = [[i] for i in range(len(self.tokenizer))]
+                self._token_texts = self.tokenizer.batch_decode(
+                    ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
+                )
+            flags = stop_candidates(self._token_texts, stops)
+            self._candidates[stops] = None if flags is None else torch.tensor(flags, dtype=torch.bool, device=self.model.device)
+        return self._candidates[stops]
 
     def generate(self, prompts: Sequence[str], sampling: SamplingSettings) -> list[list[Completion]]:
         """``len(prompts)`` lists of ``sampling.n`` Completions, prompt order kept."""
@@ -139,7 +187,7 @@ class HFEngine:
         )
         criteria = StoppingCriteriaList()
         if s.stop:
-            criteria.append(_StopOnStrings(self._decode, s.stop, prompt_len, s.min_tokens))
+            criteria.append(_StopOnStrings(self._decode, s.stop, prompt_len, s.min_tokens, self._stop_candidates(tuple(s.stop))))
         # Swap in a neutral generation config so the model's sampling defaults are not merged in.
         saved, self.model.generation_config = self.model.generation_config, GenerationConfig()
         try:
