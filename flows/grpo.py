@@ -186,7 +186,6 @@ def ablation_settings(name: str, params: GRPOParams) -> dict[str, GRPOParams]:
 @task(cache_policy=NO_CACHE)
 def run_grpo(name: str, params: GRPOParams, engine: Engine, parent_run_id: str | None) -> dict:
     """One GRPO run in its own resumable MLflow run; returns its summary row, curve and trends."""
-    import mlflow
     import torch
 
     run_dir = Path(params.output_dir) / f"runs-{params_key(params)}" / name
@@ -215,7 +214,7 @@ def run_grpo(name: str, params: GRPOParams, engine: Engine, parent_run_id: str |
         model.eval()
         full = validation_hook(engine, tokenizer, validation, template, reward_fn, eval_sampling, params.val_limit)(
             model, params.n_grpo_steps)
-        mlflow.log_metrics({f"final_{k}": v for k, v in full.items()}, step=params.n_grpo_steps)
+        log({f"final_{k}": v for k, v in full.items()}, params.n_grpo_steps)
         row = {
             "setting": name, "final_accuracy": full["val_accuracy"], "final_format_rate": full["val_format_rate"],
             "wall_seconds": history[-1]["wall_seconds"],

@@ -1,0 +1,69 @@
+"""SmolLM2-135M-Instruct: SFT for the r1 format, then GRPO (a5core.grpo) on a task it can partly solve; hf engine.
+
+The GPU learning run of issue 5 (see docs/learning_runs.md). TASK=arithmetic: format SFT on 64 one-digit sums,
+GRPO on 2-digit +/- (a5core.arithmetic, MATH's record format). TASK=math: SFT on all MATH-solution traces, GRPO on
+MATH train problems of level <= MAX_LEVEL, validated on validation problems of those levels.
+Writes one json line per step/evaluation to $OUT/log_grpo.jsonl.
+    OUT=outputs/experiments TASK=arithmetic STEPS=60 python experiments/smollm2_grpo.py
+"""
+import json, os, random, time
+t0 = time.time()
+import torch
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from a5core.arithmetic import arithmetic_problems
+from a5core.data import Trace, load_math
+from a5core.evaluation import evaluate
+from a5core.grading import r1_zero_reward_fn
+from a5core.grpo import GRPOConfig, grpo
+from a5core.models import resolve_model
+from a5core.policy import load_policy
+from a5core.prompts import load_prompt
+from a5core.rollout import SamplingSettings
+from a5core.rollout.hf import HFEngine
+from a5core.sft import SFTConfig, train_sft
+from a5core.sft_data import math_solution_traces
+
+env = lambda k, d: type(d)(os.environ.get(k, d))  # noqa: E731
+TASK, STEPS, LR, MAX_TOKENS = env("TASK", "arithmetic"), env("STEPS", 60), env("LR", 3e-5), env("MAX_TOKENS", 64)
+OUT = env("OUT", "outputs/experiments"); os.makedirs(OUT, exist_ok=True); lines = []
+def note(**kw):
+    kw["t"] = round(time.time() - t0, 1); print(json.dumps(kw), flush=True); lines.append(kw)
+    open(f"{OUT}/log_grpo.jsonl", "w").write("".join(json.dumps(x) + "\n" for x in lines))
+template = load_prompt("r1_zero")
+path = resolve_model("smollm2-135m-instruct")
+policy, tok = load_policy(path, dtype=torch.float32, device=DEVICE)
+engine = HFEngine.from_pretrained(path, dtype="bfloat16", device=DEVICE, batch_size=512)
+if TASK == "arithmetic":
+    sft_set = [Trace(template.format(p.problem), f" {p.solution} </think> <answer> {p.answer} </answer>", p.answer)
+               for p in arithmetic_problems(64, digits=1, operations="+-", split="train", seed=1)]
+    sft = SFTConfig(learning_rate=3e-5, batch_size=16, microbatch_size=16, epochs=2, seed=0)
+    train = arithmetic_problems(4000, digits=2, operations="+-", split="train", seed=0)
+    val = arithmetic_problems(300, digits=2, operations="+-", split="validation", seed=0)
+else:
+    level = env("MAX_LEVEL", 1)
+    math_train = load_math(env("MATH_TRAIN", "../shared/data/math/train.jsonl"))
+    sft_set, _ = math_solution_traces(math_train, template)
+    sft = SFTConfig(learning_rate=5e-5, warmup_steps=10, batch_size=32, microbatch_size=16, epochs=1, max_seq_len=1024, seed=0)
+    train = [p for p in math_train if p.level is not None and p.level <= level]
+    val = [p for p in load_math(env("MATH_VALIDATION", "../shared/data/math/validation.jsonl")) if p.level is not None and p.level <= level]
+    val = random.Random(0).sample(val, min(len(val), env("VAL_N", 500)))
+evs = SamplingSettings(temperature=1.0, max_tokens=MAX_TOKENS, stop=("</answer>",), seed=0)
+def ev(model, step):
+    engine.load_weights(model)
+    _, s = evaluate(engine, val, template, r1_zero_reward_fn, evs)
+    note(stage="eval", step=step, accuracy=s["accuracy"], format_rate=s["format_rate"], mean_tokens=s["mean_response_tokens"], n=len(val))
+    return {"val_accuracy": s["accuracy"]}
+train_sft(policy, tok, sft_set, sft)
+note(stage="sft_done", examples=len(sft_set), train_questions=len(train))
+config = GRPOConfig(
+    n_grpo_steps=STEPS, learning_rate=LR, rollout_batch_size=256, group_size=8, train_batch_size=256,
+    gradient_accumulation_steps=env("GRAD_ACCUM", 8), eval_every=env("EVAL_EVERY", 10), seed=0,
+    loss_type=env("LOSS", "reinforce_with_baseline"), length_normalization=env("LENGTH_NORM", "masked_mean"),
+    sampling=SamplingSettings(temperature=1.0, min_tokens=4, max_tokens=MAX_TOKENS, stop=("</answer>",)),
+)
+keys = ("reward_mean", "format_reward_mean", "token_entropy", "response_tokens_mean", "grad_norm", "time_generate",
+        "time_grade", "time_train", "time_weight_sync", "generate_tokens_per_s", "train_tokens_per_s")
+grpo(policy, tok, engine, train, template, r1_zero_reward_fn, config, evaluate=ev,
+     log=lambda m, s: note(stage="step", step=s, **{k: round(m[k], 4) for k in keys if k in m}) if "reward_mean" in m else None)
+note(stage="done")
