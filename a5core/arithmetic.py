@@ -3,14 +3,19 @@
 Small models (SmolLM2-135M, tiny test models) cannot solve MATH, so their learning runs need a task in
 their reach. Each problem is "What is 23 + 45?" with answer "68" and a one-line solution ending in a
 ``\\boxed{}`` answer, so every MATH tool (loaders, solution → r1 traces, the grader) applies unchanged.
+
+Grade it with :func:`arithmetic_reward_fn`, not the MATH grader: the MATH grader accepts any expression
+equal to the answer, so copying the question's "23 + 45" into ``<answer>`` scores, and RL finds that.
 """
 
 from __future__ import annotations
 
 import random
+import re
 import zlib
 
 from a5core.data import Problem
+from a5core.grading import extract_r1_zero_answer
 
 OPERATIONS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
@@ -58,3 +63,16 @@ def arithmetic_problems(n: int, digits: int = 2, operations: str = "+-", seed: i
             level=digits,
         ))
     return problems
+
+
+_INTEGER_ANSWER = re.compile(r"^\$?\s*(-?\d+)\s*\$?$")
+
+
+def arithmetic_reward_fn(response: str, ground_truth: str) -> dict[str, float]:
+    """The r1_zero format rule, then the answer must *be* the integer: a literal such as ``68``, ``$-12$``
+    or ``\\boxed{68}``, not an expression equal to it (GRPO on the H200 learned to copy the question's
+    expression within 30 steps when graded by the MATH grader, which accepts ``$58 + 74$`` for 132)."""
+    formatted, answer = extract_r1_zero_answer(response)
+    match = _INTEGER_ANSWER.match(answer or "")
+    correct = formatted and match is not None and int(match.group(1)) == int(ground_truth)
+    return {"format_reward": float(formatted), "answer_reward": float(correct), "reward": float(correct)}

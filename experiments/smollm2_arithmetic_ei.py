@@ -8,7 +8,7 @@ t0 = time.time()
 import torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-from a5core.arithmetic import arithmetic_problems
+from a5core.arithmetic import arithmetic_problems, arithmetic_reward_fn
 from a5core.data import Trace
 from a5core.evaluation import evaluate
 from a5core.expert_iteration import EIConfig, expert_iteration
@@ -25,6 +25,8 @@ def note(**kw):
     kw["t"] = round(time.time() - t0, 1); print(json.dumps(kw), flush=True); lines.append(kw)
     open(f"{OUT}/log_arith.jsonl", "w").write("".join(json.dumps(x) + "\n" for x in lines))
 template = load_prompt("r1_zero")
+# REWARD=arithmetic (default): the answer must be the number; r1_zero: the MATH grader (accepts "$23 + 45$").
+reward_fn = arithmetic_reward_fn if os.environ.get("REWARD", "arithmetic") == "arithmetic" else r1_zero_reward_fn
 path = resolve_model("smollm2-135m-instruct")
 policy, tok = load_policy(path, dtype=torch.float32, device=DEVICE)
 engine = HFEngine.from_pretrained(path, dtype="bfloat16", device=DEVICE, batch_size=512)
@@ -32,7 +34,7 @@ val = arithmetic_problems(300, digits=2, operations="+-", split="validation", se
 evs = SamplingSettings(temperature=1.0, max_tokens=64, stop=("</answer>",), seed=0)
 def ev(tag):
     engine.load_weights(policy)
-    _, s = evaluate(engine, val, template, r1_zero_reward_fn, evs)
+    _, s = evaluate(engine, val, template, reward_fn, evs)
     note(stage=tag, accuracy=s["accuracy"], format_rate=s["format_rate"], mean_tokens=s["mean_response_tokens"])
     return {"val_accuracy": s["accuracy"]}
 ev("zero_shot")
@@ -44,7 +46,7 @@ train = arithmetic_problems(4000, digits=2, operations="+-", split="train", seed
 ei = EIConfig(n_ei_steps=4, questions_per_step=512, rollouts_per_question=8, seed=0, entropy_sample=64,
               sampling=SamplingSettings(temperature=1.0, min_tokens=4, max_tokens=64, stop=("</answer>",)),
               sft=SFTConfig(learning_rate=2e-5, batch_size=32, microbatch_size=32, epochs=1, lr_schedule="constant"))
-expert_iteration(policy, tok, engine, train, template, r1_zero_reward_fn, ei,
+expert_iteration(policy, tok, engine, train, template, reward_fn, ei,
                  evaluate=lambda m, s: ev(f"after_ei_round_{s}"),
                  log=lambda m, s: note(stage=f"ei_round_{s}", **{k: m[k] for k in ("kept", "kept_fraction", "rollout_format_rate", "rollout_mean_token_entropy", "val_accuracy")}) if "kept" in m else None)
 note(stage="done")

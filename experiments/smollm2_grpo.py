@@ -11,7 +11,7 @@ t0 = time.time()
 import torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-from a5core.arithmetic import arithmetic_problems
+from a5core.arithmetic import arithmetic_problems, arithmetic_reward_fn
 from a5core.data import Trace, load_math
 from a5core.evaluation import evaluate
 from a5core.grading import r1_zero_reward_fn
@@ -48,11 +48,19 @@ else:
     train = [p for p in math_train if p.level is not None and p.level <= level]
     val = [p for p in load_math(env("MATH_VALIDATION", "../shared/data/math/validation.jsonl")) if p.level is not None and p.level <= level]
     val = random.Random(0).sample(val, min(len(val), env("VAL_N", 500)))
+# REWARD=arithmetic (default for TASK=arithmetic): the answer must be the number; r1_zero: the MATH grader,
+# which also accepts the question's own expression (see a5core.arithmetic).
+reward_fn = arithmetic_reward_fn if env("REWARD", "arithmetic" if TASK == "arithmetic" else "r1_zero") == "arithmetic" else r1_zero_reward_fn
 evs = SamplingSettings(temperature=1.0, max_tokens=MAX_TOKENS, stop=("</answer>",), seed=0)
 def ev(model, step):
     engine.load_weights(model)
-    _, s = evaluate(engine, val, template, r1_zero_reward_fn, evs)
-    note(stage="eval", step=step, accuracy=s["accuracy"], format_rate=s["format_rate"], mean_tokens=s["mean_response_tokens"], n=len(val))
+    records, s = evaluate(engine, val, template, reward_fn, evs)
+    lenient = [r1_zero_reward_fn(r["response"], r["ground_truth"])["reward"] for r in records]
+    note(stage="eval", step=step, accuracy=s["accuracy"], format_rate=s["format_rate"], mean_tokens=s["mean_response_tokens"], n=len(val),
+         math_grader_accuracy=sum(lenient) / len(lenient))
+    if step == 0 or step == STEPS:
+        with open(f"{OUT}/samples_step{step}.jsonl", "w") as f:
+            f.writelines(json.dumps({k: r[k] for k in ("unique_id", "response", "ground_truth", "reward")}) + "\n" for r in records[:40])
     return {"val_accuracy": s["accuracy"]}
 train_sft(policy, tok, sft_set, sft)
 note(stage="sft_done", examples=len(sft_set), train_questions=len(train))
@@ -64,6 +72,6 @@ config = GRPOConfig(
 )
 keys = ("reward_mean", "format_reward_mean", "token_entropy", "response_tokens_mean", "grad_norm", "time_generate",
         "time_grade", "time_train", "time_weight_sync", "generate_tokens_per_s", "train_tokens_per_s")
-grpo(policy, tok, engine, train, template, r1_zero_reward_fn, config, evaluate=ev,
+grpo(policy, tok, engine, train, template, reward_fn, config, evaluate=ev,
      log=lambda m, s: note(stage="step", step=s, **{k: round(m[k], 4) for k in keys if k in m}) if "reward_mean" in m else None)
 note(stage="done")

@@ -25,7 +25,6 @@ from pydantic import BaseModel, Field
 
 from a5core.data import write_text_atomic
 from a5core.expert_iteration import EIConfig, expert_iteration
-from a5core.grading import REWARD_FNS
 from a5core.models import resolve_model
 from a5core.policy import load_policy
 from a5core.prompts import load_prompt
@@ -33,6 +32,7 @@ from a5core.rollout import Engine, SamplingSettings, make_engine
 from a5core.sft import SFTConfig
 from tasks.tracking import DEFAULT_TRACKING_URI, log_params_flat
 from tasks.training import (
+    TRAINING_REWARD_FNS,
     load_problem_set,
     log_comparison,
     mlflow_logger,
@@ -54,7 +54,7 @@ class EIParams(BaseModel):
     val_subset: int = Field(500, gt=0)
     val_limit: int | None = Field(None, gt=0, description="problems in the final evaluation (None: all)")
     prompt: str = Field("r1_zero")
-    reward_fn: Literal["r1_zero", "question_only"] = Field("r1_zero")
+    reward_fn: Literal["r1_zero", "question_only", "arithmetic"] = Field("r1_zero", description="grader (arithmetic: for arithmetic:N:D data)")
     n_ei_steps: int = Field(5, gt=0)
     questions_per_step: int = Field(512, gt=0, description="D_b")
     rollouts_per_question: int = Field(8, gt=0, description="G")
@@ -88,7 +88,7 @@ def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | Non
         return json.loads((run_dir / "done.json").read_text())
     train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
     validation = load_problem_set(params.validation_data, "math", params.seed, "validation")
-    template, reward_fn = load_prompt(params.prompt), REWARD_FNS[params.reward_fn]
+    template, reward_fn = load_prompt(params.prompt), TRAINING_REWARD_FNS[params.reward_fn]
     eval_sampling = SamplingSettings(temperature=params.temperature, max_tokens=params.max_tokens, stop=("</answer>",), seed=params.seed)
     config = EIConfig(
         n_ei_steps=params.n_ei_steps, questions_per_step=params.questions_per_step,

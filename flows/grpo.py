@@ -41,7 +41,6 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
 from a5core.data import write_text_atomic
-from a5core.grading import REWARD_FNS
 from a5core.grpo import GRPOConfig, grpo
 from a5core.models import resolve_model
 from a5core.policy import load_policy
@@ -49,6 +48,7 @@ from a5core.prompts import load_prompt
 from a5core.rollout import Engine, SamplingSettings, make_engine
 from tasks.tracking import DEFAULT_TRACKING_URI, log_params_flat
 from tasks.training import (
+    TRAINING_REWARD_FNS,
     load_problem_set,
     log_comparison,
     mlflow_logger,
@@ -77,6 +77,8 @@ class GRPOParams(BaseModel):
     val_limit: int | None = Field(None, gt=0, description="problems in the final evaluation (None: all)")
     eval_every: int = Field(10, ge=0, description="steps between validations (0: only at the start and end)")
     prompt: Literal["r1_zero", "question_only"] = Field("r1_zero", description="prompt; its reward function goes with it")
+    reward_fn: Literal["r1_zero", "question_only", "arithmetic"] | None = Field(
+        None, description="grader; None: the prompt's (arithmetic: for arithmetic:N:D data, r1_zero format)")
     n_grpo_steps: int = Field(200, gt=0)
     learning_rate: float = Field(1e-5, gt=0)
     advantage_eps: float = Field(1e-6, ge=0)
@@ -164,7 +166,7 @@ ABLATIONS: dict[str, tuple[str, Callable[[GRPOParams], dict[str, dict[str, Any]]
     "grpo_off_policy_sweep": ("off-policy", _off_policy_sweep),
     "grpo_clip_ablation": ("clipping", lambda p: {
         t: _off_policy(p, p.clip_epochs_per_rollout_batch, p.clip_train_batch_size, t) for t in ("grpo_clip", "grpo_no_clip")}),
-    "grpo_prompt_ablation": ("prompt", lambda p: {name: {"prompt": name} for name in ("r1_zero", "question_only")}),
+    "grpo_prompt_ablation": ("prompt", lambda p: {name: {"prompt": name, "reward_fn": None} for name in ("r1_zero", "question_only")}),
 }
 
 
@@ -194,7 +196,7 @@ def run_grpo(name: str, params: GRPOParams, engine: Engine, parent_run_id: str |
     config = grpo_config(params, str(run_dir / "checkpoint"))
     train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
     validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
-    template, reward_fn = load_prompt(params.prompt), REWARD_FNS[params.prompt]
+    template, reward_fn = load_prompt(params.prompt), TRAINING_REWARD_FNS[params.reward_fn or params.prompt]
     eval_sampling = SamplingSettings(temperature=params.temperature, max_tokens=params.max_tokens,
                                      stop=PROMPT_STOPS[params.prompt], seed=params.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -13,11 +13,17 @@ from typing import Any
 import mlflow
 import torch
 
+from a5core.arithmetic import arithmetic_reward_fn
 from a5core.data import Problem, write_text_atomic
+from a5core.grading import REWARD_FNS
 from a5core.evaluation import evaluate, log_generations
 from a5core.prompts import PromptTemplate
 from a5core.rollout import Engine, SamplingSettings
 from tasks.tracking import ensure_experiment
+
+
+# The graders a training flow can pick by name: the MATH ones, and the generated arithmetic task's own.
+TRAINING_REWARD_FNS = {**REWARD_FNS, "arithmetic": arithmetic_reward_fn}
 
 
 def start_resumable_run(run_id_file: Path, experiment: str, run_name: str, tracking_uri: str,

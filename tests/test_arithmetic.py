@@ -26,3 +26,20 @@ def test_splits_differ_and_bad_arguments_fail():
         arithmetic_problems(100, digits=1, operations="+")
     with pytest.raises(ValueError, match="split"):
         arithmetic_problems(5, split="test")
+
+
+def test_arithmetic_reward_wants_the_number_itself():
+    from a5core.arithmetic import arithmetic_reward_fn
+    from a5core.grading import r1_zero_reward_fn
+
+    def respond(answer):
+        return f" 58 + 74 is 132 </think> <answer> {answer} </answer>"
+
+    for answer in ("132", "$132$", "\\boxed{132}", " 132 "):
+        assert arithmetic_reward_fn(respond(answer), "132")["reward"] == 1.0, answer
+    for answer in ("$58 + 74$", "131", "132.0", "2*66", ""):
+        assert arithmetic_reward_fn(respond(answer), "132")["reward"] == 0.0, answer
+    assert arithmetic_reward_fn(respond("-5"), "-5")["reward"] == 1.0
+    assert arithmetic_reward_fn("132", "132") == {"format_reward": 0.0, "answer_reward": 0.0, "reward": 0.0}
+    # The MATH grader accepts the copied expression: the hack this reward closes.
+    assert r1_zero_reward_fn(respond("$58 + 74$"), "132")["reward"] == 1.0
