@@ -238,8 +238,12 @@ def grpo(
     *,
     evaluate: Callable[[torch.nn.Module, int], dict[str, float]] | None = None,
     log: Callable[[dict[str, float], int], None] = lambda metrics, step: None,
+    should_stop: Callable[[int], bool] | None = None,
 ) -> list[dict[str, float]]:
     """Train ``model`` in place with GRPO (see the module docstring); returns every logged metrics dict.
+
+    ``should_stop(step)``, asked after each step (e.g. a wall-clock budget), ends the run early: a
+    checkpoint of that step is written (not marked finished) and the history so far returned.
 
     Each step logs the rollouts' reward, format and answer reward, advantage statistics, mean token
     entropy, response lengths (all, correct, incorrect), loss, gradient norm, clip fraction, learning
@@ -287,11 +291,16 @@ def grpo(
         metrics = trainer.step(engine, problems, template, reward_fn, step)
         step += 1
         finish_step(metrics, step)
-        if checkpoint and (step == config.n_grpo_steps or (config.checkpoint_every and step % config.checkpoint_every == 0)):
+        stopping = should_stop is not None and step < config.n_grpo_steps and should_stop(step)
+        if checkpoint and (stopping or step == config.n_grpo_steps
+                           or (config.checkpoint_every and step % config.checkpoint_every == 0)):
             save_checkpoint(checkpoint, model, optimizer, None, {
                 "step": step, "finished": step == config.n_grpo_steps, "wall_seconds": time.monotonic() - started,
                 "history": history, "fingerprint": expected,
             })
+        if stopping:
+            logger.info("GRPO: stopped after step %d of %d (should_stop)", step, config.n_grpo_steps)
+            break
     optimizer.zero_grad(set_to_none=True)
     model.train(was_training)
     return history

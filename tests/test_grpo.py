@@ -277,3 +277,15 @@ def test_grpo_raises_reward_and_the_baseline_helps(formatted_policy, tokenizer):
     assert with_baseline[0] < 0.1 and with_baseline[-1] > 0.5, with_baseline
     without = run_toy_grpo(formatted_policy, tokenizer, "no_baseline")
     assert without[-1] < with_baseline[-1] - 0.2, (without, with_baseline)
+
+
+def test_should_stop_ends_the_run_early_with_a_resumable_checkpoint(tokenizer, tmp_path):
+    model = make_model(tokenizer)
+    config = small_config(n_grpo_steps=4, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=0)
+    history = grpo(model, tokenizer, RecordingEngine(model, tokenizer), PROBLEMS, TEMPLATE, parity_reward, config,
+                   should_stop=lambda step: step >= 2)
+    assert [h["step"] for h in history] == [1, 2]
+    state = json.loads((tmp_path / "ckpt/latest/state.json").read_text())
+    assert state["step"] == 2 and not state["finished"]
+    resumed = grpo(model, tokenizer, RecordingEngine(model, tokenizer), PROBLEMS, TEMPLATE, parity_reward, config)
+    assert [h["step"] for h in resumed] == [1, 2, 3, 4]
