@@ -30,6 +30,7 @@ from a5core.policy import load_policy
 from a5core.prompts import load_prompt
 from a5core.rollout import Engine, SamplingSettings, make_engine
 from a5core.sft import SFTConfig
+from tasks.engines import start_engine
 from tasks.tracking import DEFAULT_TRACKING_URI, log_params_flat
 from tasks.training import (
     TRAINING_REWARD_FNS,
@@ -127,7 +128,7 @@ def expert_iteration_flow(params: EIParams = EIParams()) -> dict:
     """One EI run, or (``sweep``) the grid as children of one parent run with a comparison plot."""
     out = Path(params.output_dir)
     engine_kwargs = {"gpu_memory_utilization": params.engine_memory_fraction} if params.backend != "hf" else {}
-    engine = make_engine(resolve_model(params.model), params.backend, dtype=params.engine_dtype, **engine_kwargs)
+    engine = start_engine(make_engine, resolve_model(params.model), params.backend, dtype=params.engine_dtype, **engine_kwargs)
     if not params.sweep:
         row = run_ei("single", params, engine, None)
         summary = [{k: row[k] for k in ("setting", "final_accuracy", "final_format_rate")}]

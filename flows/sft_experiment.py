@@ -31,6 +31,7 @@ from a5core.policy import load_policy
 from a5core.prompts import load_prompt
 from a5core.rollout import Engine, SamplingSettings, make_engine
 from a5core.sft import SFTConfig, train_sft
+from tasks.engines import start_engine
 from tasks.tracking import DEFAULT_TRACKING_URI, log_params_flat
 from tasks.training import log_comparison, mlflow_logger, params_key, start_resumable_run, validation_hook
 
@@ -124,7 +125,7 @@ def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
     if params.filtered_data:
         settings["filtered"] = load_sft_traces(params.filtered_data)
     engine_kwargs = {"gpu_memory_utilization": params.engine_memory_fraction} if params.backend != "hf" else {}
-    engine = make_engine(resolve_model(params.model), params.backend, dtype=params.engine_dtype, **engine_kwargs)
+    engine = start_engine(make_engine, resolve_model(params.model), params.backend, dtype=params.engine_dtype, **engine_kwargs)
     with start_resumable_run(out / f"runs-{params_key(params)}" / "mlflow_run_id", params.experiment, "sft_experiment",
                              params.tracking_uri) as parent:
         log_params_flat(params.model_dump())

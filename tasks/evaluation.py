@@ -15,6 +15,7 @@ from a5core.evaluation import case_report, grade_completions, summarize
 from a5core.grading import REWARD_FNS
 from a5core.models import resolve_model
 from a5core.rollout import Completion, SamplingSettings, make_engine
+from tasks.engines import start_engine
 
 
 
@@ -39,7 +40,7 @@ def generate(model: str, fingerprint: str, backend: str, dtype: str, prompts: li
 
     Retried once: starting an engine is the flaky step (device memory, a busy port).
     """
-    engine = make_engine(resolve_model(model), backend, dtype=dtype)
+    engine = start_engine(make_engine, resolve_model(model), backend, dtype=dtype)
     return engine.generate(prompts, sampling)
 
 
