@@ -18,6 +18,21 @@ DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 DEFAULT_ARTIFACT_ROOT = "mlruns"
 
 
+def system_metrics_logging() -> bool | None:
+    """Whether training runs log MLflow system metrics (``system/*``: CPU, memory, disk, network, and GPU
+    utilisation/memory where ``nvidia-ml-py`` is installed; sampled every 10 s,
+    ``MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL`` changes that).
+
+    On wherever psutil is installed; ``A5_SYSTEM_METRICS=0`` turns it off. None (no psutil) leaves it to
+    MLflow's own switch, ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING``.
+    """
+    import importlib.util
+
+    if os.environ.get("A5_SYSTEM_METRICS", "").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    return True if importlib.util.find_spec("psutil") is not None else None
+
+
 def ensure_experiment(name: str, tracking_uri: str = DEFAULT_TRACKING_URI, artifact_root: str = DEFAULT_ARTIFACT_ROOT) -> str:
     """Point MLflow at the store and return the experiment's id, creating it with artifacts under mlruns/."""
     mlflow.set_tracking_uri(tracking_uri)

@@ -19,7 +19,7 @@ from a5core.grading import REWARD_FNS
 from a5core.evaluation import evaluate, log_generations
 from a5core.prompts import PromptTemplate
 from a5core.rollout import Engine, SamplingSettings
-from tasks.tracking import ensure_experiment
+from tasks.tracking import ensure_experiment, system_metrics_logging
 
 
 # The graders a training flow can pick by name: the MATH ones, and the generated arithmetic task's own.
@@ -33,10 +33,13 @@ def start_resumable_run(run_id_file: Path, experiment: str, run_name: str, track
     The id is written as soon as the run exists, so a kill at any later point resumes the same run.
     """
     experiment_id = ensure_experiment(experiment, tracking_uri)
+    system_metrics = system_metrics_logging()  # system/* metrics (CPU, memory, GPU) where psutil is installed
     if run_id_file.is_file():
-        return mlflow.start_run(run_id=run_id_file.read_text().strip(), nested=parent_run_id is not None)
+        return mlflow.start_run(run_id=run_id_file.read_text().strip(), nested=parent_run_id is not None,
+                                log_system_metrics=system_metrics)
     tags = {"mlflow.parentRunId": parent_run_id} if parent_run_id else None
-    run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name, nested=parent_run_id is not None, tags=tags)
+    run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name, nested=parent_run_id is not None, tags=tags,
+                           log_system_metrics=system_metrics)
     write_text_atomic(run_id_file, run.info.run_id)
     return run
 
@@ -117,11 +120,13 @@ def load_problem_set(source: str, data_format: str, seed: int, split: str) -> li
     import random
 
     from a5core.arithmetic import arithmetic_problems
-    from a5core.data import PROBLEM_LOADERS
+    from a5core.data import PROBLEM_LOADERS, DataError
 
     if source.startswith("arithmetic:"):
-        _, n, digits = source.split(":")
-        problems = arithmetic_problems(int(n), digits=int(digits), seed=seed, split=split)
+        spec = source.split(":")
+        if len(spec) != 3 or not all(part.isdigit() and int(part) > 0 for part in spec[1:]):
+            raise DataError(f"{source}: expected arithmetic:N:DIGITS with N and DIGITS positive integers")
+        problems = arithmetic_problems(int(spec[1]), digits=int(spec[2]), seed=seed, split=split)
     else:
         problems = PROBLEM_LOADERS[data_format](source)
     return random.Random(seed).sample(problems, len(problems))
