@@ -1,0 +1,263 @@
+"""Flow ``compare``: put MLflow runs side by side — a table of what differs and what came out, and plots.
+
+Pick the runs by id (``--runs id1,id2``), by experiment (``--experiment grpo``, optionally narrowed with
+an MLflow filter string, ``--filter "params.loss_type = 'grpo_clip'"``), or as the children of a parent
+run (``--parent ID``: an ablation or sweep). The flow writes into ``output_dir``:
+
+- ``comparison.md`` / ``comparison.csv`` / ``comparison.json``: one row per run with its name, the
+  parameters whose values differ between the runs, and the final value of each chosen metric;
+- ``<metric>_vs_step.png``: one plot per plotted metric, the metric against step, one line per run;
+
+and logs them as artifacts of a new run in MLflow experiment ``comparison``, tagged with the compared
+run ids (``compared_run_ids``).
+
+    python -m flows.compare --help
+    python -m flows.compare --experiment grpo
+    python -m flows.compare --runs 3f2a...,9c41... --plot-metrics val_accuracy,token_entropy
+    python -m flows.compare --experiment grpo --filter "tags.ablation = 'grpo_lr_sweep'"
+    python -m flows.compare --parent <parent run id>       # the children of an ablation or sweep
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from a5core.data import write_text_atomic
+from tasks.tracking import DEFAULT_TRACKING_URI
+from tasks.training import plot_curves
+
+# Final values shown when no metrics are named (those that some run holds), and metrics plotted by step.
+DEFAULT_METRICS = ("final_val_accuracy", "final_val_format_rate", "val_accuracy", "reward_mean", "accuracy",
+                   "format_rate", "wall_seconds")
+DEFAULT_PLOT_METRICS = ("val_accuracy", "reward_mean")
+
+
+def _names(value: Any) -> Any:
+    """``a,b`` (a flag) or a list (YAML, Python) → a list of stripped strings."""
+    if value is None:
+        return value
+    if isinstance(value, str):
+        value = value.split(",")
+    return [str(v).strip() for v in value if str(v).strip()]
+
+
+class CompareParams(BaseModel):
+    runs: list[str] = Field([], description="run ids to compare (comma-separated on the command line)")
+    experiment: str | None = Field(None, description="compare the runs of this experiment (when no run ids are given)")
+    filter: str | None = Field(None, description="MLflow search filter for --experiment, e.g. \"params.loss_type = 'grpo_clip'\"")
+    parent: str | None = Field(None, description="compare the child runs of this parent run (an ablation or sweep)")
+    max_runs: int = Field(50, gt=0, description="most runs taken from a search (newest first)")
+    metrics: list[str] | None = Field(None, description=f"final metrics in the table (None: those of {list(DEFAULT_METRICS)} some run has)")
+    plot_metrics: list[str] = Field(list(DEFAULT_PLOT_METRICS), description="metrics plotted against step, where runs have them")
+    output_dir: str = Field("outputs/compare", description="where the table and plots go")
+    comparison_experiment: str = Field("comparison", description="MLflow experiment of the comparison run")
+    log_to_mlflow: bool = Field(True, description="log the table and plots as a run in comparison_experiment")
+    tracking_uri: str = Field(DEFAULT_TRACKING_URI)
+
+    @field_validator("runs", "metrics", "plot_metrics", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        return _names(value)
+
+    @model_validator(mode="after")
+    def _one_selection(self) -> "CompareParams":
+        if sum(bool(x) for x in (self.runs, self.experiment, self.parent)) != 1:
+            raise ValueError("give exactly one of runs, experiment or parent")
+        if self.filter and not self.experiment:
+            raise ValueError("filter applies to experiment; give experiment too")
+        return self
+
+
+# ----------------------------------------------------------------------------------- gathering
+
+
+def find_runs(client: Any, params: CompareParams) -> list[Any]:
+    """The runs to compare (``mlflow.entities.Run``), in the order given, or newest first for a search."""
+    if params.runs:
+        return [client.get_run(run_id) for run_id in dict.fromkeys(params.runs)]
+    if params.parent:
+        parent = client.get_run(params.parent)
+        experiment_ids = [parent.info.experiment_id]
+        filter_string = f"tags.mlflow.parentRunId = '{params.parent}'"
+        order = ["attributes.start_time ASC"]
+    else:
+        experiment = client.get_experiment_by_name(params.experiment)
+        if experiment is None:
+            raise ValueError(f"no MLflow experiment named {params.experiment!r} in {params.tracking_uri}")
+        experiment_ids, filter_string, order = [experiment.experiment_id], params.filter or "", ["attributes.start_time DESC"]
+    runs = client.search_runs(experiment_ids, filter_string=filter_string, max_results=params.max_runs, order_by=order)
+    return list(runs)
+
+
+def run_labels(runs: list[Any]) -> list[str]:
+    """Run names, with a short id added where two runs share a name."""
+    names = [r.info.run_name or r.info.run_id[:8] for r in runs]
+    return [f"{n} ({r.info.run_id[:8]})" if names.count(n) > 1 else n for n, r in zip(names, runs)]
+
+
+def differing_params(runs: list[Any]) -> list[str]:
+    """Parameter names whose values are not the same in every run (all of them for a single run)."""
+    keys = sorted({k for r in runs for k in r.data.params})
+    if len(runs) == 1:
+        return keys
+    return [k for k in keys if len({r.data.params.get(k) for r in runs}) > 1]
+
+
+def table_metrics(runs: list[Any], wanted: list[str] | None) -> list[str]:
+    """The table's metric columns: ``wanted`` as given, or the defaults that some run holds (or, if none,
+    every non-system metric)."""
+    if wanted is not None:
+        return list(wanted)
+    held = {k for r in runs for k in r.data.metrics}
+    chosen = [m for m in DEFAULT_METRICS if m in held]
+    return chosen or sorted(k for k in held if not k.startswith("system/"))
+
+
+def comparison_rows(runs: list[Any], metrics: list[str]) -> tuple[list[dict[str, Any]], list[str]]:
+    """One row per run: run, run_id, (experiment if several), differing params, final metric values."""
+    params = differing_params(runs)
+    several_experiments = len({r.info.experiment_id for r in runs}) > 1
+    rows = []
+    for label, run in zip(run_labels(runs), runs):
+        row: dict[str, Any] = {"run": label, "run_id": run.info.run_id}
+        if several_experiments:
+            row["experiment_id"] = run.info.experiment_id
+        row.update({p: run.data.params.get(p, "") for p in params})
+        row.update({m: run.data.metrics.get(m) for m in metrics})
+        rows.append(row)
+    return rows, params
+
+
+def metric_points(client: Any, runs: list[Any], metric: str) -> list[dict[str, Any]]:
+    """Every logged value of ``metric`` for each run that has it: rows of run label, step, value."""
+    points = []
+    for label, run in zip(run_labels(runs), runs):
+        if metric in run.data.metrics:
+            points += [{"run": label, "step": m.step, metric: m.value} for m in client.get_metric_history(run.info.run_id, metric)]
+    return points
+
+
+# ------------------------------------------------------------------------------------- writing
+
+
+def _cell(value: Any, width: int = 48) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    text = str(value).replace("|", "\\|").replace("\n", " ")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def markdown(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
+    columns = columns or list(rows[0])
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def csv_text(rows: list[dict[str, Any]]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def plot_file_name(metric: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", metric) + "_vs_step.png"
+
+
+def write_comparison(client: Any, runs: list[Any], output_dir: Path, metrics: list[str] | None,
+                     plot_metrics: list[str], title: str = "") -> dict[str, Any]:
+    """Write comparison.md/.csv/.json and one plot per plotted metric any run holds; returns
+    ``{"rows", "params", "metrics", "plots": {metric: path}, "paths": {name: path}, "missing": [...]}``."""
+    if not runs:
+        raise ValueError("no runs to compare")
+    columns = table_metrics(runs, metrics)
+    rows, params = comparison_rows(runs, columns)
+    held = {k for r in runs for k in r.data.metrics}
+    md = [f"# {title or 'Run comparison'}", "",
+          f"{len(runs)} runs; parameters shown: those that differ between them"
+          f"{' (all: one run)' if len(runs) == 1 else ''}; metrics: final values.", "", markdown(rows)]
+    plots: dict[str, Path] = {}
+    for metric in plot_metrics:
+        points = metric_points(client, runs, metric)
+        if points:
+            plots[metric] = plot_curves(output_dir / plot_file_name(metric), points, "step", metric, "run",
+                                        f"{metric} by step")
+            md += [f"![{metric} by step]({plots[metric].name})", ""]
+    missing = [m for m in [*columns, *plot_metrics] if m not in held]
+    if missing:
+        md += [f"No run holds: {', '.join(dict.fromkeys(missing))}.", ""]
+    paths = {
+        "table_md": write_text_atomic(output_dir / "comparison.md", "\n".join(md)),
+        "table_csv": write_text_atomic(output_dir / "comparison.csv", csv_text(rows)),
+        "table_json": write_text_atomic(output_dir / "comparison.json", json.dumps(rows, indent=2) + "\n"),
+        **{f"plot_{m}": p for m, p in plots.items()},
+    }
+    return {"rows": rows, "params": params, "metrics": columns, "plots": {m: str(p) for m, p in plots.items()},
+            "paths": {k: str(v) for k, v in paths.items()}, "missing": list(dict.fromkeys(missing))}
+
+
+def log_comparison_run(params: CompareParams, runs: list[Any], result: dict[str, Any]) -> str:
+    """A run in ``params.comparison_experiment`` holding the table and plots, tagged with the compared ids."""
+    import mlflow
+
+    from tasks.tracking import mlflow_run
+
+    ids = [r.info.run_id for r in runs]
+    tags = {"compared_run_ids": ",".join(ids)[:5000], "compared_runs": len(ids)}
+    tags.update({f"compared_{k}": v for k, v in (("experiment", params.experiment), ("filter", params.filter),
+                                                    ("parent", params.parent)) if v})
+    with mlflow_run(params.comparison_experiment, f"compare-{len(ids)}-runs", params.tracking_uri, **tags) as run:
+        mlflow.log_params({"metrics": ",".join(result["metrics"])[:6000], "plot_metrics": ",".join(params.plot_metrics),
+                           "differing_params": ",".join(result["params"])[:6000]})
+        for path in result["paths"].values():
+            mlflow.log_artifact(path)
+        return run.info.run_id
+
+
+@flow(name="compare")
+def compare(params: CompareParams) -> dict:
+    """Compare MLflow runs: table (md/csv/json) and plots into output_dir, logged as a comparison run."""
+    import mlflow
+
+    mlflow.set_tracking_uri(params.tracking_uri)
+    client = mlflow.MlflowClient(tracking_uri=params.tracking_uri)
+    runs = find_runs(client, params)
+    if not runs:
+        raise ValueError("no runs matched: " + (f"experiment {params.experiment!r} filter {params.filter!r}"
+                                                if params.experiment else f"children of {params.parent}"))
+    result = write_comparison(client, runs, Path(params.output_dir), params.metrics, params.plot_metrics)
+    result["mlflow_run_id"] = log_comparison_run(params, runs, result) if params.log_to_mlflow else None
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    from flows.cli import parse_params
+
+    params = parse_params(CompareParams, "compare", argv, __doc__)
+    try:
+        result = compare(params)
+    except ValueError as error:  # no such experiment, nothing matched
+        raise SystemExit(f"compare: {error}") from None
+    print(markdown(result["rows"], [c for c in result["rows"][0] if c != "run_id"]))
+    if result["missing"]:
+        print(f"no run holds: {', '.join(result['missing'])}")
+    print("\n".join(f"{k:14} {v}" for k, v in result["paths"].items()))
+    if result["mlflow_run_id"]:
+        print(f"mlflow run {result['mlflow_run_id']} (experiment {params.comparison_experiment})")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
