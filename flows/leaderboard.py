@@ -1,0 +1,184 @@
+"""Flow ``leaderboard``: the A5 leaderboard run — the best MATH validation accuracy within a wall-clock budget.
+
+Rules (fixed, as the A5 leaderboard states them): train on MATH train only; the budget (default 4 h)
+counts everything from the flow's start, evaluation included; the score is the accuracy on all 5,000
+MATH validation problems with the r1_zero prompt, temperature 1.0, top_p 1.0, max_tokens 1024, stop
+``</answer>``, graded by the project's ``r1_zero_reward_fn``.
+
+The recipe: an optional SFT phase (``sft_data``, ``sft_max_steps``), then GRPO until the budget, less
+the time the final evaluation will take, runs out. Validation accuracy on a fixed random subset is
+logged against wall-clock seconds throughout; every new best is saved as a Hugging Face folder
+(``output_dir/best``), and the final score is computed with that best checkpoint. The final-evaluation
+reserve is the larger of ``final_eval_reserve_s`` and 1.25× the time the subset evaluations took per
+problem (scaled from the run's max_tokens to 1,024), times the number of final problems. A run that hits its budget stops after the current step,
+still evaluates and reports; ``within_budget`` says whether the whole flow kept to it.
+
+The default GRPO settings follow the public leaderboard's best entries: GRPO at lr 3e-5 (they used
+2–5e-5), group size 8, masked_normalize length normalisation (every token weighted alike), on-policy.
+
+    python -m flows.leaderboard --help
+    python -m flows.leaderboard --config params.yaml                  # the A5 setting (GPU)
+    python -m flows.leaderboard --config params.yaml --profile cpu    # a 6-minute smoke run on a CPU
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Literal
+
+from prefect import flow
+from pydantic import Field
+
+from a5core.data import Trace, load_sft_traces, write_text_atomic
+from a5core.grading import r1_zero_reward_fn
+from a5core.grpo import grpo
+from a5core.policy import load_policy
+from a5core.prompts import load_prompt
+from a5core.rollout import SamplingSettings
+from a5core.sft import SFTConfig, train_sft
+from flows.grpo import GRPOParams, _make_engine, grpo_config
+from tasks.tracking import log_params_flat
+from tasks.training import load_problem_set, mlflow_logger, start_resumable_run, validation_hook
+
+# The leaderboard's evaluation, not a parameter.
+FINAL_SAMPLING = SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=1024, stop=("</answer>",), seed=0)
+OFFICIAL_VALIDATION_SIZE = 5000
+
+
+class LeaderboardParams(GRPOParams):
+    budget_hours: float = Field(4.0, gt=0, description="wall-clock budget of the whole flow, evaluation included")
+    final_eval_limit: int | None = Field(None, gt=0, description="None: all validation problems (the rule); "
+                                         "a number only for smoke runs, which are then not official")
+    final_eval_reserve_s: float = Field(900.0, ge=0, description="minimum seconds kept for the final evaluation")
+    sft_data: str | None = Field(None, description="r1_zero traces (prompt/response/ground_truth) for an SFT phase first")
+    sft_max_steps: int = Field(0, ge=0, description="SFT optimizer steps (0: no SFT phase)")
+    sft_learning_rate: float = Field(2e-5, gt=0)
+    sft_batch_size: int = Field(32, gt=0)
+    sft_microbatch_size: int = Field(2, gt=0)
+    prompt: Literal["r1_zero"] = Field("r1_zero", description="fixed by the rules")
+    reward_fn: Literal["r1_zero"] | None = Field(None, description="fixed by the rules")
+    learning_rate: float = Field(3e-5, gt=0)
+    length_normalization: Literal["masked_mean", "masked_normalize"] = Field("masked_normalize")
+    n_grpo_steps: int = Field(100_000, gt=0, description="an upper bound; the budget ends the run")
+    val_subset: int = Field(512, gt=0)
+    eval_every: int = Field(10, ge=0)
+    output_dir: str = Field("outputs/leaderboard")
+    metrics_path: str | None = Field("metrics/leaderboard.json")
+    experiment: str = Field("leaderboard")
+
+
+def _save_best(model, tokenizer, directory: Path) -> None:
+    """Replace ``directory`` with a Hugging Face folder of ``model`` (written beside it, then renamed)."""
+    partial = directory.with_name(directory.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    old = directory.with_name(directory.name + ".old")
+    if directory.exists():
+        directory.rename(old)
+    partial.rename(directory)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+@flow(name="leaderboard")
+def leaderboard(params: LeaderboardParams = LeaderboardParams()) -> dict:
+    """Train within the budget, keep the best checkpoint, score it on the validation set."""
+    import torch
+
+    start = time.monotonic()
+    budget = params.budget_hours * 3600
+    out = Path(params.output_dir)
+    if Path(params.train_data).resolve() == Path(params.validation_data).resolve():
+        raise ValueError("leaderboard: train_data and validation_data are the same file; train on MATH train only")
+    config = grpo_config(params, str(out / "grpo_checkpoint"))
+    engine = _make_engine(params)
+    train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
+    validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
+    final_problems = validation[: params.final_eval_limit]
+    template, reward_fn = load_prompt("r1_zero"), r1_zero_reward_fn
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    best = {"val_accuracy": -1.0, "step": None}
+    seconds_per_problem: list[float] = []
+    clock = {"last": start, "step_seconds": 0.0}  # the previous step's length: the next one will be alike
+
+    def reserve() -> float:
+        estimate = 1.25 * max(seconds_per_problem, default=0.0) * len(final_problems)
+        return max(params.final_eval_reserve_s, estimate)
+
+    with start_resumable_run(out / "mlflow_run_id", params.experiment, "leaderboard", params.tracking_uri) as run:
+        log_params_flat(params.model_dump(exclude={"ablation"}))
+        model, tokenizer = load_policy(params.model, dtype=getattr(torch, params.policy_dtype), device=device)
+        log = mlflow_logger()
+        if params.sft_max_steps and params.sft_data:
+            traces: list[Trace] = load_sft_traces(params.sft_data)
+            train_sft(model, tokenizer, traces, SFTConfig(
+                learning_rate=params.sft_learning_rate, batch_size=params.sft_batch_size,
+                microbatch_size=params.sft_microbatch_size, max_steps=params.sft_max_steps, seed=params.seed,
+                checkpoint_dir=str(out / "sft_checkpoint"), checkpoint_every=50,
+            ), log=lambda m, s: log({f"sft/{k}": v for k, v in m.items()}, s))
+        # The curve's evaluations sample like training (max_tokens of the run); their cost per problem,
+        # scaled to the final evaluation's 1,024 tokens, sizes the final evaluation's reserve.
+        curve_sampling = SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=params.max_tokens, stop=("</answer>",), seed=0)
+        subset_eval = validation_hook(engine, tokenizer, validation, template, reward_fn, curve_sampling, params.val_subset)
+        token_ratio = FINAL_SAMPLING.max_tokens / params.max_tokens
+
+        def evaluate(model, step: int) -> dict[str, float]:
+            began = time.monotonic()
+            metrics = subset_eval(model, step)
+            per_problem = (time.monotonic() - began) / max(1, min(params.val_subset, len(validation)))
+            seconds_per_problem.append(per_problem * max(1.0, token_ratio))
+            if metrics["val_accuracy"] > best["val_accuracy"]:
+                best.update(val_accuracy=metrics["val_accuracy"], step=step)
+                _save_best(model, tokenizer, out / "best")
+            elapsed = time.monotonic() - start
+            log({"val_accuracy_by_wall_seconds": metrics["val_accuracy"]}, int(elapsed))
+            return {**metrics, "budget_used": elapsed / budget, "final_eval_reserve_s": reserve()}
+
+        def should_stop(step: int) -> bool:
+            now = time.monotonic()
+            clock["step_seconds"], clock["last"] = now - clock["last"], now
+            return now - start + reserve() + clock["step_seconds"] >= budget
+
+        clock["last"] = time.monotonic()
+        history = grpo(model, tokenizer, engine, train, template, reward_fn, config, evaluate=evaluate, log=log,
+                       should_stop=should_stop)
+        stopped_by_budget = history[-1]["step"] < params.n_grpo_steps
+        if best["step"] is not None and best["step"] != history[-1]["step"]:
+            model, _ = load_policy(out / "best", dtype=getattr(torch, params.policy_dtype), device=device)
+        final = validation_hook(engine, tokenizer, final_problems, template, reward_fn, FINAL_SAMPLING, None)(
+            model, history[-1]["step"])
+        wall = time.monotonic() - start
+        summary = {
+            "final_score": final["val_accuracy"], "final_format_rate": final["val_format_rate"],
+            "n_final_problems": len(final_problems),
+            "official": params.final_eval_limit is None and len(final_problems) == OFFICIAL_VALIDATION_SIZE,
+            "best_step": best["step"], "best_subset_accuracy": best["val_accuracy"], "grpo_steps": history[-1]["step"],
+            "stopped_by_budget": stopped_by_budget, "wall_seconds": wall, "budget_seconds": budget,
+            "within_budget": wall <= budget, "mlflow_run_id": run.info.run_id,
+        }
+        log({k: float(v) for k, v in summary.items() if isinstance(v, (int, float)) and v is not None}, history[-1]["step"])
+    write_text_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    if params.metrics_path:
+        write_text_atomic(Path(params.metrics_path), json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    from flows.cli import parse_params
+
+    params = parse_params(LeaderboardParams, "leaderboard", argv, __doc__)
+    try:
+        grpo_config(params)
+    except ValueError as error:
+        raise SystemExit(f"invalid leaderboard settings: {error}") from None
+    summary = leaderboard(params)
+    print(json.dumps({k: v for k, v in summary.items() if k != "mlflow_run_id"}, indent=2))
+    print(f"mlflow run {summary['mlflow_run_id']}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

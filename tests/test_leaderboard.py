@@ -1,0 +1,42 @@
+"""The leaderboard flow on CPU: a wall-clock budget that ends training, the best checkpoint, the final score."""
+
+import json
+
+import pytest
+
+from flows.leaderboard import FINAL_SAMPLING, LeaderboardParams, leaderboard
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_budget_stops_training_and_the_run_still_reports(prefect_harness, tiny_lm_dir, tmp_path):
+    import mlflow
+
+    params = LeaderboardParams(
+        model=str(tiny_lm_dir), backend="hf", train_data="arithmetic:40:1", validation_data="arithmetic:6:1",
+        val_subset=3, final_eval_limit=6, eval_every=1, rollout_batch_size=4, group_size=2, train_batch_size=4,
+        gradient_accumulation_steps=2, max_tokens=12, budget_hours=25 / 3600, final_eval_reserve_s=2.0,
+        output_dir=str(tmp_path / "out"), metrics_path=str(tmp_path / "metrics.json"),
+        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+    )
+    summary = leaderboard(params)
+    assert summary["stopped_by_budget"] and 1 <= summary["grpo_steps"] < params.n_grpo_steps
+    assert summary["n_final_problems"] == 6 and not summary["official"]
+    assert 0.0 <= summary["final_score"] <= 1.0 and summary["best_step"] is not None
+    assert (tmp_path / "out/best/config.json").is_file() and (tmp_path / "out/best/tokenizer.json").is_file()
+    assert json.loads((tmp_path / "metrics.json").read_text()) == summary
+    client = mlflow.MlflowClient(tracking_uri=params.tracking_uri)
+    run = client.get_run(summary["mlflow_run_id"])
+    assert run.data.metrics["final_score"] == summary["final_score"]
+    assert client.get_metric_history(run.info.run_id, "val_accuracy_by_wall_seconds")
+    assert run.data.params["length_normalization"] == "masked_normalize"
+
+
+def test_the_rules_are_fixed():
+    assert (FINAL_SAMPLING.temperature, FINAL_SAMPLING.top_p, FINAL_SAMPLING.max_tokens, FINAL_SAMPLING.stop) == (
+        1.0, 1.0, 1024, ("</answer>",))
+    with pytest.raises(ValueError, match="prompt"):
+        LeaderboardParams(prompt="question_only")
+    defaults = LeaderboardParams()
+    assert (defaults.budget_hours, defaults.learning_rate, defaults.group_size, defaults.length_normalization) == (
+        4.0, 3e-5, 8, "masked_normalize")
