@@ -32,6 +32,7 @@ from prefect import flow
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from a5core.data import write_text_atomic
+from flows.cli import cli_main, parse_params
 from tasks.tracking import DEFAULT_TRACKING_URI
 from tasks.training import plot_curves
 
@@ -137,10 +138,11 @@ def comparison_rows(runs: list[Any], metrics: list[str]) -> tuple[list[dict[str,
     return rows, params
 
 
-def metric_points(client: Any, runs: list[Any], metric: str) -> list[dict[str, Any]]:
-    """Every logged value of ``metric`` for each run that has it: rows of run label, step, value."""
+def metric_points(client: Any, runs: list[Any], metric: str, labels: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every logged value of ``metric`` for each run that has it: rows of run label (``labels``, or
+    :func:`run_labels`), step, value."""
     points = []
-    for label, run in zip(run_labels(runs), runs):
+    for label, run in zip(labels or run_labels(runs), runs):
         if metric in run.data.metrics:
             points += [{"run": label, "step": m.step, metric: m.value} for m in client.get_metric_history(run.info.run_id, metric)]
     return points
@@ -243,14 +245,10 @@ def compare(params: CompareParams) -> dict:
     return result
 
 
+@cli_main("flows.compare")
 def main(argv: list[str] | None = None) -> None:
-    from flows.cli import parse_params
-
     params = parse_params(CompareParams, "compare", argv, __doc__)
-    try:
-        result = compare(params)
-    except ValueError as error:  # no such experiment, nothing matched
-        raise SystemExit(f"compare: {error}") from None
+    result = compare(params)  # no such experiment, nothing matched: a ValueError, one line on stderr
     print(markdown(result["rows"], [c for c in result["rows"][0] if c != "run_id"]))
     if result["missing"]:
         print(f"no run holds: {', '.join(result['missing'])}")

@@ -1,0 +1,448 @@
+"""Flow ``report``: one page summarising what the pipeline produced, from the files the stages wrote.
+
+Reads what exists of: ``metrics/baseline_eval.json`` (or ``outputs/baseline_eval/summary.json``) and the
+case report ``outputs/baseline_eval/report.md``; ``metrics/sft_data.json``; ``metrics/sft_experiment.json``
+and ``outputs/sft_experiment/*.png``; ``metrics/expert_iteration.json`` and ``outputs/expert_iteration/*.png``;
+``metrics/grpo.json`` and ``outputs/grpo/*.png``; ``metrics/leaderboard.json``; the settings in
+``params.yaml`` (with its profile's overrides); and, from MLflow, the newest parent run of each GRPO
+ablation (experiment ``grpo``, tag ``ablation``) with its children's final metrics and a validation
+accuracy plot. A stage with nothing on disk is reported as "not run".
+
+Writes ``outputs/report/``: ``report.md`` (plots linked from ``figures/``), ``report.html`` (the same page,
+plots embedded: one self-contained file), ``figures/*.png`` and ``baseline_cases.md`` (the baseline's case
+report). The folder is built beside the old one and swapped in, so a reader never sees half a report. The
+report is logged as a run in MLflow experiment ``report`` (headline accuracies as metrics, the folder as
+artifacts). DVC stage ``report`` runs it after ``grpo``.
+
+    python -m flows.report --config params.yaml
+    python -m flows.report --root /path/to/another/checkout --output-dir /tmp/report --log-to-mlflow false
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prefect import flow
+from pydantic import BaseModel, Field
+
+from a5core.data import write_text_atomic
+from flows.cli import cli_main, parse_params
+from tasks.tracking import DEFAULT_TRACKING_URI
+
+NOT_RUN = "not run"
+CATEGORY_MEANING = {
+    "format1_answer1": "formatted, correct",
+    "format1_answer0": "formatted, wrong answer",
+    "format0_answer0": "format not followed",
+}
+# Plots in this order first (those a stage wrote), then any other PNG of the stage's folder by name.
+PLOT_ORDER = ("accuracy_vs_step.png", "accuracy_vs_wall_clock.png", "reward_mean_vs_step.png",
+              "token_entropy_vs_step.png", "response_tokens_mean_vs_step.png")
+STAGE_SECTIONS = {"baseline_eval": "baseline_eval", "sft_experiment": "sft_experiment",
+                  "expert_iteration": "expert_iteration", "grpo": "grpo", "leaderboard": "leaderboard"}
+
+
+class ReportParams(BaseModel):
+    root: str = Field(".", description="project folder whose metrics/ and outputs/ are read")
+    params_file: str | None = Field("params.yaml", description="settings shown in the report (under root); None: none")
+    ablations_from_mlflow: bool = Field(True, description="add the GRPO ablations found in the MLflow store")
+    grpo_experiment: str = Field("grpo", description="MLflow experiment searched for ablation parent runs")
+    title: str = Field("a5 pipeline report")
+    output_dir: str = Field("outputs/report", description="report.md, report.html, figures/")
+    log_to_mlflow: bool = Field(True, description="log the report as a run in `experiment`")
+    experiment: str = Field("report", description="MLflow experiment of the report run")
+    tracking_uri: str = Field(DEFAULT_TRACKING_URI)
+
+
+# ------------------------------------------------------------------------------ the page's blocks
+#
+# A report is a list of blocks, rendered twice: ("h", level, text), ("p", text), ("table", rows),
+# ("img", file name under figures/, caption). Text may hold `code`, **bold** and [label](link).
+
+
+class Page:
+    def __init__(self) -> None:
+        self.blocks: list[tuple] = []
+        self.figures: dict[str, Path] = {}  # name under figures/ → source file
+
+    def h(self, level: int, text: str) -> None:
+        self.blocks.append(("h", level, text))
+
+    def p(self, text: str) -> None:
+        self.blocks.append(("p", text))
+
+    def table(self, rows: list[dict[str, Any]]) -> None:
+        if rows:
+            self.blocks.append(("table", rows))
+
+    def figure(self, source: Path, name: str, caption: str) -> None:
+        self.figures[name] = source
+        self.blocks.append(("img", name, caption))
+
+
+def _value(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 1000 else f"{value:.0f}"
+    return str(value)
+
+
+def to_markdown(title: str, page: Page) -> str:
+    lines = [f"# {title}", ""]
+    for block in page.blocks:
+        if block[0] == "h":
+            lines += ["#" * (block[1] + 1) + " " + block[2], ""]
+        elif block[0] == "p":
+            lines += [block[1], ""]
+        elif block[0] == "table":
+            header = list(dict.fromkeys(k for row in block[1] for k in row))
+            lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            lines += ["| " + " | ".join(_value(row.get(k)).replace("|", "\\|") for k in header) + " |" for row in block[1]]
+            lines.append("")
+        elif block[0] == "img":
+            lines += [f"![{block[2]}](figures/{block[1]})", ""]
+    return "\n".join(lines)
+
+
+def _inline_html(text: str) -> str:
+    text = html.escape(text, quote=False)
+    text = re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
+    text = re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", text)
+    return re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", lambda m: f'<a href="{html.escape(m[2])}">{m[1]}</a>', text)
+
+
+def to_html(title: str, page: Page, figures_dir: Path) -> str:
+    """The page as one HTML file, plots embedded as data URIs (it reads the same anywhere it is copied)."""
+    body = [f"<h1>{html.escape(title)}</h1>"]
+    for block in page.blocks:
+        if block[0] == "h":
+            body.append(f"<h{block[1] + 1}>{_inline_html(block[2])}</h{block[1] + 1}>")
+        elif block[0] == "p":
+            body.append(f"<p>{_inline_html(block[1])}</p>")
+        elif block[0] == "table":
+            header = list(dict.fromkeys(k for row in block[1] for k in row))
+            cells = "".join(f"<th>{html.escape(k)}</th>" for k in header)
+            rows = "".join("<tr>" + "".join(f"<td>{html.escape(_value(row.get(k)))}</td>" for k in header) + "</tr>"
+                           for row in block[1])
+            body.append(f"<table><thead><tr>{cells}</tr></thead><tbody>{rows}</tbody></table>")
+        elif block[0] == "img":
+            data = base64.b64encode((figures_dir / block[1]).read_bytes()).decode()
+            body.append(f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(block[2])}">'
+                        f"<figcaption>{html.escape(block[2])} (<code>figures/{html.escape(block[1])}</code>)</figcaption></figure>")
+    style = ("body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;line-height:1.45}"
+             "table{border-collapse:collapse;margin:.5rem 0}td,th{border:1px solid #ccc;padding:.2rem .6rem;text-align:left}"
+             "th{background:#f3f3f3}img{max-width:100%}figure{margin:1rem 0}figcaption{color:#555;font-size:.9rem}"
+             "code{background:#f3f3f3;padding:0 .2rem}")
+    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
+# ------------------------------------------------------------------------------------ reading
+
+
+def _read_json(path: Path) -> Any:
+    """The file's JSON, or None when it is absent or empty."""
+    if not path.is_file() or not path.read_text().strip():
+        return None
+    return json.loads(path.read_text())
+
+
+def stage_settings(params_file: Path | None) -> dict[str, dict[str, Any]]:
+    """Each stage's section of params.yaml with its profile's overrides applied (as the flows see them)."""
+    if params_file is None or not params_file.is_file():
+        return {}
+    document = yaml.safe_load(params_file.read_text()) or {}
+    overrides = (document.get("profiles") or {}).get(document.get("profile")) or {}
+    settings = {stage: {**(document.get(section) or {}), **(overrides.get(section) or {})}
+                for stage, section in STAGE_SECTIONS.items()}
+    settings["_profile"] = {"profile": document.get("profile")}
+    return settings
+
+
+def stage_plots(folder: Path) -> list[Path]:
+    """The PNGs a stage wrote at the top of its output folder, the usual ones first."""
+    found = {p.name: p for p in sorted(folder.glob("*.png"))} if folder.is_dir() else {}
+    return [found[n] for n in PLOT_ORDER if n in found] + [p for n, p in found.items() if n not in PLOT_ORDER]
+
+
+def _add_plots(page: Page, stage: str, folder: Path) -> None:
+    for plot in stage_plots(folder):
+        page.figure(plot, f"{stage}_{plot.name}", f"{stage}: {plot.stem.replace('_', ' ')}")
+
+
+def _settings(settings: dict[str, Any], *keys: str) -> str:
+    """``Settings: model `x`, n_grpo_steps `2`. `` for the keys params.yaml sets (nothing if none)."""
+    parts = [f"{k} `{settings[k]}`" for k in keys if settings.get(k) is not None]
+    return f"Settings: {', '.join(parts)}. " if parts else ""
+
+
+def _best(rows: list[dict[str, Any]], key: str = "final_accuracy") -> dict[str, Any] | None:
+    scored = [r for r in rows if isinstance(r.get(key), (int, float))]
+    return max(scored, key=lambda r: r[key]) if scored else None
+
+
+def _rows(value: Any) -> list[dict[str, Any]] | None:
+    """A metrics file's rows (the training stages write a list of per-setting rows)."""
+    if value is None:
+        return None
+    return value if isinstance(value, list) else [value]
+
+
+# ------------------------------------------------------------------------------------ sections
+
+
+def baseline_section(page: Page, root: Path, settings: dict[str, Any], out_files: dict[str, str]) -> dict[str, float]:
+    page.h(1, "Zero-shot baseline")
+    summary = _read_json(root / "metrics/baseline_eval.json") or _read_json(root / "outputs/baseline_eval/summary.json")
+    if summary is None:
+        page.p(f"Baseline evaluation: {NOT_RUN}.")
+        return {}
+    page.p(_settings(settings, "model", "prompt", "max_tokens", "temperature") +
+           f"{summary['n_records']} responses to {summary['n_problems']} problems, **accuracy {summary['accuracy']:.3f}**, "
+           f"format rate {summary['format_rate']:.3f}, mean length {summary['mean_response_tokens']:.1f} tokens.")
+    n = summary["n_records"] or 1
+    page.table([{"category": c, "meaning": meaning, "count": summary.get(f"count_{c}", 0),
+                 "share": summary.get(f"count_{c}", 0) / n} for c, meaning in CATEGORY_MEANING.items()])
+    finishes = {k.removeprefix("finish_"): v for k, v in summary.items() if k.startswith("finish_")}
+    if finishes:
+        page.p("Finish reasons: " + ", ".join(f"{k} {v}" for k, v in finishes.items())
+               + ("; `length` responses hit `max_tokens`." if "length" in finishes else "."))
+    cases = root / "outputs/baseline_eval/report.md"
+    if cases.is_file():
+        text = cases.read_text()
+        verdict = next((line for line in text.splitlines() if line.startswith("Of the ")), None)
+        if verdict:
+            page.p(verdict)
+        out_files["baseline_cases.md"] = text
+        page.p("Examples of each category: [baseline_cases.md](baseline_cases.md).")
+    return {"baseline_accuracy": summary["accuracy"], "baseline_format_rate": summary["format_rate"]}
+
+
+def sft_section(page: Page, root: Path, settings: dict[str, Any]) -> dict[str, float]:
+    page.h(1, "SFT")
+    data = _read_json(root / "metrics/sft_data.json")
+    if data:
+        page.p("SFT data sets after filtering to the traces the grader accepts (`metrics/sft_data.json`):")
+        page.table([{"set": name, **values} for name, values in data.items()])
+    rows = _rows(_read_json(root / "metrics/sft_experiment.json"))
+    if not rows:
+        page.p(f"SFT sweep: {NOT_RUN}.")
+        return {}
+    best = _best(rows)
+    page.p(_settings(settings, "model", "sizes", "epochs", "learning_rate") +
+           "One run per training-set size (and the filtered set); final validation accuracy and format rate."
+           + (f" Best: **{best['setting']}** at {best['final_accuracy']:.3f}." if best else ""))
+    page.table(rows)
+    _add_plots(page, "sft_experiment", root / "outputs/sft_experiment")
+    return {"sft_best_accuracy": best["final_accuracy"]} if best else {}
+
+
+def ei_section(page: Page, root: Path, settings: dict[str, Any]) -> dict[str, float]:
+    page.h(1, "Expert Iteration")
+    rows = _rows(_read_json(root / "metrics/expert_iteration.json"))
+    if not rows:
+        page.p(f"Expert Iteration: {NOT_RUN}.")
+        return {}
+    best = _best(rows)
+    kind = "One run" if [r.get("setting") for r in rows] == ["single"] else f"A sweep of {len(rows)} settings (G × E × D_b)"
+    page.p(_settings(settings, "model", "n_ei_steps", "train_data") + f"{kind}."
+           + (f" Best: **{best['setting']}** at {best['final_accuracy']:.3f}." if best else ""))
+    page.table(rows)
+    _add_plots(page, "expert_iteration", root / "outputs/expert_iteration")
+    return {"ei_best_accuracy": best["final_accuracy"]} if best else {}
+
+
+def grpo_section(page: Page, root: Path, settings: dict[str, Any]) -> dict[str, float]:
+    page.h(1, "GRPO")
+    rows = _rows(_read_json(root / "metrics/grpo.json"))
+    if not rows:
+        page.p(f"GRPO: {NOT_RUN}.")
+        return {}
+    best = _best(rows)
+    single = [r.get("setting") for r in rows] == ["single"]
+    what = "One run" if single else f"Ablation `{settings.get('ablation') or '?'}` ({len(rows)} settings)"
+    page.p(_settings(settings, "model", "n_grpo_steps", "loss_type", "learning_rate", "train_data") + f"{what}."
+           + (f" Final validation accuracy: **{best['final_accuracy']:.3f}**"
+              + ("" if single else f" ({best['setting']})") + "." if best else ""))
+    page.table(rows)
+    _add_plots(page, "grpo", root / "outputs/grpo")
+    return {"grpo_best_accuracy": best["final_accuracy"]} if best else {}
+
+
+def latest_ablations(tracking_uri: str, experiment: str) -> dict[str, tuple[Any, list[Any]]]:
+    """For each ablation name: its newest parent run (tag ``ablation``, set once all children finished)
+    and that run's children, oldest first. Empty when the store or the experiment does not exist."""
+    import mlflow
+
+    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).is_file():
+        return {}  # do not create an empty store just to find nothing in it
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return {}
+    parents = client.search_runs([found.experiment_id], filter_string="tags.ablation != ''",
+                                 order_by=["attributes.start_time DESC"], max_results=500)
+    latest: dict[str, tuple[Any, list[Any]]] = {}
+    for parent in parents:
+        name = parent.data.tags["ablation"]
+        if name not in latest:
+            children = client.search_runs([found.experiment_id],
+                                          filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
+                                          order_by=["attributes.start_time ASC"])
+            latest[name] = (parent, list(children))
+    return latest
+
+
+def ablations_section(page: Page, params: ReportParams, figure_sources: Path) -> int:
+    """The GRPO ablations in MLflow: a table and a validation-accuracy plot each. Returns how many."""
+    import mlflow
+
+    from flows.compare import metric_points
+    from tasks.training import plot_curves
+
+    page.h(1, "GRPO ablations")
+    if not params.ablations_from_mlflow:
+        page.p("Not read (`ablations_from_mlflow: false`).")
+        return 0
+    ablations = latest_ablations(params.tracking_uri, params.grpo_experiment)
+    if not ablations:
+        page.p(f"GRPO ablations: {NOT_RUN} (no parent run tagged `ablation` in MLflow experiment "
+               f"`{params.grpo_experiment}`). Run one with `python -m flows.grpo --config params.yaml --ablation NAME`.")
+        return 0
+    client = mlflow.MlflowClient(tracking_uri=params.tracking_uri)
+    page.p("The newest finished run of each ablation in MLflow (compare any runs with `python -m flows.compare`).")
+    for name, (parent, children) in sorted(ablations.items()):
+        page.h(2, f"{name}")
+        page.p(f"MLflow run `{parent.info.run_id}`, {len(children)} settings.")
+        page.table([{"setting": c.data.params.get("setting", c.info.run_name),
+                     "final_accuracy": c.data.metrics.get("final_val_accuracy"),
+                     "final_format_rate": c.data.metrics.get("final_val_format_rate"),
+                     "wall_seconds": c.data.metrics.get("wall_seconds")} for c in children])
+        labels = [c.data.params.get("setting", c.info.run_name) for c in children]
+        points = metric_points(client, children, "val_accuracy", labels)
+        if points:
+            file = f"ablation_{name}_val_accuracy.png"
+            plot_curves(figure_sources / file, points, "step", "val_accuracy", "run", f"{name}: validation accuracy")
+            page.figure(figure_sources / file, file, f"{name}: validation accuracy by step")
+    return len(ablations)
+
+
+def leaderboard_section(page: Page, root: Path) -> dict[str, float]:
+    summary = _read_json(root / "metrics/leaderboard.json")
+    if not isinstance(summary, dict):
+        return {}
+    page.h(1, "Leaderboard run")
+    page.table([{k: v for k, v in summary.items() if k != "mlflow_run_id"}])
+    _add_plots(page, "leaderboard", root / "outputs/leaderboard")
+    score = summary.get("final_score")
+    return {"leaderboard_score": score} if isinstance(score, (int, float)) else {}
+
+
+def headline(metrics: dict[str, float]) -> list[dict[str, Any]]:
+    names = [("Zero-shot baseline", "baseline_accuracy"), ("SFT (best setting)", "sft_best_accuracy"),
+             ("Expert Iteration (best)", "ei_best_accuracy"), ("GRPO (best)", "grpo_best_accuracy")]
+    if "leaderboard_score" in metrics:
+        names.append(("Leaderboard run", "leaderboard_score"))
+    return [{"stage": stage, "validation accuracy": metrics.get(key, NOT_RUN)} for stage, key in names]
+
+
+# ------------------------------------------------------------------------------------- writing
+
+
+def swap_in(built: Path, out: Path) -> None:
+    """Replace folder ``out`` with the finished folder ``built`` (two renames: never half a report)."""
+    if out.exists():
+        if not out.is_dir() or (any(out.iterdir()) and not (out / "report.md").is_file()):
+            raise ValueError(f"{out} exists and is not a report folder; not replacing it")
+        old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old."))
+        os.replace(out, old / out.name)
+        os.replace(built, out)
+        shutil.rmtree(old)
+    else:
+        os.replace(built, out)
+
+
+def build_report(params: ReportParams) -> dict[str, Any]:
+    """Write the report folder; returns its paths, the headline metrics and which sections ran."""
+    root = Path(params.root)
+    out = Path(params.output_dir)
+    settings = stage_settings(root / params.params_file if params.params_file else None)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    built = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.new."))
+    try:
+        page, files, metrics = Page(), {}, {}
+        page.h(1, "Summary")
+        summary_at = len(page.blocks)
+        profile = settings.get("_profile", {}).get("profile")
+        metrics |= baseline_section(page, root, settings.get("baseline_eval", {}), files)
+        metrics |= sft_section(page, root, settings.get("sft_experiment", {}))
+        metrics |= ei_section(page, root, settings.get("expert_iteration", {}))
+        metrics |= grpo_section(page, root, settings.get("grpo", {}))
+        n_ablations = ablations_section(page, params, built / "figures")
+        metrics |= leaderboard_section(page, root)
+        lead = [("p", f"Settings: `{params.params_file}` with profile `{profile}`." if profile
+                 else "Results of the pipeline's stages (final validation accuracy of each).")]
+        page.blocks[summary_at:summary_at] = [*lead, ("table", headline(metrics))]
+        (built / "figures").mkdir(exist_ok=True)
+        for name, source in page.figures.items():
+            if source.parent != built / "figures":
+                shutil.copyfile(source, built / "figures" / name)
+        for name, text in files.items():
+            write_text_atomic(built / name, text)
+        write_text_atomic(built / "report.md", to_markdown(params.title, page))
+        write_text_atomic(built / "report.html", to_html(params.title, page, built / "figures"))
+        swap_in(built, out)
+    except BaseException:
+        shutil.rmtree(built, ignore_errors=True)
+        raise
+    sections = {"baseline": "baseline_accuracy" in metrics, "sft": "sft_best_accuracy" in metrics,
+                "ei": "ei_best_accuracy" in metrics, "grpo": "grpo_best_accuracy" in metrics, "ablations": n_ablations}
+    return {"report_md": str(out / "report.md"), "report_html": str(out / "report.html"), "metrics": metrics,
+            "sections": sections, "figures": sorted(page.figures)}
+
+
+def log_report_run(params: ReportParams, result: dict[str, Any]) -> str:
+    import mlflow
+
+    from tasks.tracking import mlflow_run
+
+    tags = {f"section_{k}": v for k, v in result["sections"].items()}
+    with mlflow_run(params.experiment, "report", params.tracking_uri, **tags) as run:
+        if result["metrics"]:
+            mlflow.log_metrics(result["metrics"])
+        mlflow.log_artifacts(params.output_dir)
+        return run.info.run_id
+
+
+@flow(name="report")
+def report(params: ReportParams) -> dict:
+    """The pipeline's one-page report (markdown + self-contained HTML), logged to MLflow."""
+    result = build_report(params)
+    result["mlflow_run_id"] = log_report_run(params, result) if params.log_to_mlflow else None
+    return {**result, "experiment": params.experiment}
+
+
+@cli_main("flows.report")
+def main(argv: list[str] | None = None) -> None:
+    result = report(parse_params(ReportParams, "report", argv, __doc__))
+    for row in headline(result["metrics"]):
+        value = row["validation accuracy"]
+        print(f"{row['stage']:>24}: {value if isinstance(value, str) else f'{value:.3f}'}")
+    print(f"report  {result['report_md']}\nhtml    {result['report_html']}")
+    if result["mlflow_run_id"]:
+        print(f"mlflow run {result['mlflow_run_id']} (experiment {result['experiment']})")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
