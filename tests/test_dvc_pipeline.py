@@ -1,4 +1,4 @@
-"""`dvc repro` runs the whole pipeline (prepare_data → … → grpo) on a tiny model from a copy of the project,
+"""`dvc repro` runs the whole pipeline (prepare_data → … → grpo → report) on a tiny model from a copy of the project,
 and a second repro does nothing."""
 
 import json
@@ -44,7 +44,7 @@ def test_dvc_repro_then_nothing_to_do(tmp_path, tiny_lm_dir, shared_data):
         return result.stdout
 
     first = repro()
-    for stage in ("prepare_data", "baseline_eval", "sft_data", "sft_filter", "sft", "ei", "grpo"):
+    for stage in ("prepare_data", "baseline_eval", "sft_data", "sft_filter", "sft", "ei", "grpo", "report"):
         assert f"Running stage '{stage}'" in first
     metrics = yaml.safe_load((repo / "metrics/baseline_eval.json").read_text())
     assert metrics["n_records"] == 2
@@ -54,5 +54,8 @@ def test_dvc_repro_then_nothing_to_do(tmp_path, tiny_lm_dir, shared_data):
     assert json.loads((repo / "metrics/expert_iteration.json").read_text())[0]["setting"] == "single"
     assert json.loads((repo / "metrics/grpo.json").read_text())[0]["setting"] == "single"
     assert (repo / "outputs/grpo/accuracy_vs_wall_clock.png").is_file()
+    report = (repo / "outputs/report/report.md").read_text()
+    assert "| GRPO (best) |" in report and "not run" not in report.split("## GRPO ablations")[0]
+    assert (repo / "outputs/report/figures/grpo_accuracy_vs_step.png").is_file() and (repo / "outputs/report/report.html").is_file()
     second = repro()
     assert "Running stage" not in second and "up to date" in second
