@@ -19,6 +19,7 @@ it stopped; a finished round is recorded in ``state.json`` and not run again. Me
 from __future__ import annotations
 
 import json
+import logging
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -27,11 +28,15 @@ from typing import Any
 
 import torch
 
+from a5core import progress
 from a5core.data import Problem, Trace, load_sft_traces, write_jsonl_atomic, write_text_atomic
 from a5core.evaluation import grade_completions, response_entropies
 from a5core.prompts import PromptTemplate
 from a5core.rollout import Engine, SamplingSettings
 from a5core.sft import SFTConfig, train_sft
+
+logger = logging.getLogger(__name__)
+STATUS_KEYS = ("kept_fraction", "rollout_format_rate", "sft_loss", "val_accuracy")  # the per-round status line's metrics
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,9 @@ def expert_iteration(
     if state["rounds"]:
         model.load_state_dict(torch.load(root / "model.pt", map_location=next(model.parameters()).device))
     history: list[dict[str, float]] = state["rounds"]
+    if history:
+        logger.info("EI: resuming from %s after round %d of %d", root, len(history), config.n_ei_steps)
+    rounds_bar = progress.bar(desc="EI", total=config.n_ei_steps, initial=len(history), unit="round", leave=True)
     for step in range(len(history), config.n_ei_steps):
         round_dir = root / f"round-{step}" if root else None
         kept_path = round_dir / "kept.jsonl" if round_dir else None
@@ -94,10 +102,13 @@ def expert_iteration(
             metrics.update(evaluate(model, step))
         log(metrics, step)
         history.append(metrics)
+        progress.log_step(logger, "EI round", step + 1, config.n_ei_steps, metrics, STATUS_KEYS)
+        rounds_bar.update(1)
         if root is not None:
             torch.save(model.state_dict(), root / "model.pt.tmp")
             (root / "model.pt.tmp").replace(root / "model.pt")
             write_text_atomic(root / "state.json", json.dumps({"rounds": history}))
+    rounds_bar.close()
     return history
 
 

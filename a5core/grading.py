@@ -33,6 +33,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Union
 
+from a5core import progress
+
 GroundTruth = Union[str, int, float, Sequence[Union[str, int, float]]]
 Reward = dict[str, float]
 
@@ -296,7 +298,8 @@ class SymbolicGrader:
             self._workers.append(_Worker())
         pending = list(range(len(pairs)))[::-1]
         done = 0
-        with selectors.DefaultSelector() as selector:
+        with selectors.DefaultSelector() as selector, progress.bar(desc="grade (symbolic)", total=len(pairs),
+                                                                   unit="answer") as graded:
             for worker in self._workers:
                 selector.register(worker.proc.stdout, selectors.EVENT_READ, worker)
             while done < len(pairs):
@@ -327,6 +330,7 @@ class SymbolicGrader:
                         done += 1  # result stays False
                         selector.unregister(worker.proc.stdout)
                         self._replace(worker, selector)
+                graded.update(done - graded.n)
             for worker in self._workers:
                 selector.unregister(worker.proc.stdout)
         return results
@@ -452,5 +456,6 @@ def grade_batch(
 ) -> list[Reward]:
     """Grade many responses: in parallel for an AnswerRewardFn, one by one for any other callable."""
     if isinstance(reward_fn, AnswerRewardFn):
-        return reward_fn.batch(responses, ground_truths)
-    return [reward_fn(r, t) for r, t in zip(responses, ground_truths)]
+        return reward_fn.batch(responses, ground_truths)  # its symbolic comparisons show a bar
+    pairs = progress.bar(zip(responses, ground_truths), desc="grade", total=len(responses), unit="response")
+    return [reward_fn(r, t) for r, t in pairs]

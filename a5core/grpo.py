@@ -54,6 +54,7 @@ from typing import Any
 
 import torch
 
+from a5core import progress
 from a5core.checkpoint import NonFiniteLossError, fingerprint, load_checkpoint, save_checkpoint
 from a5core.data import Problem
 from a5core.losses import LOSS_TYPES, RATIO_LOSS_TYPES, compute_group_normalized_rewards
@@ -65,6 +66,8 @@ logger = logging.getLogger(__name__)
 
 # Fields that say where and how often side effects happen, not what is trained (see a5core.checkpoint).
 UNFINGERPRINTED_FIELDS = ("checkpoint_dir", "checkpoint_every", "eval_every")
+STATUS_KEYS = ("reward_mean", "format_reward_mean", "loss", "grad_norm", "token_entropy", "response_tokens_mean",
+               "val_accuracy")  # the per-step status line's metrics
 
 
 @dataclass(frozen=True)
@@ -283,14 +286,18 @@ def grpo(
         metrics["wall_seconds"] = time.monotonic() - started
         log(metrics, step)
         history.append({"step": step, **metrics})
+        progress.log_step(logger, "GRPO step", step, config.n_grpo_steps, metrics, STATUS_KEYS)
 
     was_training = model.training
     if step == 0 and evaluate is not None and config.eval_every:
         finish_step({}, 0)  # the starting policy: the first point of every curve
+    steps_bar = progress.bar(desc="GRPO", total=config.n_grpo_steps, initial=step, unit="step", leave=True)
     while step < config.n_grpo_steps:
         metrics = trainer.step(engine, problems, template, reward_fn, step)
         step += 1
         finish_step(metrics, step)
+        steps_bar.update(1)
+        steps_bar.set_postfix(reward=f"{metrics['reward_mean']:.3g}", refresh=False)
         stopping = should_stop is not None and step < config.n_grpo_steps and should_stop(step)
         if checkpoint and (stopping or step == config.n_grpo_steps
                            or (config.checkpoint_every and step % config.checkpoint_every == 0)):
@@ -301,6 +308,7 @@ def grpo(
         if stopping:
             logger.info("GRPO: stopped after step %d of %d (should_stop)", step, config.n_grpo_steps)
             break
+    steps_bar.close()
     optimizer.zero_grad(set_to_none=True)
     model.train(was_training)
     return history
@@ -439,10 +447,12 @@ class _Trainer:
                         entropy_tokens += n_tokens
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.params, config.grad_clip if config.grad_clip > 0 else math.inf).item()
                 if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                    kept = (f"{Path(config.checkpoint_dir) / 'latest'}, if written," if config.checkpoint_dir
+                            else "the last checkpoint, if any,")
                     raise NonFiniteLossError(
                         f"GRPO step {step + 1} of {config.n_grpo_steps} (epoch {epoch}, optimizer step {optimizer_steps}): "
-                        f"loss {loss}, grad_norm {grad_norm}; training stopped before the update; the last checkpoint, "
-                        "if any, holds the last good step"
+                        f"loss {loss}, grad_norm {grad_norm}; training stopped before the update; {kept} still holds "
+                        "the last good step"
                     )
                 self.optimizer.step()
                 optimizer_steps += 1

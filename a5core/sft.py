@@ -29,12 +29,14 @@ from a5core.checkpoint import (  # noqa: F401  (the errors are part of this modu
     load_checkpoint,
     save_checkpoint,
 )
+from a5core import progress
 from a5core.data import Trace
 from a5core.policy import get_response_log_probs, sft_microbatch_train_step, tokenize_prompt_and_output
 
 logger = logging.getLogger(__name__)
 
 LR_SCHEDULES = ("cosine", "constant")
+STATUS_KEYS = ("loss", "token_nll", "lr", "grad_norm", "val_accuracy")  # the per-step status line's metrics
 # Fields that say where and how often side effects happen, not what is trained: a run may be resumed
 # with them changed (another checkpoint directory, checkpoints or evaluations more or less often).
 UNFINGERPRINTED_FIELDS = ("checkpoint_dir", "checkpoint_every", "eval_every")
@@ -219,6 +221,7 @@ def train_sft(
     was_training = model.training
     model.train()
     order, order_epoch = None, None
+    steps_bar = progress.bar(desc="SFT", total=total_steps, initial=step, unit="step", leave=True)
     while step < total_steps:
         if order_epoch != epoch:
             order = torch.randperm(n, generator=torch.Generator().manual_seed(config.seed + epoch)).tolist()
@@ -278,12 +281,15 @@ def train_sft(
             metrics.update(evaluate(model, step))
             model.train()
         log(metrics, step)
-        logger.debug("SFT step %d/%d: loss %.4f lr %.3g grad_norm %.3f", step, total_steps, loss_value, lr, grad_norm_value)
+        progress.log_step(logger, "SFT step", step, total_steps, metrics, STATUS_KEYS)
+        steps_bar.update(1)
+        steps_bar.set_postfix(loss=f"{loss_value:.4g}", refresh=False)
         if checkpoint and (step == total_steps or (config.checkpoint_every and step % config.checkpoint_every == 0)):
             save_checkpoint(checkpoint, model, optimizer, scheduler, {
                 "step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "total_steps": total_steps,
                 "finished": step == total_steps, "metrics": metrics, "fingerprint": fingerprint,
             })
+    steps_bar.close()
     optimizer.zero_grad(set_to_none=True)  # free the gradients (a model's worth of memory) for what comes next
     model.train(was_training)
     return {**metrics, "step": step}

@@ -16,8 +16,11 @@ from typing import Literal
 from prefect import flow
 from pydantic import BaseModel, Field
 
+from a5core.data import PROBLEM_LOADERS
+from a5core.models import resolve_model
 from a5core.prompts import load_prompt
 from a5core.rollout import SamplingSettings
+from flows.cli import cli_main
 from tasks.evaluation import generate, grade, load_problems, log_evaluation_run, model_fingerprint, write_outputs
 from tasks.tracking import DEFAULT_TRACKING_URI
 
@@ -61,10 +64,20 @@ def baseline_eval(params: BaselineEvalParams = BaselineEvalParams()) -> dict:
     return {**outputs, "mlflow_run_id": run_id, "tracking_uri": params.tracking_uri}
 
 
+def check_inputs(params: BaselineEvalParams) -> None:
+    """Fail on bad input before an engine starts, with the error naming what and where: the prompt,
+    the model path, the data."""
+    load_prompt(params.prompt)
+    resolve_model(params.model)
+    PROBLEM_LOADERS[params.data_format](params.data)
+
+
+@cli_main("flows.baseline_eval")
 def main(argv: list[str] | None = None) -> None:
     from flows.cli import parse_params
 
     params = parse_params(BaselineEvalParams, "baseline_eval", argv, __doc__)
+    check_inputs(params)
     result = baseline_eval(params)
     summary = result["summary"]
     print(f"\naccuracy {summary['accuracy']:.3f} · format rate {summary['format_rate']:.3f} · "

@@ -5,18 +5,89 @@ Values come, in increasing priority, from the model's defaults, one section of a
 overrides for its selected ``profile`` (or ``--profile NAME``), and the flags. A flag's value is read as YAML, so
 ``--limit 20``, ``--stop '["</answer>"]'`` and ``--seed null`` all work; pydantic validates the result
 and a bad value exits with its message.
+
+Every flow's ``main`` is wrapped by :func:`cli_main`: logging at INFO for the project's own loggers (the
+loops' one line per step), and bad input (a data file, a prompt template, a model path, settings, a
+NaN loss, a checkpoint of another run) ends the command with one message on stderr and exit status 1,
+not a traceback. ``A5_TRACEBACK=1`` shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import logging
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from a5core.checkpoint import CheckpointMismatchError, NonFiniteLossError
+from a5core.data import DataError
+from a5core.models import ModelResolutionError
+from a5core.prompts import PromptTemplateError
+
 Params = TypeVar("Params", bound=BaseModel)
+
+# What a user's input can cause, each raised with a message naming what and where: such an error ends a
+# command with that message. (DataError, PromptTemplateError and CheckpointMismatchError are ValueErrors;
+# listed for the reader.) Anything else is a bug and keeps its traceback.
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    DataError, PromptTemplateError, CheckpointMismatchError, ModelResolutionError, NonFiniteLossError,
+    FileNotFoundError, ValueError,
+)
+PROJECT_LOGGERS = ("a5core", "flows", "tasks")
+
+
+class _NoUserErrorTracebacks(logging.Filter):
+    """On the console handler: Prefect logs a failed flow or task run with its traceback; for a user
+    error, keep its one-line message and drop the traceback (the Prefect API still gets it)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], USER_ERRORS) and not _show_tracebacks():
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def _show_tracebacks() -> bool:
+    return os.environ.get("A5_TRACEBACK", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    """Show the project's INFO records (the training loops' one line per step) through the root logger's
+    handlers: Prefect's console handler once prefect is imported, else a plain stderr handler."""
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(format="%(asctime)s | %(levelname)-7s | %(name)s - %(message)s", datefmt="%H:%M:%S")
+    for name in PROJECT_LOGGERS:
+        logging.getLogger(name).setLevel(level)
+    for handler in root.handlers:
+        if isinstance(handler, logging.StreamHandler) and not any(
+                isinstance(f, _NoUserErrorTracebacks) for f in handler.filters):
+            handler.addFilter(_NoUserErrorTracebacks())
+
+
+def cli_main(prog: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate a flow's ``main(argv)``: configure logging, and turn a :data:`USER_ERRORS` exception into
+    ``SystemExit("PROG: error: MESSAGE")`` (message on stderr, exit status 1)."""
+
+    def decorate(main: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(main)
+        def run(argv: list[str] | None = None) -> Any:
+            configure_logging()
+            try:
+                return main(argv)
+            except USER_ERRORS as error:
+                if _show_tracebacks():
+                    raise
+                raise SystemExit(f"{prog}: error: {error}") from None
+
+        return run
+
+    return decorate
 
 
 def parse_params(model: type[Params], section: str, argv: list[str] | None = None, description: str = "") -> Params:
@@ -48,4 +119,7 @@ def parse_params(model: type[Params], section: str, argv: list[str] | None = Non
     try:
         return model(**values)
     except ValidationError as e:
-        parser.error(f"invalid parameters:\n{e}")
+        problems = "; ".join(
+            f"--{str(error['loc'][0]).replace('_', '-')}{''.join(f'[{i}]' for i in error['loc'][1:] if isinstance(i, int))} "
+            f"{error.get('input')!r}: {error['msg']}" for error in e.errors())
+        parser.exit(2, f"{parser.prog}: error: invalid parameters: {problems}\n")  # no usage: the flag is named

@@ -30,6 +30,7 @@ from a5core.policy import load_policy
 from a5core.prompts import load_prompt
 from a5core.rollout import Engine, SamplingSettings, make_engine
 from a5core.sft import SFTConfig
+from flows.cli import cli_main
 from tasks.engines import start_engine
 from tasks.tracking import DEFAULT_TRACKING_URI, log_params_flat
 from tasks.training import (
@@ -79,6 +80,18 @@ class EIParams(BaseModel):
     tracking_uri: str = Field(DEFAULT_TRACKING_URI)
 
 
+def ei_config(params: EIParams, checkpoint_dir: str | None = None) -> EIConfig:
+    """The loop's settings; an invalid combination fails here with EIConfig's or SFTConfig's message."""
+    return EIConfig(
+        n_ei_steps=params.n_ei_steps, questions_per_step=params.questions_per_step,
+        rollouts_per_question=params.rollouts_per_question, seed=params.seed, checkpoint_dir=checkpoint_dir,
+        sampling=SamplingSettings(temperature=params.temperature, min_tokens=params.min_tokens, max_tokens=params.max_tokens, stop=("</answer>",)),
+        sft=SFTConfig(learning_rate=params.learning_rate, batch_size=params.batch_size, microbatch_size=params.microbatch_size,
+                      epochs=params.epochs, max_seq_len=params.max_seq_len, gradient_checkpointing=params.gradient_checkpointing,
+                      lr_schedule="constant"),
+    )
+
+
 @task(cache_policy=NO_CACHE)
 def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | None) -> dict:
     """One EI run in its own resumable MLflow run; returns its summary row."""
@@ -91,14 +104,7 @@ def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | Non
     validation = load_problem_set(params.validation_data, "math", params.seed, "validation")
     template, reward_fn = load_prompt(params.prompt), TRAINING_REWARD_FNS[params.reward_fn]
     eval_sampling = SamplingSettings(temperature=params.temperature, max_tokens=params.max_tokens, stop=("</answer>",), seed=params.seed)
-    config = EIConfig(
-        n_ei_steps=params.n_ei_steps, questions_per_step=params.questions_per_step,
-        rollouts_per_question=params.rollouts_per_question, seed=params.seed, checkpoint_dir=str(run_dir / "checkpoint"),
-        sampling=SamplingSettings(temperature=params.temperature, min_tokens=params.min_tokens, max_tokens=params.max_tokens, stop=("</answer>",)),
-        sft=SFTConfig(learning_rate=params.learning_rate, batch_size=params.batch_size, microbatch_size=params.microbatch_size,
-                      epochs=params.epochs, max_seq_len=params.max_seq_len, gradient_checkpointing=params.gradient_checkpointing,
-                      lr_schedule="constant"),
-    )
+    config = ei_config(params, str(run_dir / "checkpoint"))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with start_resumable_run(run_dir / "mlflow_run_id", params.experiment, f"ei-{name}", params.tracking_uri, parent_run_id) as run:
         log_params_flat({**params.model_dump(exclude={"sweep_rollouts_per_question", "sweep_epochs", "sweep_questions_per_step"}), "setting": name})
@@ -148,10 +154,27 @@ def expert_iteration_flow(params: EIParams = EIParams()) -> dict:
     return {"summary": summary, "paths": paths, "mlflow_run_id": run_id}
 
 
+def check_inputs(params: EIParams) -> None:
+    """Fail on bad input before an engine starts, with the error naming what and where: the settings
+    (each sweep setting's too), the model path, the prompt, the data files."""
+    try:
+        for setting in [params, *(grid(params).values() if params.sweep else ())]:
+            ei_config(setting)
+    except ValueError as error:
+        raise ValueError(f"invalid Expert Iteration settings: {error}") from None
+    resolve_model(params.model)
+    load_prompt(params.prompt)
+    load_problem_set(params.train_data, params.train_format, params.seed, "train")
+    load_problem_set(params.validation_data, "math", params.seed, "validation")
+
+
+@cli_main("flows.expert_iteration")
 def main(argv: list[str] | None = None) -> None:
     from flows.cli import parse_params
 
-    result = expert_iteration_flow(parse_params(EIParams, "expert_iteration", argv, __doc__))
+    params = parse_params(EIParams, "expert_iteration", argv, __doc__)
+    check_inputs(params)
+    result = expert_iteration_flow(params)
     for row in result["summary"]:
         print(f"{row['setting']:>14}: accuracy {row['final_accuracy']:.3f}, format {row['final_format_rate']:.3f}")
     print("\n".join(f"{k:12} {v}" for k, v in result["paths"].items()))

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -41,6 +42,7 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
 from a5core.data import write_text_atomic
+from flows.cli import cli_main
 from a5core.grpo import GRPOConfig, grpo
 from a5core.models import resolve_model
 from a5core.policy import load_policy
@@ -186,6 +188,34 @@ def ablation_settings(name: str, params: GRPOParams) -> dict[str, GRPOParams]:
 # ----------------------------------------------------------------------------------------- a run
 
 
+def accuracy_by_wall_clock(run_id: str) -> Callable[[float, int, float], None]:
+    """``log(val_accuracy, step, wall_seconds)`` for run ``run_id``: the metric ``val_accuracy_by_wall_seconds``
+    at MLflow step int(wall-clock seconds), one point per validated GRPO step, resumes included.
+
+    A resumed run replays the steps after its checkpoint and validates them again, later in wall-clock
+    time: logged as is, a replayed validation would be a second point at a new x. A step's point belongs
+    at the second the run first recorded for that step (its ``wall_seconds``, which the resume-safe
+    logger keeps from the first time): among the validated steps whose first second is that one, this
+    step is the k-th, and the point is written only if the run holds fewer than k points there (so a
+    kill between the step's metrics and its point still gets the point written, once).
+    """
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    second_of = {m.step: int(m.value) for m in client.get_metric_history(run_id, "wall_seconds")}
+    validated = {m.step for m in client.get_metric_history(run_id, "val_accuracy")}
+    held = Counter(m.step for m in client.get_metric_history(run_id, "val_accuracy_by_wall_seconds"))
+
+    def log(accuracy: float, step: int, wall_seconds: float) -> None:
+        second = second_of.setdefault(step, int(wall_seconds))
+        validated.add(step)
+        if sum(second_of.get(s) == second for s in validated if s <= step) > held[second]:
+            mlflow.log_metrics({"val_accuracy_by_wall_seconds": accuracy}, step=second)
+            held[second] += 1
+
+    return log
+
+
 @task(cache_policy=NO_CACHE)
 def run_grpo(name: str, params: GRPOParams, engine: Engine, parent_run_id: str | None) -> dict:
     """One GRPO run in its own resumable MLflow run; returns its summary row, curve and trends."""
@@ -206,12 +236,12 @@ def run_grpo(name: str, params: GRPOParams, engine: Engine, parent_run_id: str |
         log_params_flat({**params.model_dump(exclude={"ablation"}), "setting": name})
         model, tokenizer = load_policy(params.model, dtype=getattr(torch, params.policy_dtype), device=device)
         hook = validation_hook(engine, tokenizer, validation, template, reward_fn, eval_sampling, params.val_subset)
-        to_mlflow = mlflow_logger()
+        to_mlflow, by_wall_clock = mlflow_logger(), accuracy_by_wall_clock(run.info.run_id)
 
         def log(metrics: dict[str, float], step: int) -> None:
             to_mlflow(metrics, step)
             if "val_accuracy" in metrics:
-                to_mlflow({"val_accuracy_by_wall_seconds": metrics["val_accuracy"]}, int(metrics["wall_seconds"]))
+                by_wall_clock(metrics["val_accuracy"], step, metrics["wall_seconds"])
 
         history = grpo(model, tokenizer, engine, train, template, reward_fn, config, evaluate=hook, log=log)
         model.eval()
@@ -294,16 +324,30 @@ grpo_clip_ablation = _ablation_flow("grpo_clip_ablation")
 grpo_prompt_ablation = _ablation_flow("grpo_prompt_ablation")
 
 
+def check_inputs(params: GRPOParams) -> None:
+    """Fail on bad input before an engine starts, with the error naming what and where: the settings
+    (each ablation setting's too), the model path, the prompt, the data files."""
+    try:
+        config = grpo_config(params)
+        if params.ablation is not None:
+            ablation_settings(params.ablation, params)
+    except ValueError as error:
+        raise ValueError(f"invalid GRPO settings: {error}") from None
+    resolve_model(params.model)
+    load_prompt(params.prompt)
+    train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
+    load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
+    if len(train) < config.prompts_per_step:
+        raise ValueError(f"train_data {params.train_data}: {len(train)} problems, fewer than the "
+                         f"{config.prompts_per_step} questions a step samples (rollout_batch_size / group_size)")
+
+
+@cli_main("flows.grpo")
 def main(argv: list[str] | None = None) -> None:
     from flows.cli import parse_params
 
     params = parse_params(GRPOParams, "grpo", argv, __doc__)
-    try:
-        grpo_config(params)
-        if params.ablation is not None:
-            ablation_settings(params.ablation, params)
-    except ValueError as error:
-        raise SystemExit(f"invalid GRPO settings: {error}") from None
+    check_inputs(params)
     result = grpo_flow(params)
     for row in result["summary"]:
         print(f"{row['setting']:>24}: accuracy {row['final_accuracy']:.3f}, format {row['final_format_rate']:.3f}, "

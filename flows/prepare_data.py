@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from a5core.data import LOADERS, DataError, write_text_atomic
+from flows.cli import cli_main
 
 
 
@@ -32,6 +33,7 @@ def build_manifest(data_params: dict) -> dict:
     return manifest
 
 
+@cli_main("flows.prepare_data")
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--params", default="params.yaml")

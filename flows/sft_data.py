@@ -54,6 +54,7 @@ from a5core.sft_data import (
     import_traces,
     math_solution_traces,
 )
+from flows.cli import cli_main
 
 OUT_DIR = Path("data/sft")
 DEFAULT_SETS = {
@@ -204,6 +205,7 @@ def _set_arg(value: str) -> tuple[str, str]:
     return name, path
 
 
+@cli_main("flows.sft_data")
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)

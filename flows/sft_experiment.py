@@ -18,7 +18,7 @@ import json
 import random
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
@@ -31,6 +31,7 @@ from a5core.policy import load_policy
 from a5core.prompts import load_prompt
 from a5core.rollout import Engine, SamplingSettings, make_engine
 from a5core.sft import SFTConfig, train_sft
+from flows.cli import cli_main
 from tasks.engines import start_engine
 from tasks.tracking import DEFAULT_TRACKING_URI, log_params_flat
 from tasks.training import log_comparison, mlflow_logger, params_key, start_resumable_run, validation_hook
@@ -44,7 +45,7 @@ class SFTExperimentParams(BaseModel):
     policy_dtype: Literal["float32", "bfloat16"] = Field("float32", description="policy weights (bf16 autocast on GPU)")
     train_data: str = Field("data/sft/math_solutions.jsonl", description="SFT traces (prompt, response, ground_truth)")
     filtered_data: str | None = Field("data/sft/teacher_filtered.jsonl", description="filtered traces, trained as one more setting")
-    sizes: list[int | Literal["full"]] = Field([128, 256, 512, 1024, "full"], description="training-set sizes")
+    sizes: list[Annotated[int, Field(gt=0)] | Literal["full"]] = Field([128, 256, 512, 1024, "full"], description="training-set sizes")
     validation_data: str = Field("../shared/data/math/validation.jsonl", description="MATH-format validation problems")
     val_subset: int = Field(500, gt=0, description="problems evaluated every eval_every steps")
     val_limit: int | None = Field(None, gt=0, description="problems in the final evaluation (None: all)")
@@ -76,6 +77,17 @@ def subsets(traces: list[Trace], sizes: list[int | str], seed: int) -> dict[str,
     return {str(size): shuffled if size == "full" else shuffled[: int(size)] for size in sizes}
 
 
+def sft_config(params: SFTExperimentParams, checkpoint_dir: str | None = None) -> SFTConfig:
+    """The loop's settings; an invalid combination fails here with SFTConfig's message."""
+    return SFTConfig(
+        learning_rate=params.learning_rate, lr_schedule=params.lr_schedule, warmup_steps=params.warmup_steps,
+        batch_size=params.batch_size, microbatch_size=params.microbatch_size,
+        epochs=params.epochs, max_steps=params.max_steps, max_seq_len=params.max_seq_len, gradient_checkpointing=params.gradient_checkpointing,
+        seed=params.seed, eval_every=params.eval_every, checkpoint_dir=checkpoint_dir,
+        checkpoint_every=params.checkpoint_every,
+    )
+
+
 @task(cache_policy=NO_CACHE)
 def train_setting(name: str, traces: list[Trace], problems: list[Problem], params: SFTExperimentParams, engine: Engine,
                   parent_run_id: str) -> dict:
@@ -93,13 +105,7 @@ def train_setting(name: str, traces: list[Trace], problems: list[Problem], param
     with start_resumable_run(run_dir / "mlflow_run_id", params.experiment, f"sft-{name}", params.tracking_uri, parent_run_id) as run:
         log_params_flat({**params.model_dump(), "setting": name, "n_examples": len(traces)})
         model, tokenizer = load_policy(params.model, dtype=getattr(torch, params.policy_dtype), device=device)
-        config = SFTConfig(
-            learning_rate=params.learning_rate, lr_schedule=params.lr_schedule, warmup_steps=params.warmup_steps,
-            batch_size=params.batch_size, microbatch_size=params.microbatch_size,
-            epochs=params.epochs, max_steps=params.max_steps, max_seq_len=params.max_seq_len, gradient_checkpointing=params.gradient_checkpointing,
-            seed=params.seed, eval_every=params.eval_every, checkpoint_dir=str(run_dir / "checkpoint"),
-            checkpoint_every=params.checkpoint_every,
-        )
+        config = sft_config(params, str(run_dir / "checkpoint"))
         hook = validation_hook(engine, tokenizer, problems, template, reward_fn, sampling, params.val_subset)
         log = mlflow_logger()
         final = train_sft(model, tokenizer, traces, config, evaluate=hook, log=log)
@@ -139,10 +145,28 @@ def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
     return {"summary": summary, "paths": paths, "mlflow_run_id": parent.info.run_id}
 
 
+def check_inputs(params: SFTExperimentParams) -> None:
+    """Fail on bad input before an engine starts, with the error naming what and where: the settings,
+    the model path, the prompt, the data files."""
+    try:
+        sft_config(params)
+    except ValueError as error:
+        raise ValueError(f"invalid SFT settings: {error}") from None
+    resolve_model(params.model)
+    load_prompt(params.prompt)
+    for source in (params.train_data, params.filtered_data):
+        if source:
+            load_sft_traces(source)
+    load_math(params.validation_data)
+
+
+@cli_main("flows.sft_experiment")
 def main(argv: list[str] | None = None) -> None:
     from flows.cli import parse_params
 
-    result = sft_experiment(parse_params(SFTExperimentParams, "sft_experiment", argv, __doc__))
+    params = parse_params(SFTExperimentParams, "sft_experiment", argv, __doc__)
+    check_inputs(params)
+    result = sft_experiment(params)
     for row in result["summary"]:
         print(f"{row['setting']:>9}: {row['n_examples']:>5} examples, {row['steps']:>4} steps, "
               f"accuracy {row['final_accuracy']:.3f}, format {row['final_format_rate']:.3f}")

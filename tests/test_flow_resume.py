@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
@@ -246,3 +247,135 @@ def test_sft_experiment_resumes_after_kill_9(tiny_lm_dir, flow_env, tmp_path):
         assert [table_rows(client, run_id, t, tmp_path) for t in tables] == [val_subset] * n_steps + [val_limit]
     for setting in ("4", "8"):
         assert steps(client, parent_id, f"final_accuracy_{setting}") == [0]
+
+
+def run_to_completion_logged(module: str, flags: list[str], cwd: Path, env: dict[str, str]) -> tuple[str, str]:
+    """Like run_to_completion, also returning stderr (the flows' INFO log: resumes and per-step lines)."""
+    result = subprocess.run([sys.executable, "-m", module, *flags], cwd=cwd, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+    return result.stdout, result.stderr
+
+
+def grpo_flags(tiny_lm_dir: Path, tracking_uri: str, **overrides) -> list[str]:
+    """A tiny GRPO run (tests/test_grpo_flows.py's settings): arithmetic data, hf engine, a checkpoint
+    and a validation every step."""
+    return cli_flags(**{
+        "model": str(tiny_lm_dir), "backend": "hf", "train_data": "arithmetic:30:1", "validation_data": "arithmetic:6:1",
+        "reward_fn": "arithmetic", "val_subset": 3, "val_limit": 4, "eval_every": 1, "n_grpo_steps": 3,
+        "rollout_batch_size": 4, "group_size": 2, "train_batch_size": 4, "gradient_accumulation_steps": 2,
+        "max_tokens": 12, "min_tokens": 1, "checkpoint_every": 1, "output_dir": "out", "metrics_path": "metrics.json",
+        "tracking_uri": tracking_uri, **overrides,
+    })
+
+
+def assert_one_point_per_validation(client, run_id: str, n_steps: int) -> None:
+    """val_accuracy_by_wall_seconds holds one point per validated step: at the second the run first
+    recorded for that step (its wall_seconds), with that step's val_accuracy."""
+    wall = {m.step: m.value for m in client.get_metric_history(run_id, "wall_seconds")}
+    accuracy = {m.step: m.value for m in client.get_metric_history(run_id, "val_accuracy")}
+    points = client.get_metric_history(run_id, "val_accuracy_by_wall_seconds")
+    assert Counter((m.step, m.value) for m in points) == Counter((int(wall[s]), accuracy[s]) for s in range(n_steps + 1))
+
+
+def test_grpo_resumes_after_kill_9(tiny_lm_dir, flow_env, tmp_path):
+    """Killed after step 2's metrics (its validation included) reached MLflow, before its checkpoint and
+    before its accuracy-by-wall-clock point: the rerun continues the same run from the step-1 checkpoint,
+    replays step 2 without logging it twice, writes the missing wall-clock point once (at step 2's
+    first wall-clock second, not the replay's), runs step 3 and the final evaluation."""
+    from mlflow import MlflowClient
+
+    n_steps, val_subset, val_limit = 3, 3, 4
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    flags = grpo_flags(tiny_lm_dir, tracking_uri, n_grpo_steps=n_steps, val_subset=val_subset, val_limit=val_limit)
+
+    def mid_run() -> None:
+        (run_dir,) = (tmp_path / "out").glob("runs-*/single")
+        state = json.loads((run_dir / "checkpoint/latest/state.json").read_text())
+        assert state["step"] == 1 and not state["finished"]
+        assert not (run_dir / "done.json").exists()
+
+    kill_mid_run("flows.grpo", flags, "val_accuracy", 2, tmp_path, flow_env, mid_run)
+    (run_dir,) = (tmp_path / "out").glob("runs-*/single")
+    run_id = (run_dir / "mlflow_run_id").read_text().strip()
+    checkpointed = json.loads((run_dir / "checkpoint/latest/state.json").read_text())["history"]
+    client = MlflowClient(tracking_uri)
+    assert steps(client, run_id, "reward_mean") == [1, 2]  # the kill point: step 2 logged, checkpoint at 1
+    assert len(client.get_metric_history(run_id, "val_accuracy_by_wall_seconds")) == 2  # steps 0 and 1
+
+    stdout, log = run_to_completion_logged("flows.grpo", flags, tmp_path, flow_env)
+
+    assert f"mlflow run {run_id}" in stdout
+    # Steps 0 and 1 came from the checkpoint: not trained again (the per-step INFO lines say which ran).
+    assert "GRPO: resuming from" in log and "after step 1" in log
+    assert [f"GRPO step {s}/{n_steps}:" in log for s in range(n_steps + 1)] == [False, False, True, True]
+    state = json.loads((run_dir / "checkpoint/latest/state.json").read_text())
+    assert state["finished"] and state["step"] == n_steps
+    assert [h["step"] for h in state["history"]] == list(range(n_steps + 1))
+    assert state["history"][:2] == checkpointed
+    done = json.loads((run_dir / "done.json").read_text())
+    assert done["mlflow_run_id"] == run_id and [p["step"] for p in done["curve"]] == list(range(n_steps + 1))
+    assert [p["step"] for p in done["trends"]] == list(range(1, n_steps + 1))
+    assert json.loads((tmp_path / "metrics.json").read_text()) == [
+        {k: done[k] for k in ("setting", "final_accuracy", "final_format_rate", "wall_seconds")}]
+    for name in ("summary.json", "curves.csv", "train_curves.csv", "accuracy_vs_step.png", "accuracy_vs_wall_clock.png"):
+        assert (tmp_path / "out" / name).stat().st_size > 0, name
+
+    runs = client.search_runs([client.get_experiment_by_name("grpo").experiment_id])
+    assert [r.info.run_id for r in runs] == [run_id]  # no second run
+    assert runs[0].info.status == "FINISHED"
+    for key in ("reward_mean", "loss", "grad_norm", "token_entropy", "time_train"):
+        assert steps(client, run_id, key) == list(range(1, n_steps + 1)), key  # step 2 logged once, not twice
+    for key in ("val_accuracy", "val_format_rate", "wall_seconds"):
+        assert steps(client, run_id, key) == list(range(n_steps + 1)), key
+    assert steps(client, run_id, "final_val_accuracy") == [n_steps]
+    assert_one_point_per_validation(client, run_id, n_steps)
+    tables = sorted(a.path for a in client.list_artifacts(run_id, "generations"))
+    assert tables == [f"generations/subset{val_subset}_step_{s:06d}.json" for s in range(n_steps + 1)] + [
+        f"generations/subset{val_limit}_step_{n_steps:06d}.json"]
+    assert [table_rows(client, run_id, t, tmp_path) for t in tables] == [val_subset] * (n_steps + 1) + [val_limit]
+
+
+def test_grpo_ablation_resumes_after_kill_9(tiny_lm_dir, flow_env, tmp_path):
+    """The baseline ablation killed in its first setting (step 1 logged, no checkpoint yet): the rerun
+    continues the parent run and that child run, runs the second setting as a new child, and every
+    child's metrics hold each step once; the parent gets the summary of both."""
+    from mlflow import MlflowClient
+
+    n_steps = 2
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    flags = grpo_flags(tiny_lm_dir, tracking_uri, n_grpo_steps=n_steps, ablation="grpo_baseline_ablation",
+                       checkpoint_every=2)
+
+    out = tmp_path / "out"  # runs-<parent key>/mlflow_run_id, runs-<setting key>/<setting>/...
+
+    def mid_run() -> None:
+        assert len(list(out.glob("runs-*/mlflow_run_id"))) == 1
+        assert not list(out.glob("runs-*/*/done.json")) and not list(out.glob("runs-*/*/checkpoint/latest"))
+
+    kill_mid_run("flows.grpo", flags, "reward_mean", 1, tmp_path, flow_env, mid_run)
+    (parent_id_file,) = out.glob("runs-*/mlflow_run_id")
+    (first_id_file,) = out.glob("runs-*/no_baseline/mlflow_run_id")
+    parent_id, first_id = parent_id_file.read_text().strip(), first_id_file.read_text().strip()
+
+    stdout, _ = run_to_completion_logged("flows.grpo", flags, tmp_path, flow_env)
+
+    assert f"mlflow run {parent_id}" in stdout
+    assert list(out.glob("runs-*/mlflow_run_id")) == [parent_id_file] and parent_id_file.read_text().strip() == parent_id
+    assert first_id_file.read_text().strip() == first_id
+    (second_id_file,) = out.glob("runs-*/reinforce_with_baseline/mlflow_run_id")
+    second_id = second_id_file.read_text().strip()
+    summary = json.loads((tmp_path / "metrics.json").read_text())
+    assert [r["setting"] for r in summary] == ["no_baseline", "reinforce_with_baseline"]
+
+    client = MlflowClient(tracking_uri)
+    runs = {r.info.run_id: r for r in client.search_runs([client.get_experiment_by_name("grpo").experiment_id])}
+    assert set(runs) == {parent_id, first_id, second_id}  # no duplicate parent or child
+    assert {runs[i].data.tags.get("mlflow.parentRunId") for i in (first_id, second_id)} == {parent_id}
+    assert {r.info.status for r in runs.values()} == {"FINISHED"}
+    for run_id in (first_id, second_id):
+        assert steps(client, run_id, "reward_mean") == list(range(1, n_steps + 1)), run_id
+        assert steps(client, run_id, "val_accuracy") == list(range(n_steps + 1)), run_id
+        assert steps(client, run_id, "final_val_accuracy") == [n_steps], run_id
+        assert_one_point_per_validation(client, run_id, n_steps)
+    assert {"summary.json", "accuracy_vs_step.png", "train_curves.csv"} <= {a.path for a in client.list_artifacts(parent_id)}

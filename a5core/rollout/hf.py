@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from a5core import progress
 from a5core.policy import LOGPROB_CHUNK_TOKENS, load_policy, token_log_probs
 from a5core.rollout import Completion, SamplingSettings, check_prompts, resolve_dtype
 
@@ -160,11 +161,12 @@ class HFEngine:
         else:
             rng = torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
         completions: list[Completion] = []
-        with rng, torch.no_grad():
+        with rng, torch.no_grad(), progress.bar(desc="generate", total=len(expanded), unit="seq") as sequences:
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)
             for start in range(0, len(expanded), self.batch_size):
                 completions += self._generate_batch(expanded[start : start + self.batch_size], sampling)
+                sequences.update(len(completions) - sequences.n)
         groups = [completions[i * copies : (i + 1) * copies] for i in range(len(prompts))]
         return [group * sampling.n for group in groups] if sampling.greedy else groups
 

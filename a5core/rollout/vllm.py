@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from a5core import progress
 from a5core.rollout import Completion, SamplingSettings, check_prompts, resolve_dtype
 
 _VLLM_ENV = {
@@ -133,7 +134,7 @@ class VLLMEngine:
         token_prompts = [
             {"prompt_token_ids": ids} for ids in self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
         ]
-        outputs = self.llm.generate(token_prompts, self._sampling_params(sampling), use_tqdm=False)
+        outputs = self.llm.generate(token_prompts, self._sampling_params(sampling), use_tqdm=progress.enabled())
         groups = []
         for output in outputs:
             completions = [self._completion(c, sampling.logprobs) for c in output.outputs]

@@ -1,0 +1,269 @@
+"""Bad input at the command line: each mistake ends the flow's CLI with one readable message naming what
+and where (file and line, field, path, step), on stderr with a non-zero exit status, not a traceback.
+
+Most cases call a flow's ``main(argv)`` in-process: input errors are found before any engine or flow
+run starts (each flow's ``check_inputs``), and flows.cli.cli_main turns them into ``SystemExit(message)``
+(exit status 1, the message on stderr); bad parameter values exit 2 through argparse. The NaN-loss cases
+run a real flow: the loop stops at the bad step with the previous steps logged and their checkpoint
+intact. One case of each kind also runs as ``python -m flows.X`` to see exactly what a user sees.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+import flows.baseline_eval
+import flows.expert_iteration
+import flows.grpo
+import flows.sft_experiment
+from a5core.data import Trace, write_jsonl_atomic
+from a5core.prompts import load_prompt
+from test_flow_resume import cli_flags, flow_env, steps  # noqa: F401  (flow_env: a fixture)
+
+REPO = Path(__file__).resolve().parents[1]
+MAINS = {"grpo": flows.grpo.main, "expert_iteration": flows.expert_iteration.main,
+         "sft_experiment": flows.sft_experiment.main, "baseline_eval": flows.baseline_eval.main}
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def math_record(i: int) -> dict:
+    return {"unique_id": f"test/{i}.json", "problem": f"What is {i} + 1?", "solution": f"It is $\\boxed{{{i + 1}}}$.",
+            "answer": str(i + 1), "level": "Level 1", "type": "Prealgebra"}
+
+
+def trace_record(i: int) -> dict:
+    template = load_prompt("r1_zero")
+    return asdict(Trace(template.format(f"What is {i} + 1?"), f" {i} + 1 = {i + 1} </think> <answer> {i + 1} </answer>",
+                        str(i + 1)))
+
+
+@pytest.fixture
+def inputs(tiny_lm_dir, tmp_path) -> dict[str, str]:
+    """Good input files, for the arguments a case does not break."""
+    write_jsonl_atomic(tmp_path / "math.jsonl", [math_record(i) for i in range(8)])
+    write_jsonl_atomic(tmp_path / "traces.jsonl", [trace_record(i) for i in range(8)])
+    return {"model": str(tiny_lm_dir), "math": str(tmp_path / "math.jsonl"), "traces": str(tmp_path / "traces.jsonl")}
+
+
+def flags(flow: str, inputs: dict[str, str], tmp_path: Path, **overrides) -> list[str]:
+    """A small valid command line for ``flow``; ``overrides`` replace (or add) parameters."""
+    common = {"model": inputs["model"], "backend": "hf", "output_dir": str(tmp_path / "out"),
+              "metrics_path": str(tmp_path / "metrics.json"), "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    per_flow = {
+        "grpo": {"train_data": inputs["math"], "validation_data": inputs["math"], "n_grpo_steps": 2,
+                 "rollout_batch_size": 4, "group_size": 2, "train_batch_size": 4, "gradient_accumulation_steps": 2,
+                 "max_tokens": 12},
+        "expert_iteration": {"train_data": inputs["math"], "validation_data": inputs["math"], "n_ei_steps": 1,
+                             "questions_per_step": 2, "rollouts_per_question": 2, "batch_size": 2, "microbatch_size": 2,
+                             "max_tokens": 12},
+        "sft_experiment": {"train_data": inputs["traces"], "filtered_data": None, "sizes": ["full"],
+                           "validation_data": inputs["math"], "batch_size": 2, "microbatch_size": 2, "max_tokens": 12},
+        "baseline_eval": {"data": inputs["math"], "max_tokens": 12},
+    }[flow]
+    return cli_flags(**{**common, **per_flow, **overrides})
+
+
+def user_error(flow: str, argv: list[str]) -> str:
+    """Run ``flow``'s main, which must stop with one message (exit status 1): the message."""
+    with pytest.raises(SystemExit) as stopped:
+        MAINS[flow](argv)
+    message = stopped.value.code
+    assert isinstance(message, str), f"exit status {message!r}, expected a message"
+    assert message.startswith(f"flows.{flow}: error: ") and "\n" not in message, message
+    return message
+
+
+def parameter_error(flow: str, argv: list[str], capsys) -> str:
+    """Run ``flow``'s main with a bad parameter value: exit status 2 and one ``error:`` line on stderr."""
+    with pytest.raises(SystemExit) as stopped:
+        MAINS[flow](argv)
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error: invalid parameters: " in err, err
+    return err
+
+
+# ----------------------------------------------------------------------------------------- data files
+
+DATA_ARGUMENTS = [  # (flow, the parameter holding the file, its record kind)
+    ("grpo", "train_data", "math"), ("grpo", "validation_data", "math"),
+    ("expert_iteration", "train_data", "math"), ("expert_iteration", "validation_data", "math"),
+    ("sft_experiment", "train_data", "traces"), ("sft_experiment", "filtered_data", "traces"),
+    ("sft_experiment", "validation_data", "math"),
+    ("baseline_eval", "data", "math"),
+]
+REQUIRED_KEY = {"math": "answer", "traces": "ground_truth"}
+
+
+@pytest.mark.parametrize("flow, argument, kind", DATA_ARGUMENTS)
+@pytest.mark.parametrize("mistake", ["broken_line", "missing_file", "empty_file", "missing_key"])
+def test_a_bad_data_file_is_named_with_its_line(flow, argument, kind, mistake, inputs, tmp_path):
+    path = tmp_path / "bad.jsonl"
+    good = math_record(0) if kind == "math" else trace_record(0)
+    if mistake == "broken_line":
+        path.write_text(json.dumps(good) + "\n" + '{"problem": "What is 1 + 1?", \n')
+        expected = f"{path}:2: malformed JSON"
+    elif mistake == "missing_file":
+        expected = f"{path}: no such data file"
+    elif mistake == "empty_file":
+        path.write_text("\n")
+        expected = f"{path}: empty data file"
+    else:
+        del good[REQUIRED_KEY[kind]]
+        path.write_text(json.dumps(math_record(1) if kind == "math" else trace_record(1)) + "\n" + json.dumps(good) + "\n")
+        expected = f"{path}:2: missing key(s) '{REQUIRED_KEY[kind]}'"
+    assert expected in user_error(flow, flags(flow, inputs, tmp_path, **{argument: str(path)}))
+
+
+@pytest.mark.parametrize("spec", ["arithmetic:0:1", "arithmetic:ten:1", "arithmetic:8"])
+def test_a_bad_arithmetic_spec_is_named(spec, inputs, tmp_path):
+    message = user_error("grpo", flags("grpo", inputs, tmp_path, train_data=spec))
+    assert f"{spec}: expected arithmetic:N:DIGITS" in message
+
+
+def test_too_few_problems_for_a_grpo_step(inputs, tmp_path):
+    message = user_error("grpo", flags("grpo", inputs, tmp_path, rollout_batch_size=32, train_batch_size=32,
+                                       gradient_accumulation_steps=16))
+    assert f"train_data {inputs['math']}: 8 problems, fewer than the 16 questions a step samples" in message
+
+
+# --------------------------------------------------------------------------------- prompt, model path
+
+
+@pytest.mark.parametrize("flow", ["expert_iteration", "sft_experiment", "baseline_eval"])
+def test_a_prompt_template_without_the_question_placeholder(flow, inputs, tmp_path):
+    template = tmp_path / "mine.prompt"
+    template.write_text("Solve it. Answer: <answer>")
+    message = user_error(flow, flags(flow, inputs, tmp_path, prompt=str(template)))
+    assert f"prompt template '{template}' has no {{question}} placeholder" in message
+
+
+def test_an_unknown_prompt(inputs, tmp_path, capsys):
+    assert "no prompt template 'r2_zero'" in user_error(
+        "expert_iteration", flags("expert_iteration", inputs, tmp_path, prompt="r2_zero"))
+    assert "--prompt 'r2_zero': Input should be 'r1_zero' or 'question_only'" in parameter_error(
+        "grpo", flags("grpo", inputs, tmp_path, prompt="r2_zero"), capsys)  # GRPO: a prompt goes with its grader
+
+
+@pytest.mark.parametrize("flow", list(MAINS))
+def test_a_model_path_that_does_not_exist(flow, inputs, tmp_path):
+    missing = str(tmp_path / "no_such_model")
+    message = user_error(flow, flags(flow, inputs, tmp_path, model=missing))
+    assert f"model path '{missing}' does not exist or is not a directory" in message
+
+
+def test_a_model_folder_without_config(inputs, tmp_path):
+    (tmp_path / "empty_model").mkdir()
+    message = user_error("grpo", flags("grpo", inputs, tmp_path, model=str(tmp_path / "empty_model")))
+    assert "has no config.json; not a Hugging Face model folder" in message
+
+
+# ------------------------------------------------------------------------------------------ settings
+
+
+def test_an_unknown_loss_type(inputs, tmp_path, capsys):
+    err = parameter_error("grpo", flags("grpo", inputs, tmp_path, loss_type="ppo"), capsys)
+    assert "--loss-type 'ppo': Input should be 'no_baseline', 'reinforce_with_baseline', 'grpo_clip' or 'grpo_no_clip'" in err
+
+
+@pytest.mark.parametrize("flow, overrides, expected", [
+    ("grpo", {"train_batch_size": 6, "gradient_accumulation_steps": 4, "rollout_batch_size": 12},
+     "GRPOConfig.train_batch_size must be a multiple of gradient_accumulation_steps (4), got 6"),
+    ("grpo", {"rollout_batch_size": 6, "group_size": 4}, "GRPOConfig.rollout_batch_size must be a multiple of group_size (4)"),
+    ("grpo", {"rollout_batch_size": 4, "train_batch_size": 8, "gradient_accumulation_steps": 2},
+     "GRPOConfig.rollout_batch_size must be a multiple of train_batch_size (8)"),
+    ("grpo", {"ablation": "grpo_off_policy_sweep", "sweep_train_batch_sizes": [3]}, "must be a multiple of"),
+    ("sft_experiment", {"batch_size": 5, "microbatch_size": 2},
+     "invalid SFT settings: SFTConfig.batch_size must be a multiple of microbatch_size (2), got 5"),
+    ("expert_iteration", {"batch_size": 5, "microbatch_size": 2},
+     "invalid Expert Iteration settings: SFTConfig.batch_size must be a multiple of microbatch_size (2), got 5"),
+    ("expert_iteration", {"sweep": True, "sweep_epochs": [1], "sweep_rollouts_per_question": [2],
+                          "sweep_questions_per_step": [2], "batch_size": 6, "microbatch_size": 4}, "batch_size"),
+])
+def test_inconsistent_batch_sizes(flow, overrides, expected, inputs, tmp_path):
+    assert expected in user_error(flow, flags(flow, inputs, tmp_path, **overrides))
+
+
+@pytest.mark.parametrize("flow, field, value", [
+    ("grpo", "n_grpo_steps", 0), ("grpo", "n_grpo_steps", -3), ("grpo", "max_tokens", 0),
+    ("grpo", "rollout_batch_size", 0), ("grpo", "learning_rate", -1e-5),
+    ("expert_iteration", "n_ei_steps", 0), ("expert_iteration", "questions_per_step", -1),
+    ("sft_experiment", "max_steps", 0), ("sft_experiment", "epochs", -1), ("sft_experiment", "sizes", [0]),
+    ("baseline_eval", "limit", 0), ("baseline_eval", "max_tokens", -2),
+])
+def test_a_zero_or_negative_budget(flow, field, value, inputs, tmp_path, capsys):
+    flag = "--" + field.replace("_", "-")
+    argv = [*flags(flow, inputs, tmp_path), f"{flag}={json.dumps(value)}"]  # "=": a value may start with "-"
+    err = parameter_error(flow, argv, capsys)
+    assert flag in err and "greater than" in err
+
+
+# ------------------------------------------------------------------------------------ what users see
+
+
+def test_the_command_line_prints_one_line_not_a_traceback(inputs, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(math_record(0)) + "\n{oops\n")
+    result = subprocess.run([sys.executable, "-m", "flows.grpo", *flags("grpo", inputs, tmp_path, train_data=str(bad))],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(f"flows.grpo: error: {bad}:2: malformed JSON")
+
+
+def test_sft_nan_loss_stops_with_the_step_named_and_the_checkpoint_intact(inputs, flow_env, tmp_path):  # noqa: F811
+    """A learning rate of 1e30 gives finite step-1 metrics and a NaN loss at step 2: the command ends with
+    the step named, step 1 is logged and checkpointed, nothing of step 2 is."""
+    from mlflow import MlflowClient
+
+    argv = flags("sft_experiment", inputs, tmp_path, learning_rate=1e30, lr_schedule="constant", eval_every=0,
+                 checkpoint_every=1)
+    result = subprocess.run([sys.executable, "-m", "flows.sft_experiment", *argv], cwd=tmp_path, env=flow_env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    (checkpoint,) = (tmp_path / "out").glob("runs-*/full/checkpoint")
+    assert (f"flows.sft_experiment: error: SFT step 2 of 8: loss nan, grad_norm nan; training stopped before the update; "
+            f"{checkpoint / 'latest'}, if written, still holds the last good step") in result.stderr.splitlines()
+    state = json.loads((checkpoint / "latest/state.json").read_text())
+    assert state["step"] == 1 and not state["finished"]
+    run_id = (checkpoint.parent / "mlflow_run_id").read_text().strip()
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert steps(client, run_id, "loss") == [1]
+    assert client.get_run(run_id).info.status == "FAILED"
+
+
+def test_grpo_nan_loss_stops_with_the_step_named_and_the_checkpoint_intact(prefect_harness, inputs, tmp_path,
+                                                                           monkeypatch, capfd):
+    """The loss turns NaN in step 2 (a patched train step): the CLI ends with that step named, no
+    traceback; step 1 is logged and checkpointed."""
+    import a5core.grpo
+    from mlflow import MlflowClient
+
+    real, calls = a5core.grpo.grpo_microbatch_train_step, []
+
+    def nan_from_step_2(*args, **kwargs):  # two micro-batches a step
+        loss, meta = real(*args, **kwargs)
+        calls.append(1)
+        return (loss * float("nan") if len(calls) > 2 else loss), meta
+
+    monkeypatch.setattr(a5core.grpo, "grpo_microbatch_train_step", nan_from_step_2)
+    message = user_error("grpo", flags("grpo", inputs, tmp_path, n_grpo_steps=3, eval_every=1, checkpoint_every=1,
+                                       val_subset=2, val_limit=2))
+    (checkpoint,) = (tmp_path / "out").glob("runs-*/single/checkpoint")
+    assert message.startswith("flows.grpo: error: GRPO step 2 of 3 (epoch 0, optimizer step 0): loss nan, grad_norm ")
+    assert message.endswith(f"training stopped before the update; {checkpoint / 'latest'}, if written, still holds "
+                            "the last good step")
+    assert "Traceback" not in capfd.readouterr().err
+    state = json.loads((checkpoint / "latest/state.json").read_text())
+    assert state["step"] == 1 and not state["finished"]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run_id = (checkpoint.parent / "mlflow_run_id").read_text().strip()
+    assert steps(client, run_id, "reward_mean") == [1] and steps(client, run_id, "val_accuracy") == [0, 1]
