@@ -40,6 +40,8 @@ from flows.cli import cli_main, parse_params
 from tasks.tracking import DEFAULT_TRACKING_URI
 
 NOT_RUN = "not run"
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 CATEGORY_MEANING = {
     "format1_answer1": "formatted, correct",
     "format1_answer0": "formatted, wrong answer",
@@ -402,6 +404,8 @@ def build_report(params: ReportParams) -> dict[str, Any]:
             write_text_atomic(built / name, text)
         write_text_atomic(built / "report.md", to_markdown(params.title, page))
         write_text_atomic(built / "report.html", to_html(params.title, page, built / "figures"))
+        for folder in (built, built / "figures"):
+            os.chmod(folder, 0o777 & ~_UMASK)  # mkdtemp makes 0700; give the folder the usual permissions
         swap_in(built, out)
     except BaseException:
         shutil.rmtree(built, ignore_errors=True)

@@ -125,6 +125,7 @@ def test_missing_stages_say_not_run_and_a_rerun_replaces_the_folder(prefect_harn
     project(tmp_path)
     report(ReportParams(log_to_mlflow=False))
     assert (tmp_path / "outputs/report/figures/grpo_accuracy_vs_step.png").is_file()
+    assert (tmp_path / "outputs/report").stat().st_mode & 0o777 == (tmp_path / "outputs/grpo").stat().st_mode & 0o777
 
     for stale in ("metrics/sft_experiment.json", "metrics/sft_data.json", "metrics/grpo.json", "outputs/grpo/accuracy_vs_step.png",
                   "outputs/baseline_eval/report.md"):
