@@ -27,7 +27,8 @@ test: setup
 # The DVC pipeline with params.yaml's `profile` set to $(PROFILE) (cpu: the small version for 2 cores).
 pipeline: setup
 	dvc exp run -S profile=$(PROFILE)
-	@echo; echo "results:  outputs/baseline_eval/ (records.jsonl, summary.json, report.md), metrics/baseline_eval.json"
+	@echo; echo "report:   outputs/report/report.md and report.html (every stage on one page)"
+	@echo "results:  outputs/baseline_eval/ (records.jsonl, summary.json, report.md), metrics/baseline_eval.json"
 	@echo "MLflow:   mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1   (experiment baseline_eval)"
 
 bench-grading: setup

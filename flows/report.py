@@ -430,7 +430,7 @@ def log_report_run(params: ReportParams, result: dict[str, Any]) -> str:
 
 
 @flow(name="report")
-def report(params: ReportParams) -> dict:
+def report(params: ReportParams = ReportParams()) -> dict:
     """The pipeline's one-page report (markdown + self-contained HTML), logged to MLflow."""
     result = build_report(params)
     result["mlflow_run_id"] = log_report_run(params, result) if params.log_to_mlflow else None
