@@ -30,6 +30,7 @@ csv and a summary table (setting → final accuracy, format rate, wall seconds) 
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections import Counter
@@ -49,8 +50,10 @@ from a5core.policy import load_policy
 from a5core.prompts import load_prompt
 from a5core.rollout import Engine, SamplingSettings, make_engine
 from tasks.engines import start_engine
+from tasks.fanout import run_children_on_ray
 from tasks.tracking import DEFAULT_TRACKING_URI, log_params_flat
 from tasks.training import (
+    RUN_KEY_IGNORED,
     TRAINING_REWARD_FNS,
     load_problem_set,
     log_comparison,
@@ -108,6 +111,11 @@ class GRPOParams(BaseModel):
     checkpoint_every: int = Field(10, ge=0)
     seed: int = Field(0)
     ablation: AblationName | None = Field(None, description="run this ablation instead of one run")
+    runner: Literal["local", "ray"] = Field("local", description="an ablation's children: one after another here "
+                                            "(one shared engine), or in parallel on Ray (an engine each)")
+    ray_address: str | None = Field(None, description="runner ray: None starts a local Ray; or ray://host:10001")
+    ray_gpus_per_child: float = Field(1.0, ge=0, description="runner ray: GPUs each child reserves")
+    ray_cpus_per_child: float = Field(1.0, ge=0, description="runner ray: CPUs each child reserves")
     sweep_learning_rates: list[float] = Field([3e-6, 1e-5, 3e-5, 1e-4], description="grpo_lr_sweep")
     sweep_epochs_per_rollout_batch: list[int] = Field([2, 4], description="grpo_off_policy_sweep")
     sweep_train_batch_sizes: list[int] = Field([128, 64], description="grpo_off_policy_sweep")
@@ -221,7 +229,7 @@ def run_grpo(name: str, params: GRPOParams, engine: Engine, parent_run_id: str |
     """One GRPO run in its own resumable MLflow run; returns its summary row, curve and trends."""
     import torch
 
-    run_dir = Path(params.output_dir) / f"runs-{params_key(params)}" / name
+    run_dir = Path(params.output_dir) / f"runs-{run_key(params)}" / name
     if (run_dir / "done.json").is_file():
         return json.loads((run_dir / "done.json").read_text())
     config = grpo_config(params, str(run_dir / "checkpoint"))
@@ -276,17 +284,34 @@ def _report(params: GRPOParams, rows: list[dict], title: str) -> tuple[list[dict
     return summary, paths
 
 
+def run_key(params: GRPOParams) -> str:
+    """The folder key of a run: its parameters, less where results go and how children are scheduled."""
+    return params_key(params, ignore=(*RUN_KEY_IGNORED, "runner", "ray_address", "ray_gpus_per_child", "ray_cpus_per_child"))
+
+
+def _run_with_own_engine(setting: str, params: GRPOParams, parent_run_id: str) -> dict:
+    """One child on a Ray worker: engines are process-local, so it starts its own."""
+    return run_grpo.fn(setting, params, _make_engine(params), parent_run_id)
+
+
 def run_ablation(name: str, params: GRPOParams) -> dict:
     """Ablation ``name`` as a parent MLflow run with one child run per setting; resumable."""
     import mlflow
 
     children = ablation_settings(name, params)
-    engine = _make_engine(params)
     parent_params = params.model_copy(update={"ablation": name})
-    run_id_file = Path(params.output_dir) / f"runs-{params_key(parent_params)}" / "mlflow_run_id"
+    run_id_file = Path(params.output_dir) / f"runs-{run_key(parent_params)}" / "mlflow_run_id"
     with start_resumable_run(run_id_file, params.experiment, name, params.tracking_uri) as parent:
         log_params_flat(parent_params.model_dump())
-        rows = [run_grpo(setting, child, engine, parent.info.run_id) for setting, child in children.items()]
+        if params.runner == "ray":
+            rows = run_children_on_ray(
+                children, functools.partial(_run_with_own_engine, parent_run_id=parent.info.run_id),
+                address=params.ray_address, gpus_per_child=params.ray_gpus_per_child,
+                cpus_per_child=params.ray_cpus_per_child,
+            )
+        else:
+            engine = _make_engine(params)
+            rows = [run_grpo(setting, child, engine, parent.info.run_id) for setting, child in children.items()]
         summary, paths = _report(params, rows, f"GRPO {ABLATIONS[name][0]} ablation: validation accuracy")
         mlflow.set_tag("ablation", name)
     return {"summary": summary, "paths": paths, "mlflow_run_id": parent.info.run_id}

@@ -44,7 +44,10 @@ def start_resumable_run(run_id_file: Path, experiment: str, run_name: str, track
     return run
 
 
-def params_key(params: Any, ignore: tuple[str, ...] = ("output_dir", "metrics_path", "experiment", "tracking_uri")) -> str:
+RUN_KEY_IGNORED = ("output_dir", "metrics_path", "experiment", "tracking_uri")  # where results go, not what runs
+
+
+def params_key(params: Any, ignore: tuple[str, ...] = RUN_KEY_IGNORED) -> str:
     """A short hash of a flow's parameters: runs with other settings get other folders (and MLflow runs),
     so a resumed run never picks up a checkpoint or a 'done' marker written under different settings."""
     import hashlib

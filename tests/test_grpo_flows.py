@@ -85,3 +85,21 @@ def test_every_ablation_builds_valid_settings():
 def test_cli_refuses_a_bad_combination_before_starting(argv, message, capsys):
     with pytest.raises(SystemExit, match=message):
         main(argv)
+
+
+def test_an_ablation_fans_its_children_out_over_ray(prefect_harness, tiny_lm_dir, tmp_path):
+    """runner ray: the two children run at the same time on a local Ray instance, each with its own
+    engine, and land in MLflow exactly as the local runner's do."""
+    import mlflow
+
+    params = tiny_params(tmp_path, tiny_lm_dir, eval_every=0, runner="ray", ray_gpus_per_child=0)
+    result = grpo_baseline_ablation(params)
+    assert [r["setting"] for r in result["summary"]] == ["no_baseline", "reinforce_with_baseline"]
+    mlflow.set_tracking_uri(params.tracking_uri)
+    runs = mlflow.search_runs(experiment_names=["grpo"])
+    children = runs[runs["tags.mlflow.parentRunId"] == result["mlflow_run_id"]]
+    assert sorted(children["params.loss_type"]) == ["no_baseline", "reinforce_with_baseline"]
+    assert set(children["status"]) == {"FINISHED"}
+    first, second = children.sort_values("start_time").to_dict("records")
+    assert second["start_time"] < first["end_time"], "the children did not overlap"
+    assert (tmp_path / "out/accuracy_vs_step.png").is_file()
