@@ -1,0 +1,102 @@
+"""Serve every flow as a Prefect deployment: start any of them from the Prefect UI with a validated form.
+
+    prefect server start --host 127.0.0.1          # the API and UI on http://127.0.0.1:4200
+    python -m flows.serve                          # from the repository root, in a second terminal
+    python -m flows.serve --config params.yaml     # the forms' defaults from params.yaml (and its profile)
+
+Each flow module's ``@flow`` objects become one deployment named ``a5`` (``baseline_eval/a5``,
+``grpo/a5``, ``grpo_lr_sweep/a5``, ...). A flow takes one pydantic parameter model, so the UI's "Run"
+form has a field per parameter with its description, and the server rejects values the model rejects
+(deployments enforce their parameter schema). Runs execute in subprocesses of this process, in its
+working directory: relative paths (``outputs/``, ``sqlite:///mlflow.db``, ``../shared/data``) mean
+what they mean on the command line. ``--limit`` (default 1) runs at most that many flows at once, since
+each wants the whole GPU. Ctrl-C stops serving.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import pkgutil
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEPLOYMENT = "a5"
+DEFAULT_API_URL = "http://127.0.0.1:4200/api"
+NOT_FLOW_MODULES = {"cli", "serve"}
+
+
+def discover_flows() -> dict[str, Any]:
+    """Every ``@flow`` object defined in a module of the ``flows`` package, by flow name."""
+    from prefect import Flow
+
+    import flows
+
+    found: dict[str, Any] = {}
+    for module_info in pkgutil.iter_modules(flows.__path__):
+        if module_info.name in NOT_FLOW_MODULES:
+            continue
+        module = importlib.import_module(f"flows.{module_info.name}")
+        for value in vars(module).values():
+            if isinstance(value, Flow) and value.fn.__module__ == module.__name__:
+                found[value.name] = value
+    return dict(sorted(found.items()))
+
+
+def params_model(flow: Any) -> tuple[str, type]:
+    """The flow's single parameter and its pydantic model."""
+    (name,) = flow.parameters.properties
+    return name, typing.get_type_hints(flow.fn)[name]
+
+
+def config_defaults(flow: Any, config: Path) -> dict[str, Any]:
+    """Deployment parameters from ``config``'s section for this flow and its selected profile's overrides,
+    as ``--config`` reads them on the command line (ablations read ``grpo``; no section: the model's defaults)."""
+    from flows.cli import parse_params
+
+    name, model = params_model(flow)
+    section = "grpo" if flow.name.startswith("grpo_") else flow.name
+    document = yaml.safe_load(config.read_text()) or {}
+    if section not in document:
+        return {}
+    params = parse_params(model, section, ["--config", str(config)])
+    if "ablation" in model.model_fields and flow.name != "grpo":
+        params = params.model_copy(update={"ablation": None})  # the flow itself is the ablation
+    return {name: params.model_dump(mode="json")}
+
+
+def deployments(config: Path | None = None) -> list[Any]:
+    """One deployment per flow; entrypoints are module paths (``flows.grpo.grpo_lr_sweep``), valid from any directory."""
+    from prefect.types.entrypoint import EntrypointType
+
+    result = []
+    for flow in discover_flows().values():
+        parameters = config_defaults(flow, config) if config is not None else {}
+        result.append(flow.to_deployment(name=DEPLOYMENT, parameters=parameters, description=flow.description,
+                                         tags=["a5"], entrypoint_type=EntrypointType.MODULE_PATH))
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--api-url", default=os.environ.get("PREFECT_API_URL") or DEFAULT_API_URL,
+                        help=f"Prefect API (default: $PREFECT_API_URL, else {DEFAULT_API_URL})")
+    parser.add_argument("--config", type=Path, help="take each form's defaults from this params file's sections")
+    parser.add_argument("--limit", type=int, default=1, help="flow runs at once (default: 1)")
+    args = parser.parse_args(argv)
+    if args.config is not None and not args.config.is_file():
+        parser.error(f"--config {args.config}: no such file")
+    os.environ["PREFECT_API_URL"] = args.api_url  # before prefect is imported: the runs' subprocesses inherit it
+
+    from prefect import serve
+
+    serve(*deployments(args.config), limit=args.limit)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,114 @@
+"""What a user sees: a flow run shows up in the MLflow UI and in the Prefect UI, checked in headless Chromium.
+
+The MLflow UI (``mlflow ui``) and the Prefect server (``prefect server start``) run on 127.0.0.1 at free
+ports; a tiny ``baseline_eval`` logs to both; Chromium (Debian's ``chromium`` and ``chromium-driver``,
+which .ci/run installs) opens the experiment page and the flow runs page, waits for the run's name and
+saves screenshots (also copied to outputs/screenshots/)."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from servers import background, listening_addresses, mlflow_ui, quiet_env, running_prefect_server, wait_http
+
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+SCREENSHOTS = Path(__file__).resolve().parents[1] / "outputs" / "screenshots"
+WAIT_S = 60
+
+pytestmark = pytest.mark.skipif(not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
+                                reason="needs Debian's chromium and chromium-driver (.ci/run installs them)")
+
+
+@pytest.fixture(scope="module")
+def uis(tmp_path_factory):
+    """The Prefect server and the MLflow UI (over an sqlite store in tmp), started side by side."""
+    tmp = tmp_path_factory.mktemp("uis")
+    tracking_uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    mlflow_cmd, mlflow_port = mlflow_ui(tracking_uri, tmp / "mlruns")
+    with contextlib.ExitStack() as stack:
+        mlflow = stack.enter_context(background([*mlflow_cmd, "--workers", "1"], tmp / "mlflow.log", quiet_env(tmp), cwd=tmp))
+        prefect = stack.enter_context(running_prefect_server(tmp))  # starts while the MLflow UI starts
+        mlflow_url = f"http://127.0.0.1:{mlflow_port}"
+        wait_http(f"{mlflow_url}/health", mlflow, tmp / "mlflow.log")
+        yield {"tmp": tmp, "prefect": prefect["ui"], "mlflow": mlflow_url, "tracking_uri": tracking_uri,
+               "ports": (prefect["port"], mlflow_port)}
+
+
+@pytest.fixture(scope="module")
+def browser(uis):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
+                "--no-first-run", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+                "--window-size=1400,1000", f"--user-data-dir={uis['tmp'] / 'chromium-profile'}"):
+        options.add_argument(arg)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SE_AVOID_STATS", "true")  # Selenium Manager: no usage statistics (it is not needed: paths are given)
+        driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER), log_output=str(uis["tmp"] / "chromedriver.log")))
+    try:
+        driver.set_page_load_timeout(WAIT_S)
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait_for_text(driver, text: str, shot: Path) -> None:
+    """Wait until an element of the page shows ``text``; screenshot either way (the failure's is the clue)."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    try:
+        WebDriverWait(driver, WAIT_S, poll_frequency=0.5).until(
+            EC.visibility_of_element_located((By.XPATH, f"//*[contains(normalize-space(text()), '{text}')]")))
+    except TimeoutException:
+        driver.save_screenshot(str(shot.with_suffix(".failed.png")))
+        raise AssertionError(f"{text!r} not shown at {driver.current_url} within {WAIT_S} s; page text:\n"
+                             f"{driver.find_element(By.TAG_NAME, 'body').text[:2000]}") from None
+    driver.save_screenshot(str(shot))
+
+
+def test_a_flow_run_shows_in_the_mlflow_and_prefect_uis(uis, browser, tiny_lm_dir, shared_data):
+    import mlflow
+
+    tmp, api = uis["tmp"], f"{uis['prefect']}/api"
+    assert [listening_addresses(port) for port in uis["ports"]] == [{"127.0.0.1"}] * 2
+    # the command line a user runs with PREFECT_API_URL pointing at the server; artifacts under tmp/mlruns
+    subprocess.run([sys.executable, "-m", "flows.baseline_eval", "--model", str(tiny_lm_dir), "--backend", "hf",
+                    "--data", str(shared_data / "math/validation.jsonl"), "--limit", "2", "--max-tokens", "8",
+                    "--output-dir", str(tmp / "out"), "--metrics-path", "null", "--tracking-uri", uis["tracking_uri"]],
+                   cwd=tmp, env=quiet_env(tmp, PREFECT_API_URL=api), check=True, timeout=300, capture_output=True)
+    flow_runs = httpx.post(f"{api}/flow_runs/filter", json={}, timeout=10).json()
+    assert [(r["state_type"], r["parameters"]["params"]["limit"]) for r in flow_runs] == [("COMPLETED", 2)]
+    flow_run = flow_runs[0]
+    client = mlflow.MlflowClient(uis["tracking_uri"])
+    (run,) = client.search_runs([client.get_experiment_by_name("baseline_eval").experiment_id])
+
+    shots = tmp / "screenshots"
+    shots.mkdir()
+    try:
+        browser.get(f"{uis['mlflow']}/#/experiments/{run.info.experiment_id}/runs?workflowType=machine_learning")
+        wait_for_text(browser, run.info.run_name, shots / "mlflow_experiment.png")
+        browser.get(f"{uis['mlflow']}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}")
+        wait_for_text(browser, "accuracy", shots / "mlflow_run.png")
+        browser.get(f"{uis['prefect']}/runs")
+        wait_for_text(browser, flow_run["name"], shots / "prefect_flow_runs.png")
+        browser.get(f"{uis['prefect']}/runs/flow-run/{flow_run['id']}")
+        wait_for_text(browser, "Completed", shots / "prefect_flow_run.png")
+        wait_for_text(browser, "start_engine", shots / "prefect_flow_run.png")  # its task runs' logs
+    finally:
+        with contextlib.suppress(OSError):  # for people to look at; outputs/ is git-ignored
+            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+            for shot in shots.glob("*.png"):
+                shutil.copy2(shot, SCREENSHOTS / shot.name)
+    assert all(shot.stat().st_size > 10_000 for shot in shots.glob("*.png"))

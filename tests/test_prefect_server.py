@@ -1,0 +1,100 @@
+"""Flows as users drive them from the Prefect UI: a real ``prefect server start --host 127.0.0.1``, the
+deployments ``python -m flows.serve`` registers, a run triggered through the API, engine-start retries.
+
+(That re-running a flow with unchanged inputs generates nothing is tests/test_baseline_flow.py's.)"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import httpx
+import pytest
+from servers import background, listening_addresses, log_tail, running_prefect_server
+
+EXPECTED_FLOWS = {
+    "baseline_eval", "sft_experiment", "expert_iteration", "grpo", "grpo_lr_sweep", "grpo_baseline_ablation",
+    "grpo_length_norm_ablation", "grpo_std_norm_ablation", "grpo_off_policy_sweep", "grpo_clip_ablation",
+    "grpo_prompt_ablation",
+}
+
+
+@pytest.fixture(scope="module")
+def prefect_api(tmp_path_factory):
+    with running_prefect_server(tmp_path_factory.mktemp("prefect_server")) as server:
+        yield server
+
+
+def test_server_listens_on_loopback_only(prefect_api):
+    assert listening_addresses(prefect_api["port"]) == {"127.0.0.1"}
+
+
+def test_a_served_deployment_runs_from_the_api(prefect_api, tiny_lm_dir, shared_data, tmp_path):
+    import mlflow
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    url = prefect_api["url"]
+    serve_log = tmp_path / "serve.log"
+    env = {**prefect_api["env"], "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
+    config = tmp_path / "params.yaml"  # the forms' defaults: a section, overridden by the selected profile's
+    config.write_text("profile: small\nbaseline_eval: {limit: 3, max_tokens: 64}\nprofiles: {small: {baseline_eval: {max_tokens: 5}}}\n")
+    with background([sys.executable, "-m", "flows.serve", "--config", str(config)], serve_log, env, cwd=tmp_path) as serve:
+        deadline, waiting = time.monotonic() + 90, set(EXPECTED_FLOWS)
+        while waiting:  # serve registers the deployments one by one
+            assert serve.poll() is None and time.monotonic() < deadline, f"not served: {waiting}\n{log_tail(serve_log)}"
+            waiting = {f for f in waiting if httpx.get(f"{url}/deployments/name/{f}/a5", timeout=5).status_code != 200}
+            time.sleep(0.5)
+        deployment = httpx.get(f"{url}/deployments/name/baseline_eval/a5", timeout=5).json()
+        assert deployment["enforce_parameter_schema"] and deployment["entrypoint"] == "flows.baseline_eval.baseline_eval"
+        fields = deployment["parameter_openapi_schema"]["definitions"]["BaselineEvalParams"]["properties"]
+        assert {"model", "limit", "temperature", "max_tokens"} <= set(fields)  # the UI's form: a field per parameter
+        defaults = deployment["parameters"]["params"]
+        assert (defaults["limit"], defaults["max_tokens"], defaults["temperature"]) == (3, 5, 1.0)
+
+        params = {
+            "model": str(tiny_lm_dir), "backend": "hf", "data": str(shared_data / "math/validation.jsonl"), "limit": 2,
+            "max_tokens": 8, "output_dir": str(tmp_path / "out"), "metrics_path": str(tmp_path / "metrics.json"),
+            "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        }
+        with temporary_settings({PREFECT_API_URL: url}):
+            with pytest.raises(Exception, match="temperature|minimum|Validation"):
+                run_deployment("baseline_eval/a5", parameters={"params": {**params, "temperature": -1}}, timeout=0)
+            flow_run = run_deployment("baseline_eval/a5", parameters={"params": params}, timeout=150, poll_interval=1)
+        assert flow_run.state is not None and flow_run.state.is_completed(), f"{flow_run.state}\n{log_tail(serve_log)}"
+
+    out = tmp_path / "out"
+    assert len((out / "records.jsonl").read_text().splitlines()) == 2
+    assert json.loads((out / "summary.json").read_text())["n_records"] == 2
+    assert (out / "report.md").is_file() and (tmp_path / "metrics.json").is_file()
+    runs = mlflow.MlflowClient(params["tracking_uri"]).search_runs(
+        [mlflow.MlflowClient(params["tracking_uri"]).get_experiment_by_name("baseline_eval").experiment_id])
+    assert len(runs) == 1 and runs[0].data.metrics["n_records"] == 2
+    task_runs = httpx.post(f"{url}/task_runs/filter", json={"flow_runs": {"id": {"any_": [str(flow_run.id)]}}}, timeout=10).json()
+    assert {"load_problems", "generate", "start_engine", "grade"} <= {t["task_key"].split("-")[0] for t in task_runs} | {
+        t["name"].rsplit("-", 1)[0] for t in task_runs}
+
+
+def test_engine_start_is_retried_twice(prefect_harness):
+    from prefect import flow
+
+    from tasks.engines import start_engine
+
+    calls = []
+
+    def flaky(model, backend, dtype="auto", failures=2):
+        calls.append((model, backend, dtype))
+        if len(calls) <= failures:
+            raise RuntimeError("address already in use")
+        return f"engine {model} {backend} {dtype}"
+
+    @flow
+    def start(failures: int) -> str:
+        return start_engine.with_options(retry_delay_seconds=0)(flaky, "m", "hf", dtype="float32", failures=failures)
+
+    assert start(2) == "engine m hf float32" and calls == [("m", "hf", "float32")] * 3
+    calls.clear()
+    with pytest.raises(RuntimeError, match="address already in use"):
+        start(3)
+    assert len(calls) == 3
