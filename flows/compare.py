@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
 from a5core.data import write_text_atomic
 from flows.cli import cli_main, parse_params
@@ -55,7 +55,8 @@ class CompareParams(BaseModel):
     runs: list[str] = Field([], description="run ids to compare (comma-separated on the command line)")
     experiment: str | None = Field(None, description="compare the runs of this experiment (when no run ids are given)")
     filter: str | None = Field(None, description="MLflow search filter for --experiment, e.g. \"params.loss_type = 'grpo_clip'\"")
-    parent: str | None = Field(None, description="compare the child runs of this parent run (an ablation or sweep)")
+    parent: str | None = Field(None, validate_default=True,
+                               description="compare the child runs of this parent run (an ablation or sweep)")
     max_runs: int = Field(50, gt=0, description="most runs taken from a search (newest first)")
     metrics: list[str] | None = Field(None, description=f"final metrics in the table (None: those of {list(DEFAULT_METRICS)} some run has)")
     plot_metrics: list[str] = Field(list(DEFAULT_PLOT_METRICS), description="metrics plotted against step, where runs have them")
@@ -69,13 +70,16 @@ class CompareParams(BaseModel):
     def _split(cls, value: Any) -> Any:
         return _names(value)
 
-    @model_validator(mode="after")
-    def _one_selection(self) -> "CompareParams":
-        if sum(bool(x) for x in (self.runs, self.experiment, self.parent)) != 1:
+    @field_validator("parent")
+    @classmethod
+    def _one_selection(cls, parent: str | None, info: ValidationInfo) -> str | None:
+        # On the last selection field (validated after runs, experiment, filter; default included), so the
+        # error names a field as the CLI and the UI expect.
+        if sum(bool(x) for x in (info.data.get("runs"), info.data.get("experiment"), parent)) != 1:
             raise ValueError("give exactly one of runs, experiment or parent")
-        if self.filter and not self.experiment:
+        if info.data.get("filter") and not info.data.get("experiment"):
             raise ValueError("filter applies to experiment; give experiment too")
-        return self
+        return parent
 
 
 # ----------------------------------------------------------------------------------- gathering

@@ -118,8 +118,9 @@ def test_params_take_comma_lists_and_one_selection():
             CompareParams(**bad)
 
 
-def test_cli_says_what_is_wrong(tmp_path, prefect_harness):
+def test_cli_says_what_is_wrong(tmp_path, prefect_harness, capsys):
     with pytest.raises(SystemExit, match="no MLflow experiment named 'missing'"):
         main(["--experiment", "missing", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--log-to-mlflow", "false"])
     with pytest.raises(SystemExit):
         main(["--runs", "a", "--parent", "b"])
+    assert "give exactly one of runs, experiment or parent" in capsys.readouterr().err
