@@ -119,7 +119,11 @@ def parse_params(model: type[Params], section: str, argv: list[str] | None = Non
     try:
         return model(**values)
     except ValidationError as e:
-        problems = "; ".join(
-            f"--{str(error['loc'][0]).replace('_', '-')}{''.join(f'[{i}]' for i in error['loc'][1:] if isinstance(i, int))} "
-            f"{error.get('input')!r}: {error['msg']}" for error in e.errors())
+        def describe(error: dict[str, Any]) -> str:
+            if not error["loc"]:  # a check across fields: no single flag to name
+                return error["msg"]
+            flag = f"--{str(error['loc'][0]).replace('_', '-')}{''.join(f'[{i}]' for i in error['loc'][1:] if isinstance(i, int))}"
+            return f"{flag} {error.get('input')!r}: {error['msg']}"
+
+        problems = "; ".join(describe(error) for error in e.errors())
         parser.exit(2, f"{parser.prog}: error: invalid parameters: {problems}\n")  # no usage: the flag is named

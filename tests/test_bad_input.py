@@ -267,3 +267,24 @@ def test_grpo_nan_loss_stops_with_the_step_named_and_the_checkpoint_intact(prefe
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     run_id = (checkpoint.parent / "mlflow_run_id").read_text().strip()
     assert steps(client, run_id, "reward_mean") == [1] and steps(client, run_id, "val_accuracy") == [0, 1]
+
+
+def test_a_check_across_fields_is_reported_without_a_flag(capsys):
+    from pydantic import BaseModel, model_validator
+
+    from flows.cli import parse_params
+
+    class Ranged(BaseModel):
+        low: int = 1
+        high: int = 2
+
+        @model_validator(mode="after")
+        def ordered(self):
+            if self.low > self.high:
+                raise ValueError("low must not exceed high")
+            return self
+
+    with pytest.raises(SystemExit) as exit_:
+        parse_params(Ranged, "ranged", ["--low", "5"])
+    assert exit_.value.code == 2
+    assert "invalid parameters: Value error, low must not exceed high" in capsys.readouterr().err

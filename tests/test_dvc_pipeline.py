@@ -59,3 +59,22 @@ def test_dvc_repro_then_nothing_to_do(tmp_path, tiny_lm_dir, shared_data):
     assert (repo / "outputs/report/figures/grpo_accuracy_vs_step.png").is_file() and (repo / "outputs/report/report.html").is_file()
     second = repro()
     assert "Running stage" not in second and "up to date" in second
+
+    def dvc(*args):
+        result = subprocess.run(["dvc", *args], cwd=repo, env=env, capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout
+
+    # The learning curves render (`dvc plots show`), and a local remote round-trips every cached output.
+    dvc("plots", "show", "-o", str(tmp_path / "plots"))
+    assert (tmp_path / "plots/index.html").stat().st_size > 0
+    dvc("remote", "add", "-d", "local", str(tmp_path / "remote"))
+    dvc("push")
+    records = (repo / "outputs/baseline_eval/records.jsonl").read_bytes()
+    shutil.rmtree(repo / ".dvc/cache")
+    (repo / "outputs/baseline_eval/records.jsonl").unlink()
+    (repo / "data/sft/math_solutions.jsonl").unlink()
+    dvc("pull")
+    assert (repo / "outputs/baseline_eval/records.jsonl").read_bytes() == records
+    assert (repo / "data/sft/math_solutions.jsonl").stat().st_size > 0
+    assert "Running stage" not in repro()  # what was pulled is what the pipeline made
