@@ -15,6 +15,7 @@ not a traceback. ``A5_TRACEBACK=1`` shows the traceback instead.
 from __future__ import annotations
 
 import argparse
+import errno
 import functools
 import logging
 import os
@@ -29,6 +30,7 @@ from a5core.checkpoint import CheckpointMismatchError, NonFiniteLossError
 from a5core.data import DataError
 from a5core.models import ModelResolutionError
 from a5core.prompts import PromptTemplateError
+from tasks.engines import EngineStartError
 
 Params = TypeVar("Params", bound=BaseModel)
 
@@ -37,7 +39,7 @@ Params = TypeVar("Params", bound=BaseModel)
 # listed for the reader.) Anything else is a bug and keeps its traceback.
 USER_ERRORS: tuple[type[BaseException], ...] = (
     DataError, PromptTemplateError, CheckpointMismatchError, ModelResolutionError, NonFiniteLossError,
-    FileNotFoundError, ValueError,
+    FileNotFoundError, ValueError, EngineStartError,
 )
 PROJECT_LOGGERS = ("a5core", "flows", "tasks")
 
@@ -84,6 +86,12 @@ def cli_main(prog: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
                 if _show_tracebacks():
                     raise
                 raise SystemExit(f"{prog}: error: {error}") from None
+            except OSError as error:  # a full disk: say so; atomic writes left every earlier output whole
+                if error.errno not in (errno.ENOSPC, errno.EDQUOT) or _show_tracebacks():
+                    raise
+                raise SystemExit(f"{prog}: error: no space left on the device writing {error.filename or 'an output'}; "
+                                 "outputs written before are intact (written atomically): free space and run again "
+                                 "to resume") from None
 
         return run
 

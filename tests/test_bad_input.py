@@ -288,3 +288,33 @@ def test_a_check_across_fields_is_reported_without_a_flag(capsys):
         parse_params(Ranged, "ranged", ["--low", "5"])
     assert exit_.value.code == 2
     assert "invalid parameters: Value error, low must not exceed high" in capsys.readouterr().err
+
+
+def test_a_full_disk_ends_with_one_message(capsys):
+    import errno
+
+    from flows.cli import cli_main
+
+    @cli_main("flows.example")
+    def main(argv):
+        raise OSError(errno.ENOSPC, "No space left on device", "outputs/x/records.jsonl")
+
+    with pytest.raises(SystemExit, match=r"flows.example: error: no space left on the device writing "
+                                         r"outputs/x/records.jsonl; outputs written before are intact"):
+        main([])
+
+
+def test_an_engine_that_cannot_start_ends_with_one_message(prefect_harness, monkeypatch):
+    from flows.cli import cli_main
+    from tasks.engines import start_engine
+
+    def broken_backend(model, backend, **kwargs):
+        raise RuntimeError("CUDA error: out of memory")
+
+    @cli_main("flows.example")
+    def main(argv):
+        return start_engine.with_options(retry_delay_seconds=0)(broken_backend, "some/model", "vllm", dtype="auto")
+
+    with pytest.raises(SystemExit, match=r"flows.example: error: could not start the rollout engine "
+                                         r"\(some/model, vllm, dtype=auto\): RuntimeError: CUDA error: out of memory"):
+        main([])
