@@ -51,8 +51,9 @@ from a5core.prompts import load_prompt
 from a5core.rollout import Engine, SamplingSettings, make_engine
 from tasks.engines import start_engine
 from tasks.fanout import run_children_on_ray
-from tasks.tracking import DEFAULT_TRACKING_URI, log_params_flat
+from tasks.tracking import DEFAULT_TRACKING_URI, ensure_experiment, log_params_flat
 from tasks.training import (
+    reopen_run,
     RUN_KEY_IGNORED,
     TRAINING_REWARD_FNS,
     load_problem_set,
@@ -322,11 +323,9 @@ def grpo_flow(params: GRPOParams = GRPOParams()) -> dict:
     """One GRPO run, or (``ablation`` set) that ablation."""
     if params.ablation is not None:
         return run_ablation(params.ablation, params)
-    import mlflow
-
     grpo_config(params)  # fail on a bad combination before an engine starts
     row = run_grpo("single", params, _make_engine(params), None)
-    with mlflow.start_run(run_id=row["mlflow_run_id"]):
+    with reopen_run(row["mlflow_run_id"], ensure_experiment(params.experiment, params.tracking_uri)):
         summary, paths = _report(params, [row], "GRPO: validation accuracy")
     return {"summary": summary, "paths": paths, "mlflow_run_id": row["mlflow_run_id"]}
 

@@ -26,6 +26,14 @@ from tasks.tracking import ensure_experiment, system_metrics_logging
 TRAINING_REWARD_FNS = {**REWARD_FNS, "arithmetic": arithmetic_reward_fn}
 
 
+def reopen_run(run_id: str, experiment_id: str, **kwargs: Any) -> Any:
+    """Continue run ``run_id`` of experiment ``experiment_id``. MLflow refuses to reopen a run while
+    another experiment is the process's active one (a long-lived process, e.g. a Prefect worker,
+    that ran other flows), so that experiment is made active first."""
+    mlflow.set_experiment(experiment_id=experiment_id)
+    return mlflow.start_run(run_id=run_id, **kwargs)
+
+
 def start_resumable_run(run_id_file: Path, experiment: str, run_name: str, tracking_uri: str,
                         parent_run_id: str | None = None) -> Any:
     """Start an MLflow run, or continue the one whose id ``run_id_file`` holds (a resumed training run).
@@ -35,8 +43,8 @@ def start_resumable_run(run_id_file: Path, experiment: str, run_name: str, track
     experiment_id = ensure_experiment(experiment, tracking_uri)
     system_metrics = system_metrics_logging()  # system/* metrics (CPU, memory, GPU) where psutil is installed
     if run_id_file.is_file():
-        return mlflow.start_run(run_id=run_id_file.read_text().strip(), nested=parent_run_id is not None,
-                                log_system_metrics=system_metrics)
+        return reopen_run(run_id_file.read_text().strip(), experiment_id, nested=parent_run_id is not None,
+                          log_system_metrics=system_metrics)
     tags = {"mlflow.parentRunId": parent_run_id} if parent_run_id else None
     run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name, nested=parent_run_id is not None, tags=tags,
                            log_system_metrics=system_metrics)
