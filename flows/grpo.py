@@ -269,7 +269,8 @@ def run_grpo(name: str, params: GRPOParams, engine: Engine, parent_run_id: str |
     return row
 
 
-def _make_engine(params: GRPOParams) -> Engine:
+def engine_for(params: GRPOParams) -> Engine:
+    """The run's rollout engine, started through the retried ``start_engine`` task."""
     kwargs = {"gpu_memory_utilization": params.engine_memory_fraction} if params.backend != "hf" else {}
     return start_engine(make_engine, resolve_model(params.model), params.backend, dtype=params.engine_dtype, **kwargs)
 
@@ -292,7 +293,7 @@ def run_key(params: GRPOParams) -> str:
 
 def _run_with_own_engine(setting: str, params: GRPOParams, parent_run_id: str) -> dict:
     """One child on a Ray worker: engines are process-local, so it starts its own."""
-    return run_grpo.fn(setting, params, _make_engine(params), parent_run_id)
+    return run_grpo.fn(setting, params, engine_for(params), parent_run_id)
 
 
 def run_ablation(name: str, params: GRPOParams) -> dict:
@@ -311,7 +312,7 @@ def run_ablation(name: str, params: GRPOParams) -> dict:
                 cpus_per_child=params.ray_cpus_per_child,
             )
         else:
-            engine = _make_engine(params)
+            engine = engine_for(params)
             rows = [run_grpo(setting, child, engine, parent.info.run_id) for setting, child in children.items()]
         summary, paths = _report(params, rows, f"GRPO {ABLATIONS[name][0]} ablation: validation accuracy")
         mlflow.set_tag("ablation", name)
@@ -324,7 +325,7 @@ def grpo_flow(params: GRPOParams = GRPOParams()) -> dict:
     if params.ablation is not None:
         return run_ablation(params.ablation, params)
     grpo_config(params)  # fail on a bad combination before an engine starts
-    row = run_grpo("single", params, _make_engine(params), None)
+    row = run_grpo("single", params, engine_for(params), None)
     with reopen_run(row["mlflow_run_id"], ensure_experiment(params.experiment, params.tracking_uri)):
         summary, paths = _report(params, [row], "GRPO: validation accuracy")
     return {"summary": summary, "paths": paths, "mlflow_run_id": row["mlflow_run_id"]}

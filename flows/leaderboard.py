@@ -40,7 +40,7 @@ from a5core.policy import load_policy
 from a5core.prompts import load_prompt
 from a5core.rollout import SamplingSettings
 from a5core.sft import SFTConfig, train_sft
-from flows.grpo import GRPOParams, _make_engine, grpo_config
+from flows.grpo import GRPOParams, engine_for, grpo_config
 from tasks.tracking import log_params_flat
 from tasks.training import load_problem_set, mlflow_logger, start_resumable_run, validation_hook
 
@@ -95,7 +95,7 @@ def leaderboard(params: LeaderboardParams = LeaderboardParams()) -> dict:
     if Path(params.train_data).resolve() == Path(params.validation_data).resolve():
         raise ValueError("leaderboard: train_data and validation_data are the same file; train on MATH train only")
     config = grpo_config(params, str(out / "grpo_checkpoint"))
-    engine = _make_engine(params)
+    engine = engine_for(params)
     train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
     validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
     final_problems = validation[: params.final_eval_limit]

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from a5core import progress
-from a5core.policy import LOGPROB_CHUNK_TOKENS, load_policy, token_log_probs
+from a5core.policy import LOGPROB_CHUNK_TOKENS, load_policy, pad_id_of, token_log_probs
 from a5core.rollout import Completion, SamplingSettings, check_prompts, resolve_dtype
 
 _STRIP_PREFIXES = ("module.", "_orig_mod.")  # DDP / torch.compile wrappers around a policy
@@ -112,9 +112,7 @@ class HFEngine:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.batch_size = batch_size
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        if self.pad_id is None:
-            raise ValueError("tokenizer has neither a pad nor an eos token to pad with")
+        self.pad_id = pad_id_of(tokenizer)
         eos = model.generation_config.eos_token_id
         eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
         if tokenizer.eos_token_id is not None:
