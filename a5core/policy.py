@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from a5core.lm_head_log_probs import FUSABLE_MODEL_TYPES, linear_log_probs
 from a5core.losses import compute_entropy, compute_policy_gradient_loss, masked_mean, masked_normalize
 
 LENGTH_NORMALIZATIONS = ("masked_mean", "masked_normalize")
@@ -115,12 +116,44 @@ def get_response_log_probs(
     """Per-token conditional log-probs log p(labels_t | input_ids_≤t) of a causal LM.
 
     input_ids, labels: (B, T) → {"log_probs": (B, T) fp32, "token_entropy": (B, T) fp32 if asked}.
-    Entropy carries no gradient: it is for logging.
+    Entropy carries no gradient: it is for logging. For the model types in
+    ``a5core.lm_head_log_probs.FUSABLE_MODEL_TYPES`` the (B, T, V) logits are never materialised: the
+    LM head is fused with the log-softmax (same values, a fraction of the memory).
     """
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    fusable = (getattr(model.config, "model_type", None) in FUSABLE_MODEL_TYPES
+               and isinstance(head, torch.nn.Linear) and head.bias is None)
+    if fusable:
+        return _fused_response_log_probs(model, head, input_ids, labels, return_token_entropy)
     logits = model(input_ids, use_cache=False).logits
     result = {"log_probs": token_log_probs(logits, labels)}
     if return_token_entropy:
         result["token_entropy"] = token_entropy(logits)
+    return result
+
+
+def _fused_response_log_probs(
+    model: Any, head: torch.nn.Linear, input_ids: torch.Tensor, labels: torch.Tensor, return_token_entropy: bool
+) -> dict[str, torch.Tensor]:
+    """:func:`get_response_log_probs` with the head swapped, for one call, for the fused log-softmax.
+
+    The swap happens inside the model's own forward, so wrappers that act around it (FSDP2 gathering the
+    head's weight, autocast) act on the fused head too.
+    """
+    result: dict[str, torch.Tensor] = {}
+
+    def fused_head(hidden: torch.Tensor) -> torch.Tensor:  # (B, T, H) → (B, T)
+        log_probs, entropy = linear_log_probs(hidden, head.weight, labels, with_entropy=return_token_entropy)
+        result["log_probs"] = log_probs
+        if entropy is not None:
+            result["token_entropy"] = entropy
+        return log_probs
+
+    head.forward = fused_head
+    try:
+        model(input_ids, use_cache=False)
+    finally:
+        del head.forward
     return result
 
 
