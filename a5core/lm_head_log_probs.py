@@ -9,7 +9,9 @@ each chunk's logits from the saved hidden states instead of keeping them, so at 
     log p(y_t) = h_t·w_{y_t} − logsumexp_v(h_t·w_v)
     ∂/∂logits_t = g_t · (onehot(y_t) − softmax(logits_t))
 
-Entropy (for logging) is computed from the same chunks in the forward pass, without a graph.
+Entropy (for logging) is computed from the same chunks in the forward pass, without a graph. On CUDA
+the element-wise work of a chunk (upcast, logsumexp, gather, entropy; in backward softmax and the
+one-hot difference) is compiled into fused kernels that read each (chunk, V) block once.
 :func:`a5core.policy.get_response_log_probs` uses this for the model types in ``FUSABLE_MODEL_TYPES``.
 """
 
@@ -22,24 +24,47 @@ FUSABLE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 CHUNK_TOKENS = 4096
 
 
+def _chunk_forward(logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool):
+    """logits (c, V) any float, labels (c,) → log-probs, logsumexp, entropy (c,) fp32 (entropy 0 unless asked)."""
+    logits = logits.float()
+    lse = torch.logsumexp(logits, dim=-1)
+    log_probs = logits.gather(-1, labels[:, None]).squeeze(-1) - lse
+    if with_entropy:  # H = lse − Σ p·logits
+        return log_probs, lse, lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return log_probs, lse, torch.zeros_like(lse)
+
+
+def _chunk_backward(logits: torch.Tensor, lse: torch.Tensor, labels: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """∂loss/∂logits = g · (onehot(label) − softmax(logits)), in the logits' dtype: (c, V), (c,), (c,), (c,) → (c, V)."""
+    probs = torch.exp(logits.float() - lse[:, None])
+    onehot = torch.arange(logits.shape[-1], device=logits.device)[None, :] == labels[:, None]
+    return (grad[:, None] * (onehot.float() - probs)).to(logits.dtype)
+
+
+_COMPILED: dict = {}
+
+
+def _kernel(fn, tensor: torch.Tensor):
+    """``fn`` compiled into fused kernels on CUDA (one pass over each (c, V) block), eager elsewhere."""
+    if not tensor.is_cuda:
+        return fn
+    if fn not in _COMPILED:
+        _COMPILED[fn] = torch.compile(fn, dynamic=None)
+    return _COMPILED[fn]
+
+
 class _LinearLogProbs(torch.autograd.Function):
     """hidden (N, H), weight (V, H), labels (N,) → log-probs (N,) fp32, entropy (N,) fp32 (no gradient)."""
 
     @staticmethod
     @torch.amp.custom_fwd(device_type="cuda")
     def forward(ctx, hidden, weight, labels, chunk_tokens, with_entropy):
-        n = hidden.shape[0]
-        log_probs = torch.empty(n, dtype=torch.float32, device=hidden.device)
-        logsumexp = torch.empty_like(log_probs)
-        entropy = torch.zeros_like(log_probs)
-        for start in range(0, n, chunk_tokens):
+        pieces = []
+        forward_chunk = _kernel(_chunk_forward, hidden)
+        for start in range(0, hidden.shape[0], chunk_tokens):
             rows = slice(start, start + chunk_tokens)
-            logits = (hidden[rows] @ weight.T).float()  # (c, V)
-            lse = torch.logsumexp(logits, dim=-1)
-            logsumexp[rows] = lse
-            log_probs[rows] = logits.gather(-1, labels[rows, None]).squeeze(-1) - lse
-            if with_entropy:  # H = lse − Σ p·logits
-                entropy[rows] = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+            pieces.append(forward_chunk(hidden[rows] @ weight.T, labels[rows], with_entropy))
+        log_probs, logsumexp, entropy = (torch.cat(parts) for parts in zip(*pieces))
         ctx.save_for_backward(hidden, weight, labels, logsumexp)
         ctx.chunk_tokens = chunk_tokens
         ctx.mark_non_differentiable(entropy)
@@ -52,17 +77,16 @@ class _LinearLogProbs(torch.autograd.Function):
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
+        backward_chunk = _kernel(_chunk_backward, hidden)
         for start in range(0, hidden.shape[0], ctx.chunk_tokens):
             rows = slice(start, start + ctx.chunk_tokens)
-            g = grad_log_probs[rows].float()[:, None]  # (c, 1)
-            logits = (hidden[rows] @ weight.T).float()
-            grad_logits = logits.sub_(logsumexp[rows, None]).exp_().mul_(-g)  # −g·softmax, in place
-            grad_logits.scatter_add_(-1, labels[rows, None], g)  # + g at the label
-            grad_logits = grad_logits.to(hidden.dtype)
+            logits = hidden[rows] @ weight.T  # recomputed: (c, V)
+            grad_logits = backward_chunk(logits, logsumexp[rows], labels[rows], grad_log_probs[rows].float())
+            del logits
             if need_hidden:
                 grad_hidden[rows] = grad_logits @ weight
             if need_weight:
-                grad_weight += (grad_logits.T @ hidden[rows]).float()
+                grad_weight.add_(grad_logits.T @ hidden[rows])  # accumulated in fp32 over chunks
         return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None
 
 

@@ -23,8 +23,9 @@ def device_name() -> str:
     return f"CPU {platform.processor() or platform.machine()} ({cores} cores)"
 
 
-def report(title: str, settings: str, header: list[str], rows: list[list[object]]) -> str:
-    """Render a markdown table with device, date and settings, print it, append it to RESULTS.md."""
+def report(title: str, settings: str, header: list[str], rows: list[list[object]], record: bool = True) -> str:
+    """Render a markdown table with device, date and settings, print it, append it to RESULTS.md
+    (unless ``record`` is false: a check run, e.g. ``--tiny`` on a CPU)."""
     lines = [
         f"## {title}",
         "",
@@ -37,6 +38,8 @@ def report(title: str, settings: str, header: list[str], rows: list[list[object]
     ]
     text = "\n".join(lines)
     print(text)
+    if not record:
+        return text
     with RESULTS.open("a", encoding="utf-8") as f:
         f.write(text + "\n")
     return text

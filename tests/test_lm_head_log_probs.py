@@ -88,3 +88,18 @@ def test_policy_log_probs_use_the_fused_head_and_equal_the_logits_path(model_typ
         torch.testing.assert_close(param.grad, want_grads[name], rtol=1e-4, atol=1e-6, msg=name)
     assert model(input_ids, use_cache=False).logits.shape == (3, 10, 97)
     assert "forward" not in vars(model.get_output_embeddings())
+
+
+def test_compiled_decoder_layers_give_the_same_log_probs_and_gradients():
+    from a5core.policy import compile_decoder_layers
+
+    eager, compiled = _tiny("qwen2", True), compile_decoder_layers(_tiny("qwen2", True))
+    assert [n for n, _ in eager.named_parameters()] == [n for n, _ in compiled.named_parameters()]
+    for length in (10, 7):  # a second shape: recompiled, still equal
+        input_ids = torch.randint(0, 97, (2, length))
+        labels = torch.randint(0, 97, (2, length))
+        for model in (eager, compiled):
+            model.zero_grad()
+            get_response_log_probs(model, input_ids, labels)["log_probs"].sum().backward()
+        for (name, a), (_, b) in zip(eager.named_parameters(), compiled.named_parameters()):
+            torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-5, msg=name)

@@ -1,19 +1,28 @@
-"""transformers rollout backend: batched ``model.generate`` with left padding; vLLM's semantics.
+"""transformers rollout backend: a static-KV-cache decode loop (or ``model.generate``); vLLM's semantics.
 
-For machines without vLLM (CPU boxes, CI) and as a reference to check the vLLM backend against.
-See ``a5core.rollout`` for the shared semantics; how this backend gets there:
+For machines without vLLM (CPU boxes, CI, the GPU machine of the benchmarks) and as a reference to
+check the vLLM backend against. See ``a5core.rollout`` for the shared semantics; how this backend gets there:
 
 - Prompts are repeated ``n`` times (greedy: generated once, then copied) and generated in chunks of
   ``batch_size`` sequences, each chunk left-padded.
-- Sampling uses a fresh generation config (the model's own ``generation_config`` sampling defaults,
-  such as top-k 50 or a repetition penalty, are not applied): temperature, top-p, ``min_new_tokens``.
-- Stop strings: a stopping criterion ends a sequence when a stop string completes in its newest
-  token (after ``min_tokens`` tokens); the same rule is then applied to each finished sequence's
-  text to cut ``text`` and ``token_ids``. Each step the criterion decodes only the rows whose newest
-  token can complete a stop string: a token does so only if its own text holds a stop string's last
-  character, or a U+FFFD (a byte fragment, which may complete a multi-byte character). The engine
-  builds that vocabulary table once per set of stop strings (one batch decode of the vocabulary); if
-  a stop string ends in whitespace, which a decoder may drop from a lone token, every row is decoded.
+- Llama-family models (Llama, Qwen2, Mistral without sliding window) decode with
+  :class:`a5core.rollout.static_decode.StaticKVDecoder`: a preallocated KV cache and, on CUDA, each
+  decode step captured once as a CUDA graph (``torch.compile``, mode ``reduce-overhead``); chunks are
+  then padded to ``batch_size`` rows and the cache capacity rounded up, so shapes repeat and compile once.
+  The loop samples each step itself: temperature, top-p (the smallest set of tokens reaching ``top_p``),
+  EOS masked during the first ``min_tokens`` tokens; a finished row is fed padding from then on, and
+  every ``STOP_CHECK_EVERY`` steps the loop reads back which rows are done (EOS or a stop string) and
+  ends when all are. Other models use ``model.generate`` with a fresh generation config (the model's
+  own ``generation_config`` sampling defaults, such as top-k 50 or a repetition penalty, are not
+  applied either way) and a stopping criterion that ends a row when a stop string completes in its
+  newest token.
+- Stop strings: each finished row's text is cut at the first stop string that completes after its
+  first ``min_tokens`` tokens, its ``token_ids`` after the token that completes it. To find rows that
+  may have stopped, only rows whose new tokens can complete a stop string are decoded: a token can
+  only if its own text holds a stop string's last character, or a U+FFFD (a byte fragment, which may
+  complete a multi-byte character). The engine builds that vocabulary table once per set of stop
+  strings (one batch decode of the vocabulary); if a stop string ends in whitespace, which a decoder
+  may drop from a lone token, every row is decoded.
 - ``seed``: the whole call runs under ``torch.manual_seed(seed)`` in a forked RNG (the global RNG is
   left as it was); without a seed the global RNG is used.
 - Log-probs: after generation, one teacher-forced forward pass over prompt + completion gives
@@ -32,8 +41,11 @@ import torch
 from a5core import progress
 from a5core.policy import LOGPROB_CHUNK_TOKENS, load_policy, pad_id_of, token_log_probs
 from a5core.rollout import Completion, SamplingSettings, check_prompts, resolve_dtype
+from a5core.rollout.static_decode import StaticKVDecoder, supports
 
 _STRIP_PREFIXES = ("module.", "_orig_mod.")  # DDP / torch.compile wrappers around a policy
+STOP_CHECK_EVERY = 16  # decode steps between read-backs of which rows are done (static loop)
+CAPACITY_STEP = 256  # the static cache's capacity is rounded up to a multiple of this when compiled
 
 
 def _stop_end(text: str, stops: Sequence[str], start: int) -> int | None:
@@ -102,16 +114,24 @@ def stop_candidates(token_texts: Sequence[str], stops: Sequence[str]) -> list[bo
 class HFEngine:
     """Rollouts with ``transformers`` ``generate``; see ``a5core.rollout`` for the shared semantics.
 
-    ``model``: a causal LM (its own copy: ``load_weights`` writes into it); ``tokenizer``: its
-    tokenizer; ``batch_size``: sequences per ``generate`` call (prompts × n are chunked).
+    ``model``: a causal LM (its own copy: ``load_weights`` writes into it; or the policy itself, then
+    ``load_weights`` is a no-op); ``tokenizer``: its tokenizer; ``batch_size``: sequences decoded
+    together (prompts × n are chunked). ``static_cache``: use the static-KV-cache loop (default: when the
+    architecture is supported); ``compile``: capture its decode step as a CUDA graph (default: on CUDA).
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, batch_size: int = 64):
+    def __init__(self, model: Any, tokenizer: Any, *, batch_size: int = 64, static_cache: bool | None = None,
+                 compile: bool | None = None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
+        if static_cache and not supports(model):
+            raise ValueError(f"static_cache=True needs a Llama-family model, not {type(model).__name__}")
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        self.static_cache = supports(model) if static_cache is None else static_cache
+        self.compile = self.static_cache and (model.device.type == "cuda" if compile is None else compile)
+        self._decoder: StaticKVDecoder | None = None  # kept between calls when compiled (its graph too)
         self.pad_id = pad_id_of(tokenizer)
         eos = model.generation_config.eos_token_id
         eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
@@ -123,13 +143,14 @@ class HFEngine:
 
     @classmethod
     def from_pretrained(
-        cls, model: str, *, dtype: str | torch.dtype = "auto", device: str | None = None, batch_size: int = 64
+        cls, model: str, *, dtype: str | torch.dtype = "auto", device: str | None = None, batch_size: int = 64,
+        static_cache: bool | None = None, compile: bool | None = None,
     ) -> HFEngine:
         """Load model and tokenizer from a local directory or hub id (no remote code)."""
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         torch_dtype = resolve_dtype(dtype, torch.device(device).type)
         policy, tokenizer = load_policy(model, dtype=torch_dtype, device=device)
-        return cls(policy, tokenizer, batch_size=batch_size)
+        return cls(policy, tokenizer, batch_size=batch_size, static_cache=static_cache, compile=compile)
 
     # ------------------------------------------------------------------------------- generation
 
@@ -169,11 +190,99 @@ class HFEngine:
         return [group * sampling.n for group in groups] if sampling.greedy else groups
 
     def _generate_batch(self, prompts: list[str], s: SamplingSettings) -> list[Completion]:
-        from transformers import GenerationConfig, StoppingCriteriaList
-
         device = self.model.device
         enc = self.tokenizer(prompts, add_special_tokens=False, padding=True, padding_side="left", return_tensors="pt")
         input_ids, attention_mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+        decode = self._decode_static if self.static_cache else self._decode_with_generate
+        rows = [self._finish(ids, s) for ids in decode(input_ids, attention_mask, s)]
+        if s.logprobs:
+            log_probs = self._log_probs(input_ids, attention_mask, [ids for _, ids, _ in rows])
+            return [Completion(text, tuple(ids), why, tuple(lp)) for (text, ids, why), lp in zip(rows, log_probs)]
+        return [Completion(text, tuple(ids), why) for text, ids, why in rows]
+
+    # ------------------------------------------------------------------------ static-cache loop
+
+    def _static_decoder(self, rows: int, needed: int) -> StaticKVDecoder:
+        """A decoder for ``rows`` × ``needed`` positions; compiled ones are kept while they fit."""
+        if not self.compile:
+            return StaticKVDecoder(self.model, rows, needed)
+        if self._decoder is None or self._decoder.capacity < needed:
+            self._decoder = None  # free the old cache first
+            capacity = -(-needed // CAPACITY_STEP) * CAPACITY_STEP
+            self._decoder = StaticKVDecoder(self.model, self.batch_size, capacity, compile=True)
+        return self._decoder
+
+    def _decode_static(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, s: SamplingSettings) -> list[list[int]]:
+        """Token ids generated for each row of left-padded prompts (B, P), trailing padding included."""
+        real, prompt_len = input_ids.shape
+        decoder = self._static_decoder(real, prompt_len + s.max_tokens)
+        rows, device = decoder.batch_size, input_ids.device
+        valid = attention_mask.bool()
+        if rows > real:  # pad the chunk with copies of its last row, finished from the start
+            input_ids = torch.cat([input_ids, input_ids[-1:].expand(rows - real, -1)])
+            valid = torch.cat([valid, valid[-1:].expand(rows - real, -1)])
+        attend = torch.zeros(rows, decoder.capacity, dtype=torch.bool, device=device)
+        attend[:, :prompt_len] = valid
+        positions = valid.sum(-1)  # each row's next rotary position
+        generated = torch.full((rows, s.max_tokens), self.pad_id, dtype=torch.long, device=device)
+        finished = torch.arange(rows, device=device) >= real
+        eos = torch.tensor(self.eos_ids, dtype=torch.long, device=device)
+        candidates = self._stop_candidates(tuple(s.stop)) if s.stop else None
+        flagged = torch.zeros(rows, dtype=torch.bool, device=device)  # may have completed a stop string
+        logits = decoder.prefill(input_ids, valid)
+        steps = 0
+        for step in range(s.max_tokens):
+            token = torch.where(finished, self.pad_id, self._sample(logits, s, step, eos))
+            generated[:, step] = token
+            finished |= torch.isin(token, eos)
+            if s.stop:
+                flagged |= self._may_stop(token, candidates)
+            steps = step + 1
+            if steps == s.max_tokens or (steps % STOP_CHECK_EVERY == 0 and self._all_done(generated, steps, finished, flagged, s)):
+                break
+            attend[:, prompt_len + step] = True
+            logits = decoder.decode(token, positions + step, prompt_len + step, attend)
+        return generated[:real, :steps].tolist()
+
+    def _sample(self, logits: torch.Tensor, s: SamplingSettings, step: int, eos: torch.Tensor) -> torch.Tensor:
+        """Next token per row from fp32 logits (B, V) → (B,): greedy, or temperature + top-p sampling."""
+        if step < s.min_tokens and eos.numel():
+            logits = logits.index_fill(-1, eos, float("-inf"))
+        if s.greedy:
+            return logits.argmax(-1)
+        probs = torch.softmax(logits / s.temperature, dim=-1)
+        if s.top_p < 1.0:  # keep the most probable tokens until their mass reaches top_p
+            sorted_probs, order = probs.sort(dim=-1, descending=True)
+            drop = (sorted_probs.cumsum(-1) - sorted_probs) >= s.top_p
+            probs = probs.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
+        return torch.multinomial(probs, 1).squeeze(-1)
+
+    @staticmethod
+    def _may_stop(token: torch.Tensor, candidates: torch.Tensor | None) -> torch.Tensor:
+        """(B,) bool: can this new token complete a stop string? (every row when no table)."""
+        if candidates is None:
+            return torch.ones_like(token, dtype=torch.bool)
+        size = candidates.shape[0]
+        return candidates[token.clamp(max=size - 1)] | (token >= size)
+
+    def _all_done(self, generated: torch.Tensor, steps: int, finished: torch.Tensor, flagged: torch.Tensor,
+                  s: SamplingSettings) -> bool:
+        """Mark rows whose text now holds a stop string finished (decoding only ``flagged`` rows, then
+        clearing the flags); True when every row is finished. One device read-back."""
+        rows = (flagged & ~finished).nonzero().flatten().tolist()
+        flagged.zero_()
+        for row, ids in zip(rows, generated[rows, :steps].tolist()):
+            if self._stop_cut(ids, self._decode(ids), s) is not None:
+                finished[row] = True
+        return bool(finished.all())
+
+    # ------------------------------------------------------------------ transformers' generate
+
+    def _decode_with_generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                              s: SamplingSettings) -> list[list[int]]:
+        """Token ids generated for each row by ``model.generate``, trailing padding included."""
+        from transformers import GenerationConfig, StoppingCriteriaList
+
         prompt_len = input_ids.shape[1]
         config = GenerationConfig(
             max_new_tokens=s.max_tokens,
@@ -196,11 +305,7 @@ class HFEngine:
             )
         finally:
             self.model.generation_config = saved
-        rows = [self._finish(ids, s) for ids in out[:, prompt_len:].tolist()]
-        if s.logprobs:
-            log_probs = self._log_probs(input_ids, attention_mask, [ids for _, ids, _ in rows])
-            return [Completion(text, tuple(ids), why, tuple(lp)) for (text, ids, why), lp in zip(rows, log_probs)]
-        return [Completion(text, tuple(ids), why) for text, ids, why in rows]
+        return out[:, prompt_len:].tolist()
 
     def _finish(self, ids: list[int], s: SamplingSettings) -> tuple[str, list[int], str]:
         """(text, token_ids, finish_reason) of one generated row (which may carry trailing padding)."""
@@ -210,22 +315,30 @@ class HFEngine:
                 ids, finish = ids[: i + 1], "stop"
                 break
         text = self._decode(ids)
-        if s.stop:
-            boundary = len(self._decode(ids[: s.min_tokens])) if s.min_tokens else 0
-            end = _stop_end(text, s.stop, boundary)
-            if end is not None:
-                # the fewest tokens whose text reaches the end of the stop string
-                lo, hi = max(s.min_tokens, 1), len(ids)
-                while lo < hi:
-                    mid = (lo + hi) // 2
-                    if len(self._decode(ids[:mid])) >= end:
-                        hi = mid
-                    else:
-                        lo = mid + 1
-                return text[:end], ids[:lo], "stop"
+        cut = self._stop_cut(ids, text, s)
+        if cut is not None:
+            return cut[0], cut[1], "stop"
         if finish == "length" and len(ids) < s.max_tokens:  # the stopping criterion and this cut disagree
             raise RuntimeError(f"bug: generation ended after {len(ids)} of {s.max_tokens} tokens without EOS or stop string")
         return text, ids, finish
+
+    def _stop_cut(self, ids: list[int], text: str, s: SamplingSettings) -> tuple[str, list[int]] | None:
+        """(text, token_ids) cut after the first stop string completing past ``min_tokens`` tokens, or None.
+        ``text`` is ``ids`` decoded."""
+        if not s.stop:
+            return None
+        boundary = len(self._decode(ids[: s.min_tokens])) if s.min_tokens else 0
+        end = _stop_end(text, s.stop, boundary)
+        if end is None:
+            return None
+        lo, hi = max(s.min_tokens, 1), len(ids)  # the fewest tokens whose text reaches the stop's end
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if len(self._decode(ids[:mid])) >= end:
+                hi = mid
+            else:
+                lo = mid + 1
+        return text[:end], ids[:lo]
 
     def _log_probs(
         self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completions: list[list[int]]

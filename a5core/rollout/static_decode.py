@@ -1,0 +1,149 @@
+"""A batched decoder with a preallocated KV cache for Llama-family models, made for CUDA graphs.
+
+``transformers``' ``generate`` is launch-bound on a GPU: each decode step launches hundreds of small
+kernels, grows its cache by concatenation and, for grouped-query attention with a padding mask, copies
+every cached key and value once per query head. This decoder runs the model's own modules (norms,
+projections, MLPs, rotary embedding: the weights stay the model's) over a static cache of fixed shape,
+so one decode step has fixed shapes and addresses and ``torch.compile(mode="reduce-overhead")`` can
+capture it as one CUDA graph. Grouped-query attention reads each cached key/value head once.
+
+Shapes: ``B`` rows (sequences), ``P`` prompt positions (left-padded), ``C`` cache capacity
+(prompt + new tokens), ``L`` layers, ``K`` key/value heads of ``D`` dims, ``G`` query heads per
+key/value head, ``V`` vocabulary entries.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+
+
+def supports(model: Any) -> bool:
+    """True when ``model`` is a Llama-family causal LM this decoder reproduces exactly (no sliding window)."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return False
+    if model_type == "qwen2":  # Qwen2 configs carry a sliding_window size that only use_sliding_window enables
+        return not getattr(config, "use_sliding_window", False)
+    return getattr(config, "sliding_window", None) is None
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding (halves convention). x: (B, heads, T, D); cos, sin: (B, T, D)."""
+    cos, sin = cos[:, None], sin[:, None]
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class StaticKVDecoder:
+    """Prefill and one-token decode steps over a KV cache of ``batch_size`` × ``capacity`` positions.
+
+    ``compile``: capture :meth:`decode` with ``torch.compile(mode="reduce-overhead")`` (CUDA graphs);
+    shapes never change for a given decoder, so it compiles once. Not thread-safe; one generation at a time.
+    """
+
+    def __init__(self, model: Any, batch_size: int, capacity: int, *, compile: bool = False):
+        if not supports(model):
+            raise ValueError(f"StaticKVDecoder supports {', '.join(SUPPORTED_MODEL_TYPES)} models without sliding "
+                             f"windows, not {getattr(model.config, 'model_type', type(model).__name__)!r}")
+        self.model, self.inner = model, model.model
+        self.batch_size, self.capacity = batch_size, capacity
+        config = model.config
+        attention = self.inner.layers[0].self_attn
+        self.head_dim = attention.head_dim
+        self.kv_heads = config.num_key_value_heads
+        self.groups = config.num_attention_heads // config.num_key_value_heads
+        weight = self.inner.embed_tokens.weight
+        shape = (len(self.inner.layers), batch_size, self.kv_heads, capacity, self.head_dim)
+        self.keys = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
+        self.values = torch.zeros_like(self.keys)
+        if compile:
+            torch._dynamo.mark_static_address(self.keys)
+            torch._dynamo.mark_static_address(self.values)
+            self._decode = torch.compile(self._decode_step, mode="reduce-overhead", dynamic=False)
+        else:
+            self._decode = self._decode_step
+        self.compiled = compile
+
+    # ------------------------------------------------------------------------------------ steps
+
+    def _layer(self, index: int, layer: Any, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               attend) -> torch.Tensor:
+        """One decoder layer on hidden (B, T, H); ``attend(layer, q, k, v)`` → (B, T, heads·D)."""
+        attn = layer.self_attn
+        b, t, _ = hidden.shape
+        x = layer.input_layernorm(hidden)
+        q = attn.q_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        k = attn.k_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = attn.v_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        hidden = hidden + attn.o_proj(attend(index, attn.scaling, q, k, v))
+        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Last hidden state (B, H) → fp32 logits (B, V)."""
+        return self.model.lm_head(self.inner.norm(hidden)).float()
+
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """Run left-padded prompts (B, P), ``valid`` (B, P) bool, into cache positions [0, P).
+
+        Returns the fp32 logits (B, V) of each row's last position. Padding positions attend only to
+        themselves (finite values, never attended by real tokens).
+        """
+        b, p = input_ids.shape
+        if b != self.batch_size or p >= self.capacity:
+            raise ValueError(f"prefill of {b}×{p} tokens does not fit a {self.batch_size}×{self.capacity} cache")
+        positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
+        causal = torch.ones(p, p, dtype=torch.bool, device=input_ids.device).tril()
+        mask = (causal & valid[:, None, :]) | torch.eye(p, dtype=torch.bool, device=input_ids.device)
+        mask = mask[:, None]  # (B, 1, P, P)
+
+        def attend(index, scaling, q, k, v):
+            self.keys[index, :, :, :p] = k
+            self.values[index, :, :, :p] = v
+            k, v = k.repeat_interleave(self.groups, dim=1), v.repeat_interleave(self.groups, dim=1)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)  # (B, heads, P, D)
+            return out.transpose(1, 2).reshape(b, p, -1)
+
+        hidden = self.inner.embed_tokens(input_ids)
+        cos, sin = self.inner.rotary_emb(hidden, positions)
+        for index, layer in enumerate(self.inner.layers):
+            hidden = self._layer(index, layer, hidden, cos, sin, attend)
+        return self._logits(hidden[:, -1])
+
+    def _decode_step(self, tokens: torch.Tensor, positions: torch.Tensor, slot: torch.Tensor,
+                     attend_mask: torch.Tensor) -> torch.Tensor:
+        b = tokens.shape[0]
+
+        def attend(index, scaling, q, k, v):
+            self.keys[index].index_copy_(2, slot, k)
+            self.values[index].index_copy_(2, slot, v)
+            q = q.reshape(b, self.kv_heads, self.groups, self.head_dim)  # one query position
+            scores = torch.matmul(q, self.keys[index].transpose(-1, -2)).float() * scaling  # (B, K, G, C)
+            scores = scores.masked_fill(~attend_mask[:, None, None, :], float("-inf"))
+            probs = torch.softmax(scores, dim=-1).to(q.dtype)
+            return torch.matmul(probs, self.values[index]).reshape(b, 1, -1)  # (B, 1, heads·D)
+
+        hidden = self.inner.embed_tokens(tokens[:, None])
+        cos, sin = self.inner.rotary_emb(hidden, positions[:, None])
+        for index, layer in enumerate(self.inner.layers):
+            hidden = self._layer(index, layer, hidden, cos, sin, attend)
+        return self._logits(hidden[:, -1])
+
+    @torch.no_grad()
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, slot: int | torch.Tensor,
+               attend_mask: torch.Tensor) -> torch.Tensor:
+        """One new token per row: tokens (B,) at rotary ``positions`` (B,) written to cache column
+        ``slot``; ``attend_mask`` (B, C) bool: the cache columns each row attends to (its own ``slot``
+        included). Returns fp32 logits (B, V), valid until the next call."""
+        slot = torch.as_tensor(slot, dtype=torch.long, device=tokens.device).reshape(1)
+        if self.compiled:
+            torch.compiler.cudagraph_mark_step_begin()
+        return self._decode(tokens, positions, slot, attend_mask)
