@@ -37,6 +37,20 @@ Checkpoints (``checkpoint_dir``, every ``checkpoint_every`` steps and after the 
 :mod:`a5core.checkpoint`) hold the weights, the optimizer, the step, the elapsed wall-clock seconds and
 every step's metrics. Steps are seeded by (seed, step), so a resumed run redraws the same questions
 and, on a seeded engine, the same rollouts.
+
+Several ranks (torchrun; the caller has called :func:`a5core.distributed.init_from_env` before loading
+the model, and gives each rank its own engine): the policy is FSDP2-sharded in place (and stays so).
+Each rank samples the groups of its block of the step's questions with its engine, which receives a
+full copy of the weights (:func:`a5core.distributed.full_weights`); the completions are then gathered,
+so every rank grades the whole rollout batch (cheap next to generation) and holds the same rewards,
+advantages and rollout metrics as one process would. Old log-probs and training are split: rank r
+takes rollouts r, r + N, … of each train batch, ``microbatch_size`` at a time, each micro-batch's
+loss divided by the train batch's global number of rollouts, so the update does not depend on N or
+the micro-batch size (``gradient_accumulation_steps`` counts micro-batches over all ranks). Training
+metrics are accumulated on the device and reduced over ranks once per optimizer step. Only rank 0
+calls ``log`` and writes checkpoints (whole tensors: they resume on any number of ranks); every rank
+calls ``evaluate`` (a forward pass of a sharded model is a collective) and ``should_stop`` (the run
+stops when any rank says so).
 """
 
 from __future__ import annotations
@@ -54,8 +68,8 @@ from typing import Any
 
 import torch
 
-from a5core import progress
-from a5core.checkpoint import NonFiniteLossError, fingerprint, load_checkpoint, save_checkpoint
+from a5core import distributed, progress
+from a5core.checkpoint import NonFiniteLossError, fingerprint
 from a5core.data import Problem
 from a5core.losses import LOSS_TYPES, RATIO_LOSS_TYPES, compute_group_normalized_rewards
 from a5core.policy import LENGTH_NORMALIZATIONS, get_response_log_probs, grpo_microbatch_train_step, pack_prompt_and_output_ids, pad_id_of
@@ -66,6 +80,8 @@ logger = logging.getLogger(__name__)
 
 # Fields that say where and how often side effects happen, not what is trained (see a5core.checkpoint).
 UNFINGERPRINTED_FIELDS = ("checkpoint_dir", "checkpoint_every", "eval_every")
+# What one optimizer step accumulates over its micro-batches (summed over ranks when read).
+_STEP_SUMS = ("loss", "clipped", "ratio_sum", "entropy_sum", "response_tokens", "entropy_tokens", "tokens")
 STATUS_KEYS = ("reward_mean", "format_reward_mean", "loss", "grad_norm", "token_entropy", "response_tokens_mean",
                "val_accuracy")  # the per-step status line's metrics
 
@@ -258,6 +274,13 @@ def grpo(
     problems = list(problems)
     if len(problems) < config.prompts_per_step:
         raise ValueError(f"GRPO samples {config.prompts_per_step} questions per step but got {len(problems)} problems")
+    world = distributed.rank_and_world()[1]
+    if world > config.prompts_per_step:
+        raise ValueError(f"GRPO on {world} ranks needs at least {world} questions per step (rollout_batch_size / "
+                         f"group_size), got {config.prompts_per_step}")
+    if world > 1 and getattr(engine, "model", None) is model:
+        raise ValueError("GRPO on several ranks needs an engine with its own copy of the model (the policy is sharded)")
+    rank, world = distributed.setup_model(model)
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.learning_rate, betas=config.betas,
@@ -266,7 +289,7 @@ def grpo(
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     expected = run_fingerprint(config, problems)
     checkpoint = Path(config.checkpoint_dir) if config.checkpoint_dir is not None else None
-    state = load_checkpoint(checkpoint, expected, model, optimizer, None) if checkpoint else None
+    state = distributed.load_checkpoint(checkpoint, expected, model, optimizer, None) if checkpoint else None
     if state is not None and state["finished"]:
         logger.info("GRPO: %s holds a finished run (%d steps); not training again", checkpoint, state["step"])
         return state["history"]
@@ -284,9 +307,10 @@ def grpo(
             model.eval()
             metrics.update(evaluate(model, step))
         metrics["wall_seconds"] = time.monotonic() - started
-        log(metrics, step)
         history.append({"step": step, **metrics})
-        progress.log_step(logger, "GRPO step", step, config.n_grpo_steps, metrics, STATUS_KEYS)
+        if rank == 0:
+            log(metrics, step)
+            progress.log_step(logger, "GRPO step", step, config.n_grpo_steps, metrics, STATUS_KEYS)
 
     was_training = model.training
     if step == 0 and evaluate is not None and config.eval_every:
@@ -298,10 +322,10 @@ def grpo(
         finish_step(metrics, step)
         steps_bar.update(1)
         steps_bar.set_postfix(reward=f"{metrics['reward_mean']:.3g}", refresh=False)
-        stopping = should_stop is not None and step < config.n_grpo_steps and should_stop(step)
+        stopping = should_stop is not None and step < config.n_grpo_steps and distributed.any_rank(should_stop(step))
         if checkpoint and (stopping or step == config.n_grpo_steps
                            or (config.checkpoint_every and step % config.checkpoint_every == 0)):
-            save_checkpoint(checkpoint, model, optimizer, None, {
+            distributed.save_checkpoint(checkpoint, model, optimizer, None, {
                 "step": step, "finished": step == config.n_grpo_steps, "wall_seconds": time.monotonic() - started,
                 "history": history, "fingerprint": expected,
             })
@@ -343,12 +367,15 @@ class _Trainer:
         rng = random.Random(config.seed * 1_000_003 + step)
         questions = rng.sample(problems, config.prompts_per_step)
         prompts = [template.format(q.problem) for q in questions]
+        rank, world = distributed.rank_and_world()
         with self.timed("weight_sync"):
-            engine.load_weights(self.model)
+            engine.load_weights(distributed.full_weights(self.model))
         with self.timed("generate"):
-            sampling = replace(config.sampling, n=config.group_size, seed=config.seed * 1_000_003 + step,
-                               logprobs=config.tis_cap is not None)
-            completions = [c for group in engine.generate(prompts, sampling) for c in group]
+            # This rank's block of questions, whole groups; each rank draws its own random stream.
+            sampling = replace(config.sampling, n=config.group_size, logprobs=config.tis_cap is not None,
+                               seed=(config.seed * 1_000_003 + step) * world + rank)
+            groups = engine.generate(prompts[distributed.rank_slice(len(prompts))], sampling)
+            completions = distributed.gather_lists([c for group in groups for c in group])  # question order
         with self.timed("grade"):
             advantages, raw_rewards, metrics = compute_group_normalized_rewards(
                 reward_fn, [c.text for c in completions], [q.answer for q in questions for _ in range(config.group_size)],
@@ -388,78 +415,95 @@ class _Trainer:
 
     @torch.no_grad()
     def response_log_probs(self, batch: RolloutBatch) -> list[torch.Tensor]:
-        """Each rollout's response-token log-probs under the current policy, no graph: N tensors."""
+        """Each rollout's response-token log-probs under the current policy, no graph: N tensors (each
+        rank computes its share, then all ranks get all)."""
         self.model.eval()
-        out: list[torch.Tensor] = []
-        for start in range(0, len(batch), self.config.microbatch_size):
-            micro = batch.select(range(start, min(start + self.config.microbatch_size, len(batch))))
-            t = micro.tensors(self.pad_id, self.device)
+        mine: list[tuple[int, torch.Tensor]] = []
+        for index in distributed.rank_microbatches(range(len(batch)), self.config.microbatch_size):
+            t = batch.select(index or [0]).tensors(self.pad_id, self.device)  # an empty share still runs a pass (FSDP2)
             with self.autocast:
                 log_probs = get_response_log_probs(self.model, t["input_ids"], t["labels"])["log_probs"]
             mask = t["response_mask"]
-            out += list(log_probs[mask].float().cpu().split(mask.sum(dim=1).tolist()))
-        return out
+            if index:
+                mine += zip(index, log_probs[mask].float().cpu().split(mask.sum(dim=1).tolist()))
+        return [log_probs for _, log_probs in sorted(distributed.gather_lists(mine), key=lambda pair: pair[0])]
 
     def train(self, batch: RolloutBatch, step: int) -> dict[str, float]:
         """``epochs_per_rollout_batch`` passes over ``batch`` in optimizer steps of ``train_batch_size``."""
-        config = self.config
+        config, world = self.config, distributed.rank_and_world()[1]
         self.model.train()
         sums: dict[str, float] = {"loss": 0.0, "grad_norm": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0}
-        ratio_max, entropy_sum, entropy_tokens, tokens, optimizer_steps = 0.0, 0.0, 0, 0, 0
+        ratio_max, entropy_sum, entropy_tokens, tokens, optimizer_steps = 0.0, 0.0, 0.0, 0.0, 0
         for epoch in range(config.epochs_per_rollout_batch):
             generator = torch.Generator().manual_seed((config.seed * 1_000_003 + step) * 1_000 + epoch)
             order = torch.randperm(len(batch), generator=generator).tolist()
             for start in range(0, len(batch), config.train_batch_size):
                 train_batch = order[start : start + config.train_batch_size]
                 self.optimizer.zero_grad(set_to_none=True)
-                loss = clip = ratio_sum = 0.0
-                response_tokens = 0
-                for m in range(0, len(train_batch), config.microbatch_size):
-                    index = train_batch[m : m + config.microbatch_size]
-                    t = batch.select(index).tensors(self.pad_id, self.device)
+                # Statistics stay on the device (no sync per micro-batch) until read once, below.
+                acc = {k: torch.zeros((), dtype=torch.float64, device=self.device) for k in _STEP_SUMS}
+                ratio_peak = torch.zeros((), dtype=torch.float64, device=self.device)
+                for index in distributed.rank_microbatches(train_batch, config.microbatch_size):
+                    t = batch.select(index or train_batch[:1]).tensors(self.pad_id, self.device)
+                    if not index:  # an empty share still runs a pass (FSDP2), at zero weight
+                        for key in ("advantages", "raw_rewards"):
+                            t[key] = torch.zeros_like(t[key])
                     with self.autocast:
                         out = get_response_log_probs(self.model, t["input_ids"], t["labels"],
                                                      return_token_entropy=epoch == 0)
                     weights = None
                     if config.tis_cap is not None:
                         weights = torch.exp(t["old_log_probs"] - t["engine_log_probs"]).clamp(max=config.tis_cap)
-                    # Dividing each micro-batch mean by len(batch)/len(micro) makes the sum the batch mean.
+                    # Dividing each micro-batch mean by len(train_batch) / (len(micro) · world) makes the sum
+                    # over micro-batches the batch mean (× world: FSDP2 averages the ranks' gradients).
                     micro_loss, meta = grpo_microbatch_train_step(
-                        out["log_probs"], t["response_mask"], len(train_batch) / len(index), config.loss_type,
-                        raw_rewards=t["raw_rewards"], advantages=t["advantages"], old_log_probs=t.get("old_log_probs"),
-                        cliprange=config.cliprange, length_normalization=config.length_normalization,
+                        out["log_probs"], t["response_mask"], len(train_batch) / (max(len(index), 1) * world),
+                        config.loss_type, raw_rewards=t["raw_rewards"], advantages=t["advantages"],
+                        old_log_probs=t.get("old_log_probs"), cliprange=config.cliprange,
+                        length_normalization=config.length_normalization,
                         normalize_constant=float(config.sampling.max_tokens), cliprange_high=config.cliprange_high,
                         token_weights=weights,
                     )
+                    if not index:
+                        continue
                     mask = t["response_mask"]
-                    n_tokens = int(mask.sum())
-                    loss += micro_loss.item()
-                    response_tokens += n_tokens
-                    tokens += int(t["input_ids"].numel())
+                    n_tokens = sum(len(batch.response_ids[i]) for i in index)
+                    acc["loss"] += micro_loss / world
+                    acc["response_tokens"] += n_tokens
+                    acc["tokens"] += t["input_ids"].numel()
                     if "clip_fraction" in meta:
-                        clip += meta["clip_fraction"].item() * n_tokens
+                        acc["clipped"] += meta["clip_fraction"].double() * n_tokens
                     if "old_log_probs" in t:
-                        ratio = torch.exp(out["log_probs"].detach() - t["old_log_probs"])[mask]
-                        ratio_sum += ratio.sum().item()
-                        ratio_max = max(ratio_max, ratio.max().item())
+                        ratio = torch.where(mask, torch.exp(out["log_probs"].detach() - t["old_log_probs"]), 0.0)
+                        acc["ratio_sum"] += ratio.sum()
+                        ratio_peak = torch.maximum(ratio_peak, ratio.max())
                     if "token_entropy" in out:
-                        entropy_sum += out["token_entropy"][mask].sum().item()
-                        entropy_tokens += n_tokens
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.params, config.grad_clip if config.grad_clip > 0 else math.inf).item()
-                if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                        acc["entropy_sum"] += torch.where(mask, out["token_entropy"], 0.0).sum()
+                        acc["entropy_tokens"] += n_tokens
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.params, config.grad_clip or math.inf)
+                # The one read of the step: statistics summed (the ratio's peak: maximum) over ranks, and the norm.
+                values = torch.cat([distributed.global_sum(torch.stack(list(acc.values()))),
+                                    distributed.global_max(ratio_peak).view(1),
+                                    distributed.full_tensor(grad_norm).double().view(1)]).tolist()
+                got = dict(zip([*acc, "ratio_max", "grad_norm"], values))
+                if not (math.isfinite(got["loss"]) and math.isfinite(got["grad_norm"])):
                     kept = (f"{Path(config.checkpoint_dir) / 'latest'}, if written," if config.checkpoint_dir
                             else "the last checkpoint, if any,")
                     raise NonFiniteLossError(
                         f"GRPO step {step + 1} of {config.n_grpo_steps} (epoch {epoch}, optimizer step {optimizer_steps}): "
-                        f"loss {loss}, grad_norm {grad_norm}; training stopped before the update; {kept} still holds "
-                        "the last good step"
+                        f"loss {got['loss']}, grad_norm {got['grad_norm']}; training stopped before the update; {kept} "
+                        "still holds the last good step"
                     )
                 self.optimizer.step()
                 optimizer_steps += 1
-                sums["loss"] += loss
-                sums["grad_norm"] += grad_norm
-                sums["clip_fraction"] += clip / max(response_tokens, 1)
-                sums["ratio_mean"] += ratio_sum / max(response_tokens, 1)
+                sums["loss"] += got["loss"]
+                sums["grad_norm"] += got["grad_norm"]
+                sums["clip_fraction"] += got["clipped"] / max(got["response_tokens"], 1)
+                sums["ratio_mean"] += got["ratio_sum"] / max(got["response_tokens"], 1)
+                ratio_max = max(ratio_max, got["ratio_max"])
+                entropy_sum += got["entropy_sum"]
+                entropy_tokens += got["entropy_tokens"]
+                tokens += got["tokens"]
         self.optimizer.zero_grad(set_to_none=True)
         metrics = {k: v / optimizer_steps for k, v in sums.items()}
         if config.loss_type != "grpo_clip":
@@ -472,6 +516,6 @@ class _Trainer:
             "token_entropy": entropy_sum / max(entropy_tokens, 1),
             "lr": self.optimizer.param_groups[0]["lr"],
             "optimizer_steps": float(optimizer_steps),
-            "train_tokens": float(tokens),
+            "train_tokens": tokens,
         })
         return metrics

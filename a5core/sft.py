@@ -3,7 +3,8 @@
 ``train_sft(model, tokenizer, traces, SFTConfig(...), evaluate=..., log=...)`` is one plain loop: no
 trainer class, metrics leave through ``log(metrics, step)``, weights reach an inference engine through
 the caller's ``evaluate(model, step)``. The loop's docstring explains the algorithm's choices; the
-checkpoint layout is :mod:`a5core.checkpoint`'s.
+checkpoint layout is :mod:`a5core.checkpoint`'s. Under torchrun it trains on several GPUs with FSDP2
+(see :mod:`a5core.distributed` and the loop's docstring).
 """
 
 from __future__ import annotations
@@ -26,10 +27,8 @@ from a5core.checkpoint import (  # noqa: F401  (the errors are part of this modu
     CheckpointMismatchError,
     NonFiniteLossError,
     fingerprint,
-    load_checkpoint,
-    save_checkpoint,
 )
-from a5core import progress
+from a5core import distributed, progress
 from a5core.data import Trace
 from a5core.policy import get_response_log_probs, sft_microbatch_train_step, tokenize_prompt_and_output
 
@@ -175,6 +174,15 @@ def train_sft(
     exists resumes from it exactly, and refuses (:class:`CheckpointMismatchError`) if it was written
     with another config or other examples. A finished checkpoint is not trained again: its final
     weights are loaded into ``model`` and its final metrics returned.
+
+    Several ranks (torchrun; the caller has called :func:`a5core.distributed.init_from_env` before
+    loading the model): ``model`` is FSDP2-sharded in place (and stays so). Rank r takes sequences r,
+    r + N, … of each batch, ``microbatch_size`` at a time (so ``microbatch_size`` is per rank), and
+    each micro-batch's loss is divided by the batch's global number of sequences: the update is the one
+    process's, whatever N and ``microbatch_size``. The metrics are the whole batch's (reduced over
+    ranks) and the same on every rank; only rank 0 calls ``log``; every rank calls ``evaluate`` with
+    the sharded model (push it to an engine with :func:`a5core.distributed.full_weights`) and gets the
+    same return value. Checkpoints are written whole by rank 0 and resume on any number of ranks.
     """
     examples = list(examples)
     if not examples:
@@ -184,6 +192,7 @@ def train_sft(
     total_steps = steps_per_epoch * config.epochs
     if config.max_steps is not None:
         total_steps = min(total_steps, config.max_steps)
+    rank, world = distributed.setup_model(model)
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
@@ -200,7 +209,7 @@ def train_sft(
     # Start fresh, or resume where the checkpoint left off.
     fingerprint = run_fingerprint(config, examples)
     checkpoint = Path(config.checkpoint_dir) if config.checkpoint_dir is not None else None
-    state = load_checkpoint(checkpoint, fingerprint, model, optimizer, scheduler) if checkpoint else None
+    state = distributed.load_checkpoint(checkpoint, fingerprint, model, optimizer, scheduler) if checkpoint else None
     if state is not None and state["finished"]:
         logger.info("SFT: %s holds a finished run (%d steps); not training again", checkpoint, state["step"])
         return {**state["metrics"], "step": state["step"]}
@@ -233,9 +242,11 @@ def train_sft(
         nll = torch.zeros((), device=device)
         tokens = torch.zeros((), dtype=torch.long, device=device)
         truncated = 0
-        for start in range(0, len(batch), config.microbatch_size):
-            micro = batch[start : start + config.microbatch_size]
+        for index in distributed.rank_microbatches(range(len(batch)), config.microbatch_size):
+            micro = [batch[i] for i in index] or batch[:1]  # an empty share still runs a pass (FSDP2), at zero weight
             encoded = tokenize_prompt_and_output([t.prompt for t in micro], [t.response for t in micro], tokenizer)
+            if not index:
+                encoded["response_mask"].zero_()
             keep = config.max_seq_len - 1  # positions of (input, label) pairs within max_seq_len tokens
             truncated += int(encoded["response_mask"][:, keep:].any(dim=-1).sum())
             input_ids, labels, response_mask = (
@@ -243,15 +254,19 @@ def train_sft(
             )
             with autocast:
                 log_probs = get_response_log_probs(model, input_ids, labels)["log_probs"]  # (b, T) fp32
-            # Dividing each micro-batch mean by len(batch)/len(micro) makes the sum the batch mean.
+            # Dividing each micro-batch mean by len(batch) / (len(micro) · world) makes the sum over
+            # micro-batches the batch mean (× world: FSDP2 averages the ranks' gradients).
             micro_loss, meta = sft_microbatch_train_step(
-                log_probs, response_mask, len(batch) / len(micro), config.normalize_constant
+                log_probs, response_mask, len(batch) / (len(micro) * world), config.normalize_constant
             )
-            loss += micro_loss
+            loss += micro_loss / world
             nll -= (log_probs.detach() * response_mask).sum()
             tokens += meta["response_tokens"]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip if config.grad_clip > 0 else math.inf)
-        loss_value, grad_norm_value = loss.item(), grad_norm.item()
+        grad_norm_value = distributed.full_tensor(grad_norm).item()
+        sums = torch.stack([loss.double(), nll.double(), tokens.double(),
+                            torch.tensor(truncated, dtype=torch.float64, device=device)])
+        loss_value, nll_value, token_count, truncated = distributed.global_sum(sums).tolist()  # the whole batch's
         if not (math.isfinite(loss_value) and math.isfinite(grad_norm_value)):
             kept = f"; {checkpoint / 'latest'}, if written, still holds the last good step" if checkpoint else ""
             raise NonFiniteLossError(
@@ -266,26 +281,26 @@ def train_sft(
         batch_in_epoch += 1
         if batch_in_epoch == steps_per_epoch:
             epoch, batch_in_epoch = epoch + 1, 0
-        token_count = int(tokens.item())
         metrics = {
             "loss": loss_value,
-            "token_nll": nll.item() / max(token_count, 1),
+            "token_nll": nll_value / max(token_count, 1),
             "lr": lr,
             "grad_norm": grad_norm_value,
-            "tokens": float(token_count),
-            "truncated": float(truncated),
+            "tokens": token_count,
+            "truncated": truncated,
             "epoch": step / steps_per_epoch,
         }
         if evaluate is not None and (step == total_steps or (config.eval_every and step % config.eval_every == 0)):
             model.eval()
             metrics.update(evaluate(model, step))
             model.train()
-        log(metrics, step)
-        progress.log_step(logger, "SFT step", step, total_steps, metrics, STATUS_KEYS)
+        if rank == 0:
+            log(metrics, step)
+            progress.log_step(logger, "SFT step", step, total_steps, metrics, STATUS_KEYS)
         steps_bar.update(1)
         steps_bar.set_postfix(loss=f"{loss_value:.4g}", refresh=False)
         if checkpoint and (step == total_steps or (config.checkpoint_every and step % config.checkpoint_every == 0)):
-            save_checkpoint(checkpoint, model, optimizer, scheduler, {
+            distributed.save_checkpoint(checkpoint, model, optimizer, scheduler, {
                 "step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "total_steps": total_steps,
                 "finished": step == total_steps, "metrics": metrics, "fingerprint": fingerprint,
             })
