@@ -16,8 +16,10 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def torchrun(script: str, *args: str, ranks: int = 2) -> None:
-    """Run ``tests/<script> args`` on ``ranks`` gloo processes through torchrun, on a free local port."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "OMP_NUM_THREADS": "1"}
+    """Run ``tests/<script> args`` on ``ranks`` gloo processes through torchrun, on a free local port
+    (GPUs hidden: init_from_env would pick NCCL, and these models live on the CPU)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "OMP_NUM_THREADS": "1",
+           "CUDA_VISIBLE_DEVICES": ""}
     with socket.socket() as probe:  # a free port for the rendezvous (port 0 is not accepted there)
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
