@@ -38,27 +38,29 @@ def load_policy(
     return model, tokenizer
 
 
-def compile_decoder_layers(model: Any, activation_memory_budget: float | None = None) -> Any:
+def compile_decoder_layers(model: Any, activation_memory_budget: float | None = None, one_graph: bool = False) -> Any:
     """``torch.compile`` each decoder layer of a transformers causal LM in place; returns the model.
 
     Inductor fuses each layer's norms, rotary embedding and activation and, in backward, recomputes
     those cheap element-wise results instead of keeping them: less activation memory and fewer kernel
-    launches (benchmarks/policy_step.py). ``activation_memory_budget`` (0–1, torch's partitioner
-    setting, process-wide) keeps at most that fraction of the saved activations, recomputing the
-    cheapest others in backward. Shapes may vary from call to call (dynamic after the first
-    recompilation). Names, parameters and state dicts are unchanged.
+    launches (benchmarks/policy_step.py). ``one_graph``: compile the whole decoder stack (embedding,
+    layers, final norm; not the LM head) as one unit instead, which saves the per-layer Python overhead
+    that dominates small micro-batches (benchmarks/grpo_step.py). ``activation_memory_budget`` (0–1,
+    torch's partitioner setting, process-wide) keeps at most that fraction of the saved activations,
+    recomputing the cheapest others in backward. Shapes may vary from call to call (dynamic after the
+    first recompilation). Names, parameters and state dicts are unchanged.
     """
+    decoder = getattr(model, "model", None)
+    if getattr(decoder, "layers", None) is None:
+        raise ValueError(f"compile_decoder_layers needs a model with model.layers, not {type(model).__name__}")
     if activation_memory_budget is not None:
         if not 0 < activation_memory_budget <= 1:
             raise ValueError(f"activation_memory_budget must be in (0, 1], got {activation_memory_budget!r}")
         import torch._functorch.config as functorch_config
 
         functorch_config.activation_memory_budget = activation_memory_budget
-    layers = getattr(getattr(model, "model", None), "layers", None)
-    if layers is None:
-        raise ValueError(f"compile_decoder_layers needs a model with model.layers, not {type(model).__name__}")
-    for layer in layers:
-        layer.compile()
+    for module in [decoder] if one_graph else decoder.layers:
+        module.compile()
     return model
 
 

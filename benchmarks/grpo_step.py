@@ -22,6 +22,9 @@ from benchmarks import _model  # noqa: E402
 from benchmarks._report import report  # noqa: E402
 
 PHASES = ("weight_sync", "generate", "grade", "old_log_probs", "train")
+VARIANTS = {"eager": "eager decoder layers",
+            "layers": "compiled decoder layers (activation budget 0.8)",
+            "decoder": "decoder compiled as one graph (activation budget 0.8)"}
 
 
 def problems_of(count: int):
@@ -31,7 +34,7 @@ def problems_of(count: int):
             for i in range(count)]
 
 
-def run(model, tokenizer, args, compiled_layers: bool) -> list[dict]:
+def run(model, tokenizer, args) -> list[dict]:
     from a5core.grading import r1_zero_reward_fn
     from a5core.grpo import GRPOConfig, grpo
     from a5core.prompts import load_prompt
@@ -56,17 +59,21 @@ def main() -> None:
     _model.add_arguments(parser)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--response", type=int, default=400)
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS),
+                        help="how the training forward runs: eager, compiled layer by layer, or as one graph")
     args = parser.parse_args()
     from a5core.policy import compile_decoder_layers
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tokenizer, description = _model.build(args.model_dir, args.tiny, device)
     rows = []
-    for compiled in (False, True):
-        if compiled:
-            compile_decoder_layers(model, activation_memory_budget=0.8)
-        label = "compiled decoder layers (activation budget 0.8)" if compiled else "eager decoder layers"
-        for metrics in run(model, tokenizer, args, compiled):
+    for variant in args.variants:
+        if variant != "eager":  # a fresh model: earlier variants' compiled modules are not reused
+            model, tokenizer, description = _model.build(args.model_dir, args.tiny, device)
+            torch._dynamo.reset()
+            compile_decoder_layers(model, activation_memory_budget=0.8, one_graph=variant == "decoder")
+        label = VARIANTS[variant]
+        for metrics in run(model, tokenizer, args):
             which = "first (compiles)" if metrics["step"] == 1 else "warm"
             phases = [f"{metrics.get(f'time_{p}', 0.0):.2f}" for p in PHASES]
             total = metrics["time_step"]

@@ -90,10 +90,11 @@ def test_policy_log_probs_use_the_fused_head_and_equal_the_logits_path(model_typ
     assert "forward" not in vars(model.get_output_embeddings())
 
 
-def test_compiled_decoder_layers_give_the_same_log_probs_and_gradients():
+@pytest.mark.parametrize("one_graph", [False, True])
+def test_compiled_decoder_layers_give_the_same_log_probs_and_gradients(one_graph):
     from a5core.policy import compile_decoder_layers
 
-    eager, compiled = _tiny("qwen2", True), compile_decoder_layers(_tiny("qwen2", True))
+    eager, compiled = _tiny("qwen2", True), compile_decoder_layers(_tiny("qwen2", True), one_graph=one_graph)
     assert [n for n, _ in eager.named_parameters()] == [n for n, _ in compiled.named_parameters()]
     for length in (10, 7):  # a second shape: recompiled, still equal
         input_ids = torch.randint(0, 97, (2, length))
