@@ -24,7 +24,7 @@ from benchmarks._report import report  # noqa: E402
 PHASES = ("weight_sync", "generate", "grade", "old_log_probs", "train")
 VARIANTS = {"eager": "eager decoder layers",
             "layers": "compiled decoder layers (activation budget 0.8)",
-            "decoder": "decoder compiled as one graph (activation budget 0.8)"}
+            "decoder": "decoder compiled as one graph"}
 
 
 def problems_of(count: int):
@@ -71,7 +71,10 @@ def main() -> None:
         if variant != "eager":  # a fresh model: earlier variants' compiled modules are not reused
             model, tokenizer, description = _model.build(args.model_dir, args.tiny, device)
             torch._dynamo.reset()
-            compile_decoder_layers(model, activation_memory_budget=0.8, one_graph=variant == "decoder")
+            if variant == "decoder":  # micro-batches of 2 need no memory budget (the partitioner's search is slow)
+                compile_decoder_layers(model, one_graph=True)
+            else:
+                compile_decoder_layers(model, activation_memory_budget=0.8)
         label = VARIANTS[variant]
         for metrics in run(model, tokenizer, args):
             which = "first (compiles)" if metrics["step"] == 1 else "warm"
