@@ -72,14 +72,22 @@ from a5core import distributed, progress
 from a5core.checkpoint import NonFiniteLossError, fingerprint
 from a5core.data import Problem
 from a5core.losses import LOSS_TYPES, RATIO_LOSS_TYPES, compute_group_normalized_rewards
-from a5core.policy import LENGTH_NORMALIZATIONS, get_response_log_probs, grpo_microbatch_train_step, pack_prompt_and_output_ids, pad_id_of
+from a5core.policy import (
+    COMPILED_ACTIVATION_BUDGET,
+    LENGTH_NORMALIZATIONS,
+    compile_decoder_layers,
+    get_response_log_probs,
+    grpo_microbatch_train_step,
+    pack_prompt_and_output_ids,
+    pad_id_of,
+)
 from a5core.prompts import PromptTemplate
 from a5core.rollout import Engine, SamplingSettings
 
 logger = logging.getLogger(__name__)
 
 # Fields that say where and how often side effects happen, not what is trained (see a5core.checkpoint).
-UNFINGERPRINTED_FIELDS = ("checkpoint_dir", "checkpoint_every", "eval_every")
+UNFINGERPRINTED_FIELDS = ("checkpoint_dir", "checkpoint_every", "eval_every", "compile_layers")
 # What one optimizer step accumulates over its micro-batches (summed over ranks when read).
 _STEP_SUMS = ("loss", "clipped", "ratio_sum", "entropy_sum", "response_tokens", "entropy_tokens", "tokens")
 STATUS_KEYS = ("reward_mean", "format_reward_mean", "loss", "grad_norm", "token_entropy", "response_tokens_mean",
@@ -89,7 +97,9 @@ STATUS_KEYS = ("reward_mean", "format_reward_mean", "loss", "grad_norm", "token_
 @dataclass(frozen=True)
 class GRPOConfig:
     """Settings of one GRPO run; defaults are the A5 handout's. Invalid values or combinations raise
-    ``ValueError`` naming the field at construction."""
+    ``ValueError`` naming the field at construction. ``compile_layers``: ``torch.compile`` the decoder
+    layers (:func:`a5core.policy.compile_decoder_layers`; on a GPU faster and leaner after a first step
+    that compiles)."""
 
     n_grpo_steps: int = 200
     learning_rate: float = 1e-5
@@ -113,6 +123,7 @@ class GRPOConfig:
     tis_cap: float | None = None
     drop_uniform_groups: bool = False
     gradient_checkpointing: bool = False
+    compile_layers: bool = False
     seed: int = 0
     eval_every: int = 0
     checkpoint_dir: str | None = None
@@ -172,6 +183,9 @@ class GRPOConfig:
             fail("tis_cap", "None or a finite number > 0")
         if not isinstance(self.sampling.stop, tuple) or self.sampling.n != 1 or self.sampling.seed is not None:
             fail("sampling", "settings without n or seed (GRPO sets them: n = group_size, seed per step)")
+        for name in ("drop_uniform_groups", "gradient_checkpointing", "compile_layers"):
+            if not isinstance(getattr(self, name), bool):
+                fail(name, "a bool")
 
     @property
     def prompts_per_step(self) -> int:
@@ -287,6 +301,8 @@ def grpo(
                                   weight_decay=config.weight_decay, fused=device.type == "cuda")
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if config.compile_layers:
+        compile_decoder_layers(model, activation_memory_budget=COMPILED_ACTIVATION_BUDGET)
     expected = run_fingerprint(config, problems)
     checkpoint = Path(config.checkpoint_dir) if config.checkpoint_dir is not None else None
     state = distributed.load_checkpoint(checkpoint, expected, model, optimizer, None) if checkpoint else None

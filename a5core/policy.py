@@ -17,6 +17,9 @@ from a5core.losses import compute_entropy, compute_policy_gradient_loss, masked_
 
 LENGTH_NORMALIZATIONS = ("masked_mean", "masked_normalize")
 LOGPROB_CHUNK_TOKENS = 4096  # positions per chunk when reducing logits: bounds fp32 temporaries
+# The loops' activation-memory budget for compiled layers: on the H200 at 16×1024 it kept 52k tok/s and
+# cut the peak from 44.6 to 34.3 GiB (benchmarks/RESULTS.md, policy micro-batch step).
+COMPILED_ACTIVATION_BUDGET = 0.8
 
 
 def load_policy(

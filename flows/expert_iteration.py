@@ -69,6 +69,8 @@ class EIParams(BaseModel):
     microbatch_size: int = Field(2, gt=0)
     max_seq_len: int = Field(1536, gt=0)
     gradient_checkpointing: bool = Field(False)
+    compile_layers: bool = Field(False, description="torch.compile the decoder layers (GPU: faster, less memory; "
+                                                    "the first step compiles)")
     seed: int = Field(0)
     sweep: bool = Field(False, description="run the grid below as children of one parent run")
     sweep_rollouts_per_question: list[int] = Field([4, 8], description="G values of the sweep")
@@ -88,6 +90,7 @@ def ei_config(params: EIParams, checkpoint_dir: str | None = None) -> EIConfig:
         sampling=SamplingSettings(temperature=params.temperature, min_tokens=params.min_tokens, max_tokens=params.max_tokens, stop=("</answer>",)),
         sft=SFTConfig(learning_rate=params.learning_rate, batch_size=params.batch_size, microbatch_size=params.microbatch_size,
                       epochs=params.epochs, max_seq_len=params.max_seq_len, gradient_checkpointing=params.gradient_checkpointing,
+        compile_layers=params.compile_layers,
                       lr_schedule="constant"),
     )
 

@@ -109,6 +109,8 @@ class GRPOParams(BaseModel):
     tis_cap: float | None = Field(None, gt=0, description="truncated importance-sampling cap; None: off")
     drop_uniform_groups: bool = Field(False, description="drop groups whose rewards are all equal")
     gradient_checkpointing: bool = Field(False)
+    compile_layers: bool = Field(False, description="torch.compile the decoder layers (GPU: faster, less memory; "
+                                                    "the first step compiles)")
     checkpoint_every: int = Field(10, ge=0)
     seed: int = Field(0)
     ablation: AblationName | None = Field(None, description="run this ablation instead of one run")
@@ -141,6 +143,7 @@ def grpo_config(params: GRPOParams, checkpoint_dir: str | None = None) -> GRPOCo
         weight_decay=params.weight_decay, betas=(params.beta1, params.beta2), grad_clip=params.grad_clip,
         cliprange=params.cliprange, cliprange_high=params.cliprange_high, tis_cap=params.tis_cap,
         drop_uniform_groups=params.drop_uniform_groups, gradient_checkpointing=params.gradient_checkpointing,
+        compile_layers=params.compile_layers,
         seed=params.seed, eval_every=params.eval_every, checkpoint_dir=checkpoint_dir,
         checkpoint_every=params.checkpoint_every,
     )

@@ -118,7 +118,7 @@ def leaderboard(params: LeaderboardParams = LeaderboardParams()) -> dict:
             train_sft(model, tokenizer, traces, SFTConfig(
                 learning_rate=params.sft_learning_rate, batch_size=params.sft_batch_size,
                 microbatch_size=params.sft_microbatch_size, max_steps=params.sft_max_steps, seed=params.seed,
-                checkpoint_dir=str(out / "sft_checkpoint"), checkpoint_every=50,
+                checkpoint_dir=str(out / "sft_checkpoint"), checkpoint_every=50, compile_layers=params.compile_layers,
             ), log=lambda m, s: log({f"sft/{k}": v for k, v in m.items()}, s))
         # The curve's evaluations sample like training (max_tokens of the run); their cost per problem,
         # scaled to the final evaluation's 1,024 tokens, sizes the final evaluation's reserve.

@@ -52,7 +52,8 @@ def start_resumable_run(run_id_file: Path, experiment: str, run_name: str, track
     return run
 
 
-RUN_KEY_IGNORED = ("output_dir", "metrics_path", "experiment", "tracking_uri")  # where results go, not what runs
+# Where results go and how fast they come, not what runs: changing these keeps a run's folder (and resumes it).
+RUN_KEY_IGNORED = ("output_dir", "metrics_path", "experiment", "tracking_uri", "compile_layers")
 
 
 def params_key(params: Any, ignore: tuple[str, ...] = RUN_KEY_IGNORED) -> str:

@@ -62,13 +62,15 @@ def small_config(**overrides) -> GRPOConfig:
 # ------------------------------------------------------------------------------------------ exactness
 
 
-def test_one_step_update_equals_the_hand_computed_one(tokenizer):
+@pytest.mark.parametrize("compile_layers", [False, True])
+def test_one_step_update_equals_the_hand_computed_one(tokenizer, compile_layers):
     """Rewards → group-normalised advantages → masked-mean REINFORCE loss over the batch → clipped
-    gradient → one AdamW step, all written out here from the rollouts the engine returned."""
+    gradient → one AdamW step, all written out here from the rollouts the engine returned; the same
+    with the decoder layers compiled."""
     model = make_model(tokenizer)
     start = copy.deepcopy(model)
     engine = RecordingEngine(model, tokenizer)
-    config = small_config(grad_clip=0.05)
+    config = small_config(grad_clip=0.05, compile_layers=compile_layers)
     history = grpo(model, tokenizer, engine, PROBLEMS, TEMPLATE, parity_reward, config)
 
     (prompts, groups, sampling), = engine.calls
@@ -119,6 +121,7 @@ def test_one_step_update_equals_the_hand_computed_one(tokenizer):
     (dict(tis_cap=0.0), "tis_cap must be None or a finite number > 0"),
     (dict(n_grpo_steps=0), "n_grpo_steps must be an int >= 1"),
     (dict(sampling=SamplingSettings(n=4)), "settings without n or seed"),
+    (dict(compile_layers="yes"), "compile_layers must be a bool"),
 ])
 def test_invalid_settings_fail_at_construction(overrides, message):
     with pytest.raises(ValueError, match=message):
