@@ -97,6 +97,22 @@ def setup_model(model: torch.nn.Module) -> tuple[int, int]:
     return rank, world
 
 
+def accumulating(model: torch.nn.Module, microbatches: list[list[int]]) -> Iterator[list[int]]:
+    """Iterate an optimizer step's micro-batches; under FSDP2, all but the last keep their gradients
+    unreduced and the weights gathered after backward, so the step reduce-scatters gradients once
+    instead of once per micro-batch (the last micro-batch reduces and reshards). One process: plain
+    iteration."""
+    from torch.distributed.fsdp import FSDPModule
+
+    sharded = isinstance(model, FSDPModule)
+    for number, microbatch in enumerate(microbatches, start=1):
+        if sharded:
+            last = number == len(microbatches)
+            model.set_requires_gradient_sync(last)
+            model.set_reshard_after_backward(last)
+        yield microbatch
+
+
 def rank_microbatches(items: Sequence[int], microbatch_size: int) -> list[list[int]]:
     """This rank's micro-batches of a batch: rank r takes ``items[r::world]``, cut into lists of
     ``microbatch_size``. Every rank gets the same number of micro-batches (FSDP2 pairs each forward and

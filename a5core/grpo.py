@@ -459,7 +459,8 @@ class _Trainer:
                 # Statistics stay on the device (no sync per micro-batch) until read once, below.
                 acc = {k: torch.zeros((), dtype=torch.float64, device=self.device) for k in _STEP_SUMS}
                 ratio_peak = torch.zeros((), dtype=torch.float64, device=self.device)
-                for index in distributed.rank_microbatches(train_batch, config.microbatch_size):
+                microbatches = distributed.rank_microbatches(train_batch, config.microbatch_size)
+                for index in distributed.accumulating(self.model, microbatches):
                     t = batch.select(index or train_batch[:1]).tensors(self.pad_id, self.device)
                     if not index:  # an empty share still runs a pass (FSDP2), at zero weight
                         for key in ("advantages", "raw_rewards"):

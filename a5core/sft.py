@@ -254,7 +254,8 @@ def train_sft(
         nll = torch.zeros((), device=device)
         tokens = torch.zeros((), dtype=torch.long, device=device)
         truncated = 0
-        for index in distributed.rank_microbatches(range(len(batch)), config.microbatch_size):
+        microbatches = distributed.rank_microbatches(range(len(batch)), config.microbatch_size)
+        for index in distributed.accumulating(model, microbatches):
             micro = [batch[i] for i in index] or batch[:1]  # an empty share still runs a pass (FSDP2), at zero weight
             encoded = tokenize_prompt_and_output([t.prompt for t in micro], [t.response for t in micro], tokenizer)
             if not index:
