@@ -81,6 +81,18 @@ def tokenize_prompt_and_output(prompt_strs: list[str], output_strs: list[str], t
     return pack_prompt_and_output_ids(prompts, outputs, pad_id_of(tokenizer))
 
 
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / torch.compile wrappers around a policy
+
+
+def checkpoint_name(name: str) -> str:
+    """A parameter's name as transformers saves it: without DDP ``module.`` / torch.compile ``_orig_mod.``
+    prefixes."""
+    for prefix in WRAPPER_PREFIXES:
+        while name.startswith(prefix):
+            name = name[len(prefix) :]
+    return name
+
+
 def pad_id_of(tokenizer: Any) -> int:
     """The tokenizer's pad id, else its eos id."""
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -30,13 +30,14 @@ from typing import NamedTuple
 import torch
 from torch import distributed as dist
 
+from a5core.policy import checkpoint_name
+
 TRAINER, ENGINE = 0, 1
 HOST = "127.0.0.1"
 DEFAULT_BUCKET_BYTES = 1 << 30
 DEFAULT_TIMEOUT_S = 600.0
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0"}  # forced: never NVLink multicast
 NCCL_ENV_DEFAULTS = {"NCCL_SOCKET_IFNAME": "lo"}  # bootstrap on loopback, unless the caller chose
-_STRIP_PREFIXES = ("module.", "_orig_mod.")  # DDP / torch.compile wrappers around a policy
 _PREFIX = "a5-weights"
 
 
@@ -67,14 +68,6 @@ def set_nccl_env() -> None:
         os.environ.setdefault(key, value)
 
 
-def hf_name(name: str) -> str:
-    """``name`` without DDP ``module.`` / torch.compile ``_orig_mod.`` prefixes."""
-    for prefix in _STRIP_PREFIXES:
-        while name.startswith(prefix):
-            name = name[len(prefix) :]
-    return name
-
-
 def policy_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     """The state dict's tensors (parameters and persistent buffers) under HF names, in state-dict
     order, each tied tensor once (under its first name: ``model.embed_tokens.weight``, not
@@ -84,7 +77,7 @@ def policy_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     for name, tensor in model.state_dict(keep_vars=True).items():
         if id(tensor) not in seen:
             seen.add(id(tensor))
-            weights.append((hf_name(name), tensor))
+            weights.append((checkpoint_name(name), tensor))
     return weights
 
 

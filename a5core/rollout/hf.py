@@ -39,11 +39,10 @@ from typing import Any
 import torch
 
 from a5core import progress
-from a5core.policy import LOGPROB_CHUNK_TOKENS, load_policy, pad_id_of, token_log_probs
+from a5core.policy import LOGPROB_CHUNK_TOKENS, checkpoint_name, load_policy, pad_id_of, token_log_probs
 from a5core.rollout import Completion, SamplingSettings, check_prompts, resolve_dtype
 from a5core.rollout.static_decode import StaticKVDecoder, supports
 
-_STRIP_PREFIXES = ("module.", "_orig_mod.")  # DDP / torch.compile wrappers around a policy
 STOP_CHECK_EVERY = 16  # decode steps between read-backs of which rows are done (static loop)
 CAPACITY_STEP = 256  # the static cache's capacity is rounded up to a multiple of this when compiled
 
@@ -380,10 +379,5 @@ class HFEngine:
         """
         if policy_model is self.model:
             return
-        state = {}
-        for name, tensor in policy_model.state_dict().items():
-            for prefix in _STRIP_PREFIXES:
-                while name.startswith(prefix):
-                    name = name[len(prefix) :]
-            state[name] = tensor
+        state = {checkpoint_name(name): tensor for name, tensor in policy_model.state_dict().items()}
         self.model.load_state_dict(state, strict=True)

@@ -77,7 +77,8 @@ class StaticKVDecoder:
 
     def _layer(self, index: int, layer: Any, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                attend) -> torch.Tensor:
-        """One decoder layer on hidden (B, T, H); ``attend(layer, q, k, v)`` → (B, T, heads·D)."""
+        """Decoder layer ``index`` on hidden (B, T, H). ``attend(index, scaling, q, k, v)`` with q (B, heads, T, D)
+        and k, v (B, K, T, D) after the rotary embedding stores k, v in the cache and returns (B, T, heads·D)."""
         attn = layer.self_attn
         b, t, _ = hidden.shape
         x = layer.input_layernorm(hidden)

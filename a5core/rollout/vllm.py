@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from a5core import progress
+from a5core.policy import checkpoint_name
 from a5core.rollout import Completion, SamplingSettings, check_prompts, resolve_dtype
 
 _VLLM_ENV = {
@@ -38,20 +39,12 @@ _VLLM_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_NO_USAGE_STATS": "1",
 }
-_STRIP_PREFIXES = ("module.", "_orig_mod.")  # DDP / torch.compile wrappers around a policy
 
 
 def set_vllm_env() -> None:
     """Set the environment vLLM needs here, where the caller has not set it (before importing vllm)."""
     for key, value in _VLLM_ENV.items():
         os.environ.setdefault(key, value)
-
-
-def _hf_weight_name(name: str) -> str:
-    for prefix in _STRIP_PREFIXES:
-        while name.startswith(prefix):
-            name = name[len(prefix) :]
-    return name
 
 
 def _eager_count_greater_equal(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -166,7 +159,7 @@ class VLLMEngine:
         silently differ from the policy's. Needs the in-process engine (see the module docstring).
         """
         state = policy_model.state_dict()
-        weights = ((_hf_weight_name(name), tensor.detach()) for name, tensor in state.items())
+        weights = ((checkpoint_name(name), tensor.detach()) for name, tensor in state.items())
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         self.llm.apply_model(_reprocess_tied_lm_head)
         self.llm.reset_prefix_cache()
