@@ -14,6 +14,14 @@ Each of ``n_ei_steps`` rounds:
 Resuming: the round's kept set and the SFT checkpoint inside it make a killed run restart exactly where
 it stopped; a finished round is recorded in ``state.json`` and not run again. Metrics leave through the
 ``log(metrics, step)`` callback; the step is the round index.
+
+Several ranks (torchrun; the caller has called :func:`a5core.distributed.init_from_env` before loading
+the model, and gives each rank its own engine): each rank pushes the whole weights
+(:func:`a5core.distributed.full_weights`) into its engine and samples its block of the round's
+questions; the graded rollouts are gathered, so every rank keeps the same traces, and the SFT loop
+trains on them with FSDP2 (the model is sharded in place from the first round on). Rank 0 alone calls
+``log`` and writes the round files, ``model.pt`` (whole tensors, gathered) and ``state.json``; every
+rank calls ``evaluate``. One process: ``distributed`` reduces to the plain loop.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from typing import Any
 
 import torch
 
-from a5core import progress
+from a5core import distributed, progress
 from a5core.data import Problem, Trace, load_sft_traces, write_jsonl_atomic, write_text_atomic
 from a5core.evaluation import grade_completions, response_entropies
 from a5core.prompts import PromptTemplate
@@ -72,11 +80,12 @@ def expert_iteration(
     evaluate: Callable[[torch.nn.Module, int], dict[str, float]] | None = None,
     log: Callable[[dict[str, float], int], None] = lambda metrics, step: None,
 ) -> list[dict[str, float]]:
-    """Run (or resume) Expert Iteration; returns each round's logged metrics."""
+    """Run (or resume) Expert Iteration; returns each round's metrics (on every rank)."""
+    rank = distributed.rank_and_world()[0]
     root = Path(config.checkpoint_dir) if config.checkpoint_dir else None
     state = json.loads((root / "state.json").read_text()) if root and (root / "state.json").is_file() else {"rounds": []}
     if state["rounds"]:
-        model.load_state_dict(torch.load(root / "model.pt", map_location=next(model.parameters()).device))
+        _load_weights(model, root / "model.pt")
     history: list[dict[str, float]] = state["rounds"]
     if history:
         logger.info("EI: resuming from %s after round %d of %d", root, len(history), config.n_ei_steps)
@@ -89,10 +98,11 @@ def expert_iteration(
             metrics = json.loads((round_dir / "rollouts.json").read_text())
         else:
             kept, metrics = _rollout_round(model, tokenizer, engine, problems, template, reward_fn, config, step)
-            if round_dir is not None:
+            if round_dir is not None and rank == 0:
                 write_jsonl_atomic(kept_path, [asdict(t) for t in kept])
                 write_text_atomic(round_dir / "rollouts.json", json.dumps(metrics))
         if kept:
+            _reshard(model)
             sft_config = replace(config.sft, seed=config.seed + step,
                                  checkpoint_dir=str(round_dir / "sft") if round_dir else None)
             final = train_sft(model, tokenizer, kept, sft_config,
@@ -100,16 +110,48 @@ def expert_iteration(
             metrics["sft_loss"] = final.get("loss", float("nan"))
         if evaluate is not None:
             metrics.update(evaluate(model, step))
-        log(metrics, step)
         history.append(metrics)
-        progress.log_step(logger, "EI round", step + 1, config.n_ei_steps, metrics, STATUS_KEYS)
+        if rank == 0:
+            log(metrics, step)
+            progress.log_step(logger, "EI round", step + 1, config.n_ei_steps, metrics, STATUS_KEYS)
         rounds_bar.update(1)
         if root is not None:
-            torch.save(model.state_dict(), root / "model.pt.tmp")
-            (root / "model.pt.tmp").replace(root / "model.pt")
-            write_text_atomic(root / "state.json", json.dumps({"rounds": history}))
+            _save_round(model, root, history)
     rounds_bar.close()
     return history
+
+
+def _reshard(model: torch.nn.Module) -> None:
+    """Put an FSDP2 model's parameters back into shards. A forward without a backward (the rollouts'
+    entropies, an evaluation) leaves the root's parameters gathered, and ``model.parameters()`` then
+    yields those whole tensors: an SFT loop that built its optimizer from them would step copies and
+    clip the wrong gradient norm. No-op for a model that is not sharded."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
+def _load_weights(model: torch.nn.Module, path: Path) -> None:
+    """Load the whole weights saved at ``path`` into ``model``, sharded (each rank keeps its shards) or not."""
+    from torch.distributed.fsdp import FSDPModule
+
+    state = torch.load(path, map_location="cpu")
+    target = distributed._Sharding(model) if isinstance(model, FSDPModule) else model
+    target.load_state_dict(state)
+
+
+def _save_round(model: torch.nn.Module, root: Path, history: list[dict[str, float]]) -> None:
+    """``model.pt`` (the whole weights, gathered on every rank: a collective) and ``state.json`` after a
+    round, written by rank 0; the other ranks wait for them (a resume reads them)."""
+    state = distributed.full_weights(model).state_dict()
+    if distributed.rank_and_world()[0] == 0:
+        torch.save({name: tensor.cpu() for name, tensor in state.items()}, root / "model.pt.tmp")
+        (root / "model.pt.tmp").replace(root / "model.pt")
+        write_text_atomic(root / "state.json", json.dumps({"rounds": history}))
+    if distributed.rank_and_world()[1] > 1:
+        torch.distributed.barrier()
 
 
 def _rollout_round(
@@ -122,13 +164,17 @@ def _rollout_round(
     config: EIConfig,
     step: int,
 ) -> tuple[list[Trace], dict[str, float]]:
-    """Sample D_b questions, G rollouts each, grade; return the correct ones as traces and round stats."""
+    """Sample D_b questions, G rollouts each, grade; return the correct ones as traces and round stats.
+    Under several ranks each samples and grades its block of the questions; all get every record."""
     rng = random.Random(config.seed * 1_000_003 + step)
     questions = rng.sample(list(problems), min(config.questions_per_step, len(problems)))
-    prompts = [template.format(p.problem) for p in questions]
-    engine.load_weights(model)
-    sampling = replace(config.sampling, n=config.rollouts_per_question, seed=config.seed + step)
-    records = grade_completions(questions, prompts, engine.generate(prompts, sampling), reward_fn)
+    rank, world = distributed.rank_and_world()
+    mine = questions[distributed.rank_slice(len(questions))]
+    prompts = [template.format(p.problem) for p in mine]
+    engine.load_weights(distributed.full_weights(model))
+    sampling = replace(config.sampling, n=config.rollouts_per_question, seed=(config.seed + step) * world + rank)
+    graded = grade_completions(mine, prompts, engine.generate(prompts, sampling), reward_fn) if mine else []
+    records = distributed.gather_lists(graded)  # question order
     kept = [Trace(r["prompt"], r["response"], r["ground_truth"]) for r in records if r["reward"] == 1.0]
     sample = rng.sample(records, min(config.entropy_sample, len(records)))
     entropies = [e for e in response_entropies(model, tokenizer, [r["prompt"] for r in sample], [r["response"] for r in sample]) if e == e]

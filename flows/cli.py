@@ -10,6 +10,12 @@ Every flow's ``main`` is wrapped by :func:`cli_main`: logging at INFO for the pr
 loops' one line per step), and bad input (a data file, a prompt template, a model path, settings, a
 NaN loss, a checkpoint of another run) ends the command with one message on stderr and exit status 1,
 not a traceback. ``A5_TRACEBACK=1`` shows the traceback instead.
+
+Several GPUs: ``torchrun --nproc-per-node N -m flows.grpo ...`` (also sft_experiment, expert_iteration,
+leaderboard). A flow's ``main`` runs it through :func:`run_flow`: every rank runs the same flow code
+and trains in the same loop (FSDP2, :mod:`a5core.distributed`); rank 0 runs it as the Prefect flow
+and alone tracks (MLflow, outputs, metrics files, printed results), the other ranks run the flow's
+plain function, without Prefect, MLflow or outputs, and log warnings only.
 """
 
 from __future__ import annotations
@@ -96,6 +102,33 @@ def cli_main(prog: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         return run
 
     return decorate
+
+
+def run_flow(flow: Any, params: BaseModel) -> Any:
+    """Run a Prefect ``flow`` with ``params`` from a command line, one process or torchrun's N.
+
+    Joins the process group torchrun describes (:func:`a5core.distributed.init_from_env`, before any
+    model is loaded; left at the process's exit, so several flows can run in one launch); then rank 0
+    calls the flow (a Prefect flow run, tracked as usual) and every other rank its plain function
+    (``flow.fn``: the same training, untracked; see :func:`tasks.training.tracking_rank`). Returns the
+    flow's result on rank 0 and None on the others.
+    """
+    import atexit
+
+    import torch.distributed as dist
+
+    from a5core import distributed
+
+    joined = dist.is_initialized()
+    rank, world = distributed.init_from_env()
+    if world > 1 and not joined:
+        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+    if rank != 0:
+        configure_logging(logging.WARNING)  # one rank's INFO lines are enough
+    if rank == 0:
+        return flow(params)
+    flow.fn(params)
+    return None
 
 
 def parse_params(model: type[Params], section: str, argv: list[str] | None = None, description: str = "") -> Params:

@@ -9,6 +9,12 @@ runs resume from their checkpoints and continue their MLflow runs.
     python -m flows.expert_iteration --help
     python -m flows.expert_iteration --config params.yaml                 # one run
     python -m flows.expert_iteration --config params.yaml --sweep true    # the grid
+    torchrun --nproc-per-node 4 -m flows.expert_iteration --config params.yaml --backend hf   # on 4 GPUs
+
+Under torchrun every rank runs each round (see :func:`flows.cli.run_flow`): it samples its share of
+the questions with its own hf engine (a full copy of the weights on its GPU), all ranks grade and keep
+the same rollouts, and the SFT loop trains on them with FSDP2; rank 0 alone logs to MLflow and writes
+the outputs and checkpoints.
 """
 
 from __future__ import annotations
@@ -28,10 +34,10 @@ from a5core.expert_iteration import EIConfig, expert_iteration
 from a5core.models import resolve_model
 from a5core.policy import load_policy
 from a5core.prompts import load_prompt
-from a5core.rollout import Engine, SamplingSettings, make_engine
+from a5core.rollout import Engine, SamplingSettings
 from a5core.sft import SFTConfig
-from flows.cli import cli_main
-from tasks.engines import start_engine
+from flows.cli import cli_main, run_flow
+from tasks.engines import closing_engine, rollout_engine
 from tasks.tracking import DEFAULT_TRACKING_URI, log_params_flat
 from tasks.training import (
     TRAINING_REWARD_FNS,
@@ -40,6 +46,8 @@ from tasks.training import (
     mlflow_logger,
     params_key,
     start_resumable_run,
+    tracked,
+    tracking_rank,
     validation_hook,
 )
 
@@ -110,7 +118,9 @@ def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | Non
     config = ei_config(params, str(run_dir / "checkpoint"))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with start_resumable_run(run_dir / "mlflow_run_id", params.experiment, f"ei-{name}", params.tracking_uri, parent_run_id) as run:
-        log_params_flat({**params.model_dump(exclude={"sweep_rollouts_per_question", "sweep_epochs", "sweep_questions_per_step"}), "setting": name})
+        if tracking_rank():
+            log_params_flat({**params.model_dump(exclude={"sweep_rollouts_per_question", "sweep_epochs",
+                                                          "sweep_questions_per_step"}), "setting": name})
         model, tokenizer = load_policy(params.model, dtype=getattr(torch, params.policy_dtype), device=device)
         hook = validation_hook(engine, tokenizer, validation, template, reward_fn, eval_sampling, params.val_subset)
         log = mlflow_logger()
@@ -120,7 +130,8 @@ def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | Non
         row = {"setting": name, "final_accuracy": full["val_accuracy"], "final_format_rate": full["val_format_rate"],
                "curve": [{"step": i, "val_accuracy": h["val_accuracy"], "kept_fraction": h["kept_fraction"]} for i, h in enumerate(history)],
                "mlflow_run_id": run.info.run_id}
-    write_text_atomic(run_dir / "done.json", json.dumps(row))
+    if tracking_rank():
+        write_text_atomic(run_dir / "done.json", json.dumps(row))
     return row
 
 
@@ -136,22 +147,27 @@ def grid(params: EIParams) -> dict[str, EIParams]:
 def expert_iteration_flow(params: EIParams = EIParams()) -> dict:
     """One EI run, or (``sweep``) the grid as children of one parent run with a comparison plot."""
     out = Path(params.output_dir)
-    engine_kwargs = {"gpu_memory_utilization": params.engine_memory_fraction} if params.backend != "hf" else {}
-    engine = start_engine(make_engine, resolve_model(params.model), params.backend, dtype=params.engine_dtype, **engine_kwargs)
-    if not params.sweep:
-        row = run_ei("single", params, engine, None)
-        summary = [{k: row[k] for k in ("setting", "final_accuracy", "final_format_rate")}]
-        paths: dict[str, str] = {}
-        run_id = row["mlflow_run_id"]
-    else:
-        with start_resumable_run(out / f"runs-{params_key(params)}" / "mlflow_run_id", params.experiment, "ei_sweep",
-                                 params.tracking_uri) as parent:
-            log_params_flat(params.model_dump())
-            rows = [run_ei(name, setting, engine, parent.info.run_id) for name, setting in grid(params).items()]
-            curves = [{"setting": r["setting"], **point} for r in rows for point in r["curve"]]
-            summary = [{k: r[k] for k in ("setting", "final_accuracy", "final_format_rate")} for r in rows]
-            paths = log_comparison(out, curves, summary, "setting", "Expert Iteration: validation accuracy by round")
-            run_id = parent.info.run_id
+    engine = rollout_engine(resolve_model(params.model), params.backend, dtype=params.engine_dtype,
+                            memory_fraction=params.engine_memory_fraction)
+    with closing_engine(engine):
+        if not params.sweep:
+            row = tracked(run_ei)("single", params, engine, None)
+            summary = [{k: row[k] for k in ("setting", "final_accuracy", "final_format_rate")}]
+            paths: dict[str, str] = {}
+            run_id = row["mlflow_run_id"]
+        else:
+            with start_resumable_run(out / f"runs-{params_key(params)}" / "mlflow_run_id", params.experiment,
+                                     "ei_sweep", params.tracking_uri) as parent:
+                if tracking_rank():
+                    log_params_flat(params.model_dump())
+                rows = [tracked(run_ei)(name, setting, engine, parent.info.run_id) for name, setting in grid(params).items()]
+                curves = [{"setting": r["setting"], **point} for r in rows for point in r["curve"]]
+                summary = [{k: r[k] for k in ("setting", "final_accuracy", "final_format_rate")} for r in rows]
+                if tracking_rank():
+                    paths = log_comparison(out, curves, summary, "setting", "Expert Iteration: validation accuracy by round")
+                run_id = parent.info.run_id
+    if not tracking_rank():  # a torchrun rank other than 0 trained along; rank 0 reports
+        return {"summary": None, "paths": None, "mlflow_run_id": None}
     if params.metrics_path:
         write_text_atomic(Path(params.metrics_path), json.dumps(summary, indent=2) + "\n")
     return {"summary": summary, "paths": paths, "mlflow_run_id": run_id}
@@ -177,7 +193,9 @@ def main(argv: list[str] | None = None) -> None:
 
     params = parse_params(EIParams, "expert_iteration", argv, __doc__)
     check_inputs(params)
-    result = expert_iteration_flow(params)
+    result = run_flow(expert_iteration_flow, params)
+    if result is None:  # a torchrun rank other than 0: rank 0 reports
+        return
     for row in result["summary"]:
         print(f"{row['setting']:>14}: accuracy {row['final_accuracy']:.3f}, format {row['final_format_rate']:.3f}")
     print("\n".join(f"{k:12} {v}" for k, v in result["paths"].items()))

@@ -26,12 +26,19 @@ csv and a summary table (setting → final accuracy, format rate, wall seconds) 
     python -m flows.grpo --help
     python -m flows.grpo --config params.yaml                                   # one run
     python -m flows.grpo --config params.yaml --ablation grpo_baseline_ablation  # an ablation
+    torchrun --nproc-per-node 4 -m flows.grpo --config params.yaml                # on 4 GPUs (FSDP2)
+    python -m flows.grpo --config params.yaml --engine-device cuda:1            # the engine on a GPU of its own
+
+Under torchrun every rank trains (see :func:`flows.cli.run_flow`) and has its own engine with a full
+copy of the weights: in its process (hf) or, with ``engine_device``, a RemoteEngine on a device of its
+own; rank 0 alone logs to MLflow and writes the outputs.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -40,16 +47,16 @@ from typing import Any, Literal
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from a5core.data import write_text_atomic
-from flows.cli import cli_main
+from flows.cli import cli_main, run_flow
 from a5core.grpo import GRPOConfig, grpo
 from a5core.models import resolve_model
 from a5core.policy import load_policy
 from a5core.prompts import load_prompt
-from a5core.rollout import Engine, SamplingSettings, make_engine
-from tasks.engines import start_engine
+from a5core.rollout import Engine, SamplingSettings
+from tasks.engines import closing_engine, parse_engine_devices, rollout_engine
 from tasks.fanout import run_children_on_ray
 from tasks.tracking import DEFAULT_TRACKING_URI, ensure_experiment, log_params_flat
 from tasks.training import (
@@ -61,6 +68,8 @@ from tasks.training import (
     mlflow_logger,
     params_key,
     start_resumable_run,
+    tracked,
+    tracking_rank,
     validation_hook,
 )
 
@@ -75,6 +84,9 @@ class GRPOParams(BaseModel):
     backend: Literal["auto", "vllm", "hf"] = Field("auto", description="rollout engine")
     engine_dtype: str = Field("auto", description="engine dtype (auto: bf16 on GPU, fp32 on CPU)")
     engine_memory_fraction: float = Field(0.3, gt=0, le=1, description="vLLM gpu_memory_utilization beside the policy")
+    engine_device: str | None = Field(None, description="None: the engine runs in the trainer's process; a device "
+                                      "(cuda:1, cpu): in a process of its own there, weights pushed over NCCL/gloo; "
+                                      "under torchrun one device per rank, comma-separated (cuda:4,cuda:5)")
     policy_dtype: Literal["float32", "bfloat16"] = Field("float32", description="policy weights (bf16 autocast on GPU)")
     train_data: str = Field("../shared/data/math/train.jsonl", description="questions to sample from, or arithmetic:N:DIGITS")
     train_format: Literal["math", "gsm8k"] = Field("math")
@@ -128,6 +140,13 @@ class GRPOParams(BaseModel):
     metrics_path: str | None = Field("metrics/grpo.json")
     experiment: str = Field("grpo")
     tracking_uri: str = Field(DEFAULT_TRACKING_URI)
+
+    @field_validator("engine_device")
+    @classmethod
+    def _devices(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_engine_devices(value)
+        return value
 
 
 def grpo_config(params: GRPOParams, checkpoint_dir: str | None = None) -> GRPOConfig:
@@ -210,9 +229,12 @@ def accuracy_by_wall_clock(run_id: str) -> Callable[[float, int, float], None]:
     logger keeps from the first time): among the validated steps whose first second is that one, this
     step is the k-th, and the point is written only if the run holds fewer than k points there (so a
     kill between the step's metrics and its point still gets the point written, once).
+    Off the tracking rank (torchrun rank > 0) it logs nothing.
     """
     import mlflow
 
+    if not tracking_rank():
+        return lambda accuracy, step, wall_seconds: None
     client = mlflow.MlflowClient()
     second_of = {m.step: int(m.value) for m in client.get_metric_history(run_id, "wall_seconds")}
     validated = {m.step for m in client.get_metric_history(run_id, "val_accuracy")}
@@ -245,7 +267,7 @@ def run_grpo(name: str, params: GRPOParams, engine: Engine, parent_run_id: str |
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with start_resumable_run(run_dir / "mlflow_run_id", params.experiment, f"grpo-{name}", params.tracking_uri,
                              parent_run_id) as run:
-        log_params_flat({**params.model_dump(exclude={"ablation"}), "setting": name})
+        _log_params({**params.model_dump(exclude={"ablation"}), "setting": name})
         model, tokenizer = load_policy(params.model, dtype=getattr(torch, params.policy_dtype), device=device)
         hook = validation_hook(engine, tokenizer, validation, template, reward_fn, eval_sampling, params.val_subset)
         to_mlflow, by_wall_clock = mlflow_logger(), accuracy_by_wall_clock(run.info.run_id)
@@ -268,14 +290,28 @@ def run_grpo(name: str, params: GRPOParams, engine: Engine, parent_run_id: str |
             "trends": [{"step": h["step"], **{k: h[k] for k in TREND_METRICS}} for h in history if "reward_mean" in h],
             "mlflow_run_id": run.info.run_id,
         }
-    write_text_atomic(run_dir / "done.json", json.dumps(row))
+    if tracking_rank():
+        write_text_atomic(run_dir / "done.json", json.dumps(row))
     return row
 
 
+def _log_params(values: dict[str, Any]) -> None:
+    """The run's parameters into the active MLflow run (tracking rank only); ``engine_device`` as a tag,
+    as it may change when a run resumes (MLflow refuses a parameter's second value)."""
+    import mlflow
+
+    if tracking_rank():
+        engine_device = values.pop("engine_device", None)
+        log_params_flat(values)
+        mlflow.set_tag("engine_device", str(engine_device))
+
+
 def engine_for(params: GRPOParams) -> Engine:
-    """The run's rollout engine, started through the retried ``start_engine`` task."""
-    kwargs = {"gpu_memory_utilization": params.engine_memory_fraction} if params.backend != "hf" else {}
-    return start_engine(make_engine, resolve_model(params.model), params.backend, dtype=params.engine_dtype, **kwargs)
+    """The run's rollout engine (on every rank its own), started through the retried ``start_engine``
+    task: in this process, or with ``engine_device`` a RemoteEngine in a process of its own on that
+    device (:func:`tasks.engines.rollout_engine`). Close it with :func:`tasks.engines.closing_engine`."""
+    return rollout_engine(resolve_model(params.model), params.backend, dtype=params.engine_dtype,
+                          memory_fraction=params.engine_memory_fraction, engine_device=params.engine_device)
 
 
 def _report(params: GRPOParams, rows: list[dict], title: str) -> tuple[list[dict], dict[str, str]]:
@@ -290,13 +326,16 @@ def _report(params: GRPOParams, rows: list[dict], title: str) -> tuple[list[dict
 
 
 def run_key(params: GRPOParams) -> str:
-    """The folder key of a run: its parameters, less where results go and how children are scheduled."""
-    return params_key(params, ignore=(*RUN_KEY_IGNORED, "runner", "ray_address", "ray_gpus_per_child", "ray_cpus_per_child"))
+    """The folder key of a run: its parameters, less where results go, where the engine runs and how
+    children are scheduled."""
+    return params_key(params, ignore=(*RUN_KEY_IGNORED, "engine_device", "runner", "ray_address", "ray_gpus_per_child",
+                                      "ray_cpus_per_child"))
 
 
 def _run_with_own_engine(setting: str, params: GRPOParams, parent_run_id: str) -> dict:
     """One child on a Ray worker: engines are process-local, so it starts its own."""
-    return run_grpo.fn(setting, params, engine_for(params), parent_run_id)
+    with closing_engine(engine_for(params)) as engine:
+        return run_grpo.fn(setting, params, engine, parent_run_id)
 
 
 def run_ablation(name: str, params: GRPOParams) -> dict:
@@ -307,7 +346,7 @@ def run_ablation(name: str, params: GRPOParams) -> dict:
     parent_params = params.model_copy(update={"ablation": name})
     run_id_file = Path(params.output_dir) / f"runs-{run_key(parent_params)}" / "mlflow_run_id"
     with start_resumable_run(run_id_file, params.experiment, name, params.tracking_uri) as parent:
-        log_params_flat(parent_params.model_dump())
+        _log_params(parent_params.model_dump())
         if params.runner == "ray":
             rows = run_children_on_ray(
                 children, functools.partial(_run_with_own_engine, parent_run_id=parent.info.run_id),
@@ -315,8 +354,10 @@ def run_ablation(name: str, params: GRPOParams) -> dict:
                 cpus_per_child=params.ray_cpus_per_child,
             )
         else:
-            engine = engine_for(params)
-            rows = [run_grpo(setting, child, engine, parent.info.run_id) for setting, child in children.items()]
+            with closing_engine(engine_for(params)) as engine:
+                rows = [tracked(run_grpo)(setting, child, engine, parent.info.run_id) for setting, child in children.items()]
+        if not tracking_rank():
+            return {"summary": None, "paths": None, "mlflow_run_id": None}
         summary, paths = _report(params, rows, f"GRPO {ABLATIONS[name][0]} ablation: validation accuracy")
         mlflow.set_tag("ablation", name)
     return {"summary": summary, "paths": paths, "mlflow_run_id": parent.info.run_id}
@@ -328,7 +369,10 @@ def grpo_flow(params: GRPOParams = GRPOParams()) -> dict:
     if params.ablation is not None:
         return run_ablation(params.ablation, params)
     grpo_config(params)  # fail on a bad combination before an engine starts
-    row = run_grpo("single", params, engine_for(params), None)
+    with closing_engine(engine_for(params)) as engine:
+        row = tracked(run_grpo)("single", params, engine, None)
+    if not tracking_rank():
+        return {"summary": None, "paths": None, "mlflow_run_id": None}
     with reopen_run(row["mlflow_run_id"], ensure_experiment(params.experiment, params.tracking_uri)):
         summary, paths = _report(params, [row], "GRPO: validation accuracy")
     return {"summary": summary, "paths": paths, "mlflow_run_id": row["mlflow_run_id"]}
@@ -354,13 +398,14 @@ grpo_prompt_ablation = _ablation_flow("grpo_prompt_ablation")
 
 def check_inputs(params: GRPOParams) -> None:
     """Fail on bad input before an engine starts, with the error naming what and where: the settings
-    (each ablation setting's too), the model path, the prompt, the data files."""
+    (each ablation setting's too), the model path, the prompt, the data files, where the engines run."""
     try:
         config = grpo_config(params)
         if params.ablation is not None:
             ablation_settings(params.ablation, params)
     except ValueError as error:
         raise ValueError(f"invalid GRPO settings: {error}") from None
+    check_placement(params)
     resolve_model(params.model)
     load_prompt(params.prompt)
     train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
@@ -370,13 +415,30 @@ def check_inputs(params: GRPOParams) -> None:
                          f"{config.prompts_per_step} questions a step samples (rollout_batch_size / group_size)")
 
 
+def check_placement(params: GRPOParams) -> None:
+    """Refuse what cannot run under torchrun's ranks (read from the environment, before the process
+    group exists): Ray children (each would be a training job of its own), engines on Ray with an
+    ``engine_device``, and an ``engine_device`` list that does not give each rank one device."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if params.ablation is not None and params.runner == "ray" and (world > 1 or params.engine_device is not None):
+        raise ValueError("runner ray: the children run on Ray workers, each with an engine of its own; it does not "
+                         "combine with torchrun or engine_device (use runner local)")
+    if params.engine_device is not None:
+        devices, local_world = parse_engine_devices(params.engine_device), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if len(devices) not in (1, local_world):
+            raise ValueError(f"engine_device {params.engine_device!r}: {len(devices)} devices for {local_world} ranks; "
+                             "give one device, or one per rank")
+
+
 @cli_main("flows.grpo")
 def main(argv: list[str] | None = None) -> None:
     from flows.cli import parse_params
 
     params = parse_params(GRPOParams, "grpo", argv, __doc__)
     check_inputs(params)
-    result = grpo_flow(params)
+    result = run_flow(grpo_flow, params)
+    if result is None:  # a torchrun rank other than 0: rank 0 reports
+        return
     for row in result["summary"]:
         print(f"{row['setting']:>24}: accuracy {row['final_accuracy']:.3f}, format {row['final_format_rate']:.3f}, "
               f"{row['wall_seconds']:.0f} s")

@@ -19,6 +19,10 @@ The default GRPO settings follow the public leaderboard's best entries: GRPO at 
     python -m flows.leaderboard --help
     python -m flows.leaderboard --config params.yaml                  # the A5 setting (GPU)
     python -m flows.leaderboard --config params.yaml --profile cpu    # a 6-minute smoke run on a CPU
+    torchrun --nproc-per-node 4 -m flows.leaderboard --config params.yaml --backend hf   # on 4 GPUs (FSDP2)
+
+Under torchrun every rank trains and evaluates its share with its own engine (see :mod:`flows.grpo`);
+rank 0 alone logs to MLflow, saves the best checkpoint and writes the summary.
 """
 
 from __future__ import annotations
@@ -30,9 +34,11 @@ import time
 from pathlib import Path
 from typing import Literal
 
+import torch
 from prefect import flow
 from pydantic import Field
 
+from a5core import distributed
 from a5core.data import Trace, load_sft_traces, write_text_atomic
 from a5core.grading import r1_zero_reward_fn
 from a5core.grpo import grpo
@@ -40,9 +46,11 @@ from a5core.policy import load_policy
 from a5core.prompts import load_prompt
 from a5core.rollout import SamplingSettings
 from a5core.sft import SFTConfig, train_sft
-from flows.grpo import GRPOParams, engine_for, grpo_config
+from flows.cli import run_flow
+from flows.grpo import GRPOParams, check_placement, engine_for, grpo_config
+from tasks.engines import closing_engine
 from tasks.tracking import log_params_flat
-from tasks.training import load_problem_set, mlflow_logger, start_resumable_run, validation_hook
+from tasks.training import load_problem_set, mlflow_logger, start_resumable_run, tracking_rank, validation_hook
 
 # The leaderboard's evaluation, not a parameter.
 FINAL_SAMPLING = SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=1024, stop=("</answer>",), seed=0)
@@ -72,10 +80,20 @@ class LeaderboardParams(GRPOParams):
 
 
 def _save_best(model, tokenizer, directory: Path) -> None:
-    """Replace ``directory`` with a Hugging Face folder of ``model`` (written beside it, then renamed)."""
+    """Replace ``directory`` with a Hugging Face folder of ``model`` (written beside it, then renamed).
+    Under several ranks every rank calls it (the weights are gathered whole), rank 0 writes, and the
+    others wait until the folder is in place."""
+    state = distributed.full_weights(model).state_dict()
+    if tracking_rank():
+        _write_folder(model, state, tokenizer, directory)
+    if distributed.rank_and_world()[1] > 1:
+        torch.distributed.barrier()
+
+
+def _write_folder(model, state: dict, tokenizer, directory: Path) -> None:
     partial = directory.with_name(directory.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial)
+    model.save_pretrained(partial, state_dict=state)
     tokenizer.save_pretrained(partial)
     old = directory.with_name(directory.name + ".old")
     if directory.exists():
@@ -87,15 +105,24 @@ def _save_best(model, tokenizer, directory: Path) -> None:
 @flow(name="leaderboard")
 def leaderboard(params: LeaderboardParams = LeaderboardParams()) -> dict:
     """Train within the budget, keep the best checkpoint, score it on the validation set."""
-    import torch
-
     start = time.monotonic()
-    budget = params.budget_hours * 3600
     out = Path(params.output_dir)
     if Path(params.train_data).resolve() == Path(params.validation_data).resolve():
         raise ValueError("leaderboard: train_data and validation_data are the same file; train on MATH train only")
     config = grpo_config(params, str(out / "grpo_checkpoint"))
-    engine = engine_for(params)
+    with closing_engine(engine_for(params)) as engine:
+        summary = _run(params, config, engine, start)
+    if tracking_rank():
+        write_text_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+        if params.metrics_path:
+            write_text_atomic(Path(params.metrics_path), json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _run(params: LeaderboardParams, config, engine, start: float) -> dict:
+    """The budgeted training and the final score (see the module docstring); returns the summary."""
+    budget = params.budget_hours * 3600
+    out = Path(params.output_dir)
     train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
     validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
     final_problems = validation[: params.final_eval_limit]
@@ -110,7 +137,8 @@ def leaderboard(params: LeaderboardParams = LeaderboardParams()) -> dict:
         return max(params.final_eval_reserve_s, estimate)
 
     with start_resumable_run(out / "mlflow_run_id", params.experiment, "leaderboard", params.tracking_uri) as run:
-        log_params_flat(params.model_dump(exclude={"ablation"}))
+        if tracking_rank():
+            log_params_flat(params.model_dump(exclude={"ablation", "engine_device"}))
         model, tokenizer = load_policy(params.model, dtype=getattr(torch, params.policy_dtype), device=device)
         log = mlflow_logger()
         if params.sft_max_steps and params.sft_data:
@@ -161,9 +189,6 @@ def leaderboard(params: LeaderboardParams = LeaderboardParams()) -> dict:
             "within_budget": wall <= budget, "mlflow_run_id": run.info.run_id,
         }
         log({k: float(v) for k, v in summary.items() if isinstance(v, (int, float)) and v is not None}, history[-1]["step"])
-    write_text_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
-    if params.metrics_path:
-        write_text_atomic(Path(params.metrics_path), json.dumps(summary, indent=2) + "\n")
     return summary
 
 
@@ -173,9 +198,12 @@ def main(argv: list[str] | None = None) -> None:
     params = parse_params(LeaderboardParams, "leaderboard", argv, __doc__)
     try:
         grpo_config(params)
+        check_placement(params)
     except ValueError as error:
         raise SystemExit(f"invalid leaderboard settings: {error}") from None
-    summary = leaderboard(params)
+    summary = run_flow(leaderboard, params)
+    if summary is None:  # a torchrun rank other than 0: rank 0 reports
+        return
     print(json.dumps({k: v for k, v in summary.items() if k != "mlflow_run_id"}, indent=2))
     print(f"mlflow run {summary['mlflow_run_id']}")
 

@@ -10,6 +10,11 @@ not trained again.
 
     python -m flows.sft_experiment --help
     python -m flows.sft_experiment --config params.yaml
+    torchrun --nproc-per-node 4 -m flows.sft_experiment --config params.yaml --backend hf   # on 4 GPUs (FSDP2)
+
+Under torchrun every rank trains each setting (see :func:`flows.cli.run_flow`) and evaluates its share
+of the problems with its own hf engine (a full copy of the weights on its GPU); rank 0 alone logs to
+MLflow and writes the outputs.
 """
 
 from __future__ import annotations
@@ -29,12 +34,20 @@ from a5core.grading import REWARD_FNS
 from a5core.models import resolve_model
 from a5core.policy import load_policy
 from a5core.prompts import load_prompt
-from a5core.rollout import Engine, SamplingSettings, make_engine
+from a5core.rollout import Engine, SamplingSettings
 from a5core.sft import SFTConfig, train_sft
-from flows.cli import cli_main
-from tasks.engines import start_engine
+from flows.cli import cli_main, run_flow
+from tasks.engines import closing_engine, rollout_engine
 from tasks.tracking import DEFAULT_TRACKING_URI, log_params_flat
-from tasks.training import log_comparison, mlflow_logger, params_key, start_resumable_run, validation_hook
+from tasks.training import (
+    log_comparison,
+    mlflow_logger,
+    params_key,
+    start_resumable_run,
+    tracked,
+    tracking_rank,
+    validation_hook,
+)
 
 
 class SFTExperimentParams(BaseModel):
@@ -106,7 +119,8 @@ def train_setting(name: str, traces: list[Trace], problems: list[Problem], param
     sampling = SamplingSettings(temperature=params.temperature, max_tokens=params.max_tokens, stop=("</answer>",), seed=params.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with start_resumable_run(run_dir / "mlflow_run_id", params.experiment, f"sft-{name}", params.tracking_uri, parent_run_id) as run:
-        log_params_flat({**params.model_dump(), "setting": name, "n_examples": len(traces)})
+        if tracking_rank():
+            log_params_flat({**params.model_dump(), "setting": name, "n_examples": len(traces)})
         model, tokenizer = load_policy(params.model, dtype=getattr(torch, params.policy_dtype), device=device)
         config = sft_config(params, str(run_dir / "checkpoint"))
         hook = validation_hook(engine, tokenizer, problems, template, reward_fn, sampling, params.val_subset)
@@ -115,12 +129,13 @@ def train_setting(name: str, traces: list[Trace], problems: list[Problem], param
         step = int(final.get("step", 0))
         full = validation_hook(engine, tokenizer, problems, template, reward_fn, sampling, params.val_limit)(model, step)
         log({f"final_{k}": v for k, v in full.items()}, step)
-        history = mlflow.MlflowClient().get_metric_history(run.info.run_id, "val_accuracy")
+        history = mlflow.MlflowClient().get_metric_history(run.info.run_id, "val_accuracy") if tracking_rank() else []
         row = {"setting": name, "n_examples": len(traces), "steps": step,
                "final_accuracy": full["val_accuracy"], "final_format_rate": full["val_format_rate"],
                "curve": [{"step": m.step, "val_accuracy": m.value} for m in sorted(history, key=lambda m: m.step)]}
     del model
-    write_text_atomic(done, json.dumps(row))
+    if tracking_rank():
+        write_text_atomic(done, json.dumps(row))
     return row
 
 
@@ -133,12 +148,16 @@ def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
     validation = random.Random(params.seed).sample(validation, len(validation))  # MATH is ordered by subject
     if params.filtered_data:
         settings["filtered"] = load_sft_traces(params.filtered_data)
-    engine_kwargs = {"gpu_memory_utilization": params.engine_memory_fraction} if params.backend != "hf" else {}
-    engine = start_engine(make_engine, resolve_model(params.model), params.backend, dtype=params.engine_dtype, **engine_kwargs)
+    engine = rollout_engine(resolve_model(params.model), params.backend, dtype=params.engine_dtype,
+                            memory_fraction=params.engine_memory_fraction)
     with start_resumable_run(out / f"runs-{params_key(params)}" / "mlflow_run_id", params.experiment, "sft_experiment",
-                             params.tracking_uri) as parent:
-        log_params_flat(params.model_dump())
-        rows = [train_setting(name, traces, validation, params, engine, parent.info.run_id) for name, traces in settings.items()]
+                             params.tracking_uri) as parent, closing_engine(engine):
+        if tracking_rank():
+            log_params_flat(params.model_dump())
+        rows = [tracked(train_setting)(name, traces, validation, params, engine, parent.info.run_id)
+                for name, traces in settings.items()]
+        if not tracking_rank():  # a torchrun rank other than 0 trained along; rank 0 reports
+            return {"summary": None, "paths": None, "mlflow_run_id": None}
         curves = [{"setting": r["setting"], **point} for r in rows for point in r["curve"]]
         summary = [{k: r[k] for k in ("setting", "n_examples", "steps", "final_accuracy", "final_format_rate")} for r in rows]
         paths = log_comparison(out, curves, summary, "setting", "SFT: validation accuracy by training-set size")
@@ -169,7 +188,9 @@ def main(argv: list[str] | None = None) -> None:
 
     params = parse_params(SFTExperimentParams, "sft_experiment", argv, __doc__)
     check_inputs(params)
-    result = sft_experiment(params)
+    result = run_flow(sft_experiment, params)
+    if result is None:  # a torchrun rank other than 0: rank 0 reports
+        return
     for row in result["summary"]:
         print(f"{row['setting']:>9}: {row['n_examples']:>5} examples, {row['steps']:>4} steps, "
               f"accuracy {row['final_accuracy']:.3f}, format {row['final_format_rate']:.3f}")

@@ -1,15 +1,32 @@
 """Engine start as a Prefect task with retries: the step of a flow most likely to fail transiently
 (vLLM's start-up while a previous process still holds GPU memory or a port, a model read from a slow
 or busy filesystem). Each flow calls ``start_engine(make_engine, ...)`` with its own ``make_engine``,
-so what starts, and with which arguments, is exactly what a direct ``make_engine(...)`` call starts."""
+so what starts, and with which arguments, is exactly what a direct ``make_engine(...)`` call starts.
+
+:func:`rollout_engine` is what the training flows call: it picks where the engine runs (in this
+process, or with ``engine_device`` a :class:`~a5core.rollout.remote.RemoteEngine` in its own process
+and device), checks that choice against the torchrun ranks, and starts it through ``start_engine``
+(a Prefect task on rank 0; the other ranks of a torchrun launch call its plain function). Under
+several ranks every rank gets its own engine, with a full copy of the model.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+
+from a5core.distributed import rank_and_world
+from a5core.rollout import make_engine, vllm_available
+from a5core.rollout.remote import RemoteEngine
+
+logger = logging.getLogger(__name__)
 
 
 class EngineStartError(RuntimeError):
@@ -25,3 +42,105 @@ def start_engine(factory: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     except Exception as error:
         settings = ", ".join([*map(str, args), *(f"{k}={v}" for k, v in kwargs.items())])
         raise EngineStartError(f"could not start the rollout engine ({settings}): {type(error).__name__}: {error}") from error
+
+
+def parse_engine_devices(engine_device: str) -> list[str]:
+    """``engine_device`` as a list of devices: one (``"cuda:1"``, ``"cpu"``) or a comma-separated list,
+    one per torchrun rank on this host (``"cuda:4,cuda:5"``). ValueError for anything but cuda/cpu."""
+    devices = [item.strip() for item in engine_device.split(",")]
+    for device in devices:
+        try:
+            kind = torch.device(device).type
+        except RuntimeError:
+            kind = None
+        if kind not in ("cuda", "cpu"):
+            raise ValueError(f"engine_device {engine_device!r}: {device!r} is not a cuda device or cpu")
+    return [str(torch.device(device)) for device in devices]
+
+
+def engine_device_of_rank(engine_device: str | None) -> str | None:
+    """This rank's engine device (None: the engine runs in this process). A list gives local rank r its
+    r-th entry, and must have one per rank (``LOCAL_WORLD_SIZE``); one device serves every rank. A
+    CUDA device must not be this rank's own training GPU: NCCL cannot send from a GPU to itself."""
+    if engine_device is None:
+        return None
+    devices = parse_engine_devices(engine_device)
+    local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if len(devices) not in (1, local_world):
+        raise ValueError(f"engine_device {engine_device!r}: {len(devices)} devices for {local_world} ranks; "
+                         "give one device, or one per rank")
+    device = devices[0] if len(devices) == 1 else devices[local_rank]
+    index = torch.device(device).index or 0
+    if device.startswith("cuda") and index >= torch.cuda.device_count():
+        raise ValueError(f"engine_device {engine_device!r}: {device} is not one of the {torch.cuda.device_count()} "
+                         "GPUs this process sees")
+    if device.startswith("cuda") and index == torch.cuda.current_device():
+        raise ValueError(f"engine_device {engine_device!r}: {device} is the GPU this rank trains on; give the engine "
+                         "another GPU, or leave engine_device unset to run the engine in this process")
+    return device
+
+
+def in_process_backend(backend: str) -> str:
+    """The backend of an engine in the trainer's process. Under several ranks that is hf (each rank's
+    engine on its own GPU): ``auto`` becomes hf; ``vllm`` is refused (an in-process vLLM does not
+    keep to its rank's GPU and process group), with what to do instead."""
+    if rank_and_world()[1] == 1 or backend == "hf":
+        return backend
+    if backend == "vllm":
+        raise ValueError("backend vllm under several ranks (torchrun): an in-process vLLM engine per rank is not "
+                         "supported; use --backend hf (each rank's engine on its GPU), or, in the grpo flow, "
+                         "--engine-device with a GPU per rank (vLLM in its own process)")
+    logger.info("backend auto under several ranks: each rank's engine is an hf engine in its process")
+    return "hf"
+
+
+class _StateOf:
+    """An object whose ``state_dict(...)`` is a given dict (whatever the arguments)."""
+
+    def __init__(self, state: dict[str, torch.Tensor]):
+        self._state = state
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
+        return self._state
+
+
+class WholeWeightsRemoteEngine(RemoteEngine):
+    """A RemoteEngine that also takes :func:`a5core.distributed.full_weights`' object for several ranks
+    (gathered tensors behind a ``state_dict()`` that knows no ``keep_vars``), as the loops push it."""
+
+    def load_weights(self, policy_model: Any) -> None:
+        if not isinstance(policy_model, torch.nn.Module):
+            policy_model = _StateOf(policy_model.state_dict())
+        super().load_weights(policy_model)
+
+
+def rollout_engine(model: str, backend: str, *, dtype: str, memory_fraction: float,
+                   engine_device: str | None = None) -> Any:
+    """A training flow's engine for ``model``, through the retried :func:`start_engine`: in this process
+    (``engine_device`` None), else a RemoteEngine on this rank's ``engine_device`` (weights pushed over
+    NCCL from a GPU, gloo from the CPU). ``memory_fraction``: vLLM's gpu_memory_utilization. A
+    placement that cannot work raises ValueError before anything starts. Close it with
+    :func:`closing_engine`."""
+    start = start_engine if rank_and_world()[0] == 0 else start_engine.fn
+    device = engine_device_of_rank(engine_device)
+    if device is None:
+        backend = in_process_backend(backend)
+        kwargs = {"gpu_memory_utilization": memory_fraction} if backend != "hf" else {}
+        return start(make_engine, model, backend, dtype=dtype, **kwargs)
+    if backend == "auto":
+        backend = "vllm" if vllm_available() else "hf"
+    kwargs = {"gpu_memory_utilization": memory_fraction} if backend == "vllm" else {}
+    threads = torch.get_num_threads() if device == "cpu" else None  # the trainer waits meanwhile
+    return start(WholeWeightsRemoteEngine, model, backend, device=device, dtype=dtype, threads=threads, **kwargs)
+
+
+@contextlib.contextmanager
+def closing_engine(engine: Any) -> Iterator[Any]:
+    """``with closing_engine(engine) as engine:`` closes it at the end when it can be closed (a
+    RemoteEngine's server process stops); an in-process engine is left to the garbage collector."""
+    try:
+        yield engine
+    finally:
+        close = getattr(engine, "close", None)
+        if callable(close):
+            close()

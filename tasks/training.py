@@ -1,22 +1,32 @@
-"""Shared pieces of the training flows: resumable MLflow runs, the validation hook, curves and plots."""
+"""Shared pieces of the training flows: resumable MLflow runs, the validation hook, curves and plots.
+
+Under torchrun every rank runs a training flow's code (see :func:`flows.cli.run_flow`), and one of them
+tracks: rank 0 (:func:`tracking_rank`). The run helpers here know it: on the other ranks
+:func:`start_resumable_run` and :func:`reopen_run` open no MLflow run (``run.info.run_id`` is None),
+:func:`mlflow_logger` logs nothing and :func:`validation_hook` evaluates its share of the problems but
+logs no table; the flows write their output files on the tracking rank only.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import mlflow
 import torch
 
+from a5core import distributed
 from a5core.arithmetic import arithmetic_reward_fn
 from a5core.data import Problem, write_text_atomic
 from a5core.grading import REWARD_FNS
-from a5core.evaluation import evaluate, log_generations
+from a5core.evaluation import evaluate, log_generations, summarize
 from a5core.prompts import PromptTemplate
 from a5core.rollout import Engine, SamplingSettings
 from tasks.tracking import ensure_experiment, system_metrics_logging
@@ -24,12 +34,28 @@ from tasks.tracking import ensure_experiment, system_metrics_logging
 
 # The graders a training flow can pick by name: the MATH ones, and the generated arithmetic task's own.
 TRAINING_REWARD_FNS = {**REWARD_FNS, "arithmetic": arithmetic_reward_fn}
+# What the ranks that do not track get for an MLflow run: a run id of None.
+UNTRACKED_RUN = SimpleNamespace(info=SimpleNamespace(run_id=None))
+
+
+def tracking_rank() -> bool:
+    """Whether this process tracks (MLflow runs, output and metrics files, Prefect runs): a plain
+    process does, and of a torchrun launch rank 0; the other ranks train alongside, untracked."""
+    return distributed.rank_and_world()[0] == 0
+
+
+def tracked(prefect_object: Any) -> Any:
+    """A Prefect task or flow as this rank calls it: itself on the tracking rank (a task or flow run),
+    its plain function (``.fn``) on the other ranks, which run the same code without Prefect."""
+    return prefect_object if tracking_rank() else prefect_object.fn
 
 
 def reopen_run(run_id: str, experiment_id: str, **kwargs: Any) -> Any:
     """Continue run ``run_id`` of experiment ``experiment_id``. MLflow refuses to reopen a run while
     another experiment is the process's active one (a long-lived process, e.g. a Prefect worker,
-    that ran other flows), so that experiment is made active first."""
+    that ran other flows), so that experiment is made active first. Off the tracking rank: no run."""
+    if not tracking_rank():
+        return contextlib.nullcontext(UNTRACKED_RUN)
     mlflow.set_experiment(experiment_id=experiment_id)
     return mlflow.start_run(run_id=run_id, **kwargs)
 
@@ -39,7 +65,10 @@ def start_resumable_run(run_id_file: Path, experiment: str, run_name: str, track
     """Start an MLflow run, or continue the one whose id ``run_id_file`` holds (a resumed training run).
 
     The id is written as soon as the run exists, so a kill at any later point resumes the same run.
+    Off the tracking rank (torchrun rank > 0): no run, ``run.info.run_id`` is None.
     """
+    if not tracking_rank():
+        return contextlib.nullcontext(UNTRACKED_RUN)
     experiment_id = ensure_experiment(experiment, tracking_uri)
     system_metrics = system_metrics_logging()  # system/* metrics (CPU, memory, GPU) where psutil is installed
     if run_id_file.is_file():
@@ -73,7 +102,10 @@ def mlflow_logger(prefix: str = "") -> Callable[[dict[str, float], int], None]:
     So the first call counts the values the run already holds per (metric, step), and the n-th value
     this logger is given for a (metric, step) is only written if the run held fewer than n: a replayed
     step is dropped, the rest of the run is logged. A new run holds nothing, so nothing is dropped.
+    Off the tracking rank it logs nothing.
     """
+    if not tracking_rank():
+        return lambda metrics, step: None
     held: Counter[tuple[str, int]] | None = None
     given: Counter[tuple[str, int]] = Counter()
 
@@ -106,24 +138,41 @@ def validation_hook(
 
     Evaluates the first ``subset`` problems (all if None); returns ``val_*`` metrics (accuracy,
     format rate, lengths of correct/incorrect responses, token entropy).
+
+    Under several ranks every rank calls it (as the loops do): each pushes the whole weights
+    (:func:`a5core.distributed.full_weights`, a collective) into its own engine, evaluates its block
+    of the problems, and all get every record (gathered in problem order), so all return the same
+    metrics; the entropies of the table's sample are a forward pass of the (sharded) model on every
+    rank. The tracking rank alone logs the table.
     """
 
     def run(model: torch.nn.Module, step: int) -> dict[str, float]:
-        engine.load_weights(model)
-        records, summary = evaluate(engine, problems[:subset], template, reward_fn, sampling)
+        engine.load_weights(distributed.full_weights(model))
+        chosen = list(problems[:subset])
+        mine = chosen[distributed.rank_slice(len(chosen))]
+        records = distributed.gather_lists(evaluate(engine, mine, template, reward_fn, sampling)[0] if mine else [])
+        summary = summarize(records)
         rows, generation_metrics = log_generations(model, tokenizer, records, table_samples, seed=step)
-        # Named by the problems evaluated: the last subset evaluation of a run and its final evaluation
-        # share a step. log_table appends to an existing table, so a step evaluated again (a resumed
-        # run repeating it) keeps its first table.
-        table = f"generations/{'full' if subset is None else f'subset{subset}'}_step_{step:06d}.json"
-        run_id = mlflow.active_run().info.run_id
-        if table not in {a.path for a in mlflow.MlflowClient().list_artifacts(run_id, "generations")}:
-            mlflow.log_table({k: [r[k] for r in rows] for k in rows[0]}, artifact_file=table)
+        if tracking_rank():
+            _log_table(rows, f"{'full' if subset is None else f'subset{subset}'}_step_{step:06d}.json")
         metrics = {"accuracy": summary["accuracy"], "format_rate": summary["format_rate"], "n_problems": summary["n_problems"],
                    **generation_metrics}
         return {f"val_{k}": v for k, v in metrics.items()}
 
     return run
+
+
+def _log_table(rows: list[dict[str, Any]], name: str) -> None:
+    """The generations table ``generations/<name>`` of the active run, unless it holds one already.
+
+    Named by the problems evaluated: the last subset evaluation of a run and its final evaluation share
+    a step. log_table appends to an existing table, so a step evaluated again (a resumed run repeating
+    it) keeps its first table.
+    """
+    table = f"generations/{name}"
+    run_id = mlflow.active_run().info.run_id
+    if table not in {a.path for a in mlflow.MlflowClient().list_artifacts(run_id, "generations")}:
+        mlflow.log_table({k: [r[k] for r in rows] for k in rows[0]}, artifact_file=table)
 
 
 def load_problem_set(source: str, data_format: str, seed: int, split: str) -> list[Problem]:

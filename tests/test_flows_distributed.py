@@ -1,0 +1,199 @@
+"""The training flows on two torchrun ranks (gloo, CPU), and the grpo flow's engine in a process of its own.
+
+Flow command lines run through tests/flows_distributed_target.py, whose engines sample each prompt
+alone (so rollouts do not depend on the ranks) and whose reward varies for the tiny model: the grpo
+and expert_iteration flows in one process, then in one two-rank torchrun launch, and the grpo flow in
+one process with ``engine_device: cpu`` (a RemoteEngine fed over gloo). The two-rank and remote-engine
+runs must log one MLflow run with what the one-process run logs, and train the same weights.
+"""
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+import flows_distributed_target
+
+REPO = Path(__file__).resolve().parents[1]
+TIMINGS = ("time_", "wall_seconds", "tokens_per_s", "train_tokens", "system/")  # differ between runs by nature
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def flags(run_dir: Path, model: Path, **overrides) -> list[str]:
+    """flows.grpo's flags for a two-step run on the tiny model and arithmetic problems."""
+    settings = dict(
+        model=model, backend="hf", train_data="arithmetic:30:1", validation_data="arithmetic:6:1", val_subset=3,
+        val_limit=4, eval_every=1, n_grpo_steps=2, rollout_batch_size=4, group_size=2, train_batch_size=4,
+        gradient_accumulation_steps=2, learning_rate=0.01, max_tokens=12, min_tokens=1, checkpoint_every=1,
+        reward_fn="arithmetic", output_dir=run_dir / "out", metrics_path=run_dir / "metrics.json",
+        tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}",
+    )
+    return [part for key, value in {**settings, **overrides}.items() for part in (f"--{key.replace('_', '-')}", str(value))]
+
+
+def ei_flags(run_dir: Path, model: Path) -> list[str]:
+    """flows.expert_iteration's flags for two rounds (each keeping some rollouts and training on them)."""
+    settings = dict(
+        model=model, backend="hf", train_data="arithmetic:30:1", validation_data="arithmetic:6:1", val_subset=3,
+        val_limit=4, n_ei_steps=2, questions_per_step=4, rollouts_per_question=2, max_tokens=12, min_tokens=1,
+        learning_rate=0.01, batch_size=4, microbatch_size=1, reward_fn="arithmetic", output_dir=run_dir / "ei_out",
+        metrics_path=run_dir / "ei_metrics.json", tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}",
+    )
+    return [part for key, value in settings.items() for part in (f"--{key.replace('_', '-')}", str(value))]
+
+
+def run_in_process(run_dir: Path, runs: list) -> None:
+    run_dir.mkdir()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(run_dir)  # MLflow artifacts under ./mlruns
+        flows_distributed_target.main(runs)
+
+
+def run_on_two_ranks(run_dir: Path, runs: list, marker: str) -> None:
+    """torchrun, 2 gloo ranks (GPUs hidden); rank 0's Prefect flow runs report to the test's API."""
+    from prefect.settings import PREFECT_API_URL
+
+    run_dir.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "OMP_NUM_THREADS": "1",
+           "CUDA_VISIBLE_DEVICES": "", "PREFECT_API_URL": PREFECT_API_URL.value(), "A5_TEST_MARKER": marker}
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
+               f"--master-port={port}", str(REPO / "tests" / "flows_distributed_target.py"), json.dumps(runs)]
+    launch = subprocess.Popen(command, env=env, cwd=run_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True)
+    try:
+        output, _ = launch.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(launch.pid, signal.SIGKILL)  # the agent and its ranks
+        output, _ = launch.communicate()
+        pytest.fail("the two-rank launch did not finish in 300 s:\n" + output[-5000:])
+    assert launch.returncode == 0, output[-8000:]
+
+
+def logged(run_dir: Path, experiment: str = "grpo") -> dict:
+    """The one MLflow run of ``experiment``: its metrics (name → [(step, value)]), params and tags, the
+    final weights (from the checkpoint) and every rank's push count."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    assert len(runs) == 1, [r.info.run_name for r in runs]
+    run_id = runs[0].info.run_id
+    metrics = {key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+               for key in runs[0].data.metrics if not any(part in key for part in TIMINGS)}
+    out = run_dir / ("out" if experiment == "grpo" else "ei_out")
+    checkpoint = "checkpoint/latest/model.pt" if experiment == "grpo" else "checkpoint/model.pt"
+    (weights,) = out.glob(f"runs-*/single/{checkpoint}")
+    pushes = {p.name: json.loads(p.read_text()) for p in sorted(out.glob("pushes-*.json"))}
+    return {"metrics": metrics, "weights": torch.load(weights), "pushes": pushes, "params": runs[0].data.params,
+            "tags": runs[0].data.tags}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_lm_dir, prefect_harness):
+    """The GRPO flow in one process, with a remote engine, and (with the EI flow after it, in the same
+    launch) on two ranks; the EI flow in one process."""
+    root = tmp_path_factory.mktemp("flows_distributed")
+    marker = uuid.uuid4().hex
+    run_in_process(root / "one", [("flows.grpo", flags(root / "one", tiny_lm_dir)),
+                                  ("flows.expert_iteration", ei_flags(root / "one", tiny_lm_dir))])
+    children = {p.pid for p in psutil.Process().children(recursive=True)}
+    run_in_process(root / "remote", [("flows.grpo", flags(root / "remote", tiny_lm_dir, engine_device="cpu"))])
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in children and p.is_running()
+            and "multiprocessing.resource_tracker" not in " ".join(p.cmdline())]  # spawn's helper, one per process
+    run_on_two_ranks(root / "two", [("flows.grpo", flags(root / "two", tiny_lm_dir)),
+                                    ("flows.expert_iteration", ei_flags(root / "two", tiny_lm_dir))], marker)
+    return {"one": logged(root / "one"), "remote": logged(root / "remote"), "two": logged(root / "two"),
+            "one_ei": logged(root / "one", "expert_iteration"), "two_ei": logged(root / "two", "expert_iteration"),
+            "left_by_remote": left, "marker": marker}
+
+
+def assert_same_run(want: dict, got: dict, rel: float, atol: float) -> None:
+    assert got["metrics"].keys() == want["metrics"].keys()
+    for key, points in want["metrics"].items():
+        assert [s for s, _ in got["metrics"][key]] == [s for s, _ in points], key  # each step logged once
+        for (_, a), (_, b) in zip(points, got["metrics"][key]):
+            assert b == pytest.approx(a, rel=rel, abs=1e-6), key
+    assert want["weights"].keys() == got["weights"].keys()
+    for name, tensor in want["weights"].items():
+        torch.testing.assert_close(got["weights"][name], tensor, rtol=0, atol=atol, msg=name)
+
+
+def test_the_one_process_run_trains_and_logs(runs):
+    one = runs["one"]
+    assert [s for s, _ in one["metrics"]["reward_mean"]] == [1, 2]
+    assert [s for s, _ in one["metrics"]["val_accuracy"]] == [0, 1, 2]
+    assert 0 < one["metrics"]["reward_mean"][0][1] < 1  # varied rewards: the step learns something
+    assert one["pushes"] == {"pushes-0.json": 6}  # 3 validations, 2 steps, the final evaluation
+
+
+def test_two_ranks_log_one_run_like_one_process(runs):
+    assert_same_run(runs["one"], runs["two"], rel=1e-4, atol=2e-4)
+    assert runs["two"]["pushes"] == {"pushes-0.json": 6, "pushes-1.json": 6}  # each rank's engine, whole weights
+
+
+def test_expert_iteration_on_two_ranks_keeps_trains_and_saves_like_one_process(runs):
+    one, two = runs["one_ei"], runs["two_ei"]
+    assert [s for s, _ in one["metrics"]["kept_fraction"]] == [0, 1]
+    assert 0 < one["metrics"]["kept_fraction"][0][1] < 1 and one["metrics"]["sft/loss"]  # kept some, trained
+    assert_same_run(one, two, rel=1e-4, atol=2e-4)  # model.pt: whole weights, written by rank 0
+    assert two["pushes"] == {"pushes-0.json": 5, "pushes-1.json": 5}  # 2 rounds + 2 validations + the final one
+
+
+def test_two_ranks_leave_no_process_behind(runs):
+    """torchrun's agent, both ranks, their engines and grader workers: all gone once the command returns."""
+    left = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if process.environ().get("A5_TEST_MARKER") == runs["marker"]:
+                left.append(process.cmdline())
+    assert not left
+
+
+def test_an_engine_on_its_own_device_gets_every_push(runs):
+    """engine_device cpu: a RemoteEngine (own process, gloo) samples what the in-process engine samples
+    from the same pushed weights, so the run is the one-process run; its server is gone at the end."""
+    assert_same_run(runs["one"], runs["remote"], rel=1e-5, atol=1e-6)
+    assert runs["remote"]["pushes"] == {"pushes-0.json": 6}
+    assert runs["remote"]["tags"]["engine_device"] == "cpu" and "engine_device" not in runs["remote"]["params"]
+    assert not runs["left_by_remote"], [p.cmdline() for p in runs["left_by_remote"]]
+
+
+
+def test_engine_device_gives_each_rank_its_device_and_refuses_what_cannot_work(monkeypatch):
+    from flows.grpo import GRPOParams, check_placement
+    from tasks.engines import engine_device_of_rank, in_process_backend
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert engine_device_of_rank("cpu") == "cpu" and engine_device_of_rank(None) is None
+    with pytest.raises(ValueError, match="not one of the 0 GPUs"):
+        engine_device_of_rank("cuda:1")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)  # rank 1 trains on cuda:1
+    assert engine_device_of_rank("cuda:4, cuda:5") == "cuda:5"
+    with pytest.raises(ValueError, match="cuda:1 is the GPU this rank trains on"):
+        engine_device_of_rank("cuda:0,cuda:1")
+    with pytest.raises(ValueError, match="3 devices for 2 ranks"):
+        engine_device_of_rank("cuda:4,cuda:5,cuda:6")
+    with pytest.raises(ValueError, match="not a cuda device or cpu"):
+        GRPOParams(engine_device="tpu:0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="does not combine with torchrun"):
+        check_placement(GRPOParams(ablation="grpo_lr_sweep", runner="ray"))
+    monkeypatch.setattr("tasks.engines.rank_and_world", lambda: (1, 2))
+    assert in_process_backend("auto") == "hf" and in_process_backend("hf") == "hf"
+    with pytest.raises(ValueError, match="backend vllm under several ranks"):
+        in_process_backend("vllm")
