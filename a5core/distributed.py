@@ -6,7 +6,7 @@ Who does what:
   once, *before* loading the model: it joins the process group and makes ``"cuda"`` this rank's GPU.
 - **The loops** (:func:`a5core.sft.train_sft`, :func:`a5core.grpo.grpo`) call :func:`setup_model`:
   under N > 1 ranks it FSDP2-shards the model in place (it stays sharded after the loop; an already
-  sharded model is left as it is). Each rank then trains on its share of every batch
+  sharded model is resharded). Each rank then trains on its share of every batch
   (:func:`rank_microbatches`); FSDP2 reduces the gradients; only rank 0 calls ``log``; every rank
   calls ``evaluate`` (a forward pass of a sharded model is a collective); checkpoints hold full
   tensors in the one-process layout (:func:`save_checkpoint`), so a run resumes on any number of ranks.
@@ -70,7 +70,9 @@ def shard(model: torch.nn.Module) -> torch.nn.Module:
 
 def setup_model(model: torch.nn.Module) -> tuple[int, int]:
     """What a training loop calls first: ``(rank, world_size)``, with ``model`` FSDP2-sharded in place
-    when there are several ranks (unless it already is).
+    when there are several ranks. An already sharded model is resharded: a forward without a backward
+    (an evaluation, the rollouts' entropies) leaves the root's parameters gathered, and an optimizer built
+    from ``model.parameters()`` then would step those whole copies instead of the shards.
 
     Raises RuntimeError when torchrun started several ranks but no process group was joined (each
     would train its own copy and write the same checkpoints), or when the model is not on this rank's
@@ -86,7 +88,11 @@ def setup_model(model: torch.nn.Module) -> tuple[int, int]:
             )
         return 0, 1
     rank, world = dist.get_rank(), dist.get_world_size()
-    if world > 1 and not isinstance(model, FSDPModule):
+    if isinstance(model, FSDPModule):
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
+    elif world > 1:
         device = next(model.parameters()).device
         if device.type == "cuda" and device.index != torch.cuda.current_device():
             raise RuntimeError(
@@ -211,7 +217,7 @@ class _Full:
     def __init__(self, state: dict[str, Any]):
         self._state = state
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # keep_vars etc.: the tensors are copies
         return self._state
 
 
@@ -253,6 +259,13 @@ class _Sharding:
         else:
             reference = self.target.state_dict()
             self.target.load_state_dict({k: _shard_like(v, reference.get(k)) for k, v in full.items()})
+
+
+def load_whole_state_dict(model: torch.nn.Module, state: dict[str, Any]) -> None:
+    """Load whole tensors into ``model``: a sharded model keeps this rank's shards of them."""
+    from torch.distributed.fsdp import FSDPModule
+
+    (_Sharding(model) if isinstance(model, FSDPModule) else model).load_state_dict(state)
 
 
 def save_checkpoint(directory: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,

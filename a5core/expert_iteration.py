@@ -102,7 +102,6 @@ def expert_iteration(
                 write_jsonl_atomic(kept_path, [asdict(t) for t in kept])
                 write_text_atomic(round_dir / "rollouts.json", json.dumps(metrics))
         if kept:
-            _reshard(model)
             sft_config = replace(config.sft, seed=config.seed + step,
                                  checkpoint_dir=str(round_dir / "sft") if round_dir else None)
             final = train_sft(model, tokenizer, kept, sft_config,
@@ -121,25 +120,9 @@ def expert_iteration(
     return history
 
 
-def _reshard(model: torch.nn.Module) -> None:
-    """Put an FSDP2 model's parameters back into shards. A forward without a backward (the rollouts'
-    entropies, an evaluation) leaves the root's parameters gathered, and ``model.parameters()`` then
-    yields those whole tensors: an SFT loop that built its optimizer from them would step copies and
-    clip the wrong gradient norm. No-op for a model that is not sharded."""
-    from torch.distributed.fsdp import FSDPModule
-
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.reshard()
-
-
 def _load_weights(model: torch.nn.Module, path: Path) -> None:
     """Load the whole weights saved at ``path`` into ``model``, sharded (each rank keeps its shards) or not."""
-    from torch.distributed.fsdp import FSDPModule
-
-    state = torch.load(path, map_location="cpu")
-    target = distributed._Sharding(model) if isinstance(model, FSDPModule) else model
-    target.load_state_dict(state)
+    distributed.load_whole_state_dict(model, torch.load(path, map_location="cpu"))
 
 
 def _save_round(model: torch.nn.Module, root: Path, history: list[dict[str, float]]) -> None:

@@ -94,26 +94,6 @@ def in_process_backend(backend: str) -> str:
     return "hf"
 
 
-class _StateOf:
-    """An object whose ``state_dict(...)`` is a given dict (whatever the arguments)."""
-
-    def __init__(self, state: dict[str, torch.Tensor]):
-        self._state = state
-
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
-        return self._state
-
-
-class WholeWeightsRemoteEngine(RemoteEngine):
-    """A RemoteEngine that also takes :func:`a5core.distributed.full_weights`' object for several ranks
-    (gathered tensors behind a ``state_dict()`` that knows no ``keep_vars``), as the loops push it."""
-
-    def load_weights(self, policy_model: Any) -> None:
-        if not isinstance(policy_model, torch.nn.Module):
-            policy_model = _StateOf(policy_model.state_dict())
-        super().load_weights(policy_model)
-
-
 def rollout_engine(model: str, backend: str, *, dtype: str, memory_fraction: float,
                    engine_device: str | None = None) -> Any:
     """A training flow's engine for ``model``, through the retried :func:`start_engine`: in this process
@@ -131,7 +111,7 @@ def rollout_engine(model: str, backend: str, *, dtype: str, memory_fraction: flo
         backend = "vllm" if vllm_available() else "hf"
     kwargs = {"gpu_memory_utilization": memory_fraction} if backend == "vllm" else {}
     threads = torch.get_num_threads() if device == "cpu" else None  # the trainer waits meanwhile
-    return start(WholeWeightsRemoteEngine, model, backend, device=device, dtype=dtype, threads=threads, **kwargs)
+    return start(RemoteEngine, model, backend, device=device, dtype=dtype, threads=threads, **kwargs)
 
 
 @contextlib.contextmanager
