@@ -1,7 +1,8 @@
 """Where a decode step's time goes in the hf engine's static loop (the profile behind benchmarks/rollout.py).
 
-Times, per step at batch 256 with a 712-position cache: the compiled (CUDA-graph) decode step, the eager
-one, the sampling, and prints torch.profiler's top CUDA kernels of a few compiled steps.
+Times, per step at batch 256 with a 768-position cache: the compiled (CUDA-graph) decode step, the eager
+one, the sampling; prints torch.profiler's top CUDA kernels of a few compiled steps and how far the
+compiled step's logits are from the eager step's on the same inputs.
 
     python benchmarks/decode_profile.py [--model-dir DIR] [--batch 256 --capacity 768] [--tiny]
 """
@@ -53,11 +54,12 @@ def main() -> None:
     tokens = torch.randint(0, 1000, (b,), device=device)
     positions = torch.full((b,), p, device=device)
     print(description, flush=True)
+    first_logits = {}
     for compiled in (True, False):
         decoder = StaticKVDecoder(model, b, args.capacity, compile=compiled)
         decoder.prefill(ids, valid)
         start = time.perf_counter()
-        decoder.decode(tokens, positions, p, attend)
+        first_logits[compiled] = decoder.decode(tokens, positions, p, attend).clone()
         _model.cuda_sync()
         print(f"compile={compiled}: first decode {time.perf_counter() - start:.1f} s", flush=True)
         ms = per_step_ms(lambda i: decoder.decode(tokens, positions + i, p + (i % 64), attend), args.steps)
@@ -71,6 +73,9 @@ def main() -> None:
                 _model.cuda_sync()
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15), flush=True)
         del decoder
+    difference = (first_logits[True] - first_logits[False]).abs().max().item()
+    spread = first_logits[False].std().item()
+    print(f"compiled vs eager decode step, same inputs: max |Δlogit| {difference:.2e} (logits' std {spread:.2e})")
     engine = HFEngine(model, tokenizer, batch_size=b, compile=False)
     logits = torch.randn(b, model.config.vocab_size, device=device)
     eos = torch.tensor([0], device=device)
