@@ -7,6 +7,7 @@ tokenizer (``../shared/data/qwen2.5-math-1.5b``, or a copy passed with ``--model
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import torch
@@ -20,22 +21,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model of the same family, for a CPU check")
 
 
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            max_window_layers=2)  # the same family, small enough for a CPU check
+
+
+def random_model(config_path: Path, dtype: torch.dtype, device: str, overrides: dict | None = None):
+    """The architecture of ``config_path`` (a config.json; fields replaced by ``overrides``) at seeded
+    random weights, built on ``device``."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = json.loads(Path(config_path).read_text())
+    config = AutoConfig.for_model(fields.pop("model_type"), **{**fields, **(overrides or {})})
+    torch.manual_seed(0)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
 def build(model_dir: Path, tiny: bool, device: str):
     """(model in bf16 on ``device`` — fp32 on CPU —, tokenizer, description), random weights, seeded."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     if not (model_dir / "config.json").is_file():
         raise SystemExit(f"{model_dir}: no config.json (pass --model-dir)")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    config = AutoConfig.from_pretrained(model_dir)
-    if tiny:
-        config.update(dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=2))
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    name = f"{config.model_type} {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B params, {dtype}".replace("torch.", "")
+    model = random_model(model_dir / "config.json", dtype, device, TINY if tiny else None)
+    name = f"{model.config.model_type} {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B params, {dtype}".replace("torch.", "")
     return model, tokenizer, name
 
 

@@ -21,7 +21,6 @@ float32) and only prints its table. Otherwise the table is appended to benchmark
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -38,11 +37,10 @@ from a5core.policy import get_response_log_probs  # noqa: E402
 from a5core.rollout import SamplingSettings  # noqa: E402
 from a5core.rollout.remote import RemoteEngine  # noqa: E402
 from a5core.weight_sync import plan_buckets, policy_weights, specs_of  # noqa: E402
+from benchmarks._model import TINY, random_model  # noqa: E402
 from benchmarks._report import report  # noqa: E402
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "shared/data/qwen2.5-math-1.5b/config.json"
-TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
-        "num_key_value_heads": 1, "max_window_layers": 2}
 QUESTIONS = [
     "Find the remainder when $2^{100}$ is divided by 7.",
     "What is the sum of the interior angles of a hexagon, in degrees?",
@@ -50,17 +48,6 @@ QUESTIONS = [
     "How many positive divisors does 360 have?",
 ]
 CHECK = SamplingSettings(temperature=0, max_tokens=32, stop=(), logprobs=True)
-
-
-def build_policy(config_path: Path, tiny: bool, dtype: torch.dtype, device: str):
-    """The architecture of ``config_path`` (shrunk with ``tiny``) at seeded random weights, on ``device``."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    fields = json.loads(config_path.read_text())
-    config = AutoConfig.for_model(fields.pop("model_type"), **{**fields, **(TINY if tiny else {})})
-    torch.manual_seed(0)
-    with torch.device(device):
-        return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
 
 
 @torch.no_grad()
@@ -125,7 +112,7 @@ def main() -> None:
     else:
         torch.set_num_threads(1)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.config.parent)
-    model = build_policy(args.config, args.tiny, dtype, policy_device)
+    model = random_model(args.config, dtype, policy_device, TINY if args.tiny else None).eval()
     specs = specs_of(policy_weights(model))
     gigabytes = sum(spec.nbytes for spec in specs) / 1e9
     rows = []
