@@ -51,7 +51,8 @@ def compile_decoder_layers(model: Any, activation_memory_budget: float | None = 
     that dominates small micro-batches (benchmarks/grpo_step.py). ``activation_memory_budget`` (0–1,
     torch's partitioner setting, process-wide) keeps at most that fraction of the saved activations,
     recomputing the cheapest others in backward. Shapes may vary from call to call (dynamic after the
-    first recompilation). Names, parameters and state dicts are unchanged.
+    first recompilation). Names, parameters and state dicts are unchanged; compiling a compiled model
+    again changes nothing.
     """
     decoder = getattr(model, "model", None)
     if getattr(decoder, "layers", None) is None:
@@ -63,7 +64,8 @@ def compile_decoder_layers(model: Any, activation_memory_budget: float | None = 
 
         functorch_config.activation_memory_budget = activation_memory_budget
     for module in [decoder] if one_graph else decoder.layers:
-        module.compile()
+        if getattr(module, "_compiled_call_impl", None) is None:  # once: EI calls the SFT loop every round
+            module.compile()
     return model
 
 

@@ -104,3 +104,13 @@ def test_compiled_decoder_layers_give_the_same_log_probs_and_gradients(one_graph
             get_response_log_probs(model, input_ids, labels)["log_probs"].sum().backward()
         for (name, a), (_, b) in zip(eager.named_parameters(), compiled.named_parameters()):
             torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_compiling_twice_keeps_the_first_compilation():
+    from a5core.policy import compile_decoder_layers
+
+    model = compile_decoder_layers(_tiny("qwen2", True))
+    first = [layer._compiled_call_impl for layer in model.model.layers]
+    compile_decoder_layers(model)
+    assert [layer._compiled_call_impl for layer in model.model.layers] == first
+    assert all(f is not None for f in first)
