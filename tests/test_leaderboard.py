@@ -40,3 +40,39 @@ def test_the_rules_are_fixed():
     defaults = LeaderboardParams()
     assert (defaults.budget_hours, defaults.learning_rate, defaults.group_size, defaults.length_normalization) == (
         4.0, 3e-5, 8, "masked_normalize")
+
+
+def test_the_engines_first_call_does_not_count_as_evaluation_cost(prefect_harness, tiny_lm_dir, tmp_path, monkeypatch):
+    """An engine's first call compiles (≈45 s for the hf engine on an H200). Were it timed as part of the
+    first evaluation, the final evaluation's reserve (per-problem cost × 1,024 / max_tokens × problems)
+    would swallow the budget and end the run after one step, as a GPU smoke run once did."""
+    import time
+
+    import flows.leaderboard as module
+
+    real_engine_for = module.engine_for
+
+    class SlowFirstCall:
+        def __init__(self, engine):
+            self.engine, self.calls = engine, 0
+
+        def generate(self, prompts, sampling):
+            self.calls += 1
+            if self.calls == 1:
+                time.sleep(6.0)
+            return self.engine.generate(prompts, sampling)
+
+        def __getattr__(self, name):
+            return getattr(self.engine, name)
+
+    monkeypatch.setattr(module, "engine_for", lambda params: SlowFirstCall(real_engine_for(params)))
+    params = LeaderboardParams(
+        model=str(tiny_lm_dir), backend="hf", train_data="arithmetic:40:1", validation_data="arithmetic:6:1",
+        val_subset=3, final_eval_limit=2, eval_every=1, rollout_batch_size=4, group_size=2, train_batch_size=4,
+        gradient_accumulation_steps=2, max_tokens=12, n_grpo_steps=2, budget_hours=40 / 3600,
+        final_eval_reserve_s=2.0, output_dir=str(tmp_path / "out"), metrics_path=None,
+        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+    )
+    summary = leaderboard(params)
+    # Timed with the 6 s, the reserve would be 2 s per problem × 1024/12 × 1.25 × 2 ≈ 430 s > the budget.
+    assert summary["grpo_steps"] == 2 and not summary["stopped_by_budget"] and summary["within_budget"]
