@@ -196,6 +196,20 @@ def _remove(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _converter_alive(folder: Path) -> bool:
+    """Whether the process that named the temp folder ``.<name>.tmp-<pid>-*`` still runs (on this host)."""
+    pid = folder.name.split(".tmp-", 1)[-1].split("-", 1)[0]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def _resolve_embedded(cache_dir: str | os.PathLike | None) -> str:
     from filelock import FileLock  # a dependency of huggingface_hub, hence of transformers
 
@@ -209,17 +223,22 @@ def _resolve_embedded(cache_dir: str | os.PathLike | None) -> str:
     with FileLock(str(root / f".{EMBEDDED_DEFAULT}.lock")):
         if _is_complete(final, fingerprint):  # someone else converted while we waited
             return str(final)
-        # Holding the lock, any temp folder left beside us is from a crashed or killed conversion.
+        # Holding the lock, a temp folder left beside us is from a crashed or killed conversion, unless
+        # its process still runs: where the lock is not honoured (seen on a sandboxed GPU machine, two
+        # torchrun ranks converting at once), removing it would break that conversion.
         for stale in root.glob(f".{EMBEDDED_DEFAULT}.tmp-*"):
-            logger.warning("removing half-written conversion %s", stale)
-            _remove(stale)
+            if not _converter_alive(stale):
+                logger.warning("removing half-written conversion %s", stale)
+                _remove(stale)
         logger.info("converting %s (%s) into %s", EMBEDDED_DEFAULT, gguf, final)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_DEFAULT}.tmp-", dir=root))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_DEFAULT}.tmp-{os.getpid()}-", dir=root))
         try:
             convert_embedded(tmp, gguf)
             os.chmod(tmp, 0o755)  # mkdtemp made it 0700 and safetensors its file 0600; a cache is readable
             for file in tmp.iterdir():
                 os.chmod(file, 0o644)
+            if _is_complete(final, fingerprint):  # an unlocked concurrent conversion finished first: keep it
+                return str(final)
             if final.exists():  # incomplete or from another GGUF version: move aside, then replace
                 old = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_DEFAULT}.tmp-old-", dir=root))
                 os.replace(final, old / "x")

@@ -202,6 +202,40 @@ def test_concurrent_callers_convert_once(tmp_path, monkeypatch):
     assert len(calls) == 1 and results == [str(tmp_path / EMBEDDED_DEFAULT)] * 4
 
 
+def _convert_in_child(cache_dir: str) -> None:
+    resolve_model(EMBEDDED_DEFAULT, cache_dir=cache_dir)
+
+
+def test_processes_converting_at_once_without_a_working_lock_all_succeed(tmp_path, monkeypatch):
+    """Where file locks are not honoured (torchrun ranks on a sandboxed GPU machine), each process
+    converts in its own temp folder; none may take another's running conversion for a crashed one."""
+    import contextlib
+    import multiprocessing
+    import time
+
+    import filelock
+
+    def slow_convert(target, gguf=None):
+        (target / "config.json").write_text("{}")
+        time.sleep(1.0)  # the others start meanwhile, and look for stale temp folders
+        assert (target / "config.json").is_file(), "another process removed this conversion"
+        (target / COMPLETE_MARKER).write_text(json.dumps({"source": models._source_fingerprint(models.embedded_gguf_path())}))
+        return target
+
+    monkeypatch.setattr(models, "convert_embedded", slow_convert)
+    monkeypatch.setattr(filelock, "FileLock", lambda path: contextlib.nullcontext())
+    context = multiprocessing.get_context("fork")
+    children = [context.Process(target=_convert_in_child, args=(str(tmp_path),)) for _ in range(3)]
+    for child in children:
+        child.start()
+        time.sleep(0.2)
+    for child in children:
+        child.join(30)
+    assert [child.exitcode for child in children] == [0, 0, 0]
+    assert models._is_complete(tmp_path / EMBEDDED_DEFAULT, models._source_fingerprint(models.embedded_gguf_path()))
+    assert not list(tmp_path.glob(f".{EMBEDDED_DEFAULT}.tmp-*"))
+
+
 def test_failed_conversion_leaves_nothing(tmp_path, monkeypatch):
     def failing_convert(target, gguf=None):
         (target / "config.json").write_text("{}")
