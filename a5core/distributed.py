@@ -57,14 +57,17 @@ def rank_and_world() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def shard(model: torch.nn.Module) -> torch.nn.Module:
+def shard(model: torch.nn.Module, reshard_after_forward: bool = True) -> torch.nn.Module:
     """FSDP2-shard a transformers causal LM: each decoder layer, then the root (gradients are averaged
-    over ranks, which :func:`global_token_loss` accounts for). Returns the same module, now sharded."""
+    over ranks, which :func:`global_token_loss` accounts for). Returns the same module, now sharded.
+
+    ``reshard_after_forward=False`` keeps each layer's gathered weights from its forward to its backward
+    (one all-gather per micro-batch instead of two, at the memory of the whole weights: ZeRO-2-like)."""
     from torch.distributed.fsdp import fully_shard
 
     for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, reshard_after_forward=reshard_after_forward)
     return model
 
 

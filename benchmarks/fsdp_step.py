@@ -71,7 +71,7 @@ def examples(args: argparse.Namespace, vocab_size: int) -> list:
 def worker(args: argparse.Namespace) -> dict:
     """One rank of a torchrun world: train ``--warmup + --steps`` SFT steps, time them on rank 0."""
     os.environ.update(NCCL_ENV)
-    from a5core.distributed import gather_lists, init_from_env
+    from a5core.distributed import gather_lists, init_from_env, shard
     from a5core.sft import SFTConfig, train_sft
 
     rank, world = init_from_env()
@@ -79,6 +79,8 @@ def worker(args: argparse.Namespace) -> dict:
     if device.type == "cpu":
         torch.set_num_threads(1)  # one core per rank, whatever their number: a fair comparison
     model = build_model(args, device)
+    if world > 1 and args.keep_gathered:
+        shard(model, reshard_after_forward=False)  # train_sft's setup_model keeps a sharded model as it is
     config = SFTConfig(learning_rate=1e-6, lr_schedule="constant", batch_size=args.batch, microbatch_size=args.micro,
                        epochs=args.warmup + args.steps, max_seq_len=args.seq_len + 1,
                        gradient_checkpointing=args.gradient_checkpointing)
@@ -102,6 +104,7 @@ def launch(args: argparse.Namespace, ranks: int) -> dict:
     settings = [f"--config={args.config}", f"--batch={args.batch}", f"--seq-len={args.seq_len}",
                 f"--micro={args.micro}", f"--warmup={args.warmup}", f"--steps={args.steps}", f"--dtype={args.dtype}"]
     settings += ["--tiny"] * args.tiny + ["--gradient-checkpointing"] * args.gradient_checkpointing
+    settings += ["--keep-gathered"] * args.keep_gathered
     with tempfile.TemporaryDirectory() as scratch:
         result = Path(scratch) / "result.json"
         command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}",
@@ -123,10 +126,11 @@ def table(args: argparse.Namespace, results: list[dict]) -> None:
                      " / ".join("-" if p is None else f"{p:.1f}" for p in r["peak_gib"])])
     model = f"{Path(args.config).parent.name}, shrunk to 2 layers, hidden 64" if args.tiny else Path(args.config).parent.name
     checkpointing = ", gradient checkpointing" if args.gradient_checkpointing else ""
+    sharding = "reshard_after_forward=False" if args.keep_gathered else "reshard_after_forward=True"
     settings = (f"{model}, random {args.dtype} weights; global batch {args.batch} × {args.seq_len} tokens, "
                 f"micro-batch {args.micro} per rank; train_sft step (AdamW, clip 1.0{checkpointing}); median of "
                 f"{args.steps} steps after {args.warmup} warm-up; one rank trains unsharded, several FSDP2-sharded "
-                f"({base['backend']}); torch {torch.__version__}")
+                f"({base['backend']}, {sharding}); torch {torch.__version__}")
     header = ["ranks", "step (s)", "tokens/s per GPU", "tokens/s", "speed-up (efficiency) vs first row",
               "peak memory per rank (GiB)"]
     report("FSDP2: SFT optimizer step on 1 vs N GPUs (a5core.sft.train_sft)", settings, header, rows, record=not args.tiny)
@@ -144,6 +148,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=5, help="timed steps (median)")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), help="weights (default bfloat16; tiny: float32)")
     parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--keep-gathered", action="store_true",
+                        help="FSDP2 reshard_after_forward=False: weights stay gathered from forward to backward")
     parser.add_argument("--result", help=argparse.SUPPRESS)  # a worker's JSON output (set by the launcher)
     args = parser.parse_args()
     defaults = (dict(batch=8, seq_len=64, micro=2, dtype="float32") if args.tiny

@@ -5,7 +5,7 @@ MICROBATCH [CHECKPOINT]`` (or :func:`run` in-process for one rank) runs, on tiny
 micro-batches of MICROBATCH sequences (``whole``: one micro-batch per batch):
 
 - ``sft``: two SFT optimizer steps (batches of 5 sequences: uneven shares, so a rank runs an empty
-  micro-batch), then a crash in ``evaluate`` at step 2 after the step-1 checkpoint, a copy of that
+  micro-batch); ``sft_gathered`` the same on a model sharded with ``reshard_after_forward=False``; then a crash in ``evaluate`` at step 2 after the step-1 checkpoint, a copy of that
   checkpoint to ``OUT_DIR/sft_crashed`` and a resume from it with other starting weights;
 - ``sft_foreign``: with CHECKPOINT (a crashed checkpoint written by another number of ranks, with
   ``whole`` micro-batches), the resume from a copy of it;
@@ -113,6 +113,12 @@ def run_sft(tokenizer, out: Path, microbatch: int | None, foreign: str | None) -
     model, log = make_model(tokenizer), Recorder()
     returned = train_sft(model, tokenizer, EXAMPLES, sft_config(microbatch), log=log)
     results["sft"] = {"weights": whole_weights(model), "log": log.calls, "returned": returned}
+
+    gathered = make_model(tokenizer)
+    if dist.is_initialized():
+        distributed.shard(gathered, reshard_after_forward=False)  # setup_model keeps a sharded model's layout
+    train_sft(gathered, tokenizer, EXAMPLES, sft_config(microbatch))
+    results["sft_gathered"] = {"weights": whole_weights(gathered)}
 
     crashed = make_model(tokenizer)
     config = sft_config(microbatch, checkpoint_dir=str(out / "sft_ckpt"), checkpoint_every=1, eval_every=1)

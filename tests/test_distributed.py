@@ -105,6 +105,11 @@ def test_sft_on_two_ranks_updates_and_logs_like_one(loop_runs):
     assert two["sft"]["returned"]["tokens"] == one["sft"]["returned"]["tokens"]  # summed over the ranks
 
 
+def test_weights_kept_gathered_from_forward_to_backward_train_alike(loop_runs):
+    one, two = loop_runs
+    assert_same_weights(one["sft"]["weights"], two["sft_gathered"]["weights"], atol=2e-5)
+
+
 def test_sft_checkpoints_of_two_ranks_resume_and_are_the_one_process_layout(loop_runs):
     one, two = loop_runs
     assert_same_weights(two["sft"]["weights"], two["sft_resumed"]["weights"], atol=0)  # 2 ranks → 2 ranks
