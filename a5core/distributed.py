@@ -71,9 +71,10 @@ def shard(model: torch.nn.Module, reshard_after_forward: bool = True) -> torch.n
     return model
 
 
-def setup_model(model: torch.nn.Module) -> tuple[int, int]:
+def setup_model(model: torch.nn.Module, reshard_after_forward: bool = True) -> tuple[int, int]:
     """What a training loop calls first: ``(rank, world_size)``, with ``model`` FSDP2-sharded in place
-    when there are several ranks. An already sharded model is resharded: a forward without a backward
+    when there are several ranks (``reshard_after_forward``: see :func:`shard`). An already sharded model
+    keeps its sharding and is resharded: a forward without a backward
     (an evaluation, the rollouts' entropies) leaves the root's parameters gathered, and an optimizer built
     from ``model.parameters()`` then would step those whole copies instead of the shards.
 
@@ -102,7 +103,7 @@ def setup_model(model: torch.nn.Module) -> tuple[int, int]:
                 f"rank {rank}: the model is on {device} but this rank's GPU is cuda:{torch.cuda.current_device()}; "
                 "call a5core.distributed.init_from_env() before loading the model"
             )
-        shard(model)
+        shard(model, reshard_after_forward)
     return rank, world
 
 

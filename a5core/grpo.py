@@ -87,7 +87,7 @@ from a5core.rollout import Engine, SamplingSettings
 logger = logging.getLogger(__name__)
 
 # Fields that say where and how often side effects happen, not what is trained (see a5core.checkpoint).
-UNFINGERPRINTED_FIELDS = ("checkpoint_dir", "checkpoint_every", "eval_every", "compile_layers")
+UNFINGERPRINTED_FIELDS = ("checkpoint_dir", "checkpoint_every", "eval_every", "compile_layers", "fsdp_reshard_after_forward")
 # What one optimizer step accumulates over its micro-batches (summed over ranks when read).
 _STEP_SUMS = ("loss", "clipped", "ratio_sum", "entropy_sum", "response_tokens", "entropy_tokens", "tokens")
 STATUS_KEYS = ("reward_mean", "format_reward_mean", "loss", "grad_norm", "token_entropy", "response_tokens_mean",
@@ -99,7 +99,8 @@ class GRPOConfig:
     """Settings of one GRPO run; defaults are the A5 handout's. Invalid values or combinations raise
     ``ValueError`` naming the field at construction. ``compile_layers``: ``torch.compile`` the decoder
     layers (:func:`a5core.policy.compile_decoder_layers`; on a GPU faster and leaner after a first step
-    that compiles)."""
+    that compiles). ``fsdp_reshard_after_forward`` False (several ranks): weights stay gathered from
+    forward to backward (faster, more memory; see :func:`a5core.distributed.shard`)."""
 
     n_grpo_steps: int = 200
     learning_rate: float = 1e-5
@@ -124,6 +125,7 @@ class GRPOConfig:
     drop_uniform_groups: bool = False
     gradient_checkpointing: bool = False
     compile_layers: bool = False
+    fsdp_reshard_after_forward: bool = True
     seed: int = 0
     eval_every: int = 0
     checkpoint_dir: str | None = None
@@ -183,7 +185,7 @@ class GRPOConfig:
             fail("tis_cap", "None or a finite number > 0")
         if not isinstance(self.sampling.stop, tuple) or self.sampling.n != 1 or self.sampling.seed is not None:
             fail("sampling", "settings without n or seed (GRPO sets them: n = group_size, seed per step)")
-        for name in ("drop_uniform_groups", "gradient_checkpointing", "compile_layers"):
+        for name in ("drop_uniform_groups", "gradient_checkpointing", "compile_layers", "fsdp_reshard_after_forward"):
             if not isinstance(getattr(self, name), bool):
                 fail(name, "a bool")
 
@@ -294,7 +296,7 @@ def grpo(
                          f"group_size), got {config.prompts_per_step}")
     if world > 1 and getattr(engine, "model", None) is model:
         raise ValueError("GRPO on several ranks needs an engine with its own copy of the model (the policy is sharded)")
-    rank, world = distributed.setup_model(model)
+    rank, world = distributed.setup_model(model, config.fsdp_reshard_after_forward)
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.learning_rate, betas=config.betas,

@@ -44,7 +44,7 @@ LR_SCHEDULES = ("cosine", "constant")
 STATUS_KEYS = ("loss", "token_nll", "lr", "grad_norm", "val_accuracy")  # the per-step status line's metrics
 # Fields that say where and how often side effects happen, not what is trained: a run may be resumed
 # with them changed (another checkpoint directory, checkpoints or evaluations more or less often).
-UNFINGERPRINTED_FIELDS = ("checkpoint_dir", "checkpoint_every", "eval_every", "compile_layers")
+UNFINGERPRINTED_FIELDS = ("checkpoint_dir", "checkpoint_every", "eval_every", "compile_layers", "fsdp_reshard_after_forward")
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,9 @@ class SFTConfig:
     ``max_seq_len`` caps prompt + response tokens; longer sequences lose the end of their response.
     ``eval_every``/``checkpoint_every`` 0 mean "only at the end"; ``checkpoint_dir`` None: no checkpoints.
     ``compile_layers``: ``torch.compile`` the decoder layers (:func:`a5core.policy.compile_decoder_layers`;
-    on a GPU faster and leaner, after a first step that compiles).
+    on a GPU faster and leaner, after a first step that compiles). ``fsdp_reshard_after_forward`` False
+    (several ranks): weights stay gathered from forward to backward (faster, more memory; see
+    :func:`a5core.distributed.shard`).
     """
 
     learning_rate: float = 1e-5
@@ -75,6 +77,7 @@ class SFTConfig:
     max_seq_len: int = 1024
     gradient_checkpointing: bool = False
     compile_layers: bool = False
+    fsdp_reshard_after_forward: bool = True
     seed: int = 0
     eval_every: int = 0
     checkpoint_dir: str | None = None
@@ -116,7 +119,7 @@ class SFTConfig:
             fail("grad_clip", "a finite number >= 0 (0: no clipping)")
         if not is_number(self.normalize_constant) or self.normalize_constant <= 0:
             fail("normalize_constant", "a finite number > 0")
-        for name in ("gradient_checkpointing", "compile_layers"):
+        for name in ("gradient_checkpointing", "compile_layers", "fsdp_reshard_after_forward"):
             if not isinstance(getattr(self, name), bool):
                 fail(name, "a bool")
         if self.checkpoint_dir is not None and not isinstance(self.checkpoint_dir, (str, os.PathLike)):
@@ -202,7 +205,7 @@ def train_sft(
     total_steps = steps_per_epoch * config.epochs
     if config.max_steps is not None:
         total_steps = min(total_steps, config.max_steps)
-    rank, world = distributed.setup_model(model)
+    rank, world = distributed.setup_model(model, config.fsdp_reshard_after_forward)
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(

@@ -79,6 +79,8 @@ class EIParams(BaseModel):
     gradient_checkpointing: bool = Field(False)
     compile_layers: bool = Field(False, description="torch.compile the decoder layers (GPU: faster, less memory; "
                                                     "the first step compiles)")
+    fsdp_reshard_after_forward: bool = Field(True, description="several GPUs: False keeps each layer's gathered "
+                                             "weights from forward to backward (faster, more memory)")
     seed: int = Field(0)
     sweep: bool = Field(False, description="run the grid below as children of one parent run")
     sweep_rollouts_per_question: list[int] = Field([4, 8], description="G values of the sweep")
@@ -98,7 +100,7 @@ def ei_config(params: EIParams, checkpoint_dir: str | None = None) -> EIConfig:
         sampling=SamplingSettings(temperature=params.temperature, min_tokens=params.min_tokens, max_tokens=params.max_tokens, stop=("</answer>",)),
         sft=SFTConfig(learning_rate=params.learning_rate, batch_size=params.batch_size, microbatch_size=params.microbatch_size,
                       epochs=params.epochs, max_seq_len=params.max_seq_len, gradient_checkpointing=params.gradient_checkpointing,
-        compile_layers=params.compile_layers,
+        compile_layers=params.compile_layers, fsdp_reshard_after_forward=params.fsdp_reshard_after_forward,
                       lr_schedule="constant"),
     )
 

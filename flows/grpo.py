@@ -123,6 +123,8 @@ class GRPOParams(BaseModel):
     gradient_checkpointing: bool = Field(False)
     compile_layers: bool = Field(False, description="torch.compile the decoder layers (GPU: faster, less memory; "
                                                     "the first step compiles)")
+    fsdp_reshard_after_forward: bool = Field(True, description="several GPUs: False keeps each layer's gathered "
+                                             "weights from forward to backward (faster, more memory)")
     checkpoint_every: int = Field(10, ge=0)
     seed: int = Field(0)
     ablation: AblationName | None = Field(None, description="run this ablation instead of one run")
@@ -162,7 +164,7 @@ def grpo_config(params: GRPOParams, checkpoint_dir: str | None = None) -> GRPOCo
         weight_decay=params.weight_decay, betas=(params.beta1, params.beta2), grad_clip=params.grad_clip,
         cliprange=params.cliprange, cliprange_high=params.cliprange_high, tis_cap=params.tis_cap,
         drop_uniform_groups=params.drop_uniform_groups, gradient_checkpointing=params.gradient_checkpointing,
-        compile_layers=params.compile_layers,
+        compile_layers=params.compile_layers, fsdp_reshard_after_forward=params.fsdp_reshard_after_forward,
         seed=params.seed, eval_every=params.eval_every, checkpoint_dir=checkpoint_dir,
         checkpoint_every=params.checkpoint_every,
     )

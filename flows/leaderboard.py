@@ -148,6 +148,7 @@ def _run(params: LeaderboardParams, config, engine, start: float) -> dict:
                 learning_rate=params.sft_learning_rate, batch_size=params.sft_batch_size,
                 microbatch_size=params.sft_microbatch_size, max_steps=params.sft_max_steps, seed=params.seed,
                 checkpoint_dir=str(out / "sft_checkpoint"), checkpoint_every=50, compile_layers=params.compile_layers,
+                fsdp_reshard_after_forward=params.fsdp_reshard_after_forward,
             ), log=lambda m, s: log({f"sft/{k}": v for k, v in m.items()}, s))
         # The curve's evaluations sample like training (max_tokens of the run); their cost per problem,
         # scaled to the final evaluation's 1,024 tokens, sizes the final evaluation's reserve.

@@ -75,6 +75,8 @@ class SFTExperimentParams(BaseModel):
     gradient_checkpointing: bool = Field(False)
     compile_layers: bool = Field(False, description="torch.compile the decoder layers (GPU: faster, less memory; "
                                                     "the first step compiles)")
+    fsdp_reshard_after_forward: bool = Field(True, description="several GPUs: False keeps each layer's gathered "
+                                             "weights from forward to backward (faster, more memory)")
     eval_every: int = Field(10, ge=0, description="optimizer steps between subset evaluations (0: end only)")
     checkpoint_every: int = Field(20, ge=0)
     temperature: float = Field(1.0, ge=0, description="evaluation sampling temperature")
@@ -98,7 +100,7 @@ def sft_config(params: SFTExperimentParams, checkpoint_dir: str | None = None) -
         learning_rate=params.learning_rate, lr_schedule=params.lr_schedule, warmup_steps=params.warmup_steps,
         batch_size=params.batch_size, microbatch_size=params.microbatch_size,
         epochs=params.epochs, max_steps=params.max_steps, max_seq_len=params.max_seq_len, gradient_checkpointing=params.gradient_checkpointing,
-        compile_layers=params.compile_layers,
+        compile_layers=params.compile_layers, fsdp_reshard_after_forward=params.fsdp_reshard_after_forward,
         seed=params.seed, eval_every=params.eval_every, checkpoint_dir=checkpoint_dir,
         checkpoint_every=params.checkpoint_every,
     )

@@ -82,7 +82,7 @@ def start_resumable_run(run_id_file: Path, experiment: str, run_name: str, track
 
 
 # Where results go and how fast they come, not what runs: changing these keeps a run's folder (and resumes it).
-RUN_KEY_IGNORED = ("output_dir", "metrics_path", "experiment", "tracking_uri", "compile_layers")
+RUN_KEY_IGNORED = ("output_dir", "metrics_path", "experiment", "tracking_uri", "compile_layers", "fsdp_reshard_after_forward")
 
 
 def params_key(params: Any, ignore: tuple[str, ...] = RUN_KEY_IGNORED) -> str:

@@ -5,7 +5,7 @@ MICROBATCH [CHECKPOINT]`` (or :func:`run` in-process for one rank) runs, on tiny
 micro-batches of MICROBATCH sequences (``whole``: one micro-batch per batch):
 
 - ``sft``: two SFT optimizer steps (batches of 5 sequences: uneven shares, so a rank runs an empty
-  micro-batch); ``sft_gathered`` the same on a model sharded with ``reshard_after_forward=False``; then a crash in ``evaluate`` at step 2 after the step-1 checkpoint, a copy of that
+  micro-batch); ``sft_gathered`` the same with ``fsdp_reshard_after_forward=False``; then a crash in ``evaluate`` at step 2 after the step-1 checkpoint, a copy of that
   checkpoint to ``OUT_DIR/sft_crashed`` and a resume from it with other starting weights;
 - ``sft_foreign``: with CHECKPOINT (a crashed checkpoint written by another number of ranks, with
   ``whole`` micro-batches), the resume from a copy of it;
@@ -115,9 +115,7 @@ def run_sft(tokenizer, out: Path, microbatch: int | None, foreign: str | None) -
     results["sft"] = {"weights": whole_weights(model), "log": log.calls, "returned": returned}
 
     gathered = make_model(tokenizer)
-    if dist.is_initialized():
-        distributed.shard(gathered, reshard_after_forward=False)  # setup_model keeps a sharded model's layout
-    train_sft(gathered, tokenizer, EXAMPLES, sft_config(microbatch))
+    train_sft(gathered, tokenizer, EXAMPLES, sft_config(microbatch, fsdp_reshard_after_forward=False))
     results["sft_gathered"] = {"weights": whole_weights(gathered)}
 
     crashed = make_model(tokenizer)
