@@ -14,6 +14,11 @@ problem (scaled from the run's max_tokens to 1,024; the engine is called once be
 compilation is not counted), times the number of final problems. A run that hits its budget stops after the current step,
 still evaluates and reports; ``within_budget`` says whether the whole flow kept to it.
 
+Smoke runs with small models use the generated arithmetic task (``arithmetic:N:DIGITS``, as the cpu
+profile does) with ``reward_fn: arithmetic``: the MATH grader accepts a copy of the question ("12 + 34")
+as the answer, and a 2×H200 run learned exactly that (subset accuracy 0.3 → 1.0 in 12 steps). Such runs
+are never ``official``.
+
 The default GRPO settings follow the public leaderboard's best entries: GRPO at lr 3e-5 (they used
 2–5e-5), group size 8, masked_normalize length normalisation (every token weighted alike), on-policy.
 
@@ -37,7 +42,7 @@ from typing import Literal
 
 import torch
 from prefect import flow
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from a5core import distributed
 from a5core.data import Trace, load_sft_traces, write_text_atomic
@@ -51,7 +56,8 @@ from flows.cli import run_flow
 from flows.grpo import GRPOParams, check_placement, engine_for, grpo_config
 from tasks.engines import closing_engine
 from tasks.tracking import log_params_flat
-from tasks.training import load_problem_set, mlflow_logger, start_resumable_run, tracking_rank, validation_hook
+from tasks.training import (TRAINING_REWARD_FNS, load_problem_set, mlflow_logger, start_resumable_run, tracking_rank,
+                            validation_hook)
 
 # The leaderboard's evaluation, not a parameter.
 FINAL_SAMPLING = SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=1024, stop=("</answer>",), seed=0)
@@ -69,7 +75,9 @@ class LeaderboardParams(GRPOParams):
     sft_batch_size: int = Field(32, gt=0)
     sft_microbatch_size: int = Field(2, gt=0)
     prompt: Literal["r1_zero"] = Field("r1_zero", description="fixed by the rules")
-    reward_fn: Literal["r1_zero"] | None = Field(None, description="fixed by the rules")
+    reward_fn: Literal["r1_zero", "arithmetic"] | None = Field(
+        None, description="None/r1_zero: the rule; arithmetic only with the generated arithmetic task (smoke runs), "
+        "where the MATH grader also scores a copy of the question ('12 + 34') as the answer")
     learning_rate: float = Field(3e-5, gt=0)
     length_normalization: Literal["masked_mean", "masked_normalize"] = Field("masked_normalize")
     n_grpo_steps: int = Field(100_000, gt=0, description="an upper bound; the budget ends the run")
@@ -78,6 +86,14 @@ class LeaderboardParams(GRPOParams):
     output_dir: str = Field("outputs/leaderboard")
     metrics_path: str | None = Field("metrics/leaderboard.json")
     experiment: str = Field("leaderboard")
+
+    @model_validator(mode="after")
+    def _arithmetic_grader_only_on_arithmetic(self) -> "LeaderboardParams":
+        on_arithmetic = all(d.startswith("arithmetic:") for d in (self.train_data, self.validation_data))
+        if self.reward_fn == "arithmetic" and not on_arithmetic:
+            raise ValueError("reward_fn arithmetic grades only the generated arithmetic task: set train_data and "
+                             "validation_data to arithmetic:N:DIGITS, or leave reward_fn at r1_zero (the rule)")
+        return self
 
 
 def _save_best(model, tokenizer, directory: Path) -> None:
@@ -127,7 +143,7 @@ def _run(params: LeaderboardParams, config, engine, start: float) -> dict:
     train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
     validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
     final_problems = validation[: params.final_eval_limit]
-    template, reward_fn = load_prompt("r1_zero"), r1_zero_reward_fn
+    template, reward_fn = load_prompt("r1_zero"), TRAINING_REWARD_FNS[params.reward_fn or "r1_zero"]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     best = {"val_accuracy": -1.0, "step": None}
     seconds_per_problem: list[float] = []
@@ -188,7 +204,8 @@ def _run(params: LeaderboardParams, config, engine, start: float) -> dict:
         summary = {
             "final_score": final["val_accuracy"], "final_format_rate": final["val_format_rate"],
             "n_final_problems": len(final_problems),
-            "official": params.final_eval_limit is None and len(final_problems) == OFFICIAL_VALIDATION_SIZE,
+            "official": params.final_eval_limit is None and len(final_problems) == OFFICIAL_VALIDATION_SIZE
+                        and reward_fn is r1_zero_reward_fn and not params.validation_data.startswith("arithmetic:"),
             "best_step": best["step"], "best_subset_accuracy": best["val_accuracy"], "grpo_steps": history[-1]["step"],
             "stopped_by_budget": stopped_by_budget, "wall_seconds": wall, "budget_seconds": budget,
             "within_budget": wall <= budget, "mlflow_run_id": run.info.run_id,

@@ -9,11 +9,22 @@ from flows.leaderboard import FINAL_SAMPLING, LeaderboardParams, leaderboard
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def test_budget_stops_training_and_the_run_still_reports(prefect_harness, tiny_lm_dir, tmp_path):
+def test_budget_stops_training_and_the_run_still_reports(prefect_harness, tiny_lm_dir, tmp_path, monkeypatch):
     import mlflow
 
+    import flows.leaderboard as module
+    from a5core.arithmetic import arithmetic_reward_fn
+
+    graded = []  # the arithmetic grader, asked for, grades the rollouts and every evaluation
+
+    def recording_grader(response, ground_truth):
+        graded.append(response)
+        return arithmetic_reward_fn(response, ground_truth)
+
+    monkeypatch.setitem(module.TRAINING_REWARD_FNS, "arithmetic", recording_grader)
     params = LeaderboardParams(
         model=str(tiny_lm_dir), backend="hf", train_data="arithmetic:40:1", validation_data="arithmetic:6:1",
+        reward_fn="arithmetic",
         val_subset=3, final_eval_limit=6, eval_every=1, rollout_batch_size=4, group_size=2, train_batch_size=4,
         gradient_accumulation_steps=2, max_tokens=12, budget_hours=25 / 3600, final_eval_reserve_s=2.0,
         output_dir=str(tmp_path / "out"), metrics_path=str(tmp_path / "metrics.json"),
@@ -30,6 +41,8 @@ def test_budget_stops_training_and_the_run_still_reports(prefect_harness, tiny_l
     assert run.data.metrics["final_score"] == summary["final_score"]
     assert client.get_metric_history(run.info.run_id, "val_accuracy_by_wall_seconds")
     assert run.data.params["length_normalization"] == "masked_normalize"
+    evaluations = len(client.get_metric_history(run.info.run_id, "val_accuracy"))
+    assert len(graded) == summary["grpo_steps"] * params.rollout_batch_size + evaluations * 3 + 6
 
 
 def test_the_rules_are_fixed():
@@ -37,6 +50,11 @@ def test_the_rules_are_fixed():
         1.0, 1.0, 1024, ("</answer>",))
     with pytest.raises(ValueError, match="prompt"):
         LeaderboardParams(prompt="question_only")
+    with pytest.raises(ValueError, match="reward_fn arithmetic grades only the generated arithmetic task"):
+        LeaderboardParams(reward_fn="arithmetic")  # on MATH
+    with pytest.raises(ValueError, match="reward_fn"):
+        LeaderboardParams(reward_fn="question_only")
+    LeaderboardParams(reward_fn="arithmetic", train_data="arithmetic:40:2", validation_data="arithmetic:8:2")
     defaults = LeaderboardParams()
     assert (defaults.budget_hours, defaults.learning_rate, defaults.group_size, defaults.length_normalization) == (
         4.0, 3e-5, 8, "masked_normalize")
