@@ -202,35 +202,40 @@ def test_concurrent_callers_convert_once(tmp_path, monkeypatch):
     assert len(calls) == 1 and results == [str(tmp_path / EMBEDDED_DEFAULT)] * 4
 
 
-def _convert_in_child(cache_dir: str) -> None:
-    resolve_model(EMBEDDED_DEFAULT, cache_dir=cache_dir)
-
-
-def test_processes_converting_at_once_without_a_working_lock_all_succeed(tmp_path, monkeypatch):
-    """Where file locks are not honoured (torchrun ranks on a sandboxed GPU machine), each process
-    converts in its own temp folder; none may take another's running conversion for a crashed one."""
+def _convert_without_a_working_lock(cache_dir: str, processes: int) -> None:
+    """One of ``processes`` spawned converters: no file lock, and a fake conversion that waits until every
+    converter is inside its own (so each one's look for stale folders sees the others running)."""
     import contextlib
-    import multiprocessing
     import time
 
     import filelock
 
-    def slow_convert(target, gguf=None):
+    def waiting_convert(target, gguf=None):
         (target / "config.json").write_text("{}")
-        time.sleep(1.0)  # the others start meanwhile, and look for stale temp folders
+        (target.parent / f"converting-{target.name}").touch()
+        deadline = time.monotonic() + 60
+        while len(list(target.parent.glob("converting-*"))) < processes and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert (target / "config.json").is_file(), "another process removed this conversion"
         (target / COMPLETE_MARKER).write_text(json.dumps({"source": models._source_fingerprint(models.embedded_gguf_path())}))
         return target
 
-    monkeypatch.setattr(models, "convert_embedded", slow_convert)
-    monkeypatch.setattr(filelock, "FileLock", lambda path: contextlib.nullcontext())
-    context = multiprocessing.get_context("fork")
-    children = [context.Process(target=_convert_in_child, args=(str(tmp_path),)) for _ in range(3)]
+    models.convert_embedded = waiting_convert
+    filelock.FileLock = lambda path: contextlib.nullcontext()
+    resolve_model(EMBEDDED_DEFAULT, cache_dir=cache_dir)
+
+
+def test_processes_converting_at_once_without_a_working_lock_all_succeed(tmp_path):
+    """Where file locks are not honoured (torchrun ranks on a sandboxed GPU machine), each process
+    converts in its own temp folder; none may take another's running conversion for a crashed one."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")  # a clean interpreter: a fork would inherit pytest's state
+    children = [context.Process(target=_convert_without_a_working_lock, args=(str(tmp_path), 3)) for _ in range(3)]
     for child in children:
         child.start()
-        time.sleep(0.2)
     for child in children:
-        child.join(30)
+        child.join(120)
     assert [child.exitcode for child in children] == [0, 0, 0]
     assert models._is_complete(tmp_path / EMBEDDED_DEFAULT, models._source_fingerprint(models.embedded_gguf_path()))
     assert not list(tmp_path.glob(f".{EMBEDDED_DEFAULT}.tmp-*"))

@@ -178,7 +178,7 @@ def test_an_engine_that_fails_to_start_raises_one_clear_error(tmp_path):
     message = r"remote hf engine for '.*no-such-model' on cpu: start failed: .*no-such-model"
     with pytest.raises(RemoteEngineError, match=message):
         RemoteEngine(missing, "hf", threads=1)
-    assert multiprocessing.active_children() == before
+    assert [p for p in multiprocessing.active_children() if p not in before] == []  # its server is gone
 
 
 def test_fsdp_rank_pushes_gathered_weights(tmp_path, tiny_lm_dir):
