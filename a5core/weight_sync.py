@@ -30,6 +30,7 @@ from typing import NamedTuple
 import torch
 from torch import distributed as dist
 
+from a5core.distributed import full_tensor
 from a5core.policy import checkpoint_name
 
 TRAINER, ENGINE = 0, 1
@@ -86,18 +87,11 @@ def specs_of(weights: Sequence[tuple[str, torch.Tensor]]) -> list[WeightSpec]:
     return [WeightSpec(name, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in weights]
 
 
-def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """The whole tensor, detached: an FSDP2 ``DTensor`` is all-gathered (a collective: every rank of its
-    mesh must call this, in the same order), a plain tensor is returned as is."""
-    tensor = tensor.detach()
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-
-
 def gather_for_push(model: torch.nn.Module) -> None:
     """For the FSDP2 ranks that do *not* own the engine: take part in the all-gathers of a push, in the
     order the owning rank makes them (that rank calls ``engine.load_weights(model)`` meanwhile)."""
     for _, tensor in policy_weights(model):
-        full_tensor(tensor)
+        full_tensor(tensor.detach())
 
 
 def plan_buckets(specs: Sequence[WeightSpec], bucket_bytes: int) -> list[range]:
@@ -170,7 +164,7 @@ class WeightGroup:
         """Trainer: broadcast ``weights`` (matching ``specs``; DTensors are all-gathered one by one, in
         order) bucket by bucket. Returns once the last bucket is queued (NCCL: on the current stream)."""
         for bucket in plan_buckets(specs, bucket_bytes):
-            tensors = [full_tensor(weights[i][1]).to(self.device) for i in bucket]
+            tensors = [full_tensor(weights[i][1].detach()).to(self.device) for i in bucket]
             flat = tensors[0].contiguous() if len(tensors) == 1 else torch.cat([t.reshape(-1) for t in tensors])
             self._broadcast(flat)
 
