@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -232,6 +232,17 @@ def full_weights(model: torch.nn.Module) -> Any:
     if rank_and_world()[1] == 1:
         return model
     return _Full({name: full_tensor(t.detach()) for name, t in model.state_dict().items()})
+
+
+def write_whole(model: torch.nn.Module, write: Callable[[dict[str, torch.Tensor]], None]) -> None:
+    """``write(state)`` with ``model``'s state dict whole, called by every rank: the tensors are gathered
+    (a collective), rank 0 writes, the other ranks wait until it has (they may read what it wrote)."""
+    state = full_weights(model).state_dict()
+    rank, world = rank_and_world()
+    if rank == 0:
+        write(state)
+    if world > 1:
+        dist.barrier()
 
 
 def _shard_like(value: Any, reference: Any) -> Any:

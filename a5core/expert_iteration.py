@@ -126,15 +126,14 @@ def _load_weights(model: torch.nn.Module, path: Path) -> None:
 
 
 def _save_round(model: torch.nn.Module, root: Path, history: list[dict[str, float]]) -> None:
-    """``model.pt`` (the whole weights, gathered on every rank: a collective) and ``state.json`` after a
-    round, written by rank 0; the other ranks wait for them (a resume reads them)."""
-    state = distributed.full_weights(model).state_dict()
-    if distributed.rank_and_world()[0] == 0:
+    """``model.pt`` (the whole weights) and ``state.json`` after a round (every rank calls it; rank 0 writes)."""
+
+    def write(state: dict[str, torch.Tensor]) -> None:
         torch.save({name: tensor.cpu() for name, tensor in state.items()}, root / "model.pt.tmp")
         (root / "model.pt.tmp").replace(root / "model.pt")
         write_text_atomic(root / "state.json", json.dumps({"rounds": history}))
-    if distributed.rank_and_world()[1] > 1:
-        torch.distributed.barrier()
+
+    distributed.write_whole(model, write)
 
 
 def _rollout_round(

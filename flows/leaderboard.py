@@ -98,13 +98,8 @@ class LeaderboardParams(GRPOParams):
 
 def _save_best(model, tokenizer, directory: Path) -> None:
     """Replace ``directory`` with a Hugging Face folder of ``model`` (written beside it, then renamed).
-    Under several ranks every rank calls it (the weights are gathered whole), rank 0 writes, and the
-    others wait until the folder is in place."""
-    state = distributed.full_weights(model).state_dict()
-    if tracking_rank():
-        _write_folder(model, state, tokenizer, directory)
-    if distributed.rank_and_world()[1] > 1:
-        torch.distributed.barrier()
+    Every rank calls it (:func:`a5core.distributed.write_whole`: rank 0 writes, the others wait)."""
+    distributed.write_whole(model, lambda state: _write_folder(model, state, tokenizer, directory))
 
 
 def _write_folder(model, state: dict, tokenizer, directory: Path) -> None:
