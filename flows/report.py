@@ -9,10 +9,15 @@ ablation (experiment ``grpo``, tag ``ablation``) with its children's final metri
 accuracy plot. A stage with nothing on disk is reported as "not run".
 
 Writes ``outputs/report/``: ``report.md`` (plots linked from ``figures/``), ``report.html`` (the same page,
-plots embedded: one self-contained file), ``figures/*.png`` and ``baseline_cases.md`` (the baseline's case
-report). The folder is built beside the old one and swapped in, so a reader never sees half a report. The
-report is logged as a run in MLflow experiment ``report`` (headline accuracies as metrics, the folder as
-artifacts). DVC stage ``report`` runs it after ``grpo``.
+plots embedded: one self-contained file; text from settings and files is escaped, and only http(s) and
+relative links become links), ``figures/*.png``, ``baseline_cases.md`` (the baseline's case report) and the
+marker ``.a5-report``. The folder is built beside the old one and swapped in, so a reader never sees half a
+report. Only a report folder is ever replaced: one holding the marker, or (written before the marker
+existed) nothing but report.md, report.html, baseline_cases.md and figures/*.png; any other non-empty
+``--output-dir`` (``outputs/baseline_eval``, say) is refused and left untouched. A ``--root`` that does not
+exist or holds no pipeline outputs (no ``metrics/`` and no ``outputs/<stage>/``) is an error, not a page of
+"not run". The report is logged as a run in MLflow experiment ``report`` (headline accuracies as metrics,
+the folder as artifacts). DVC stage ``report`` runs it after ``grpo``.
 
     python -m flows.report --config params.yaml
     python -m flows.report --root /path/to/another/checkout --output-dir /tmp/report --log-to-mlflow false
@@ -52,6 +57,12 @@ PLOT_ORDER = ("accuracy_vs_step.png", "accuracy_vs_wall_clock.png", "reward_mean
               "token_entropy_vs_step.png", "response_tokens_mean_vs_step.png")
 STAGE_SECTIONS = {"baseline_eval": "baseline_eval", "sft_experiment": "sft_experiment",
                   "expert_iteration": "expert_iteration", "grpo": "grpo", "leaderboard": "leaderboard"}
+# The stage folders under outputs/ the report reads (with metrics/, what a root that ran the pipeline holds).
+STAGE_OUTPUTS = ("baseline_eval", "sft_experiment", "expert_iteration", "grpo", "leaderboard")
+# Written into every report folder: the mark of a folder this flow made, which it may replace.
+REPORT_MARKER = ".a5-report"
+# What a report folder holds besides the marker (and figures/*.png): a folder of nothing else is a report too.
+REPORT_FILES = ("report.md", "report.html", "baseline_cases.md")
 
 
 class ReportParams(BaseModel):
@@ -117,11 +128,33 @@ def to_markdown(title: str, page: Page) -> str:
     return "\n".join(lines)
 
 
+# One inline markup span, the first to start wins: `code`, **bold** or [label](link).
+_INLINE = re.compile(r"`([^`]+)`|\*\*([^*]+)\*\*|\[([^\]]+)\]\(([^)\s]+)\)")
+_HTTP_LINK = re.compile(r"https?://[^\s\"'<>`\\\x00-\x1f\x7f]+", re.IGNORECASE)
+_RELATIVE_LINK = re.compile(r"[\w.~/#?&=%+-]+", re.ASCII)  # no scheme: no colon, no control characters
+
+
+def _link_allowed(link: str) -> bool:
+    """http(s) links and relative links (``baseline_cases.md``); never ``javascript:``, ``data:`` and the like."""
+    return bool(_HTTP_LINK.fullmatch(link) or _RELATIVE_LINK.fullmatch(link))
+
+
 def _inline_html(text: str) -> str:
-    text = html.escape(text, quote=False)
-    text = re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
-    text = re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", text)
-    return re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", lambda m: f'<a href="{html.escape(m[2])}">{m[1]}</a>', text)
+    """``text`` as HTML: everything escaped; `code` (its content literal), **bold** and [label](link) marked
+    up, a link only when :func:`_link_allowed` (else the markdown shows as plain text)."""
+    parts, at = [], 0
+    for m in _INLINE.finditer(text):
+        parts.append(html.escape(text[at:m.start()], quote=False))
+        at = m.end()
+        if m[1] is not None:
+            parts.append(f"<code>{html.escape(m[1], quote=False)}</code>")
+        elif m[2] is not None:
+            parts.append(f"<strong>{_inline_html(m[2])}</strong>")
+        elif _link_allowed(m[4]):
+            parts.append(f'<a href="{html.escape(m[4])}">{_inline_html(m[3])}</a>')
+        else:
+            parts.append(html.escape(m[0], quote=False))
+    return "".join(parts) + html.escape(text[at:], quote=False)
 
 
 def to_html(title: str, page: Page, figures_dir: Path) -> str:
@@ -362,11 +395,52 @@ def headline(metrics: dict[str, float]) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------------------------- writing
 
 
+def check_root(root: Path) -> None:
+    """Refuse a root that does not exist or holds no pipeline outputs: a report of it would say
+    "not run" everywhere, hiding a mistyped ``--root``."""
+    shown = str(root) if root.is_absolute() else f"{root} ({root.resolve()})"
+    if not root.is_dir():
+        raise FileNotFoundError(f"--root {shown} does not exist or is not a folder: pass --root the project "
+                                "folder the pipeline ran in")
+    if not (root / "metrics").is_dir() and not any((root / "outputs" / stage).is_dir() for stage in STAGE_OUTPUTS):
+        raise ValueError(f"{shown} holds no pipeline outputs (metrics/, outputs/): run `make pipeline` first or "
+                         "pass --root the project folder the pipeline ran in")
+
+
+def _foreign_entries(folder: Path) -> list[str]:
+    """What in ``folder`` a report does not write: empty for a report folder (it holds the marker, or
+    nothing but report.md, report.html, baseline_cases.md and figures/*.png) and for an empty folder."""
+    if (folder / REPORT_MARKER).is_file():
+        return []
+    foreign = []
+    for entry in sorted(folder.iterdir()):
+        if entry.name == "figures" and entry.is_dir() and not entry.is_symlink():
+            foreign += [f"figures/{f.name}" for f in sorted(entry.iterdir()) if f.suffix != ".png" or not f.is_file()]
+        elif entry.name not in REPORT_FILES or not entry.is_file():
+            foreign.append(entry.name + ("/" if entry.is_dir() else ""))
+    return foreign
+
+
+def check_replaceable(out: Path) -> None:
+    """Refuse an ``out`` that exists and is not a report folder (a file, or a folder holding anything a
+    report does not write, such as ``outputs/baseline_eval``): replacing it would delete it."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if not out.is_dir():
+        raise ValueError(f"--output-dir {out} exists and is not a report folder (a file); not replacing it: "
+                         "remove it or pick another --output-dir")
+    foreign = _foreign_entries(out)
+    if foreign:
+        listed = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise ValueError(f"--output-dir {out} exists and is not a report folder (no {REPORT_MARKER}; it holds "
+                         f"{listed}); not replacing it: remove it or pick another --output-dir")
+
+
 def swap_in(built: Path, out: Path) -> None:
-    """Replace folder ``out`` with the finished folder ``built`` (two renames: never half a report)."""
+    """Replace folder ``out`` with the finished folder ``built`` (two renames: never half a report), when
+    ``out`` is absent, empty or a report folder (:func:`check_replaceable`)."""
+    check_replaceable(out)
     if out.exists():
-        if not out.is_dir() or (any(out.iterdir()) and not (out / "report.md").is_file()):
-            raise ValueError(f"{out} exists and is not a report folder; not replacing it")
         old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old."))
         os.replace(out, old / out.name)
         os.replace(built, out)
@@ -379,6 +453,8 @@ def build_report(params: ReportParams) -> dict[str, Any]:
     """Write the report folder; returns its paths, the headline metrics and which sections ran."""
     root = Path(params.root)
     out = Path(params.output_dir)
+    check_root(root)
+    check_replaceable(out)  # before any work; swap_in checks again
     settings = stage_settings(root / params.params_file if params.params_file else None)
     out.parent.mkdir(parents=True, exist_ok=True)
     built = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.new."))
@@ -404,6 +480,8 @@ def build_report(params: ReportParams) -> dict[str, Any]:
             write_text_atomic(built / name, text)
         write_text_atomic(built / "report.md", to_markdown(params.title, page))
         write_text_atomic(built / "report.html", to_html(params.title, page, built / "figures"))
+        write_text_atomic(built / REPORT_MARKER, "A report folder written by flows.report: the next report "
+                                                 "replaces this folder whole.\n")
         for folder in (built, built / "figures"):
             os.chmod(folder, 0o777 & ~_UMASK)  # mkdtemp makes 0700; give the folder the usual permissions
         swap_in(built, out)

@@ -203,17 +203,40 @@ def write_curves(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
 
 
 def plot_curves(path: Path, rows: Sequence[dict[str, Any]], x: str, y: str, series: str, title: str) -> Path:
-    """One line per ``series`` value of ``y`` against ``x``, saved as a PNG."""
+    """One line per ``series`` value of ``y`` against ``x``, saved as a PNG.
+
+    Axes that read the same from plot to plot:
+
+    - y is a 0–1 metric when a word of its name (split at ``_``, ``/``, ...) is ``accuracy``, ``rate``,
+      ``reward`` or ``fraction`` (``val_accuracy``, ``format_rate``, ``reward_mean``, ``clip_fraction``;
+      not ``learning_rate``, not ``generated_tokens``) and every value lies in [0, 1] (rewards here do):
+      its axis is fixed to -0.02..1.02, so points at 0 and 1 show and an all-zero curve sits at the
+      bottom instead of mid-plot. Any other y (or one with a value outside [0, 1]) is autoscaled.
+    - x gets integer ticks when it is ``step`` or ``round`` or every value is an integer (steps, rounds):
+      no tick at step 0.25.
+    """
+    import numbers
+    import re
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for name in dict.fromkeys(str(r[series]) for r in rows):
         points = sorted((r[x], r[y]) for r in rows if str(r[series]) == name)
         axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
     axes.set(xlabel=x, ylabel=y, title=title)
+    ys = [r[y] for r in rows if isinstance(r[y], numbers.Real)]
+    words = re.split(r"[^a-z0-9]+", y.lower())
+    unit_metric = bool({"accuracy", "rate", "reward", "fraction"} & set(words)) and "learning_rate" not in y.lower()
+    if unit_metric and all(0 <= v <= 1 for v in ys):
+        axes.set_ylim(-0.02, 1.02)
+    integer_x = all(isinstance(r[x], numbers.Integral) and not isinstance(r[x], bool) for r in rows)
+    if x in ("step", "round") or integer_x:
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.grid(alpha=0.3)
     axes.legend(title=series)
     figure.tight_layout()

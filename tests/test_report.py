@@ -1,13 +1,16 @@
 """flows.report: one page from the stages' files (and the GRPO ablations in MLflow); missing stages say
-"not run"; the folder is swapped in whole; the report is logged to MLflow."""
+"not run"; the folder is swapped in whole, and only a report folder is ever replaced; the HTML escapes what
+settings and files hold; a root without pipeline outputs is an error; the report is logged to MLflow. And
+plot_curves' axes: 0–1 metrics on a fixed 0–1 axis, steps on integer ticks."""
 
 import json
 import re
 
+import matplotlib.figure
 import pytest
 import yaml
 
-from flows.report import ReportParams, main, report
+from flows.report import ReportParams, _inline_html, main, report
 from tasks.training import plot_curves
 
 BASELINE = {"n_records": 8, "n_problems": 8, "accuracy": 0.25, "format_rate": 0.5, "mean_response_tokens": 41.5,
@@ -143,6 +146,7 @@ def test_missing_stages_say_not_run_and_a_rerun_replaces_the_folder(prefect_harn
 
 
 def test_nothing_run_yet(prefect_harness, tmp_path):
+    (tmp_path / "metrics").mkdir()  # a pipeline begun, no stage finished
     report(ReportParams(root=str(tmp_path), output_dir=str(tmp_path / "r"), params_file=None, ablations_from_mlflow=False,
                         log_to_mlflow=False))
     md = (tmp_path / "r/report.md").read_text()
@@ -164,3 +168,129 @@ def test_cli_reads_its_section_and_refuses_to_replace_a_foreign_folder(prefect_h
         main(["--config", "params.yaml", "--log-to-mlflow", "false", "--output-dir", "elsewhere"])
     assert (tmp_path / "elsewhere/keep.txt").read_text() == "mine"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary folder left behind
+
+
+def files_under(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_cli_replaces_only_a_folder_a_report_made(prefect_harness, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    project(tmp_path, stages=("baseline",))
+    write(tmp_path / "outputs/baseline_eval/records.jsonl", '{"response": "kept"}\n')
+    stage = files_under(tmp_path / "outputs/baseline_eval")
+    assert {"records.jsonl", "summary.json", "report.md"} <= set(stage)
+
+    # The baseline's folder holds a report.md too: that does not make it a report folder.
+    with pytest.raises(SystemExit) as refused:
+        main(["--config", "params.yaml", "--log-to-mlflow", "false", "--output-dir", "outputs/baseline_eval"])
+    message = str(refused.value)
+    assert message.startswith("flows.report: error: --output-dir outputs/baseline_eval exists and is not a report "
+                              "folder")
+    assert "records.jsonl, summary.json" in message and "pick another --output-dir" in message
+    assert files_under(tmp_path / "outputs/baseline_eval") == stage
+    assert sorted(p.name for p in (tmp_path / "outputs").iterdir()) == ["baseline_eval"]  # no temporary folder left
+
+    # Its own folder (marked) is replaced whole, whatever was added to it since.
+    main(["--config", "params.yaml", "--log-to-mlflow", "false", "--output-dir", "outputs/mine"])
+    assert (tmp_path / "outputs/mine/.a5-report").is_file()
+    write(tmp_path / "outputs/mine/figures/stale.png", "old")
+    main(["--config", "params.yaml", "--log-to-mlflow", "false", "--output-dir", "outputs/mine"])
+    assert not (tmp_path / "outputs/mine/figures/stale.png").exists()
+    assert (tmp_path / "outputs/mine/report.md").read_text().startswith("# Test report")
+
+    # A report written before the marker existed: replaced when it holds only what a report writes.
+    (tmp_path / "outputs/mine/.a5-report").unlink()
+    main(["--config", "params.yaml", "--log-to-mlflow", "false", "--output-dir", "outputs/mine"])
+    assert (tmp_path / "outputs/mine/.a5-report").is_file()
+    (tmp_path / "outputs/mine/.a5-report").unlink()
+    write(tmp_path / "outputs/mine/notes.txt", "mine")
+    with pytest.raises(SystemExit, match="outputs/mine exists and is not a report folder .*it holds notes.txt"):
+        main(["--config", "params.yaml", "--log-to-mlflow", "false", "--output-dir", "outputs/mine"])
+    assert (tmp_path / "outputs/mine/notes.txt").read_text() == "mine"
+    assert files_under(tmp_path / "outputs/baseline_eval") == stage
+
+
+def test_html_escapes_what_settings_and_files_hold_and_links_only_http_and_relative(prefect_harness, tmp_path,
+                                                                                    monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    project(tmp_path, stages=("baseline",))
+    write(tmp_path / "params.yaml", yaml.safe_dump({"baseline_eval": {
+        "model": "[x](javascript:alert(1))",  # in a code span: literal text
+        "prompt": "<script>alert(2)</script>",
+        "max_tokens": "a` [y](javascript:alert(3)) `b",  # closes the code span: the link stands outside it
+        "temperature": "[z](JaVaScRiPt:alert(4))"}, "report": {}}))
+    write(tmp_path / "metrics/grpo.json", [{"setting": "[w](data:text/html,<script>alert(5)</script>)",
+                                            "final_accuracy": 0.5}])
+    main(["--config", "params.yaml", "--log-to-mlflow", "false", "--title", "<script>alert(6)</script>"])
+
+    page = (tmp_path / "outputs/report/report.html").read_text()
+    assert re.findall(r"href=\"([^\"]*)\"", page) == ["baseline_cases.md"]  # the report's own link, and no other
+    assert "<script" not in page.lower()
+    assert "<code>[x](javascript:alert(1))</code>" in page and "&lt;script&gt;alert(2)&lt;/script&gt;" in page
+    assert "[y](javascript:alert(3))" in page and "[z](JaVaScRiPt:alert(4))" in page
+    assert "<strong>0.500</strong> ([w](data:text/html,&lt;script&gt;alert(5)&lt;/script&gt;))." in page  # best setting
+    assert "<td>[w](data:text/html,&lt;script&gt;alert(5)&lt;/script&gt;)</td>" in page
+    assert "<h1>&lt;script&gt;alert(6)&lt;/script&gt;</h1>" in page
+
+    assert _inline_html("[docs](https://example.com/a?b=1&c=2)") == \
+        '<a href="https://example.com/a?b=1&amp;c=2">docs</a>'
+    assert _inline_html("see [**cases**](baseline_cases.md#top)") == \
+        'see <a href="baseline_cases.md#top"><strong>cases</strong></a>'
+    for link in ("\x01javascript:alert(1)", "vbscript:x", "file:///etc/passwd", "http:evil"):
+        assert "href" not in _inline_html(f"[a]({link})")
+
+
+def test_a_root_without_pipeline_outputs_is_an_error(prefect_harness, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    missing = tmp_path / "no-such-checkout"
+    with pytest.raises(SystemExit, match=f"flows.report: error: --root {missing} does not exist"):
+        main(["--root", str(missing), "--log-to-mlflow", "false"])
+
+    empty = tmp_path / "fresh-clone"
+    write(empty / "params.yaml", yaml.safe_dump({"profile": "cpu"}))
+    (empty / "outputs/report").mkdir(parents=True)  # a report's folder is not a stage's output
+    with pytest.raises(SystemExit, match=re.escape(f"flows.report: error: {empty} holds no pipeline outputs (metrics/, "
+                                                   "outputs/): run `make pipeline` first or pass --root")):
+        main(["--root", str(empty), "--log-to-mlflow", "false"])
+    assert not (tmp_path / "outputs").exists()  # nothing written
+
+
+@pytest.fixture
+def plotted(monkeypatch):
+    """The figures plot_curves saves, kept for their axes to be read."""
+    figures, save = [], matplotlib.figure.Figure.savefig
+
+    def keep(figure, *args, **kwargs):
+        figures.append(figure)
+        return save(figure, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    return figures
+
+
+def test_plots_of_0_1_metrics_span_0_to_1_and_steps_get_integer_ticks(tmp_path, plotted):
+    def axes(rows, x, y):
+        plot_curves(tmp_path / f"{y}.png", rows, x, y, "run", y)
+        assert (tmp_path / f"{y}.png").stat().st_size > 1000
+        return plotted[-1].axes[0]
+
+    def integer_ticks(ax):
+        return all(float(t).is_integer() for t in ax.get_xticks())
+
+    flat = axes([{"run": "a", "step": s, "val_accuracy": 0.0} for s in range(3)], "step", "val_accuracy")
+    assert flat.get_ylim() == pytest.approx((-0.02, 1.02)) and integer_ticks(flat)
+    for y in ("format_rate", "reward_mean", "clip_fraction", "val/accuracy"):
+        assert axes([{"run": "a", "step": s, y: 0.9 + s / 100} for s in range(2)], "step", y).get_ylim() == \
+            pytest.approx((-0.02, 1.02))
+    rounds = axes([{"run": "a", "round": float(r), "train_accuracy": 1.0} for r in range(3)], "round", "train_accuracy")
+    assert integer_ticks(rounds)
+
+    # Anything else is autoscaled: other metrics, a learning rate, a "reward" outside [0, 1], wall-clock seconds.
+    entropy = axes([{"run": "a", "wall_seconds": s * 0.7, "token_entropy": 2.0 + s} for s in range(3)],
+                   "wall_seconds", "token_entropy")
+    assert entropy.get_ylim()[0] > 1.5 and not integer_ticks(entropy)
+    assert axes([{"run": "a", "step": s, "learning_rate": 1e-5 * (s + 1)} for s in range(3)], "step",
+                "learning_rate").get_ylim()[1] < 1e-3
+    assert axes([{"run": "a", "step": s, "reward_total": 3.0 * s} for s in range(3)], "step",
+                "reward_total").get_ylim()[1] > 5
