@@ -20,7 +20,7 @@ from a5core.data import PROBLEM_LOADERS
 from a5core.models import resolve_model
 from a5core.prompts import load_prompt
 from a5core.rollout import SamplingSettings
-from flows.cli import cli_main
+from flows.cli import cli_main, run_flow
 from tasks.evaluation import generate, grade, load_problems, log_evaluation_run, model_fingerprint, write_outputs
 from tasks.tracking import DEFAULT_TRACKING_URI
 
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
 
     params = parse_params(BaselineEvalParams, "baseline_eval", argv, __doc__)
     check_inputs(params)
-    result = baseline_eval(params)
+    result = run_flow(baseline_eval, params)
     summary = result["summary"]
     print(f"\naccuracy {summary['accuracy']:.3f} · format rate {summary['format_rate']:.3f} · "
           f"categories (F1A1 / F1A0 / F0A0): {summary['count_format1_answer1']} / {summary['count_format1_answer0']} / "

@@ -111,14 +111,17 @@ def run_flow(flow: Any, params: BaseModel) -> Any:
     model is loaded; left at the process's exit, so several flows can run in one launch); then rank 0
     calls the flow (a Prefect flow run, tracked as usual) and every other rank its plain function
     (``flow.fn``: the same training, untracked; see :func:`tasks.training.tracking_rank`). Returns the
-    flow's result on rank 0 and None on the others.
+    flow's result on rank 0 and None on the others. Prefect's temporary API server, when one starts, is
+    stopped with this process even if it is killed (:mod:`tasks.prefect_server`).
     """
     import atexit
 
     import torch.distributed as dist
 
     from a5core import distributed
+    from tasks.prefect_server import stop_temporary_server_with_this_process
 
+    stop_temporary_server_with_this_process()  # a killed flow leaves no Prefect server behind
     joined = dist.is_initialized()
     rank, world = distributed.init_from_env()
     if world > 1 and not joined:
@@ -129,6 +132,84 @@ def run_flow(flow: Any, params: BaseModel) -> Any:
         return flow(params)
     flow.fn(params)
     return None
+
+
+class ConfigError(ValueError):
+    """A ``--config`` file that cannot be read as settings: missing, not UTF-8, malformed YAML, a section
+    or profile that is not a mapping, a key no flow parameter has. The message names file and place."""
+
+
+def read_config(path: str | os.PathLike) -> dict[str, Any]:
+    """The YAML document of a settings file (``params.yaml``), a mapping of sections; an empty file is {}."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"--config {path}: no such file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"--config {path}: not UTF-8 text (byte {error.start}: {error.object[error.start:error.start + 1]!r})") from None
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"--config {path}{where}: malformed YAML ({getattr(error, 'problem', None) or error})") from None
+    if document is None:
+        return {}
+    if not isinstance(document, dict):
+        raise ConfigError(f"--config {path}: expected a mapping of sections (baseline_eval:, grpo:, ...), "
+                          f"got a {type(document).__name__}")
+    return document
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``override``'s keys on top; a mapping under the same key is merged key by key."""
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def profile_name(document: dict[str, Any], chosen: str | None = None, path: str | os.PathLike = "params.yaml") -> str | None:
+    """The profile whose overrides apply: ``chosen`` (``--profile``), else the document's ``profile``.
+    ConfigError for a chosen profile the document does not define."""
+    profiles = document.get("profiles") or {}
+    if not isinstance(profiles, dict):
+        raise ConfigError(f"--config {path}: `profiles` must be a mapping of profile names, got {type(profiles).__name__}")
+    if chosen is not None and chosen not in profiles and chosen != document.get("profile"):
+        raise ConfigError(f"--profile {chosen}: no such profile in {path} (it has: {', '.join(profiles) or 'none'})")
+    return chosen or document.get("profile")
+
+
+def section_settings(document: dict[str, Any], section: str, profile: str | None,
+                     path: str | os.PathLike = "params.yaml") -> dict[str, Any]:
+    """Section ``section`` of a settings document with ``profiles.<profile>.<section>`` deep-merged on top
+    (a profile may override one key of a nested mapping). {} when neither has the section."""
+
+    def mapping(value: Any, where: str) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"--config {path}: `{where}` must be a mapping of settings, got {type(value).__name__} {value!r}")
+        return value
+
+    base = mapping(document.get(section), section)
+    overrides = mapping((document.get("profiles") or {}).get(profile), f"profiles.{profile}") if profile else {}
+    return deep_merge(base, mapping(overrides.get(section), f"profiles.{profile}.{section}"))
+
+
+def _unknown_keys(model: type[BaseModel], values: dict[str, Any], where: str) -> str | None:
+    """A message naming the keys of ``values`` that ``model`` has no field for (typos), or None."""
+    import difflib
+
+    unknown = [key for key in values if key not in model.model_fields]
+    if not unknown:
+        return None
+    hints = []
+    for key in unknown:
+        close = difflib.get_close_matches(str(key), list(model.model_fields), n=1)
+        hints.append(f"{key}" + (f" (did you mean {close[0]}?)" if close else ""))
+    return f"{where}: unknown setting(s) {', '.join(hints)}"
 
 
 def parse_params(model: type[Params], section: str, argv: list[str] | None = None, description: str = "") -> Params:
@@ -146,17 +227,25 @@ def parse_params(model: type[Params], section: str, argv: list[str] | None = Non
     values: dict[str, Any] = {}
     config, profile_flag = args.pop("config"), args.pop("_profile")
     if config is not None:
-        if not config.is_file():
-            parser.error(f"--config {config}: no such file")
-        document = yaml.safe_load(config.read_text()) or {}
-        if section not in document:
-            parser.error(f"--config {config}: no `{section}` section")
-        values.update(document[section])
-        profile = profile_flag or document.get("profile")
-        if profile_flag and profile_flag not in (document.get("profiles") or {}) and profile_flag != document.get("profile"):
-            parser.error(f"--profile {profile_flag}: no such profile in {config}")
-        values.update(((document.get("profiles") or {}).get(profile) or {}).get(section) or {})
-    values.update({name: yaml.safe_load(raw) for name, raw in args.items() if raw is not None})
+        try:
+            document = read_config(config)
+            if section not in document:
+                raise ConfigError(f"--config {config}: no `{section}` section")
+            profile = profile_name(document, profile_flag, config)
+            values.update(section_settings(document, section, profile, config))
+        except ConfigError as error:
+            parser.error(str(error))
+        unknown = _unknown_keys(model, values, f"--config {config} section `{section}`"
+                                + (f" (with profile {profile})" if profile else ""))
+        if unknown:
+            parser.error(unknown)
+    for name, raw in args.items():
+        if raw is None:
+            continue
+        try:
+            values[name] = yaml.safe_load(raw)
+        except yaml.YAMLError as error:
+            parser.error(f"--{name.replace('_', '-')} {raw!r}: not a YAML value ({getattr(error, 'problem', None) or error})")
     try:
         return model(**values)
     except ValidationError as e:

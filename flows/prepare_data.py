@@ -1,7 +1,14 @@
-"""Stage ``prepare_data``: validate every dataset named in params.yaml and record what was read.
+"""Stage ``prepare_data``: check every data file params.yaml points at, validate the datasets, record them.
 
-Writes a manifest (record count and sha256 of each source) that later stages depend on, so a changed
-dataset re-runs them. Any bad file stops the stage with a DataError naming file and line.
+The first stage of the pipeline, run on every ``dvc repro`` (``always_changed``: it reads the data, a
+few seconds). Before any other stage starts it finds every setting, in every stage's section with the
+selected profile's overrides, whose value is a local data file the pipeline does not make itself
+(``../shared/data/math/validation.jsonl``; not ``data/sft/…``, which a stage writes, nor a generated
+``arithmetic:N:DIGITS`` task, nor a hub dataset id), and stops with one message naming each missing
+file, the params.yaml keys that point at it and the two ways to fix it. Then it validates every dataset
+of params.yaml's ``data`` section (a DataError names file and line) and writes a manifest: records and
+sha256 of each ``data`` entry, and the sha256 of every other file a stage reads. The later stages depend
+on the manifest, so a changed dataset re-runs them, and an unchanged one leaves them cached.
 
     python -m flows.prepare_data --params params.yaml --out data/prepared/manifest.json
 """
@@ -12,12 +19,15 @@ import argparse
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from a5core.data import LOADERS, DataError, write_text_atomic
-from flows.cli import cli_main
+from flows.cli import cli_main, profile_name, read_config, section_settings
 
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
+HUB_EXAMPLE = "HuggingFaceH4/MATH-500"  # MATH's record keys: problem, solution, answer, subject, level, unique_id
 
 
 def build_manifest(data_params: dict) -> dict:
@@ -27,22 +37,91 @@ def build_manifest(data_params: dict) -> dict:
         if not isinstance(spec, dict) or spec.get("format") not in LOADERS or "source" not in spec:
             raise DataError(f"params data.{name}: needs format ({', '.join(LOADERS)}) and source, got {spec!r}")
         records = LOADERS[spec["format"]](spec["source"])
-        path = Path(spec["source"])
-        digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
-        manifest[name] = {"format": spec["format"], "source": spec["source"], "records": len(records), "sha256": digest}
+        manifest[name] = {"format": spec["format"], "source": spec["source"], "records": len(records),
+                          "sha256": _sha256(spec["source"])}
     return manifest
+
+
+def _sha256(source: str) -> str | None:
+    path = Path(source).expanduser()
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+def pipeline_outputs(dvc_file: Path) -> set[str]:
+    """Every ``outs`` path of dvc.yaml's stages: files the pipeline writes itself."""
+    if not dvc_file.is_file():
+        return set()
+    stages = (yaml.safe_load(dvc_file.read_text()) or {}).get("stages") or {}
+    outs = set()
+    for stage in stages.values():
+        for out in stage.get("outs") or []:
+            outs.add(str(Path(next(iter(out)) if isinstance(out, dict) else out)))
+    return outs
+
+
+def data_files(document: dict[str, Any], profile: str | None, produced: set[str]) -> dict[str, list[str]]:
+    """{local data file: the params.yaml keys that point at it}: every string setting, in every section
+    (profile applied), that names a ``.jsonl``/``.json``/``.parquet``/``.csv`` file and is not a
+    pipeline output."""
+    found: dict[str, list[str]] = {}
+
+    def visit(key: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                visit(f"{key}.{k}", v)
+        elif isinstance(value, str) and _looks_like_data(value) and str(Path(value)) not in produced:
+            found.setdefault(value, []).append(key)
+
+    for section in document:
+        if section in ("profile", "profiles") or not isinstance(document[section], dict):
+            continue
+        visit(section, section_settings(document, section, profile))
+    return found
+
+
+def _looks_like_data(value: str) -> bool:
+    """A local data file's path (a hub id has no such suffix; a URL is not data)."""
+    return value.endswith(DATA_SUFFIXES) and not value.startswith(("arithmetic:", "http://", "https://"))
+
+
+def check_data_files(files: dict[str, list[str]], params_file: str, profile: str | None) -> None:
+    """DataError naming every missing file, its keys and the two fixes; nothing when all exist."""
+    missing = {path: keys for path, keys in files.items() if not Path(path).expanduser().is_file()}
+    if not missing:
+        return
+    where = f"{params_file}" + (f" (profile {profile})" if profile else "")
+    lines = [f"{len(missing)} data file(s) that {where} points at do not exist:"]
+    lines += [f"  {path}  ← {', '.join(keys)}" for path, keys in missing.items()]
+    keys = [k for ks in missing.values() for k in ks]
+    key = next((k for k in keys if not k.startswith("data.")), keys[0])  # a stage's key: what -S sets
+    lines += [
+        "The defaults read ../shared/data beside this clone (MATH, GSM8K and the SFT traces; see the README). Either:",
+        "  - put the file(s) there, or set those keys to local .jsonl files of the same record format "
+        f"(edit {params_file}, or `dvc exp run -S '{key}=/path/to/file.jsonl'`), or",
+        "  - set them to a Hugging Face dataset id, read through `datasets` (needs the hub), e.g. "
+        f"`-S '{key}={HUB_EXAMPLE}'` for MATH-format problems.",
+    ]
+    raise DataError("\n".join(lines))
 
 
 @cli_main("flows.prepare_data")
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--profile", default=None, help="the profile whose overrides apply (default: the file's)")
+    parser.add_argument("--dvc-file", default="dvc.yaml", help="its stages' outs are files the pipeline makes")
     parser.add_argument("--out", default="data/prepared/manifest.json")
     args = parser.parse_args(argv)
-    manifest = build_manifest(yaml.safe_load(Path(args.params).read_text())["data"])
-    write_text_atomic(args.out, json.dumps(manifest, indent=2) + "\n")
+    document = read_config(args.params)
+    profile = profile_name(document, args.profile, args.params)
+    files = data_files(document, profile, pipeline_outputs(Path(args.dvc_file)))
+    check_data_files(files, args.params, profile)
+    manifest = build_manifest(document.get("data") or {})
+    manifest_files = {path: {"sha256": _sha256(path), "keys": keys} for path, keys in sorted(files.items())}
+    write_text_atomic(args.out, json.dumps({"datasets": manifest, "files": manifest_files}, indent=2) + "\n")
     for name, entry in manifest.items():
         print(f"{name:16} {entry['records']:>6} records  {entry['source']}")
+    print(f"{len(files)} data files read by the stages (profile {profile}): all present")
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ from prefect import flow
 from pydantic import BaseModel, Field
 
 from a5core.data import write_text_atomic
-from flows.cli import cli_main, parse_params
+from flows.cli import cli_main, parse_params, run_flow
 from tasks.tracking import DEFAULT_TRACKING_URI
 
 NOT_RUN = "not run"
@@ -517,7 +517,7 @@ def report(params: ReportParams = ReportParams()) -> dict:
 
 @cli_main("flows.report")
 def main(argv: list[str] | None = None) -> None:
-    result = report(parse_params(ReportParams, "report", argv, __doc__))
+    result = run_flow(report, parse_params(ReportParams, "report", argv, __doc__))
     for row in headline(result["metrics"]):
         value = row["validation accuracy"]
         print(f"{row['stage']:>24}: {value if isinstance(value, str) else f'{value:.3f}'}")

@@ -38,7 +38,6 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from a5core.data import DataError, load_math, load_sft_traces, write_jsonl_atomic, write_text_atomic
@@ -54,7 +53,7 @@ from a5core.sft_data import (
     import_traces,
     math_solution_traces,
 )
-from flows.cli import cli_main
+from flows.cli import ConfigError, cli_main, profile_name, read_config, section_settings
 
 OUT_DIR = Path("data/sft")
 DEFAULT_SETS = {
@@ -100,29 +99,18 @@ class SftDataParams(BaseModel):
     distill: DistillParams = DistillParams()
 
 
-def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in override.items():
-        out[key] = _deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
 def load_params(config: str | os.PathLike | None) -> SftDataParams:
     """``sft_data`` of a params file, with its selected profile's ``sft_data`` deep-merged on top."""
     if config is None:
         return SftDataParams()
-    path = Path(config)
-    if not path.is_file():
-        raise DataError(f"--config {path}: no such file")
-    document = yaml.safe_load(path.read_text()) or {}
+    document = read_config(config)
     if "sft_data" not in document:
-        raise DataError(f"--config {path}: no `sft_data` section")
-    profile = document.get("profile")
-    override = ((document.get("profiles") or {}).get(profile) or {}).get("sft_data") or {}
+        raise ConfigError(f"--config {config}: no `sft_data` section")
+    profile = profile_name(document, None, config)
     try:
-        return SftDataParams(**_deep_merge(document["sft_data"] or {}, override))
+        return SftDataParams(**section_settings(document, "sft_data", profile, config))
     except ValidationError as e:
-        raise DataError(f"--config {path}: invalid `sft_data` (profile {profile!r}):\n{e}") from None
+        raise ConfigError(f"--config {config}: invalid `sft_data` (profile {profile!r}):\n{e}") from None
 
 
 def _records(traces) -> list[dict[str, str]]:
@@ -244,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
             for name, m in metrics.items():
                 rate = "-" if m["kept_fraction"] is None else f"{m['kept_fraction']:.3f}"
                 print(f"{name:16} raw {m['raw']:>6}  duplicates {m['duplicates']:>4}  filtered {m['filtered']:>6}  kept {rate}")
-    except (DataError, TeacherError, PromptTemplateError, ModelResolutionError, FileNotFoundError) as e:
+    except (DataError, ConfigError, TeacherError, PromptTemplateError, ModelResolutionError, FileNotFoundError) as e:
         sys.exit(f"sft_data {args.command}: {e}")
     print(f"({time.monotonic() - start:.1f} s)")
 

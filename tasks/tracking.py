@@ -1,11 +1,18 @@
 """MLflow conventions: one store (``sqlite:///mlflow.db``) with artifacts under ``mlruns/``.
 
 MLflow 3.17 refuses a plain ``./mlruns`` file store, so runs live in SQLite and artifacts in files.
+Experiments are created as model-training experiments (tag ``mlflow.experimentKind``), so the MLflow
+UI opens them on their runs rather than on its GenAI traces view. A new store is created, and an
+experiment looked up or created, under a file lock: runs started together on a new ``mlflow.db`` each
+race to create its tables (and the same experiment) otherwise, and all but one failed.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -16,6 +23,8 @@ import mlflow  # noqa: E402
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 DEFAULT_ARTIFACT_ROOT = "mlruns"
+# What the MLflow UI reads to open an experiment on its runs (its "Model training" view), not on traces.
+EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT = "mlflow.experimentKind", "custom_model_development"
 
 
 def system_metrics_logging() -> bool | None:
@@ -33,14 +42,38 @@ def system_metrics_logging() -> bool | None:
     return True if importlib.util.find_spec("psutil") is not None else None
 
 
+@contextmanager
+def store_lock(tracking_uri: str) -> Iterator[None]:
+    """An exclusive lock on a SQLite store across this machine's processes (a lock file in the temp
+    folder, named by the database's path); no lock for other stores (a server serialises its own)."""
+    if not tracking_uri.startswith("sqlite:///"):
+        yield
+        return
+    database = Path(tracking_uri.removeprefix("sqlite:///")).expanduser().resolve()
+    name = hashlib.sha256(str(database).encode()).hexdigest()[:16]
+    with open(Path(tempfile.gettempdir()) / f"a5-mlflow-{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def ensure_experiment(name: str, tracking_uri: str = DEFAULT_TRACKING_URI, artifact_root: str = DEFAULT_ARTIFACT_ROOT) -> str:
-    """Point MLflow at the store and return the experiment's id, creating it with artifacts under mlruns/."""
+    """Point MLflow at the store and return the experiment's id, creating it (artifacts under mlruns/,
+    tagged as a training experiment) if needed. The store's creation and the lookup-or-create hold
+    :func:`store_lock`, so concurrent first runs on a new store all succeed."""
     mlflow.set_tracking_uri(tracking_uri)
-    experiment = mlflow.get_experiment_by_name(name)
-    if experiment is not None:
+    with store_lock(tracking_uri):
+        client = mlflow.MlflowClient(tracking_uri)
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            location = (Path(artifact_root).resolve() / name).as_uri()
+            return client.create_experiment(name, artifact_location=location,
+                                            tags={EXPERIMENT_KIND_TAG: TRAINING_EXPERIMENT})
+        if EXPERIMENT_KIND_TAG not in experiment.tags:  # made before the tag was set: open it on its runs too
+            client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT)
         return experiment.experiment_id
-    location = (Path(artifact_root).resolve() / name).as_uri()
-    return mlflow.create_experiment(name, artifact_location=location)
 
 
 @contextmanager

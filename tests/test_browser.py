@@ -97,8 +97,11 @@ def test_a_flow_run_shows_in_the_mlflow_and_prefect_uis(uis, browser, tiny_lm_di
     shots = tmp / "screenshots"
     shots.mkdir()
     try:
-        browser.get(f"{uis['mlflow']}/#/experiments/{run.info.experiment_id}/runs?workflowType=machine_learning")
+        # The experiment's own address, as the experiment list links it: the landing view lists the run
+        # (a training experiment opens on its runs, not on MLflow's GenAI traces view).
+        browser.get(f"{uis['mlflow']}/#/experiments/{run.info.experiment_id}")
         wait_for_text(browser, run.info.run_name, shots / "mlflow_experiment.png")
+        assert "workflowType=machine_learning" in browser.current_url
         browser.get(f"{uis['mlflow']}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}")
         wait_for_text(browser, "accuracy", shots / "mlflow_run.png")
         browser.get(f"{uis['prefect']}/runs")

@@ -9,10 +9,13 @@ import json
 import sys
 import time
 
+from pathlib import Path
+
 import httpx
 import pytest
-from servers import background, listening_addresses, log_tail, running_prefect_server
+from servers import background, listening_addresses, log_tail, quiet_env, running_prefect_server
 
+ROOT = Path(__file__).resolve().parents[1]
 EXPECTED_FLOWS = {
     "baseline_eval", "sft_experiment", "expert_iteration", "grpo", "grpo_lr_sweep", "grpo_baseline_ablation",
     "grpo_length_norm_ablation", "grpo_std_norm_ablation", "grpo_off_policy_sweep", "grpo_clip_ablation",
@@ -98,3 +101,48 @@ def test_engine_start_is_retried_twice(prefect_harness):
     with pytest.raises(RuntimeError, match="address already in use"):
         start(3)
     assert len(calls) == 3
+
+
+# A flow run as every flow's command line runs it (flows.cli.run_flow), without PREFECT_API_URL: Prefect
+# starts its temporary server. The flow says when it runs, then waits to be killed.
+HANGING_FLOW = """
+import sys, time
+from pathlib import Path
+from prefect import flow
+from pydantic import BaseModel
+from flows.cli import run_flow
+
+class Params(BaseModel):
+    marker: str
+
+@flow
+def hang(params: Params) -> None:
+    Path(params.marker).write_text("running")
+    time.sleep(600)
+
+run_flow(hang, Params(marker=sys.argv[1]))
+"""
+
+
+def test_a_killed_flow_leaves_no_prefect_server_running(tmp_path):
+    import os
+    import signal
+
+    import psutil
+
+    marker, log = tmp_path / "running", tmp_path / "flow.log"
+    env = quiet_env(tmp_path, PYTHONPATH=str(ROOT))
+    with background([sys.executable, "-c", HANGING_FLOW, str(marker)], log, env, cwd=tmp_path) as flow_process:
+        deadline = time.monotonic() + 180
+        while not marker.exists():
+            assert flow_process.poll() is None and time.monotonic() < deadline, log_tail(log)
+            time.sleep(0.2)
+        servers = [p for p in psutil.Process(flow_process.pid).children(recursive=True)
+                   if any("uvicorn" in part for part in p.cmdline())]
+        assert len(servers) == 1, [p.cmdline() for p in psutil.Process(flow_process.pid).children(recursive=True)]
+        os.kill(flow_process.pid, signal.SIGKILL)  # no exit handler runs
+        try:
+            servers[0].wait(timeout=60)
+        except psutil.TimeoutExpired:
+            servers[0].kill()
+            raise AssertionError("the temporary Prefect server outlived its killed flow process by 60 s") from None
