@@ -58,14 +58,20 @@ def _is_hub_id(source: str) -> bool:
 def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(line_number, record)`` for each non-blank line of a jsonl file.
 
-    Raises DataError for a missing file, an empty file, malformed JSON, or a line that is not an object.
+    Raises DataError for a missing file, an empty file, a line that is not UTF-8, malformed JSON, or a line
+    that is not an object.
     """
     path = Path(path).expanduser()
     if not path.is_file():
         raise DataError(f"{path}: no such data file")
     seen = False
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{lineno}: not UTF-8 text (byte {e.start + 1} of the line is "
+                                f"{raw[e.start:e.start + 1]!r})") from None
             if not line.strip():
                 continue
             try:
@@ -103,6 +109,18 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def check_writable_folder(path: str | os.PathLike, what: str) -> None:
+    """Create folder ``path`` if needed and check a file can be written in it; ValueError naming ``what``
+    and the path otherwise (before a run spends its time, not at its end)."""
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise ValueError(f"{what} {folder}: cannot write there ({error.strerror or error})") from None
 
 
 def write_jsonl_atomic(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> Path:

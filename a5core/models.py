@@ -36,6 +36,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -275,6 +276,37 @@ def resolve_model(spec: str | os.PathLike, cache_dir: str | os.PathLike | None =
         if not (path / "config.json").is_file():
             raise ValueError(f"model directory {name!r} has no config.json; not a Hugging Face model folder")
         return str(path.resolve())
-    if name.startswith((".", "/", "~")):
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:  # a hub id is name or owner/name
         raise FileNotFoundError(f"model path {name!r} does not exist or is not a directory")
     return name
+
+
+def context_length(model: str) -> int | None:
+    """The context of a resolved model in tokens (``max_position_embeddings`` of its config.json); None
+    for a hub id, whose config is not read here."""
+    config = Path(model) / "config.json"
+    if not config.is_file():
+        return None
+    value = json.loads(config.read_text()).get("max_position_embeddings")
+    return value if isinstance(value, int) else None
+
+
+def check_context(model: str, prompts: Sequence[str], max_tokens: int, labels: Sequence[str]) -> None:
+    """ValueError when the longest prompt plus ``max_tokens`` does not fit the context of ``model`` (a
+    resolved model; a hub id is not checked), naming the prompt by its label: what an engine would
+    otherwise find only after it started (a vLLM validation error, or an hf cache sized to max_tokens)."""
+    length = context_length(model)
+    if length is None:
+        return
+    if max_tokens >= length:
+        raise ValueError(f"max_tokens {max_tokens} does not fit the context of {model}: {length} tokens "
+                         "(max_position_embeddings in its config.json), prompt included")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    counts = [len(ids) for ids in tokenizer(list(prompts), add_special_tokens=False)["input_ids"]]
+    longest = max(range(len(counts)), key=counts.__getitem__, default=None)
+    if longest is not None and counts[longest] + max_tokens > length:
+        raise ValueError(f"{labels[longest]}: its prompt is {counts[longest]} tokens, and with max_tokens {max_tokens} "
+                         f"it does not fit the context of {model} ({length} tokens): shorten it, drop it, or lower "
+                         "max_tokens")

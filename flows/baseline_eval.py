@@ -17,10 +17,10 @@ from prefect import flow
 from pydantic import BaseModel, Field
 
 from a5core.data import PROBLEM_LOADERS
-from a5core.models import resolve_model
+from a5core.models import check_context, resolve_model
 from a5core.prompts import load_prompt
-from a5core.rollout import SamplingSettings
-from flows.cli import cli_main, run_flow
+from a5core.rollout import DTYPES, SamplingSettings
+from flows.cli import check_outputs, cli_main, run_flow
 from tasks.evaluation import generate, grade, load_problems, log_evaluation_run, model_fingerprint, write_outputs
 from tasks.tracking import DEFAULT_TRACKING_URI
 
@@ -28,7 +28,7 @@ from tasks.tracking import DEFAULT_TRACKING_URI
 class BaselineEvalParams(BaseModel):
     model: str = Field("Qwen/Qwen2.5-Math-1.5B", description="hub id, local folder, or smollm2-135m-instruct")
     backend: Literal["auto", "vllm", "hf"] = Field("auto", description="rollout engine (auto: vllm if installed)")
-    dtype: str = Field("auto", description="engine dtype: auto (bf16 on GPU, fp32 on CPU), bfloat16, float32")
+    dtype: Literal[DTYPES] = Field("auto", description="engine dtype: auto (bf16 on GPU, fp32 on CPU), bfloat16, float32")
     data: str = Field("../shared/data/math/validation.jsonl", description="jsonl path or hub dataset id")
     data_format: Literal["math", "gsm8k"] = Field("math", description="record format of the data")
     limit: int | None = Field(None, gt=0, description="evaluate only the first N problems")
@@ -66,10 +66,13 @@ def baseline_eval(params: BaselineEvalParams = BaselineEvalParams()) -> dict:
 
 def check_inputs(params: BaselineEvalParams) -> None:
     """Fail on bad input before an engine starts, with the error naming what and where: the prompt,
-    the model path, the data."""
-    load_prompt(params.prompt)
-    resolve_model(params.model)
-    PROBLEM_LOADERS[params.data_format](params.data)
+    the model path, the data, prompts that do not fit the model's context, outputs that cannot be written."""
+    template = load_prompt(params.prompt)
+    model = resolve_model(params.model)
+    problems = PROBLEM_LOADERS[params.data_format](params.data)[: params.limit]
+    check_context(model, [template.format(p.problem) for p in problems], params.max_tokens,
+                  [f"{params.data} problem {p.unique_id}" for p in problems])
+    check_outputs(params)
 
 
 @cli_main("flows.baseline_eval")

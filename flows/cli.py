@@ -55,7 +55,7 @@ class _NoUserErrorTracebacks(logging.Filter):
     error, keep its one-line message and drop the traceback (the Prefect API still gets it)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and isinstance(record.exc_info[1], USER_ERRORS) and not _show_tracebacks():
+        if record.exc_info and not _show_tracebacks() and user_error_message(record.exc_info[1]) is not None:
             record.exc_info, record.exc_text = None, None
         return True
 
@@ -79,8 +79,8 @@ def configure_logging(level: int = logging.INFO) -> None:
 
 
 def cli_main(prog: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorate a flow's ``main(argv)``: configure logging, and turn a :data:`USER_ERRORS` exception into
-    ``SystemExit("PROG: error: MESSAGE")`` (message on stderr, exit status 1)."""
+    """Decorate a flow's ``main(argv)``: configure logging, and turn a user's error (see
+    :func:`user_error_message`) into ``SystemExit("PROG: error: MESSAGE")`` (message on stderr, exit status 1)."""
 
     def decorate(main: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(main)
@@ -88,20 +88,46 @@ def cli_main(prog: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
             configure_logging()
             try:
                 return main(argv)
-            except USER_ERRORS as error:
-                if _show_tracebacks():
+            except Exception as error:
+                message = None if _show_tracebacks() else user_error_message(error)
+                if message is None:
                     raise
-                raise SystemExit(f"{prog}: error: {error}") from None
-            except OSError as error:  # a full disk: say so; atomic writes left every earlier output whole
-                if error.errno not in (errno.ENOSPC, errno.EDQUOT) or _show_tracebacks():
-                    raise
-                raise SystemExit(f"{prog}: error: no space left on the device writing {error.filename or 'an output'}; "
-                                 "outputs written before are intact (written atomically): free space and run again "
-                                 "to resume") from None
+                raise SystemExit(f"{prog}: error: {message}") from None
 
         return run
 
     return decorate
+
+
+def user_error_message(error: BaseException) -> str | None:
+    """The one-line message for an error the user can act on, or None for a bug (keeps its traceback):
+    a :data:`USER_ERRORS` exception; a full disk anywhere in the error's chain (``torch.save`` reports
+    it as a RuntimeError caused by the OSError); an MLflow store that is read-only, full or cannot be
+    opened (:func:`tasks.tracking.store_problem`)."""
+    from tasks.tracking import exception_chain, store_problem
+
+    if isinstance(error, USER_ERRORS):
+        return str(error)
+    chain = exception_chain(error)
+    full = next((e for e in chain if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)), None)
+    if full is not None:  # atomic writes left every earlier output whole
+        return (f"no space left on the device writing {full.filename or 'an output'}; outputs written before are "
+                "intact (written atomically): free space and run again to resume")
+    return store_problem(error)
+
+
+def check_outputs(params: BaseModel) -> None:
+    """Before an engine starts: the run's ``output_dir``, the folder of its ``metrics_path`` and its MLflow
+    store (``tracking_uri``, ``experiment``) take writes; ValueError naming the one that does not."""
+    from a5core.data import check_writable_folder
+    from tasks.tracking import check_store
+
+    if getattr(params, "output_dir", None):
+        check_writable_folder(params.output_dir, "output_dir")
+    if getattr(params, "metrics_path", None):
+        check_writable_folder(Path(params.metrics_path).parent, "the folder of metrics_path")
+    if getattr(params, "tracking_uri", None):
+        check_store(params.tracking_uri, params.experiment)
 
 
 def run_flow(flow: Any, params: BaseModel) -> Any:

@@ -32,7 +32,7 @@ from prefect import flow
 from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
 from a5core.data import write_text_atomic
-from flows.cli import cli_main, parse_params
+from flows.cli import cli_main, parse_params, run_flow
 from tasks.tracking import DEFAULT_TRACKING_URI
 from tasks.training import plot_curves
 
@@ -86,11 +86,12 @@ class CompareParams(BaseModel):
 
 
 def find_runs(client: Any, params: CompareParams) -> list[Any]:
-    """The runs to compare (``mlflow.entities.Run``), in the order given, or newest first for a search."""
+    """The runs to compare (``mlflow.entities.Run``), in the order given, or newest first for a search.
+    ValueError naming it for a run id the store does not hold and for a filter MLflow cannot parse."""
     if params.runs:
-        return [client.get_run(run_id) for run_id in dict.fromkeys(params.runs)]
+        return [_get_run(client, run_id, params.tracking_uri, "--runs") for run_id in dict.fromkeys(params.runs)]
     if params.parent:
-        parent = client.get_run(params.parent)
+        parent = _get_run(client, params.parent, params.tracking_uri, "--parent")
         experiment_ids = [parent.info.experiment_id]
         filter_string = f"tags.mlflow.parentRunId = '{params.parent}'"
         order = ["attributes.start_time ASC"]
@@ -99,8 +100,22 @@ def find_runs(client: Any, params: CompareParams) -> list[Any]:
         if experiment is None:
             raise ValueError(f"no MLflow experiment named {params.experiment!r} in {params.tracking_uri}")
         experiment_ids, filter_string, order = [experiment.experiment_id], params.filter or "", ["attributes.start_time DESC"]
-    runs = client.search_runs(experiment_ids, filter_string=filter_string, max_results=params.max_runs, order_by=order)
+    from mlflow.exceptions import MlflowException
+
+    try:
+        runs = client.search_runs(experiment_ids, filter_string=filter_string, max_results=params.max_runs, order_by=order)
+    except MlflowException as error:
+        raise ValueError(f"--filter {params.filter!r}: {error.message}") from None
     return list(runs)
+
+
+def _get_run(client: Any, run_id: str, tracking_uri: str, flag: str) -> Any:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_run(run_id)
+    except MlflowException:
+        raise ValueError(f"{flag}: no run {run_id!r} in {tracking_uri}") from None
 
 
 def run_labels(runs: list[Any]) -> list[str]:
@@ -252,7 +267,7 @@ def compare(params: CompareParams) -> dict:
 @cli_main("flows.compare")
 def main(argv: list[str] | None = None) -> None:
     params = parse_params(CompareParams, "compare", argv, __doc__)
-    result = compare(params)  # no such experiment, nothing matched: a ValueError, one line on stderr
+    result = run_flow(compare, params)  # no such experiment, nothing matched: a ValueError, one line on stderr
     print(markdown(result["rows"], [c for c in result["rows"][0] if c != "run_id"]))
     if result["missing"]:
         print(f"no run holds: {', '.join(result['missing'])}")

@@ -31,12 +31,12 @@ from pydantic import BaseModel, Field
 
 from a5core.data import write_text_atomic
 from a5core.expert_iteration import EIConfig, expert_iteration
-from a5core.models import resolve_model
+from a5core.models import check_context, resolve_model
 from a5core.policy import load_policy
 from a5core.prompts import load_prompt
-from a5core.rollout import Engine, SamplingSettings
+from a5core.rollout import DTYPES, Engine, SamplingSettings
 from a5core.sft import SFTConfig
-from flows.cli import cli_main, run_flow
+from flows.cli import check_outputs, cli_main, run_flow
 from tasks.engines import closing_engine, rollout_engine
 from tasks.tracking import DEFAULT_TRACKING_URI, log_params_flat
 from tasks.training import (
@@ -55,7 +55,7 @@ from tasks.training import (
 class EIParams(BaseModel):
     model: str = Field("Qwen/Qwen2.5-Math-1.5B", description="starting policy: hub id, local folder (e.g. an SFT output)")
     backend: Literal["auto", "vllm", "hf"] = Field("auto")
-    engine_dtype: str = Field("auto")
+    engine_dtype: Literal[DTYPES] = Field("auto")
     engine_memory_fraction: float = Field(0.3, gt=0, le=1)
     policy_dtype: Literal["float32", "bfloat16"] = Field("float32")
     train_data: str = Field("../shared/data/math/train.jsonl", description="questions to sample from, or arithmetic:N:DIGITS")
@@ -83,9 +83,9 @@ class EIParams(BaseModel):
                                              "weights from forward to backward (faster, more memory)")
     seed: int = Field(0)
     sweep: bool = Field(False, description="run the grid below as children of one parent run")
-    sweep_rollouts_per_question: list[int] = Field([4, 8], description="G values of the sweep")
-    sweep_epochs: list[int] = Field([1, 2], description="E values of the sweep")
-    sweep_questions_per_step: list[int] = Field([512, 1024, 2048], description="D_b values of the sweep")
+    sweep_rollouts_per_question: list[int] = Field([4, 8], min_length=1, description="G values of the sweep")
+    sweep_epochs: list[int] = Field([1, 2], min_length=1, description="E values of the sweep")
+    sweep_questions_per_step: list[int] = Field([512, 1024, 2048], min_length=1, description="D_b values of the sweep")
     output_dir: str = Field("outputs/expert_iteration")
     metrics_path: str | None = Field("metrics/expert_iteration.json")
     experiment: str = Field("expert_iteration")
@@ -177,16 +177,21 @@ def expert_iteration_flow(params: EIParams = EIParams()) -> dict:
 
 def check_inputs(params: EIParams) -> None:
     """Fail on bad input before an engine starts, with the error naming what and where: the settings
-    (each sweep setting's too), the model path, the prompt, the data files."""
+    (each sweep setting's too), the model path, the prompt, the data files, prompts that do not fit the
+    model's context, outputs that cannot be written."""
     try:
         for setting in [params, *(grid(params).values() if params.sweep else ())]:
             ei_config(setting)
     except ValueError as error:
         raise ValueError(f"invalid Expert Iteration settings: {error}") from None
-    resolve_model(params.model)
-    load_prompt(params.prompt)
-    load_problem_set(params.train_data, params.train_format, params.seed, "train")
-    load_problem_set(params.validation_data, "math", params.seed, "validation")
+    model = resolve_model(params.model)
+    template = load_prompt(params.prompt)
+    train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
+    validation = load_problem_set(params.validation_data, "math", params.seed, "validation")
+    sources = [(params.train_data, p) for p in train] + [(params.validation_data, p) for p in validation]
+    check_context(model, [template.format(p.problem) for _, p in sources], params.max_tokens,
+                  [f"{source} problem {p.unique_id}" for source, p in sources])
+    check_outputs(params)
 
 
 @cli_main("flows.expert_iteration")

@@ -50,12 +50,12 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field, field_validator
 
 from a5core.data import write_text_atomic
-from flows.cli import cli_main, run_flow
+from flows.cli import check_outputs, cli_main, run_flow
 from a5core.grpo import GRPOConfig, grpo
-from a5core.models import resolve_model
+from a5core.models import check_context, resolve_model
 from a5core.policy import load_policy
 from a5core.prompts import load_prompt
-from a5core.rollout import Engine, SamplingSettings
+from a5core.rollout import DTYPES, Engine, SamplingSettings
 from tasks.engines import closing_engine, parse_engine_devices, rollout_engine
 from tasks.fanout import run_children_on_ray
 from tasks.tracking import DEFAULT_TRACKING_URI, ensure_experiment, log_params_flat
@@ -82,7 +82,7 @@ AblationName = Literal["grpo_lr_sweep", "grpo_baseline_ablation", "grpo_length_n
 class GRPOParams(BaseModel):
     model: str = Field("Qwen/Qwen2.5-Math-1.5B", description="starting policy: hub id, local folder (e.g. an SFT output)")
     backend: Literal["auto", "vllm", "hf"] = Field("auto", description="rollout engine")
-    engine_dtype: str = Field("auto", description="engine dtype (auto: bf16 on GPU, fp32 on CPU)")
+    engine_dtype: Literal[DTYPES] = Field("auto", description="engine dtype (auto: bf16 on GPU, fp32 on CPU)")
     engine_memory_fraction: float = Field(0.3, gt=0, le=1, description="vLLM gpu_memory_utilization beside the policy")
     engine_device: str | None = Field(None, description="None: the engine runs in the trainer's process; a device "
                                       "(cuda:1, cpu): in a process of its own there, weights pushed over NCCL/gloo; "
@@ -133,9 +133,9 @@ class GRPOParams(BaseModel):
     ray_address: str | None = Field(None, description="runner ray: None starts a local Ray; or ray://host:10001")
     ray_gpus_per_child: float = Field(1.0, ge=0, description="runner ray: GPUs each child reserves")
     ray_cpus_per_child: float = Field(1.0, ge=0, description="runner ray: CPUs each child reserves")
-    sweep_learning_rates: list[float] = Field([3e-6, 1e-5, 3e-5, 1e-4], description="grpo_lr_sweep")
-    sweep_epochs_per_rollout_batch: list[int] = Field([2, 4], description="grpo_off_policy_sweep")
-    sweep_train_batch_sizes: list[int] = Field([128, 64], description="grpo_off_policy_sweep")
+    sweep_learning_rates: list[float] = Field([3e-6, 1e-5, 3e-5, 1e-4], min_length=1, description="grpo_lr_sweep")
+    sweep_epochs_per_rollout_batch: list[int] = Field([2, 4], min_length=1, description="grpo_off_policy_sweep")
+    sweep_train_batch_sizes: list[int] = Field([128, 64], min_length=1, description="grpo_off_policy_sweep")
     clip_epochs_per_rollout_batch: int = Field(2, gt=0, description="grpo_clip_ablation's off-policy setting")
     clip_train_batch_size: int = Field(128, gt=0, description="grpo_clip_ablation's off-policy setting")
     output_dir: str = Field("outputs/grpo")
@@ -400,7 +400,8 @@ grpo_prompt_ablation = _ablation_flow("grpo_prompt_ablation")
 
 def check_inputs(params: GRPOParams) -> None:
     """Fail on bad input before an engine starts, with the error naming what and where: the settings
-    (each ablation setting's too), the model path, the prompt, the data files, where the engines run."""
+    (each ablation setting's too), the model path, the prompt, the data files, prompts that do not fit
+    the model's context, where the engines run, outputs that cannot be written."""
     try:
         config = grpo_config(params)
         if params.ablation is not None:
@@ -408,13 +409,17 @@ def check_inputs(params: GRPOParams) -> None:
     except ValueError as error:
         raise ValueError(f"invalid GRPO settings: {error}") from None
     check_placement(params)
-    resolve_model(params.model)
-    load_prompt(params.prompt)
+    model = resolve_model(params.model)
+    template = load_prompt(params.prompt)
     train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
-    load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
+    validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
     if len(train) < config.prompts_per_step:
         raise ValueError(f"train_data {params.train_data}: {len(train)} problems, fewer than the "
                          f"{config.prompts_per_step} questions a step samples (rollout_batch_size / group_size)")
+    sources = [(params.train_data, p) for p in train] + [(params.validation_data, p) for p in validation]
+    check_context(model, [template.format(p.problem) for _, p in sources], params.max_tokens,
+                  [f"{source} problem {p.unique_id}" for source, p in sources])
+    check_outputs(params)
 
 
 def check_placement(params: GRPOParams) -> None:

@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from a5core.data import DataError, load_math, load_sft_traces, write_jsonl_atomic, write_text_atomic
 from a5core.models import ModelResolutionError, resolve_model
 from a5core.prompts import PromptTemplateError, load_prompt
-from a5core.rollout import SamplingSettings, make_engine
+from a5core.rollout import DTYPES, SamplingSettings, make_engine
 from a5core.sft_data import (
     OpenAICompletionsTeacher,
     TeacherError,
@@ -77,7 +77,7 @@ class DistillParams(BaseModel):
     batch_size: int = Field(16, gt=0, description="prompts per request (openai)")
     concurrency: int = Field(4, gt=0, description="requests in flight (openai)")
     backend: Literal["auto", "vllm", "hf"] = Field("auto", description="teacher: engine")
-    dtype: str = Field("auto", description="teacher: engine")
+    dtype: Literal[DTYPES] = Field("auto", description="teacher: engine")
     problems: str = Field("../shared/data/math/train.jsonl", description="MATH problems to distill")
     limit: int | None = Field(None, gt=0, description="only the first N problems")
     n: int = Field(4, gt=0, description="samples per problem")

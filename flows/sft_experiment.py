@@ -31,12 +31,12 @@ from pydantic import BaseModel, Field
 
 from a5core.data import Problem, Trace, load_math, load_sft_traces, write_text_atomic
 from a5core.grading import REWARD_FNS
-from a5core.models import resolve_model
+from a5core.models import check_context, resolve_model
 from a5core.policy import load_policy
 from a5core.prompts import load_prompt
-from a5core.rollout import Engine, SamplingSettings
+from a5core.rollout import DTYPES, Engine, SamplingSettings
 from a5core.sft import SFTConfig, train_sft
-from flows.cli import cli_main, run_flow
+from flows.cli import check_outputs, cli_main, run_flow
 from tasks.engines import closing_engine, rollout_engine
 from tasks.tracking import DEFAULT_TRACKING_URI, log_params_flat
 from tasks.training import (
@@ -53,12 +53,12 @@ from tasks.training import (
 class SFTExperimentParams(BaseModel):
     model: str = Field("Qwen/Qwen2.5-Math-1.5B", description="base model: hub id, local folder, or smollm2-135m-instruct")
     backend: Literal["auto", "vllm", "hf"] = Field("auto", description="rollout engine for evaluation")
-    engine_dtype: str = Field("auto", description="engine dtype (auto: bf16 on GPU, fp32 on CPU)")
+    engine_dtype: Literal[DTYPES] = Field("auto", description="engine dtype (auto: bf16 on GPU, fp32 on CPU)")
     engine_memory_fraction: float = Field(0.3, gt=0, le=1, description="vLLM gpu_memory_utilization beside the policy")
     policy_dtype: Literal["float32", "bfloat16"] = Field("float32", description="policy weights (bf16 autocast on GPU)")
     train_data: str = Field("data/sft/math_solutions.jsonl", description="SFT traces (prompt, response, ground_truth)")
     filtered_data: str | None = Field("data/sft/teacher_filtered.jsonl", description="filtered traces, trained as one more setting")
-    sizes: list[Annotated[int, Field(gt=0)] | Literal["full"]] = Field([128, 256, 512, 1024, "full"], description="training-set sizes")
+    sizes: list[Annotated[int, Field(gt=0)] | Literal["full"]] = Field([128, 256, 512, 1024, "full"], min_length=1, description="training-set sizes")
     validation_data: str = Field("../shared/data/math/validation.jsonl", description="MATH-format validation problems")
     val_subset: int = Field(500, gt=0, description="problems evaluated every eval_every steps")
     val_limit: int | None = Field(None, gt=0, description="problems in the final evaluation (None: all)")
@@ -171,17 +171,21 @@ def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
 
 def check_inputs(params: SFTExperimentParams) -> None:
     """Fail on bad input before an engine starts, with the error naming what and where: the settings,
-    the model path, the prompt, the data files."""
+    the model path, the prompt, the data files, prompts that do not fit the model's context, outputs
+    that cannot be written."""
     try:
         sft_config(params)
     except ValueError as error:
         raise ValueError(f"invalid SFT settings: {error}") from None
-    resolve_model(params.model)
-    load_prompt(params.prompt)
+    model = resolve_model(params.model)
+    template = load_prompt(params.prompt)
     for source in (params.train_data, params.filtered_data):
         if source:
             load_sft_traces(source)
-    load_math(params.validation_data)
+    validation = load_math(params.validation_data)
+    check_context(model, [template.format(p.problem) for p in validation], params.max_tokens,
+                  [f"{params.validation_data} problem {p.unique_id}" for p in validation])
+    check_outputs(params)
 
 
 @cli_main("flows.sft_experiment")

@@ -33,10 +33,28 @@ class EngineStartError(RuntimeError):
     """The rollout engine could not be started (after the retries)."""
 
 
-@task(name="start_engine", retries=2, retry_delay_seconds=10, cache_policy=NO_CACHE, persist_result=False)
+# Errors a retry cannot mend: a bad setting, a missing or unreadable file, a missing package. Anything
+# else (GPU memory still held by a process that is ending, a busy port, a slow filesystem) is retried.
+DETERMINISTIC_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError, TypeError, LookupError, ImportError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
+    PermissionError,
+)
+
+
+def retry_unless_deterministic(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect's ``retry_condition_fn``: retry a failed engine start or generation unless its cause is one
+    of :data:`DETERMINISTIC_ERRORS` (a bad dtype or model path failed 6 engine starts, 71–92 s, before)."""
+    error = state.result(raise_on_failure=False)
+    cause = error.__cause__ if isinstance(error, EngineStartError) and error.__cause__ is not None else error
+    return not isinstance(cause, DETERMINISTIC_ERRORS)
+
+
+@task(name="start_engine", retries=2, retry_delay_seconds=10, retry_condition_fn=retry_unless_deterministic,
+      cache_policy=NO_CACHE, persist_result=False)
 def start_engine(factory: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``factory(*args, **kwargs)``, retried twice (10 s apart) if it raises; the engine is never cached.
-    A failure raises :class:`EngineStartError` naming the model, the settings and the cause."""
+    """``factory(*args, **kwargs)``, retried twice (10 s apart) if it raises what a retry can mend
+    (:func:`retry_unless_deterministic`); the engine is never cached. A failure raises
+    :class:`EngineStartError` naming the model, the settings and the cause."""
     try:
         return factory(*args, **kwargs)
     except Exception as error:

@@ -15,7 +15,7 @@ from a5core.evaluation import case_report, grade_completions, summarize
 from a5core.grading import REWARD_FNS
 from a5core.models import resolve_model
 from a5core.rollout import Completion, SamplingSettings, make_engine
-from tasks.engines import start_engine
+from tasks.engines import retry_unless_deterministic, start_engine
 
 
 
@@ -34,11 +34,13 @@ def load_problems(source: str, data_format: str, limit: int | None) -> list[Prob
     return PROBLEM_LOADERS[data_format](source)[:limit]
 
 
-@task(cache_policy=INPUTS + TASK_SOURCE, persist_result=True, retries=1, retry_delay_seconds=5)
+@task(cache_policy=INPUTS + TASK_SOURCE, persist_result=True, retries=1, retry_delay_seconds=5,
+      retry_condition_fn=retry_unless_deterministic)
 def generate(model: str, fingerprint: str, backend: str, dtype: str, prompts: list[str], sampling: SamplingSettings) -> list[list[Completion]]:
     """Completions for every prompt; cached on the model (and its weights' fingerprint), prompts and sampling.
 
-    Retried once: starting an engine is the flaky step (device memory, a busy port).
+    Retried once unless the cause is deterministic (a bad setting or path): starting an engine is the
+    flaky step (device memory, a busy port).
     """
     engine = start_engine(make_engine, resolve_model(model), backend, dtype=dtype)
     return engine.generate(prompts, sampling)

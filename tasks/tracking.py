@@ -27,6 +27,34 @@ DEFAULT_ARTIFACT_ROOT = "mlruns"
 EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT = "mlflow.experimentKind", "custom_model_development"
 
 
+# What SQLite says when a store cannot take writes, and what it means for the user.
+_STORE_PROBLEMS = {
+    "readonly database": "it is read-only",
+    "database or disk is full": "the disk holding it is full",
+    "unable to open database file": "it cannot be opened (its folder is missing or not writable)",
+}
+
+
+def exception_chain(error: BaseException) -> list[BaseException]:
+    """``error`` and the exceptions it was raised from or during (``__cause__``, ``__context__``)."""
+    chain: list[BaseException] = []
+    while error is not None and error not in chain:
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    return chain
+
+
+def store_problem(error: BaseException) -> str | None:
+    """A message for an MLflow store that cannot take writes, found in the error's chain (MLflow wraps
+    SQLite's OperationalError), else None."""
+    for error in exception_chain(error):
+        for needle, meaning in _STORE_PROBLEMS.items():
+            if needle in str(error):
+                return (f"MLflow store {mlflow.get_tracking_uri()}: {meaning} (SQLite: {needle}); what was logged "
+                        "before is intact: fix the store, or pass another --tracking-uri, and run again")
+    return None
+
+
 def system_metrics_logging() -> bool | None:
     """Whether training runs log MLflow system metrics (``system/*``: CPU, memory, disk, network, and GPU
     utilisation/memory where ``nvidia-ml-py`` is installed; sampled every 10 s,
@@ -74,6 +102,18 @@ def ensure_experiment(name: str, tracking_uri: str = DEFAULT_TRACKING_URI, artif
         if EXPERIMENT_KIND_TAG not in experiment.tags:  # made before the tag was set: open it on its runs too
             client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT)
         return experiment.experiment_id
+
+
+def check_store(tracking_uri: str, experiment: str) -> None:
+    """Before a run spends its time: the store takes writes (the experiment is looked up or created now).
+    ValueError with :func:`store_problem`'s message otherwise."""
+    try:
+        ensure_experiment(experiment, tracking_uri)
+    except Exception as error:
+        problem = store_problem(error)
+        if problem is None:
+            raise
+        raise ValueError(problem) from None
 
 
 @contextmanager

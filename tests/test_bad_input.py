@@ -318,3 +318,127 @@ def test_an_engine_that_cannot_start_ends_with_one_message(prefect_harness, monk
     with pytest.raises(SystemExit, match=r"flows.example: error: could not start the rollout engine "
                                          r"\(some/model, vllm, dtype=auto\): RuntimeError: CUDA error: out of memory"):
         main([])
+
+
+# ------------------------------------------------------------------ --config files and flag values
+
+
+def config_error(flow: str, argv: list[str], capsys) -> str:
+    """Run ``flow``'s main with a bad --config or flag: exit status 2, the error on stderr's last line."""
+    with pytest.raises(SystemExit) as stopped:
+        MAINS[flow](argv)
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("baseline_eval:\n  limit: [1, 2\n", r"params.yaml:3:1: malformed YAML"),
+    ("baseline_eval: [1, 2]\n", r"`baseline_eval` must be a mapping of settings, got list"),
+    ("profile: small\nprofiles:\n  small: 3\nbaseline_eval: {limit: 2}\n", r"`profiles.small` must be a mapping"),
+    ("- a\n- b\n", r"expected a mapping of sections"),
+    ("baseline_eval: {limitt: 2}\n", r"section `baseline_eval`: unknown setting\(s\) limitt \(did you mean limit\?\)"),
+    ("profile: p\nprofiles: {p: {baseline_eval: {max_token: 8}}}\nbaseline_eval: {}\n",
+     r"\(with profile p\): unknown setting\(s\) max_token \(did you mean max_tokens\?\)"),
+])
+def test_a_bad_config_file_is_one_message_naming_file_and_place(text, expected, tmp_path, capsys):
+    import re
+
+    config = tmp_path / "params.yaml"
+    config.write_text(text)
+    assert re.search(expected, config_error("baseline_eval", ["--config", str(config)], capsys))
+
+
+def test_a_config_that_is_not_utf8_is_named(tmp_path, capsys):
+    config = tmp_path / "params.yaml"
+    config.write_bytes("baseline_eval: {prompt: r1_zéro}\n".encode("latin-1"))
+    assert f"--config {config}: not UTF-8 text" in config_error("baseline_eval", ["--config", str(config)], capsys)
+
+
+def test_a_flag_value_that_is_not_yaml(capsys):
+    assert "--stop '[\"</answer>\"': not a YAML value" in config_error("baseline_eval", ["--stop", '["</answer>"'], capsys)
+
+
+def test_an_empty_sweep_is_refused(capsys):
+    assert "--sweep-epochs []: List should have at least 1 item" in parameter_error(
+        "expert_iteration", ["--sweep", "true", "--sweep-epochs", "[]"], capsys)
+
+
+def test_an_unknown_engine_dtype_is_refused_before_anything_starts(capsys):
+    assert "--engine-dtype 'float33': Input should be 'auto', 'float32', 'bfloat16' or 'float16'" in parameter_error(
+        "grpo", ["--engine-dtype", "float33"], capsys)
+
+
+@pytest.mark.parametrize("flow", ["baseline_eval", "sft_experiment"])
+def test_data_and_prompt_files_that_are_not_utf8_are_named(flow, inputs, tmp_path):
+    data = tmp_path / "latin1.jsonl"
+    data.write_bytes(json.dumps(math_record(0)).encode() + b"\n" + json.dumps(math_record(1)).encode()[:-2] + b'\xe9"}\n')
+    argument = "data" if flow == "baseline_eval" else "validation_data"
+    assert f"{data}:2: not UTF-8 text" in user_error(flow, flags(flow, inputs, tmp_path, **{argument: str(data)}))
+    prompt = tmp_path / "latin1.prompt"
+    prompt.write_bytes("Question: {question} Réponse:".encode("latin-1"))
+    assert f"prompt template {prompt}: not UTF-8 text" in user_error(flow, flags(flow, inputs, tmp_path, prompt=str(prompt)))
+
+
+# ------------------------------------------------- what an engine would find only after it started
+
+
+@pytest.mark.parametrize("flow", ["baseline_eval", "grpo", "expert_iteration", "sft_experiment"])
+def test_max_tokens_beyond_the_context_is_refused_before_an_engine_starts(flow, inputs, tmp_path, monkeypatch):
+    monkeypatch.setattr("a5core.rollout.make_engine", lambda *a, **k: pytest.fail("an engine started"))
+    message = user_error(flow, flags(flow, inputs, tmp_path, max_tokens=100_000_000))
+    assert f"max_tokens 100000000 does not fit the context of {inputs['model']}: 2048 tokens" in message
+
+
+@pytest.mark.parametrize("flow", ["baseline_eval", "grpo"])
+def test_a_problem_too_long_for_the_context_is_named(flow, inputs, tmp_path):
+    data = tmp_path / "long.jsonl"
+    write_jsonl_atomic(data, [math_record(0), {**math_record(1), "problem": "What is 1 + 1? " * 20_000}])
+    argument = "data" if flow == "baseline_eval" else "validation_data"
+    message = user_error(flow, flags(flow, inputs, tmp_path, **{argument: str(data)}))
+    assert f"{data} problem test/1.json: its prompt is" in message and "does not fit the context" in message
+
+
+@pytest.mark.parametrize("flow", list(MAINS))
+def test_outputs_that_cannot_be_written_are_found_before_an_engine_starts(flow, inputs, tmp_path, monkeypatch):
+    monkeypatch.setattr("a5core.rollout.make_engine", lambda *a, **k: pytest.fail("an engine started"))
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    message = user_error(flow, flags(flow, inputs, tmp_path, output_dir=str(blocker / "out")))
+    assert f"output_dir {blocker / 'out'}: cannot write there" in message
+
+
+def test_a_read_only_mlflow_store_is_found_before_an_engine_starts(inputs, tmp_path):
+    from tasks.tracking import ensure_experiment
+
+    ensure_experiment("baseline_eval", f"sqlite:///{tmp_path / 'mlflow.db'}", str(tmp_path / "mlruns"))
+    read_only = f"sqlite:///file:{tmp_path / 'mlflow.db'}?mode=ro&uri=true"
+    message = user_error("grpo", flags("grpo", inputs, tmp_path, tracking_uri=read_only))
+    assert f"MLflow store {read_only}: it is read-only" in message
+
+
+def test_a_full_disk_inside_torch_save_ends_with_one_message():
+    import torch
+
+    from flows.cli import cli_main
+
+    @cli_main("flows.example")
+    def main(argv):
+        with open("/dev/full", "wb") as full:  # every write fails with ENOSPC
+            torch.save({"weights": torch.zeros(100_000)}, full)
+
+    with pytest.raises(SystemExit, match=r"flows.example: error: no space left on the device writing an output"):
+        main([])
+
+
+def test_compare_names_an_unknown_run_and_a_bad_filter(tmp_path):
+    from flows.compare import main as compare
+    from tasks.tracking import ensure_experiment
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ensure_experiment("grpo", uri, str(tmp_path / "mlruns"))
+    with pytest.raises(SystemExit, match=r"flows.compare: error: --runs: no run 'abc123' in sqlite:///"):
+        compare(["--runs", "abc123", "--tracking-uri", uri])
+    with pytest.raises(SystemExit, match=r"flows.compare: error: --filter 'params.a ==== 3': "):
+        compare(["--experiment", "grpo", "--filter", "params.a ==== 3", "--tracking-uri", uri])

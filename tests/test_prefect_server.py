@@ -146,3 +146,24 @@ def test_a_killed_flow_leaves_no_prefect_server_running(tmp_path):
         except psutil.TimeoutExpired:
             servers[0].kill()
             raise AssertionError("the temporary Prefect server outlived its killed flow process by 60 s") from None
+
+
+def test_an_engine_start_that_cannot_succeed_is_not_retried(prefect_harness):
+    """A bad setting or a missing file fails the same way every time: one start, not three."""
+    from prefect import flow
+
+    from tasks.engines import EngineStartError, start_engine
+
+    calls = []
+
+    def bad_setting(model, backend, dtype="auto"):
+        calls.append(dtype)
+        raise ValueError(f"unknown dtype {dtype!r}")
+
+    @flow
+    def start() -> None:
+        start_engine.with_options(retry_delay_seconds=0)(bad_setting, "m", "hf", dtype="float33")
+
+    with pytest.raises(EngineStartError, match="unknown dtype 'float33'"):
+        start()
+    assert calls == ["float33"]

@@ -49,4 +49,9 @@ def load_prompt(name_or_path: str | os.PathLike) -> PromptTemplate:
             f"no prompt template {str(name_or_path)!r}: not a built-in "
             f"({', '.join(builtin_prompt_names())}) and no such file"
         )
-    return PromptTemplate(name=path.stem if path == builtin else str(path), text=path.read_text(encoding="utf-8"))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise PromptTemplateError(f"prompt template {path}: not UTF-8 text (byte {e.start + 1} is "
+                                  f"{e.object[e.start:e.start + 1]!r})") from None
+    return PromptTemplate(name=path.stem if path == builtin else str(path), text=text)
