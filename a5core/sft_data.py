@@ -35,11 +35,13 @@ Then:
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -181,6 +183,10 @@ class OpenAICompletionsTeacher:
     Failures: HTTP 5xx and 429, refused/reset connections and timeouts (``timeout_s`` per request)
     are retried ``max_retries`` times, waiting ``backoff_s``, 2·``backoff_s``, 4·``backoff_s``…; then,
     or at once for any other HTTP error or a malformed reply, a :class:`TeacherError` naming the URL.
+
+    Credentials: ``api_key`` goes in a Bearer header; a user and password in ``base_url``
+    (``http://user:pw@host/v1``) are sent as HTTP Basic authentication instead of in the address.
+    Every message and ``repr`` shows the address with the password masked (``http://user:***@host/v1``).
     """
 
     base_url: str
@@ -195,7 +201,8 @@ class OpenAICompletionsTeacher:
 
     def __post_init__(self) -> None:
         if not re.match(r"\Ahttps?://[^/\s]+", self.base_url or ""):
-            raise ValueError(f"teacher base_url must be an http(s) URL like http://127.0.0.1:8000/v1, got {self.base_url!r}")
+            raise ValueError("teacher base_url must be an http(s) URL like http://127.0.0.1:8000/v1, got "
+                             f"{masked_url(self.base_url or '')!r}")
         if not self.model:
             raise ValueError("teacher model must name the served model")
         for name in ("batch_size", "concurrency"):
@@ -206,7 +213,17 @@ class OpenAICompletionsTeacher:
 
     @property
     def url(self) -> str:
-        return self.base_url.rstrip("/") + "/completions"
+        """The completions endpoint, without credentials (they go in a header)."""
+        parts = urllib.parse.urlsplit(self.base_url.rstrip("/") + "/completions")
+        return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+    @property
+    def shown_url(self) -> str:
+        """The endpoint as messages show it: a password in ``base_url`` masked."""
+        return masked_url(self.base_url.rstrip("/") + "/completions")
+
+    def __repr__(self) -> str:
+        return f"OpenAICompletionsTeacher(base_url={masked_url(self.base_url)!r}, model={self.model!r})"
 
     def generate(self, prompts: Sequence[str], sampling: SamplingSettings) -> list[list[Completion]]:
         """``len(prompts)`` lists of ``sampling.n`` completions each, in prompt order."""
@@ -239,13 +256,13 @@ class OpenAICompletionsTeacher:
         expected = len(prompts) * sampling.n
         if not isinstance(choices, list) or len(choices) != expected:
             got = len(choices) if isinstance(choices, list) else "no"
-            raise TeacherError(f"POST {self.url}: expected {expected} choices ({len(prompts)} prompts × n={sampling.n}), got {got}")
+            raise TeacherError(f"POST {self.shown_url}: expected {expected} choices ({len(prompts)} prompts × n={sampling.n}), got {got}")
         try:
             choices = sorted(choices, key=lambda c: c["index"])
             if [c["index"] for c in choices] != list(range(expected)) or not all(isinstance(c["text"], str) for c in choices):
                 raise ValueError("indices or texts")
         except (KeyError, TypeError, ValueError):
-            raise TeacherError(f"POST {self.url}: choices must carry text and indices 0..{expected - 1}") from None
+            raise TeacherError(f"POST {self.shown_url}: choices must carry text and indices 0..{expected - 1}") from None
         completions = [self._completion(c, sampling.stop) for c in choices]
         return [completions[i : i + sampling.n] for i in range(0, expected, sampling.n)]
 
@@ -260,8 +277,12 @@ class OpenAICompletionsTeacher:
     def _post(self, body: dict[str, Any]) -> Any:
         data = json.dumps(body).encode()
         headers = {"Content-Type": "application/json"}
+        user_info = urllib.parse.urlsplit(self.base_url).netloc.rpartition("@")[0]
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
+        elif user_info:
+            credentials = urllib.parse.unquote(user_info).encode()
+            headers["Authorization"] = "Basic " + base64.b64encode(credentials).decode()
         failure = ""
         for attempt in range(self.max_retries + 1):
             if attempt:
@@ -274,7 +295,7 @@ class OpenAICompletionsTeacher:
                 detail = e.read()[:500].decode("utf-8", "replace").strip()
                 failure = f"HTTP {e.code} {e.reason}: {detail}"
                 if e.code < 500 and e.code != 429:
-                    raise TeacherError(f"POST {self.url}: {failure}") from None
+                    raise TeacherError(f"POST {self.shown_url}: {failure}") from None
             except (urllib.error.URLError, TimeoutError, ConnectionError, HTTPException, OSError) as e:
                 reason = e.reason if isinstance(e, urllib.error.URLError) else e
                 if isinstance(reason, TimeoutError):
@@ -285,8 +306,17 @@ class OpenAICompletionsTeacher:
                 try:
                     return json.loads(raw)
                 except ValueError:
-                    raise TeacherError(f"POST {self.url}: reply is not JSON: {raw[:200]!r}") from None
-        raise TeacherError(f"POST {self.url} failed after {self.max_retries + 1} attempt(s): {failure}")
+                    raise TeacherError(f"POST {self.shown_url}: reply is not JSON: {raw[:200]!r}") from None
+        raise TeacherError(f"POST {self.shown_url} failed after {self.max_retries + 1} attempt(s): {failure}")
+
+
+def masked_url(url: str) -> str:
+    """``url`` with the password of its user info replaced by ``***`` (``http://u:***@host/v1``)."""
+    parts = urllib.parse.urlsplit(url)
+    user, at, host = parts.netloc.rpartition("@")
+    if not at or ":" not in user:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user.split(':', 1)[0]}:***@{host}"))
 
 
 # ------------------------------------------------------------------------------------ filtering

@@ -261,6 +261,31 @@ def test_openai_teacher_unreachable_or_slow_server(server):
             OpenAICompletionsTeacher(url, "m")
 
 
+def test_credentials_in_the_teacher_url_go_in_a_header_and_never_into_a_message(server, tmp_path, shared_data):
+    """http://user:pw@host/v1: sent as Basic authentication, masked in every error, repr and CLI message."""
+    import base64
+
+    address = server.base_url.replace("http://", "http://alice:s3cr%3At@")
+    server.script = [(400, {"error": "bad request"})]
+    teacher = OpenAICompletionsTeacher(address, "m", backoff_s=0)
+    with pytest.raises(TeacherError) as failed:
+        teacher.generate(["p"], SamplingSettings())
+    assert "s3cr" not in str(failed.value) and "alice:***@127.0.0.1" in str(failed.value)
+    assert "s3cr" not in repr(teacher)
+    assert server.requests[0]["headers"]["Authorization"] == "Basic " + base64.b64encode(b"alice:s3cr:t").decode()
+    with pytest.raises(ValueError) as refused:
+        OpenAICompletionsTeacher("ftp://alice:s3cret@host/v1", "m")
+    assert "s3cret" not in str(refused.value)
+    with socket.socket() as s:  # the command line, against a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://alice:s3cret@127.0.0.1:{s.getsockname()[1]}/v1"
+    config = _config(tmp_path, shared_data, distill={"enabled": True, "base_url": dead, "model": "m", "max_retries": 0,
+                                                     "problems": str(shared_data / "math/train.jsonl"), "limit": 1})
+    with pytest.raises(SystemExit) as stopped:
+        flow.main(["distill", "--config", str(config), "--out", str(tmp_path / "d.jsonl")])
+    assert "connection failed" in str(stopped.value.code) and "s3cret" not in str(stopped.value.code)
+
+
 # --------------------------------------------------------------------------------------- CLI
 
 
