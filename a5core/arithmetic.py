@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import re
+import unicodedata
 import zlib
 
 from a5core.data import Problem
@@ -66,13 +67,43 @@ def arithmetic_problems(n: int, digits: int = 2, operations: str = "+-", seed: i
 
 
 _INTEGER_ANSWER = re.compile(r"^\$?\s*(-?\d+)\s*\$?$")
+_INTEGER = re.compile(r"\s*([+-]?)(\d+(?:_\d+)*)\s*")  # what int() accepts in base 10
+
+
+def _integer_digits(value: str | int) -> str | None:
+    """The canonical decimal form of an integer (sign, then digits without leading zeros; ``-0`` is ``0``),
+    or None if ``value`` is not one.
+
+    Accepts what ``int()`` accepts (surrounding whitespace, a sign, underscores between digits, any
+    script's decimal digits) but works on the text, with no length limit: ``int()`` refuses more than
+    4,300 digits (``sys.get_int_max_str_digits``), and a model can write that many. An ``int`` goes
+    through ``str``, so it is held to that limit (the project's ground truths are strings).
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    match = _INTEGER.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        return None
+    sign, digits = match.groups()
+    digits = digits.replace("_", "")
+    if not digits.isascii():
+        digits = "".join(str(unicodedata.decimal(char)) for char in digits)
+    digits = digits.lstrip("0") or "0"
+    return "-" + digits if sign == "-" and digits != "0" else digits
 
 
 def arithmetic_reward_fn(response: str, ground_truth: str) -> dict[str, float]:
     """The r1_zero format rule, then the answer must *be* the integer: a literal such as ``68``, ``$-12$``
     or ``\\boxed{68}``, not an expression equal to it (GRPO on the H200 learned to copy the question's
-    expression within 30 steps when graded by the MATH grader, which accepts ``$58 + 74$`` for 132)."""
+    expression within 30 steps when graded by the MATH grader, which accepts ``$58 + 74$`` for 132).
+
+    Integers are compared as canonical digit strings, so an answer of any length grades (a 5,000-digit
+    one is 0 or 1, never an error). Raises ValueError if ``ground_truth`` is not an integer.
+    """
+    truth = _integer_digits(ground_truth)
+    if truth is None:
+        raise ValueError(f"arithmetic ground truth must be an integer, got {str(ground_truth)[:50]!r}")
     formatted, answer = extract_r1_zero_answer(response)
     match = _INTEGER_ANSWER.match(answer or "")
-    correct = formatted and match is not None and int(match.group(1)) == int(ground_truth)
+    correct = formatted and match is not None and _integer_digits(match.group(1)) == truth
     return {"format_reward": float(formatted), "answer_reward": float(correct), "reward": float(correct)}

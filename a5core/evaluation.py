@@ -89,8 +89,23 @@ def evaluate(
 
 # ------------------------------------------------------------------------------- case analysis
 
-_ANSWER_IS = re.compile(r"answer is[:\s]*\$?([^\n$]+?)\$?\s*(?:\.|$)", re.IGNORECASE)
 _LOOSE_TAG = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
+_ANSWER_IS = re.compile("answer is", re.IGNORECASE)
+# After "answer is": colons and blanks, an optional "$", then X, the rest of the line up to a "$".
+_STATED = re.compile(r"[:\s]*\$?([^\n$]*)")
+_SENTENCE_END = re.compile(r"\.(?:\s|$)")
+
+
+def stated_answer(text: str) -> str | None:
+    """The last "answer is X" of ``text`` with a non-empty X: X runs to the end of its line, a ``$`` or
+    the next "answer is", cut at a full stop that ends a sentence (``3.5.`` → ``3.5``). Linear in the
+    text's length: each stretch between two "answer is" is read once (a regex that searched for the stop
+    backtracked over whitespace runs: 50 s on "the answer is", 2,000 spaces and a line break)."""
+    for after in reversed(_ANSWER_IS.split(text)[1:]):
+        stated = _SENTENCE_END.split(_STATED.match(after)[1], maxsplit=1)[0].strip()
+        if stated:
+            return stated
+    return None
 
 
 def lenient_answer(response: str) -> str | None:
@@ -101,8 +116,7 @@ def lenient_answer(response: str) -> str | None:
     tags = _LOOSE_TAG.findall(response)
     if tags and tags[-1].strip():
         return tags[-1].strip()
-    stated = _ANSWER_IS.findall(response)
-    return stated[-1].strip() if stated else None
+    return stated_answer(response)
 
 
 def case_report(records: Sequence[dict[str, Any]], per_category: int = 3, seed: int = 0) -> str:

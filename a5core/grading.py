@@ -9,7 +9,9 @@ Grading a response is two steps:
    process), then symbolic equality through math-verify and sympy, in worker processes under a
    per-answer deadline. The deadline is enforced by killing the worker, so it works off the main
    thread and inside Prefect task threads (no SIGALRM), and a pathological answer such as
-   ``9^{9^{9^{9}}}`` or a 100 kB string costs at most the deadline and grades 0.
+   ``9^{9^{9^{9}}}`` or a 100 kB string costs at most the deadline and grades 0. Threads grading at
+   once share the worker pool (see SymbolicGrader), and the workers die with this process, even one
+   killed with SIGKILL in the middle of a comparison (see _symbolic_worker).
 
 Reward functions take ``(response, ground_truth)`` and return ``{"format_reward", "answer_reward",
 "reward"}`` as floats in {0, 1}; ``ground_truth`` may be a string, a number, or a list of acceptable
@@ -20,7 +22,9 @@ from __future__ import annotations
 
 import atexit
 import json
+import math
 import os
+import queue
 import re
 import selectors
 import subprocess
@@ -28,6 +32,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -236,14 +241,62 @@ def _compare_cheaply(prediction: str, truth: str) -> bool | None:
 # ------------------------------------------------------------------------------ symbolic workers
 
 _WORKER_SCRIPT = Path(__file__).with_name("_symbolic_worker.py")
+_CPU_MARGIN_S = 5  # a worker's own CPU cap per comparison exceeds the deadline by this much
+
+
+class _Spawner:
+    """Starts the worker processes, all from one thread that lives as long as this process.
+
+    A worker asks the kernel to kill it when its parent dies (PR_SET_PDEATHSIG, see _symbolic_worker),
+    and for the kernel the parent is the *thread* that forked it: a worker forked by a caller's
+    thread (a Prefect task thread, a short-lived grading thread) would be killed as soon as that
+    thread ended. So callers hand the Popen call to this daemon thread, which never ends before the
+    process does (a forked child of this process starts its own).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._requests: queue.SimpleQueue | None = None
+        self._thread: threading.Thread | None = None
+        self._pid = -1
+
+    def popen(self, args: list[str], **kwargs) -> subprocess.Popen:
+        with self._lock:
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                self._requests = queue.SimpleQueue()
+                self._thread = threading.Thread(target=self._serve, args=(self._requests,), daemon=True,
+                                                name="a5-grader-spawner")
+                self._thread.start()
+                self._pid = os.getpid()
+            requests = self._requests
+        started: Future = Future()
+        requests.put((args, kwargs, started))
+        return started.result()
+
+    @staticmethod
+    def _serve(requests: queue.SimpleQueue) -> None:
+        while True:
+            args, kwargs, started = requests.get()
+            try:
+                started.set_result(subprocess.Popen(args, **kwargs))
+            except BaseException as e:  # reported to the caller
+                started.set_exception(e)
+
+
+_spawner = _Spawner()
 
 
 class _Worker:
-    """One symbolic-comparison child process; ``ready`` once its imports are warm."""
+    """One symbolic-comparison child process; ``ready`` once its imports are warm.
 
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-u", str(_WORKER_SCRIPT)],
+    It dies with this process (see _symbolic_worker) and caps each comparison's CPU time at the
+    deadline plus a margin, in case nobody is left to enforce the deadline.
+    """
+
+    def __init__(self, deadline_s: float) -> None:
+        cpu_budget_s = math.ceil(deadline_s) + _CPU_MARGIN_S
+        self.proc = _spawner.popen(
+            [sys.executable, "-u", str(_WORKER_SCRIPT), str(os.getpid()), str(cpu_budget_s)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -261,13 +314,24 @@ class _Worker:
     def kill(self) -> None:
         self.proc.kill()
         self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()
+            except OSError:  # a write still buffered for the dead process
+                pass
 
 
 class SymbolicGrader:
     """A pool of symbolic-comparison worker processes with a per-comparison deadline.
 
-    Thread-safe: batches from several threads are served one after another. Results are cached,
-    so a repeated (prediction, ground truth) pair, common among GRPO rollouts, is compared once.
+    Thread-safe, and threads share the pool rather than take turns: each ``equal`` call checks out
+    idle workers (starting new ones while the pool has fewer than ``workers``), drives them itself,
+    and returns each one as soon as it has no more work for it. Concurrent calls therefore run in
+    parallel up to ``workers`` processes in all; a call that finds every worker busy waits for one, and
+    a call holding several workers hands one over after its current comparison when another call is
+    waiting, so one thread's slow batch (an answer that runs to the deadline) does not stall the
+    others. Results are cached, so a repeated (prediction, ground truth) pair, common among GRPO
+    rollouts, is compared once.
     """
 
     def __init__(self, workers: int | None = None, deadline_s: float = DEFAULT_DEADLINE_S):
@@ -275,76 +339,192 @@ class SymbolicGrader:
             raise ValueError(f"deadline_s must be positive, got {deadline_s}")
         self.max_workers = workers or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
         self.deadline_s = deadline_s
-        self._workers: list[_Worker] = []
+        self._workers: set[_Worker] = set()  # every live worker, idle or checked out
+        self._idle: list[_Worker] = []
+        self._starting = 0  # workers being started (they count against max_workers)
+        self._waiting = 0  # calls waiting for a worker
         self._cache: dict[tuple[str, str], bool] = {}
         self._lock = threading.Lock()
+        self._available = threading.Condition(self._lock)
         atexit.register(self.close)
 
     def equal(self, pairs: Sequence[tuple[str, str]]) -> list[bool]:
         """Symbolic equality for each (prediction, ground_truth) pair; a timeout or error counts False."""
         with self._lock:
-            todo = list(dict.fromkeys(p for p in pairs if p not in self._cache))
-            for pair, result in zip(todo, self._run(todo)):
-                self._cache[pair] = result
-            if len(self._cache) > 200_000:
+            known = {p: self._cache[p] for p in pairs if p in self._cache}
+        todo = [p for p in dict.fromkeys(pairs) if p not in known]
+        verdicts = dict(zip(todo, self._run(todo)))
+        with self._lock:
+            if len(self._cache) + len(verdicts) > 200_000:
                 self._cache.clear()
-            return [self._cache.get(p, False) for p in pairs]
+            self._cache.update(verdicts)
+        known.update(verdicts)
+        return [known[p] for p in pairs]
+
+    # -- the pool: check out, check in, replace
+
+    def _checkout(self, wanted: int, wait: bool) -> list[_Worker]:
+        """Up to ``wanted`` workers: idle ones first, then new ones while the pool is not full. With
+        ``wait``, blocks until there is at least one; without, takes none while another call waits."""
+        with self._lock:
+            while True:
+                if not wait and self._waiting:
+                    return []
+                taken = [self._idle.pop() for _ in range(min(wanted, len(self._idle)))]
+                start = max(0, min(wanted - len(taken), self.max_workers - len(self._workers) - self._starting))
+                self._starting += start
+                if taken or start or not wait:
+                    break
+                self._waiting += 1
+                try:
+                    self._available.wait(timeout=1.0)
+                finally:
+                    self._waiting -= 1
+        fresh: list[_Worker] = []
+        try:
+            for _ in range(start):
+                fresh.append(_Worker(self.deadline_s))
+        except BaseException:
+            for worker in taken + fresh:
+                self._checkin(worker)  # the fresh ones are not in the pool yet: killed
+            raise
+        finally:
+            with self._lock:
+                self._starting -= start
+                self._workers.update(fresh)
+                self._available.notify_all()
+        return taken + fresh
+
+    def _checkin(self, worker: _Worker) -> None:
+        """Return an idle worker to the pool; one that is not in it (close() dropped it) is killed."""
+        with self._lock:
+            if worker in self._workers:
+                self._idle.append(worker)
+                self._available.notify()
+                return
+        worker.kill()
+
+    def _drop(self, worker: _Worker) -> bool:
+        """Kill a worker and free its slot; False if it was no longer in the pool (close() dropped it)."""
+        worker.kill()
+        with self._lock:
+            owned = worker in self._workers
+            self._workers.discard(worker)
+            self._available.notify()
+        return owned
+
+    def _replace(self, worker: _Worker) -> _Worker | None:
+        """Kill a worker that overran or died and start a fresh one in its slot; None after close()."""
+        if not self._drop(worker):
+            return None
+        return (self._checkout(1, wait=False) or [None])[0]
+
+    def _owns(self, worker: _Worker) -> bool:
+        with self._lock:
+            return worker in self._workers
+
+    def _others_waiting(self) -> bool:
+        with self._lock:
+            return self._waiting > 0
+
+    # -- one call's comparisons
 
     def _run(self, pairs: list[tuple[str, str]]) -> list[bool]:
         results = [False] * len(pairs)
         if not pairs:
             return results
-        while len(self._workers) < min(self.max_workers, len(pairs)):
-            self._workers.append(_Worker())
         pending = list(range(len(pairs)))[::-1]
+        mine: list[_Worker] = []  # the workers this call has checked out
         done = 0
         with selectors.DefaultSelector() as selector, progress.bar(desc="grade (symbolic)", total=len(pairs),
                                                                    unit="answer") as graded:
-            for worker in self._workers:
-                selector.register(worker.proc.stdout, selectors.EVENT_READ, worker)
-            while done < len(pairs):
-                now = time.monotonic()
-                for worker in self._workers:
-                    if worker.ready and worker.task is None and pending:
-                        i = pending.pop()
-                        worker.send(i, pairs[i], now + self.deadline_s)
-                deadlines = [w.task[1] for w in self._workers if w.task]
-                wait = max(0.0, min(deadlines) - now) if deadlines else None
-                for key, _ in selector.select(wait):
-                    worker = key.data
-                    line = worker.proc.stdout.readline().strip()
-                    if not worker.ready:
-                        worker.ready = line == "ready"
-                        if not worker.ready:  # died while starting: give up on symbolic grading
-                            raise RuntimeError(f"symbolic grading worker failed to start ({_WORKER_SCRIPT})")
-                    elif worker.task is not None:
-                        results[worker.task[0]] = line == "1"
-                        worker.task = None
-                        done += 1
-                        if not line:  # the worker died mid-task: replace it
-                            selector.unregister(worker.proc.stdout)
-                            self._replace(worker, selector)
-                now = time.monotonic()
-                for worker in list(self._workers):
-                    if worker.task is not None and worker.task[1] <= now:
-                        done += 1  # result stays False
-                        selector.unregister(worker.proc.stdout)
-                        self._replace(worker, selector)
-                graded.update(done - graded.n)
-            for worker in self._workers:
+
+            def hold(workers: list[_Worker]) -> None:
+                for worker in workers:
+                    mine.append(worker)
+                    selector.register(worker.proc.stdout, selectors.EVENT_READ, worker)
+
+            def let_go(worker: _Worker) -> None:
+                mine.remove(worker)
                 selector.unregister(worker.proc.stdout)
+
+            def retire(worker: _Worker) -> None:
+                """Kill it; keep its replacement if there is work left, else return that to the pool."""
+                let_go(worker)
+                fresh = self._replace(worker)
+                if fresh is not None and pending:
+                    hold([fresh])
+                elif fresh is not None:
+                    self._checkin(fresh)
+
+            try:
+                while done < len(pairs):
+                    free = sum(w.task is None for w in mine)
+                    if len(pending) > free:  # more workers; wait for one only when holding none
+                        hold(self._checkout(len(pending) - free, wait=not mine))
+                    now = time.monotonic()
+                    for worker in list(mine):
+                        if worker.task is not None:
+                            continue
+                        if not pending or (len(mine) > 1 and self._others_waiting()):
+                            let_go(worker)  # nothing left for it here, or another call has no worker
+                            self._checkin(worker)
+                        elif worker.ready:
+                            i = pending.pop()
+                            try:
+                                worker.send(i, pairs[i], now + self.deadline_s)
+                            except OSError:  # it died while idle
+                                pending.append(i)
+                                retire(worker)
+                    deadlines = [w.task[1] for w in mine if w.task]
+                    wait = max(0.0, min(deadlines) - now) if deadlines else None
+                    for key, _ in selector.select(wait):
+                        worker = key.data
+                        line = worker.proc.stdout.readline()
+                        if worker.ready and worker.task is not None and line:
+                            results[worker.task[0]] = line.strip() == "1"
+                            worker.task = None
+                            done += 1
+                        elif not worker.ready and line.strip() == "ready":
+                            worker.ready = True
+                        elif not worker.ready and (line or self._owns(worker)):
+                            let_go(worker)  # died or spoke nonsense while starting: give up on symbolic grading
+                            self._drop(worker)
+                            raise RuntimeError(f"symbolic grading worker failed to start ({_WORKER_SCRIPT})")
+                        else:  # it died: killed by close(), crashed, out of memory
+                            if worker.task is not None:
+                                worker.task = None
+                                done += 1  # result stays False
+                            retire(worker)
+                    now = time.monotonic()
+                    for worker in list(mine):
+                        if worker.task is not None and worker.task[1] <= now:
+                            worker.task = None
+                            done += 1  # result stays False
+                            retire(worker)
+                    graded.update(done - graded.n)
+            finally:
+                for worker in list(mine):
+                    let_go(worker)
+                    if worker.task is None:
+                        self._checkin(worker)
+                    else:  # interrupted mid-comparison: its answer would reach the worker's next user
+                        self._drop(worker)
         return results
 
-    def _replace(self, worker: _Worker, selector: selectors.BaseSelector) -> None:
-        worker.kill()
-        fresh = _Worker()
-        self._workers[self._workers.index(worker)] = fresh
-        selector.register(fresh.proc.stdout, selectors.EVENT_READ, fresh)
-
     def close(self) -> None:
-        for worker in self._workers:
-            worker.kill()
-        self._workers.clear()
+        """Kill every worker, idle or busy (a call in flight grades its unfinished pairs False and
+        cleans up the ones it holds); the grader stays usable and starts new workers when next called."""
+        with self._lock:
+            workers, idle = list(self._workers), set(self._idle)
+            self._workers.clear()
+            self._idle.clear()
+            self._available.notify_all()
+        for worker in workers:
+            if worker in idle:
+                worker.kill()
+            else:  # its caller's thread reads from it: only signal it, the caller closes its pipes
+                worker.proc.kill()
 
 
 _default_grader: SymbolicGrader | None = None

@@ -43,3 +43,30 @@ def test_arithmetic_reward_wants_the_number_itself():
     assert arithmetic_reward_fn("132", "132") == {"format_reward": 0.0, "answer_reward": 0.0, "reward": 0.0}
     # The MATH grader accepts the copied expression: the hack this reward closes.
     assert r1_zero_reward_fn(respond("$58 + 74$"), "132")["reward"] == 1.0
+
+
+def test_arithmetic_reward_grades_answers_of_any_length():
+    """int() refuses more than 4,300 digits; a hostile 5,000-digit answer must grade, not raise."""
+    from a5core.arithmetic import arithmetic_reward_fn
+
+    def respond(answer):
+        return f"long </think> <answer> {answer} </answer>"
+
+    huge = "9" * 5000
+    format_only = {"format_reward": 1.0, "answer_reward": 0.0, "reward": 0.0}
+    correct = {"format_reward": 1.0, "answer_reward": 1.0, "reward": 1.0}
+    assert arithmetic_reward_fn(respond(huge), "132") == format_only
+    assert arithmetic_reward_fn(respond(f"$-{huge}$"), "-5") == format_only
+    # A ground truth that long grades too: equal only to the same integer.
+    assert arithmetic_reward_fn(respond(huge), huge) == correct
+    assert arithmetic_reward_fn(respond("00" + huge), huge) == correct  # leading zeros, as int() reads them
+    assert arithmetic_reward_fn(respond(huge[:-1] + "8"), huge) == format_only
+    assert arithmetic_reward_fn(respond("-" + huge), huge) == format_only
+    assert arithmetic_reward_fn(respond("132"), "-" + huge) == format_only
+    # The short cases keep int()'s reading: signs, leading zeros, -0.
+    assert arithmetic_reward_fn(respond("007"), "7") == correct
+    assert arithmetic_reward_fn(respond("-0"), "0") == correct
+    assert arithmetic_reward_fn(respond("132"), " +132 ") == correct
+    assert arithmetic_reward_fn(respond("-7"), "7") == format_only
+    with pytest.raises(ValueError, match="ground truth must be an integer"):
+        arithmetic_reward_fn(respond("1"), "1/2")
