@@ -36,7 +36,11 @@ Metrics leave through ``log(metrics, step)``; weights reach the engine through `
 Checkpoints (``checkpoint_dir``, every ``checkpoint_every`` steps and after the last; layout in
 :mod:`a5core.checkpoint`) hold the weights, the optimizer, the step, the elapsed wall-clock seconds and
 every step's metrics. Steps are seeded by (seed, step), so a resumed run redraws the same questions
-and, on a seeded engine, the same rollouts.
+and, on a seeded engine, the same rollouts. ``wall_seconds`` counts the run's whole wall-clock time,
+killed attempts included: after each step, ``wall_clock.json`` beside the checkpoint records it, and a
+resumed run continues from the later of that and its checkpoint's (a killed run's steps after its
+last checkpoint cost time too; counting from the checkpoint, a resumed step was logged earlier in
+wall-clock than the killed attempt's last one).
 
 Several ranks (torchrun; the caller has called :func:`a5core.distributed.init_from_env` before loading
 the model, and gives each rank its own engine): the policy is FSDP2-sharded in place (and stays so).
@@ -57,6 +61,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import math
 import random
@@ -70,7 +75,7 @@ import torch
 
 from a5core import distributed, progress
 from a5core.checkpoint import NonFiniteLossError, fingerprint
-from a5core.data import Problem
+from a5core.data import Problem, write_text_atomic
 from a5core.losses import LOSS_TYPES, RATIO_LOSS_TYPES, compute_group_normalized_rewards
 from a5core.policy import (
     COMPILED_ACTIVATION_BUDGET,
@@ -317,6 +322,11 @@ def grpo(
     else:
         step, history, elapsed = state["step"], state["history"], state["wall_seconds"]
         logger.info("GRPO: resuming from %s after step %d", checkpoint, step)
+    clock = checkpoint / "wall_clock.json" if checkpoint else None
+    if clock is not None and clock.is_file():  # the time a killed attempt spent after its last checkpoint
+        spent = json.loads(clock.read_text())
+        if spent.get("fingerprint") == expected:
+            elapsed = max(elapsed, spent["wall_seconds"])
     started = time.monotonic() - elapsed
     trainer = _Trainer(model, tokenizer, optimizer, params, config, device)
 
@@ -326,6 +336,9 @@ def grpo(
             metrics.update(evaluate(model, step))
         metrics["wall_seconds"] = time.monotonic() - started
         history.append({"step": step, **metrics})
+        if rank == 0 and clock is not None:
+            write_text_atomic(clock, json.dumps({"step": step, "wall_seconds": metrics["wall_seconds"],
+                                                 "fingerprint": expected}))
         if rank == 0:
             log(metrics, step)
             progress.log_step(logger, "GRPO step", step, config.n_grpo_steps, metrics, STATUS_KEYS)

@@ -245,6 +245,30 @@ def test_resume_after_a_crash_equals_the_uninterrupted_run(tokenizer, tmp_path):
              small_config(n_grpo_steps=3, checkpoint_dir=str(tmp_path / "ckpt"), learning_rate=1e-2))
 
 
+def test_wall_clock_after_a_resume_includes_the_killed_attempts_time(tokenizer, tmp_path):
+    """A run killed in step 4 (checkpoint at step 2) replays step 3: its wall_seconds, and every later
+    one, come after the killed attempt's step 3, which took long (a slow evaluation)."""
+    import time
+
+    config = small_config(n_grpo_steps=4, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=2, eval_every=1)
+
+    def slow_step_3(model, step):
+        if step == 3:
+            time.sleep(1.0)
+        return {}
+
+    killed, killed_log = make_model(tokenizer), Recorder(crash_at=4)
+    with pytest.raises(KeyboardInterrupt):
+        grpo(killed, tokenizer, RecordingEngine(killed, tokenizer), PROBLEMS, TEMPLATE, parity_reward, config,
+             evaluate=slow_step_3, log=killed_log)
+    last_killed = max(m["wall_seconds"] for step, m in killed_log.calls if step == 3)
+    resumed, resumed_log = make_model(tokenizer), Recorder()
+    grpo(resumed, tokenizer, RecordingEngine(resumed, tokenizer), PROBLEMS, TEMPLATE, parity_reward, config,
+         evaluate=lambda model, step: {}, log=resumed_log)
+    assert resumed_log.steps == [3, 4]
+    assert all(m["wall_seconds"] > last_killed for _, m in resumed_log.calls), (last_killed, resumed_log.calls)
+
+
 # ------------------------------------------------------------------------------------------ learning
 
 
