@@ -29,6 +29,10 @@ The default GRPO settings follow the public leaderboard's best entries: GRPO at 
 
 Under torchrun every rank trains and evaluates its share with its own engine (see :mod:`flows.grpo`);
 rank 0 alone logs to MLflow, saves the best checkpoint and writes the summary.
+
+A run's MLflow run id and checkpoints live in ``output_dir/runs-<key>/``, the key a hash of its settings
+(as in the other training flows): a killed run resumes when started again with the same settings, and
+changed settings start a new run rather than reopen the old one (MLflow refuses a parameter's second value).
 """
 
 from __future__ import annotations
@@ -48,12 +52,13 @@ from a5core import distributed
 from a5core.data import Trace, load_sft_traces, write_text_atomic
 from a5core.grading import r1_zero_reward_fn
 from a5core.grpo import grpo
+from a5core.models import check_context, resolve_model
 from a5core.policy import load_policy
 from a5core.prompts import load_prompt
 from a5core.rollout import SamplingSettings
 from a5core.sft import SFTConfig, train_sft
-from flows.cli import run_flow
-from flows.grpo import GRPOParams, check_placement, engine_for, grpo_config
+from flows.cli import cli_main, run_flow
+from flows.grpo import GRPOParams, check_inputs as check_grpo_inputs, engine_for, grpo_config, run_key
 from tasks.engines import closing_engine
 from tasks.tracking import log_params_flat
 from tasks.training import (TRAINING_REWARD_FNS, load_problem_set, mlflow_logger, start_resumable_run, tracking_rank,
@@ -121,7 +126,7 @@ def leaderboard(params: LeaderboardParams = LeaderboardParams()) -> dict:
     out = Path(params.output_dir)
     if Path(params.train_data).resolve() == Path(params.validation_data).resolve():
         raise ValueError("leaderboard: train_data and validation_data are the same file; train on MATH train only")
-    config = grpo_config(params, str(out / "grpo_checkpoint"))
+    config = grpo_config(params, str(run_folder(params) / "grpo_checkpoint"))
     with closing_engine(engine_for(params)) as engine:
         summary = _run(params, config, engine, start)
     if tracking_rank():
@@ -134,7 +139,7 @@ def leaderboard(params: LeaderboardParams = LeaderboardParams()) -> dict:
 def _run(params: LeaderboardParams, config, engine, start: float) -> dict:
     """The budgeted training and the final score (see the module docstring); returns the summary."""
     budget = params.budget_hours * 3600
-    out = Path(params.output_dir)
+    out, folder = Path(params.output_dir), run_folder(params)
     train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
     validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
     final_problems = validation[: params.final_eval_limit]
@@ -148,7 +153,7 @@ def _run(params: LeaderboardParams, config, engine, start: float) -> dict:
         estimate = 1.25 * max(seconds_per_problem, default=0.0) * len(final_problems)
         return max(params.final_eval_reserve_s, estimate)
 
-    with start_resumable_run(out / "mlflow_run_id", params.experiment, "leaderboard", params.tracking_uri) as run:
+    with start_resumable_run(folder / "mlflow_run_id", params.experiment, "leaderboard", params.tracking_uri) as run:
         if tracking_rank():
             log_params_flat(params.model_dump(exclude={"ablation", "engine_device"}))
         model, tokenizer = load_policy(params.model, dtype=getattr(torch, params.policy_dtype), device=device)
@@ -158,7 +163,7 @@ def _run(params: LeaderboardParams, config, engine, start: float) -> dict:
             train_sft(model, tokenizer, traces, SFTConfig(
                 learning_rate=params.sft_learning_rate, batch_size=params.sft_batch_size,
                 microbatch_size=params.sft_microbatch_size, max_steps=params.sft_max_steps, seed=params.seed,
-                checkpoint_dir=str(out / "sft_checkpoint"), checkpoint_every=50, compile_layers=params.compile_layers,
+                checkpoint_dir=str(folder / "sft_checkpoint"), checkpoint_every=50, compile_layers=params.compile_layers,
                 fsdp_reshard_after_forward=params.fsdp_reshard_after_forward,
             ), log=lambda m, s: log({f"sft/{k}": v for k, v in m.items()}, s))
         # The curve's evaluations sample like training (max_tokens of the run); their cost per problem,
@@ -209,15 +214,30 @@ def _run(params: LeaderboardParams, config, engine, start: float) -> dict:
     return summary
 
 
+def run_folder(params: LeaderboardParams) -> Path:
+    """Where this run's MLflow run id and checkpoints live: ``output_dir/runs-<hash of its settings>``."""
+    return Path(params.output_dir) / f"runs-{run_key(params)}"
+
+
+def check_inputs(params: LeaderboardParams) -> None:
+    """Fail on bad input before an engine starts, with the error naming what and where: the GRPO
+    checks (settings, placement, model, data, context, outputs), the SFT traces, the final evaluation's
+    1,024 tokens in the model's context."""
+    check_grpo_inputs(params)
+    if params.sft_data is not None:
+        load_sft_traces(params.sft_data)
+    validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
+    final = validation[: params.final_eval_limit]
+    check_context(resolve_model(params.model), [load_prompt("r1_zero").format(p.problem) for p in final],
+                  FINAL_SAMPLING.max_tokens, [f"{params.validation_data} problem {p.unique_id}" for p in final])
+
+
+@cli_main("flows.leaderboard")
 def main(argv: list[str] | None = None) -> None:
     from flows.cli import parse_params
 
     params = parse_params(LeaderboardParams, "leaderboard", argv, __doc__)
-    try:
-        grpo_config(params)
-        check_placement(params)
-    except ValueError as error:
-        raise SystemExit(f"invalid leaderboard settings: {error}") from None
+    check_inputs(params)
     summary = run_flow(leaderboard, params)
     if summary is None:  # a torchrun rank other than 0: rank 0 reports
         return

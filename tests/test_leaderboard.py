@@ -95,3 +95,34 @@ def test_the_engines_first_call_does_not_count_as_evaluation_cost(prefect_harnes
     # Timed with the 6 s, the reserve would be 2 s per problem × 1024/12 × 1.25 × 2 ≈ 430 s > the budget;
     # untimed, it is ≈ 212 × the real cost per problem (well under 0.1 s here), and two steps end the run.
     assert summary["grpo_steps"] == 2 and not summary["stopped_by_budget"] and summary["within_budget"]
+
+
+def test_the_command_line_checks_its_input_before_an_engine_starts(tiny_lm_dir, tmp_path, monkeypatch):
+    from flows.leaderboard import main
+
+    monkeypatch.setattr("a5core.rollout.make_engine", lambda *a, **k: pytest.fail("an engine started"))
+    argv = ["--model", str(tiny_lm_dir), "--backend", "hf", "--train-data", "arithmetic:40:1",
+            "--validation-data", "arithmetic:6:1", "--output-dir", str(tmp_path / "out"),
+            "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
+    with pytest.raises(SystemExit, match=rf"^flows.leaderboard: error: {tmp_path}/missing.jsonl: no such data file$"):
+        main([*argv, "--sft-data", str(tmp_path / "missing.jsonl"), "--sft-max-steps", "2"])
+    with pytest.raises(SystemExit, match=r"^flows.leaderboard: error: invalid GRPO settings: .*rollout_batch_size"):
+        main([*argv, "--rollout-batch-size", "7"])
+
+
+def test_changed_settings_start_a_new_run_instead_of_reopening_the_last(prefect_harness, tiny_lm_dir, tmp_path):
+    """The MLflow run is keyed by the settings: after a run, one with another learning rate is a run of its
+    own (reopening the first, MLflow refused the changed parameter: "Changing param values is not allowed")."""
+    import mlflow
+
+    settings = dict(
+        model=str(tiny_lm_dir), backend="hf", train_data="arithmetic:40:1", validation_data="arithmetic:6:1",
+        val_subset=3, final_eval_limit=2, eval_every=0, rollout_batch_size=4, group_size=2, train_batch_size=4,
+        gradient_accumulation_steps=2, max_tokens=12, n_grpo_steps=1, budget_hours=1.0, final_eval_reserve_s=1.0,
+        output_dir=str(tmp_path / "out"), metrics_path=None, tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+    )
+    first = leaderboard(LeaderboardParams(**settings))
+    second = leaderboard(LeaderboardParams(**{**settings, "learning_rate": 1e-4}))
+    client = mlflow.MlflowClient(tracking_uri=settings["tracking_uri"])
+    assert first["mlflow_run_id"] != second["mlflow_run_id"]
+    assert [client.get_run(s["mlflow_run_id"]).data.params["learning_rate"] for s in (first, second)] == ["3e-05", "0.0001"]
