@@ -11,7 +11,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 export DVC_NO_ANALYTICS := 1
 export MLFLOW_DISABLE_TELEMETRY := true
 
-.PHONY: setup test pipeline bench-grading
+.PHONY: setup test pipeline bench-grading check-gpu-extra
 
 setup: $(VENV)/.installed
 
@@ -37,3 +37,11 @@ pipeline: setup
 
 bench-grading: setup
 	cd benchmarks && ../$(PY) grading.py
+
+# Whether the `gpu` extra (vLLM's CUDA build and the torch it pins) still resolves beside the project's pins,
+# without installing anything (pip's resolver, metadata only: ~3 minutes). Run it whenever pyproject.toml changes.
+check-gpu-extra: setup
+	$(PY) -m pip install -q --dry-run --ignore-installed --report $(VENV)/gpu-extra.json -e '.[gpu,dev]'
+	$(PY) -c "import json; r = json.load(open('$(VENV)/gpu-extra.json'))['install']; \
+	v = {i['metadata']['name']: i['metadata']['version'] for i in r}; \
+	print('gpu extra resolves:', ', '.join(f'{n} {v[n]}' for n in ('vllm', 'torch', 'transformers')))"
