@@ -179,7 +179,9 @@ def train_sft(
     ``grad_norm`` (before clipping), ``tokens`` (response tokens trained on), ``truncated``
     (sequences cut by ``max_seq_len``) and ``epoch`` (epochs done, fractional). ``evaluate(model,
     step)`` runs every ``eval_every`` steps and after the last one, with the model in eval mode; what
-    it returns is merged, as named, into that step's metrics. The returned dict is the last step's
+    it returns is merged, as named, into that step's metrics. With ``eval_every`` set, a run that starts
+    fresh also evaluates the starting model, logged at step 0 (the first point of every curve, the
+    "before" of the run). The returned dict is the last step's
     metrics (with the final evaluation) plus ``step``.
 
     Checkpoints (``checkpoint_dir``): ``latest/`` holds weights, optimizer, scheduler, RNG states and
@@ -243,6 +245,11 @@ def train_sft(
     )
 
     was_training = model.training
+    if state is None and evaluate is not None and config.eval_every:
+        model.eval()
+        start = evaluate(model, 0)  # the starting model: step 0 of the curves
+        if rank == 0:
+            log(start, 0)
     model.train()
     order, order_epoch = None, None
     steps_bar = progress.bar(desc="SFT", total=total_steps, initial=step, unit="step", leave=True)

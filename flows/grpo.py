@@ -284,8 +284,10 @@ def run_grpo(name: str, params: GRPOParams, engine: Engine, parent_run_id: str |
         full = validation_hook(engine, tokenizer, validation, template, reward_fn, eval_sampling, params.val_limit)(
             model, params.n_grpo_steps)
         log({f"final_{k}": v for k, v in full.items()}, params.n_grpo_steps)
+        start = history[0] if history and history[0]["step"] == 0 else {}  # the starting policy's evaluation
         row = {
-            "setting": name, "final_accuracy": full["val_accuracy"], "final_format_rate": full["val_format_rate"],
+            "setting": name, "initial_accuracy": start.get("val_accuracy"), "initial_format_rate": start.get("val_format_rate"),
+            "final_accuracy": full["val_accuracy"], "final_format_rate": full["val_format_rate"],
             "wall_seconds": history[-1]["wall_seconds"],
             "curve": [{"step": h["step"], "wall_seconds": h["wall_seconds"], "val_accuracy": h["val_accuracy"]}
                       for h in history if "val_accuracy" in h],
@@ -320,7 +322,8 @@ def _report(params: GRPOParams, rows: list[dict], title: str) -> tuple[list[dict
     """Summary table, curves and plots of ``rows`` into output_dir and the active MLflow run."""
     curves = [{"setting": r["setting"], **point} for r in rows for point in r["curve"]]
     trends = [{"setting": r["setting"], **point} for r in rows for point in r["trends"]]
-    summary = [{k: r[k] for k in ("setting", "final_accuracy", "final_format_rate", "wall_seconds")} for r in rows]
+    summary = [{k: r.get(k) for k in ("setting", "initial_accuracy", "initial_format_rate", "final_accuracy",
+                                      "final_format_rate", "wall_seconds")} for r in rows]
     paths = log_comparison(Path(params.output_dir), curves, summary, "setting", title, trends=trends)
     if params.metrics_path:
         write_text_atomic(Path(params.metrics_path), json.dumps(summary, indent=2) + "\n")

@@ -38,7 +38,6 @@ changed settings start a new run rather than reopen the old one (MLflow refuses 
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -48,7 +47,6 @@ import torch
 from prefect import flow
 from pydantic import Field, model_validator
 
-from a5core import distributed
 from a5core.data import Trace, load_sft_traces, write_text_atomic
 from a5core.grading import r1_zero_reward_fn
 from a5core.grpo import grpo
@@ -61,8 +59,8 @@ from flows.cli import cli_main, run_flow
 from flows.grpo import GRPOParams, check_inputs as check_grpo_inputs, engine_for, grpo_config, run_key
 from tasks.engines import closing_engine
 from tasks.tracking import log_params_flat
-from tasks.training import (TRAINING_REWARD_FNS, load_problem_set, mlflow_logger, start_resumable_run, tracking_rank,
-                            validation_hook)
+from tasks.training import (TRAINING_REWARD_FNS, load_problem_set, mlflow_logger, save_model_folder,
+                            start_resumable_run, tracking_rank, validation_hook)
 
 # The leaderboard's evaluation, not a parameter.
 FINAL_SAMPLING = SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=1024, stop=("</answer>",), seed=0)
@@ -99,24 +97,6 @@ class LeaderboardParams(GRPOParams):
             raise ValueError("reward_fn arithmetic grades only the generated arithmetic task: set train_data and "
                              "validation_data to arithmetic:N:DIGITS, or leave reward_fn at r1_zero (the rule)")
         return self
-
-
-def _save_best(model, tokenizer, directory: Path) -> None:
-    """Replace ``directory`` with a Hugging Face folder of ``model`` (written beside it, then renamed).
-    Every rank calls it (:func:`a5core.distributed.write_whole`: rank 0 writes, the others wait)."""
-    distributed.write_whole(model, lambda state: _write_folder(model, state, tokenizer, directory))
-
-
-def _write_folder(model, state: dict, tokenizer, directory: Path) -> None:
-    partial = directory.with_name(directory.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial, state_dict=state)
-    tokenizer.save_pretrained(partial)
-    old = directory.with_name(directory.name + ".old")
-    if directory.exists():
-        directory.rename(old)
-    partial.rename(directory)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 @flow(name="leaderboard")
@@ -182,7 +162,7 @@ def _run(params: LeaderboardParams, config, engine, start: float) -> dict:
             seconds_per_problem.append(per_problem * max(1.0, token_ratio))
             if metrics["val_accuracy"] > best["val_accuracy"]:
                 best.update(val_accuracy=metrics["val_accuracy"], step=step)
-                _save_best(model, tokenizer, out / "best")
+                save_model_folder(model, tokenizer, out / "best")
             elapsed = time.monotonic() - start
             log({"val_accuracy_by_wall_seconds": metrics["val_accuracy"]}, int(elapsed))
             return {**metrics, "budget_used": elapsed / budget, "final_eval_reserve_s": reserve()}

@@ -227,6 +227,16 @@ def _best(rows: list[dict[str, Any]], key: str = "final_accuracy") -> dict[str, 
     return max(scored, key=lambda r: r[key]) if scored else None
 
 
+def _before_after(prefix: str, best: dict[str, Any] | None) -> dict[str, float]:
+    """The headline metrics of a stage's best row: accuracy and format rate at its start (``initial_*``,
+    where the stage evaluated its starting model) and at its end."""
+    if best is None:
+        return {}
+    names = {"accuracy": "final_accuracy", "format_rate": "final_format_rate",
+             "initial_accuracy": "initial_accuracy", "initial_format_rate": "initial_format_rate"}
+    return {f"{prefix}_{name}": best[key] for name, key in names.items() if isinstance(best.get(key), (int, float))}
+
+
 def _rows(value: Any) -> list[dict[str, Any]] | None:
     """A metrics file's rows (the training stages write a list of per-setting rows)."""
     if value is None:
@@ -280,7 +290,7 @@ def sft_section(page: Page, root: Path, settings: dict[str, Any]) -> dict[str, f
            + (f" Best: **{best['setting']}** at {best['final_accuracy']:.3f}." if best else ""))
     page.table(rows)
     _add_plots(page, "sft_experiment", root / "outputs/sft_experiment")
-    return {"sft_best_accuracy": best["final_accuracy"]} if best else {}
+    return _before_after("sft_best", best)
 
 
 def ei_section(page: Page, root: Path, settings: dict[str, Any]) -> dict[str, float]:
@@ -295,7 +305,7 @@ def ei_section(page: Page, root: Path, settings: dict[str, Any]) -> dict[str, fl
            + (f" Best: **{best['setting']}** at {best['final_accuracy']:.3f}." if best else ""))
     page.table(rows)
     _add_plots(page, "expert_iteration", root / "outputs/expert_iteration")
-    return {"ei_best_accuracy": best["final_accuracy"]} if best else {}
+    return _before_after("ei_best", best)
 
 
 def grpo_section(page: Page, root: Path, settings: dict[str, Any]) -> dict[str, float]:
@@ -312,7 +322,7 @@ def grpo_section(page: Page, root: Path, settings: dict[str, Any]) -> dict[str, 
               + ("" if single else f" ({best['setting']})") + "." if best else ""))
     page.table(rows)
     _add_plots(page, "grpo", root / "outputs/grpo")
-    return {"grpo_best_accuracy": best["final_accuracy"]} if best else {}
+    return _before_after("grpo_best", best)
 
 
 def latest_ablations(tracking_uri: str, experiment: str) -> dict[str, tuple[Any, list[Any]]]:
@@ -384,12 +394,35 @@ def leaderboard_section(page: Page, root: Path) -> dict[str, float]:
     return {"leaderboard_score": score} if isinstance(score, (int, float)) else {}
 
 
-def headline(metrics: dict[str, float]) -> list[dict[str, Any]]:
-    names = [("Zero-shot baseline", "baseline_accuracy"), ("SFT (best setting)", "sft_best_accuracy"),
-             ("Expert Iteration (best)", "ei_best_accuracy"), ("GRPO (best)", "grpo_best_accuracy")]
+HEADLINE_STAGES = (("Zero-shot baseline", "baseline", "baseline_eval"), ("SFT (best setting)", "sft_best", "sft_experiment"),
+                   ("Expert Iteration (best)", "ei_best", "expert_iteration"), ("GRPO (best)", "grpo_best", "grpo"))
+
+
+def headline(metrics: dict[str, float], settings: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per stage: what it was validated on, and its accuracy and format rate before it trained
+    (its starting model) and after ("not run" for a stage with no output)."""
+    rows = []
+    for stage, prefix, section in HEADLINE_STAGES:
+        if f"{prefix}_accuracy" not in metrics:
+            rows.append({"stage": stage, "validated on": "", "accuracy": NOT_RUN})
+            continue
+        stage_settings = settings.get(section, {})
+        data = stage_settings.get("validation_data") or stage_settings.get("data") or ""
+        limit = stage_settings.get("val_limit") or stage_settings.get("limit")
+        before = {k: metrics.get(f"{prefix}_initial_{k}") for k in ("accuracy", "format_rate")}
+        rows.append({"stage": stage, "validated on": Path(str(data)).name + (f" (first {limit})" if limit else ""),
+                     "accuracy": _arrow(before["accuracy"], metrics[f"{prefix}_accuracy"]),
+                     "format rate": _arrow(before["format_rate"], metrics.get(f"{prefix}_format_rate"))})
     if "leaderboard_score" in metrics:
-        names.append(("Leaderboard run", "leaderboard_score"))
-    return [{"stage": stage, "validation accuracy": metrics.get(key, NOT_RUN)} for stage, key in names]
+        rows.append({"stage": "Leaderboard run", "validated on": "", "accuracy": _value(metrics["leaderboard_score"])})
+    return rows
+
+
+def _arrow(before: float | None, after: float | None) -> str:
+    """``0.000 → 0.312`` when both are known, else the one that is."""
+    if after is None:
+        return ""
+    return f"{_value(before)} → {_value(after)}" if before is not None else _value(after)
 
 
 # ------------------------------------------------------------------------------------- writing
@@ -471,7 +504,9 @@ def build_report(params: ReportParams) -> dict[str, Any]:
         metrics |= leaderboard_section(page, root)
         lead = [("p", f"Settings: `{params.params_file}` with profile `{profile}`." if profile
                  else "Results of the pipeline's stages (final validation accuracy of each).")]
-        page.blocks[summary_at:summary_at] = [*lead, ("table", headline(metrics))]
+        lead.append(("p", "Each stage's accuracy and format rate on its validation set, before it trained (its "
+                          "starting model) → after."))
+        page.blocks[summary_at:summary_at] = [*lead, ("table", headline(metrics, settings))]
         (built / "figures").mkdir(exist_ok=True)
         for name, source in page.figures.items():
             if source.parent != built / "figures":
@@ -491,7 +526,7 @@ def build_report(params: ReportParams) -> dict[str, Any]:
     sections = {"baseline": "baseline_accuracy" in metrics, "sft": "sft_best_accuracy" in metrics,
                 "ei": "ei_best_accuracy" in metrics, "grpo": "grpo_best_accuracy" in metrics, "ablations": n_ablations}
     return {"report_md": str(out / "report.md"), "report_html": str(out / "report.html"), "metrics": metrics,
-            "sections": sections, "figures": sorted(page.figures)}
+            "sections": sections, "figures": sorted(page.figures), "headline": headline(metrics, settings)}
 
 
 def log_report_run(params: ReportParams, result: dict[str, Any]) -> str:
@@ -518,9 +553,10 @@ def report(params: ReportParams = ReportParams()) -> dict:
 @cli_main("flows.report")
 def main(argv: list[str] | None = None) -> None:
     result = run_flow(report, parse_params(ReportParams, "report", argv, __doc__))
-    for row in headline(result["metrics"]):
-        value = row["validation accuracy"]
-        print(f"{row['stage']:>24}: {value if isinstance(value, str) else f'{value:.3f}'}")
+    for row in result["headline"]:
+        rates = f", format rate {row['format rate']}" if row.get("format rate") else ""
+        place = f" on {row['validated on']}" if row["validated on"] else ""
+        print(f"{row['stage']:>24}: accuracy {row['accuracy']}{rates}{place}")
     print(f"report  {result['report_md']}\nhtml    {result['report_html']}")
     if result["mlflow_run_id"]:
         print(f"mlflow run {result['mlflow_run_id']} (experiment {result['experiment']})")

@@ -8,6 +8,14 @@ The parent gets the comparison plot (validation accuracy against step, one line 
 A killed run resumes: each child continues its checkpoint and its MLflow run; finished children are
 not trained again.
 
+The curves start at step 0, the base model, so each setting's row holds its accuracy and format rate
+before and after (``initial_*``, ``final_*``). ``train_data`` may be ``arithmetic:N:DIGITS``: N
+generated arithmetic problems as r1_zero traces (validate on ``arithmetic:M:DIGITS`` with
+``reward_fn: arithmetic``), the format a small model learns from a few dozen examples, as the cpu
+profile does. With ``save_models`` each setting's final weights are saved as a Hugging Face folder and
+``output_dir/best_model`` links the best setting's, for a later stage to start from (the cpu profile's
+EI and GRPO do).
+
     python -m flows.sft_experiment --help
     python -m flows.sft_experiment --config params.yaml
     torchrun --nproc-per-node 4 -m flows.sft_experiment --config params.yaml --backend hf   # on 4 GPUs (FSDP2)
@@ -20,6 +28,7 @@ MLflow and writes the outputs.
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 from pathlib import Path
@@ -29,8 +38,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
-from a5core.data import Problem, Trace, load_math, load_sft_traces, write_text_atomic
-from a5core.grading import REWARD_FNS
+from a5core.data import Problem, Trace, write_text_atomic
 from a5core.models import check_context, resolve_model
 from a5core.policy import load_policy
 from a5core.prompts import load_prompt
@@ -40,9 +48,13 @@ from flows.cli import check_outputs, cli_main, run_flow
 from tasks.engines import closing_engine, rollout_engine
 from tasks.tracking import DEFAULT_TRACKING_URI, log_params_flat
 from tasks.training import (
+    TRAINING_REWARD_FNS,
+    load_problem_set,
+    load_trace_set,
     log_comparison,
     mlflow_logger,
     params_key,
+    save_model_folder,
     start_resumable_run,
     tracked,
     tracking_rank,
@@ -56,14 +68,17 @@ class SFTExperimentParams(BaseModel):
     engine_dtype: Literal[DTYPES] = Field("auto", description="engine dtype (auto: bf16 on GPU, fp32 on CPU)")
     engine_memory_fraction: float = Field(0.3, gt=0, le=1, description="vLLM gpu_memory_utilization beside the policy")
     policy_dtype: Literal["float32", "bfloat16"] = Field("float32", description="policy weights (bf16 autocast on GPU)")
-    train_data: str = Field("data/sft/math_solutions.jsonl", description="SFT traces (prompt, response, ground_truth)")
+    train_data: str = Field("data/sft/math_solutions.jsonl", description="SFT traces (prompt, response, ground_truth), "
+                            "or arithmetic:N:DIGITS (generated r1_zero traces)")
     filtered_data: str | None = Field("data/sft/teacher_filtered.jsonl", description="filtered traces, trained as one more setting")
     sizes: list[Annotated[int, Field(gt=0)] | Literal["full"]] = Field([128, 256, 512, 1024, "full"], min_length=1, description="training-set sizes")
-    validation_data: str = Field("../shared/data/math/validation.jsonl", description="MATH-format validation problems")
+    validation_data: str = Field("../shared/data/math/validation.jsonl", description="MATH-format validation problems, "
+                                 "or arithmetic:N:DIGITS")
     val_subset: int = Field(500, gt=0, description="problems evaluated every eval_every steps")
     val_limit: int | None = Field(None, gt=0, description="problems in the final evaluation (None: all)")
     prompt: str = Field("r1_zero", description="prompt template of the traces and the evaluation")
-    reward_fn: Literal["r1_zero", "question_only"] = Field("r1_zero", description="grader")
+    reward_fn: Literal["r1_zero", "question_only", "arithmetic"] = Field(
+        "r1_zero", description="grader (arithmetic: for arithmetic:N:D validation data)")
     learning_rate: float = Field(2e-5, gt=0)
     lr_schedule: Literal["cosine", "constant"] = Field("cosine")
     warmup_steps: int = Field(0, ge=0)
@@ -82,6 +97,8 @@ class SFTExperimentParams(BaseModel):
     temperature: float = Field(1.0, ge=0, description="evaluation sampling temperature")
     max_tokens: int = Field(1024, gt=0, description="evaluation response budget")
     seed: int = Field(0)
+    save_models: bool = Field(False, description="save each setting's final weights (Hugging Face folder) and link "
+                              "the best as output_dir/best_model")
     output_dir: str = Field("outputs/sft_experiment")
     metrics_path: str | None = Field("metrics/sft_experiment.json", description="DVC metrics file")
     experiment: str = Field("sft_experiment")
@@ -117,7 +134,7 @@ def train_setting(name: str, traces: list[Trace], problems: list[Problem], param
     done = run_dir / "done.json"
     if done.is_file():
         return json.loads(done.read_text())
-    template, reward_fn = load_prompt(params.prompt), REWARD_FNS[params.reward_fn]
+    template, reward_fn = load_prompt(params.prompt), TRAINING_REWARD_FNS[params.reward_fn]
     sampling = SamplingSettings(temperature=params.temperature, max_tokens=params.max_tokens, stop=("</answer>",), seed=params.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with start_resumable_run(run_dir / "mlflow_run_id", params.experiment, f"sft-{name}", params.tracking_uri, parent_run_id) as run:
@@ -131,25 +148,41 @@ def train_setting(name: str, traces: list[Trace], problems: list[Problem], param
         step = int(final.get("step", 0))
         full = validation_hook(engine, tokenizer, problems, template, reward_fn, sampling, params.val_limit)(model, step)
         log({f"final_{k}": v for k, v in full.items()}, step)
-        history = mlflow.MlflowClient().get_metric_history(run.info.run_id, "val_accuracy") if tracking_rank() else []
+        if params.save_models:
+            save_model_folder(model, tokenizer, run_dir / "model")
+        client = mlflow.MlflowClient() if tracking_rank() else None
+        history = {key: sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step) if client else []
+                   for key in ("val_accuracy", "val_format_rate")}
+        start = {key: points[0].value for key, points in history.items() if points and points[0].step == 0}
         row = {"setting": name, "n_examples": len(traces), "steps": step,
+               "initial_accuracy": start.get("val_accuracy"), "initial_format_rate": start.get("val_format_rate"),
                "final_accuracy": full["val_accuracy"], "final_format_rate": full["val_format_rate"],
-               "curve": [{"step": m.step, "val_accuracy": m.value} for m in sorted(history, key=lambda m: m.step)]}
+               "curve": [{"step": m.step, "val_accuracy": m.value} for m in history["val_accuracy"]]}
     del model
     if tracking_rank():
         write_text_atomic(done, json.dumps(row))
     return row
 
 
+def link_best_model(model: Path, link: Path) -> None:
+    """Point ``link`` (a symlink, replaced atomically) at the best setting's saved ``model`` folder."""
+    partial = link.with_name(link.name + ".partial")
+    partial.unlink(missing_ok=True)
+    partial.symlink_to(model.resolve(), target_is_directory=True)
+    if link.is_dir() and not link.is_symlink():  # a folder put there by hand: not ours to keep
+        raise ValueError(f"{link} is a folder, not the link to the best model this flow writes; move it away")
+    os.replace(partial, link)
+
+
 @flow(name="sft_experiment")
 def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
     """Run every setting as a child of one parent run; returns the summary rows and output paths."""
     out = Path(params.output_dir)
-    settings = subsets(load_sft_traces(params.train_data), params.sizes, params.seed)
-    validation = load_math(params.validation_data)
-    validation = random.Random(params.seed).sample(validation, len(validation))  # MATH is ordered by subject
+    template = load_prompt(params.prompt)
+    settings = subsets(load_trace_set(params.train_data, template, params.seed), params.sizes, params.seed)
+    validation = load_problem_set(params.validation_data, "math", params.seed, "validation")
     if params.filtered_data:
-        settings["filtered"] = load_sft_traces(params.filtered_data)
+        settings["filtered"] = load_trace_set(params.filtered_data, template, params.seed)
     engine = rollout_engine(resolve_model(params.model), params.backend, dtype=params.engine_dtype,
                             memory_fraction=params.engine_memory_fraction)
     with start_resumable_run(out / f"runs-{params_key(params)}" / "mlflow_run_id", params.experiment, "sft_experiment",
@@ -161,7 +194,11 @@ def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
         if not tracking_rank():  # a torchrun rank other than 0 trained along; rank 0 reports
             return {"summary": None, "paths": None, "mlflow_run_id": None}
         curves = [{"setting": r["setting"], **point} for r in rows for point in r["curve"]]
-        summary = [{k: r[k] for k in ("setting", "n_examples", "steps", "final_accuracy", "final_format_rate")} for r in rows]
+        summary = [{k: r.get(k) for k in ("setting", "n_examples", "steps", "initial_accuracy", "initial_format_rate",
+                                          "final_accuracy", "final_format_rate")} for r in rows]
+        if params.save_models:
+            best = max(rows, key=lambda r: r["final_accuracy"])
+            link_best_model(out / f"runs-{params_key(params)}" / best["setting"] / "model", out / "best_model")
         paths = log_comparison(out, curves, summary, "setting", "SFT: validation accuracy by training-set size")
         mlflow_logger()({f"final_accuracy_{r['setting']}": r["final_accuracy"] for r in rows}, 0)
         if params.metrics_path:
@@ -181,8 +218,8 @@ def check_inputs(params: SFTExperimentParams) -> None:
     template = load_prompt(params.prompt)
     for source in (params.train_data, params.filtered_data):
         if source:
-            load_sft_traces(source)
-    validation = load_math(params.validation_data)
+            load_trace_set(source, template, params.seed)
+    validation = load_problem_set(params.validation_data, "math", params.seed, "validation")
     check_context(model, [template.format(p.problem) for p in validation], params.max_tokens,
                   [f"{params.validation_data} problem {p.unique_id}" for p in validation])
     check_outputs(params)

@@ -24,7 +24,7 @@ import torch
 
 from a5core import distributed
 from a5core.arithmetic import arithmetic_reward_fn
-from a5core.data import Problem, write_text_atomic
+from a5core.data import Problem, Trace, write_text_atomic
 from a5core.grading import REWARD_FNS
 from a5core.evaluation import evaluate, log_generations, summarize
 from a5core.prompts import PromptTemplate
@@ -87,10 +87,17 @@ RUN_KEY_IGNORED = ("output_dir", "metrics_path", "experiment", "tracking_uri", "
 
 def params_key(params: Any, ignore: tuple[str, ...] = RUN_KEY_IGNORED) -> str:
     """A short hash of a flow's parameters: runs with other settings get other folders (and MLflow runs),
-    so a resumed run never picks up a checkpoint or a 'done' marker written under different settings."""
+    so a resumed run never picks up a checkpoint or a 'done' marker written under different settings.
+    A ``model`` that is a local folder counts by its files too (:func:`tasks.evaluation.model_fingerprint`):
+    a stage that starts from another stage's saved model runs again when that model was trained again."""
     import hashlib
 
-    dump = json.dumps(params.model_dump(exclude=set(ignore)), sort_keys=True, default=str)
+    from tasks.evaluation import model_fingerprint
+
+    values = params.model_dump(exclude=set(ignore))
+    if isinstance(values.get("model"), str) and Path(values["model"]).expanduser().is_dir():
+        values["model_files"] = model_fingerprint(values["model"])
+    dump = json.dumps(values, sort_keys=True, default=str)
     return hashlib.sha256(dump.encode()).hexdigest()[:10]
 
 
@@ -181,16 +188,58 @@ def load_problem_set(source: str, data_format: str, seed: int, split: str) -> li
     import random
 
     from a5core.arithmetic import arithmetic_problems
-    from a5core.data import PROBLEM_LOADERS, DataError
+    from a5core.data import PROBLEM_LOADERS
 
     if source.startswith("arithmetic:"):
-        spec = source.split(":")
-        if len(spec) != 3 or not all(part.isdigit() and int(part) > 0 for part in spec[1:]):
-            raise DataError(f"{source}: expected arithmetic:N:DIGITS with N and DIGITS positive integers")
-        problems = arithmetic_problems(int(spec[1]), digits=int(spec[2]), seed=seed, split=split)
+        n, digits = _arithmetic_spec(source)
+        problems = arithmetic_problems(n, digits=digits, seed=seed, split=split)
     else:
         problems = PROBLEM_LOADERS[data_format](source)
     return random.Random(seed).sample(problems, len(problems))
+
+
+def _arithmetic_spec(source: str) -> tuple[int, int]:
+    """(N, DIGITS) of ``arithmetic:N:DIGITS``; DataError naming the source otherwise."""
+    from a5core.data import DataError
+
+    spec = source.split(":")
+    if len(spec) != 3 or not all(part.isdigit() and int(part) > 0 for part in spec[1:]):
+        raise DataError(f"{source}: expected arithmetic:N:DIGITS with N and DIGITS positive integers")
+    return int(spec[1]), int(spec[2])
+
+
+def load_trace_set(source: str, template: PromptTemplate, seed: int) -> list[Trace]:
+    """SFT traces: a prompt/response/ground_truth file, or ``arithmetic:N:DIGITS``: N generated train
+    problems of the arithmetic task as r1_zero traces (their one-line solution as the reasoning), the
+    format a small model learns from a few dozen of."""
+    from a5core.arithmetic import arithmetic_problems
+    from a5core.data import load_sft_traces
+    from a5core.sft_data import math_solution_traces
+
+    if not source.startswith("arithmetic:"):
+        return load_sft_traces(source)
+    n, digits = _arithmetic_spec(source)
+    return math_solution_traces(arithmetic_problems(n, digits=digits, seed=seed, split="train"), template)[0]
+
+
+def save_model_folder(model: torch.nn.Module, tokenizer: Any, directory: Path) -> None:
+    """Replace ``directory`` with a Hugging Face folder of ``model`` and ``tokenizer`` (written beside it,
+    then renamed: never half a folder). Every rank calls it (:func:`a5core.distributed.write_whole`: the
+    weights are gathered whole, rank 0 writes, the others wait)."""
+    import shutil
+
+    def write(state: dict[str, torch.Tensor]) -> None:
+        partial = directory.with_name(directory.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        model.save_pretrained(partial, state_dict=state)
+        tokenizer.save_pretrained(partial)
+        old = directory.with_name(directory.name + ".old")
+        if directory.exists():
+            directory.rename(old)
+        partial.rename(directory)
+        shutil.rmtree(old, ignore_errors=True)
+
+    distributed.write_whole(model, write)
 
 
 def write_curves(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
@@ -249,7 +298,8 @@ def plot_curves(path: Path, rows: Sequence[dict[str, Any]], x: str, y: str, seri
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
     header = list(rows[0])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(f"{r[h]:.4g}" if isinstance(r[h], float) else str(r[h]) for h in header) + " |" for r in rows]
+    lines += ["| " + " | ".join(f"{r[h]:.4g}" if isinstance(r[h], float) else "" if r[h] is None else str(r[h])
+                                for h in header) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 

@@ -20,9 +20,11 @@ CASES = ("# Evaluation case analysis\n\n8 responses to 8 problems: accuracy 0.25
          "Of the 4 format-0 responses, 1 contain a correct answer that the r1_zero format rules rejected "
          "(format/parser failures); the rest hold no correct answer (model failures).\n\n## format1_answer1 (2)\n")
 SFT = [{"setting": "128", "n_examples": 128, "steps": 8, "final_accuracy": 0.1, "final_format_rate": 0.9},
-       {"setting": "filtered", "n_examples": 60, "steps": 4, "final_accuracy": 0.3, "final_format_rate": 0.95}]
+       {"setting": "filtered", "n_examples": 60, "steps": 4, "initial_accuracy": 0.0, "initial_format_rate": 0.1,
+        "final_accuracy": 0.3, "final_format_rate": 0.95}]
 EI = [{"setting": "single", "final_accuracy": 0.35, "final_format_rate": 0.97}]
-GRPO = [{"setting": "single", "final_accuracy": 0.45, "final_format_rate": 0.99, "wall_seconds": 321.0}]
+GRPO = [{"setting": "single", "initial_accuracy": 0.2, "initial_format_rate": 0.5, "final_accuracy": 0.45,
+         "final_format_rate": 0.99, "wall_seconds": 321.0}]
 
 
 def write(path, text):
@@ -36,7 +38,8 @@ def plot(path):
 
 def project(root, stages=("baseline", "sft", "ei", "grpo")):
     """A project folder holding what the named stages write."""
-    params = {"profile": "cpu", "baseline_eval": {"model": "Qwen/Qwen2.5-Math-1.5B"}, "grpo": {"n_grpo_steps": 200},
+    params = {"profile": "cpu", "baseline_eval": {"model": "Qwen/Qwen2.5-Math-1.5B"},
+              "grpo": {"n_grpo_steps": 200, "validation_data": "../shared/data/math/validation.jsonl"},
               "report": {"title": "Test report"},
               "profiles": {"cpu": {"baseline_eval": {"model": "smollm2-135m-instruct"}, "grpo": {"n_grpo_steps": 2}}}}
     write(root / "params.yaml", yaml.safe_dump(params))
@@ -90,8 +93,12 @@ def test_full_report_with_plots_ablations_and_mlflow_run(prefect_harness, tmp_pa
     md = (out / "report.md").read_text()
     assert md.startswith("# Test report")
     assert "Settings: `params.yaml` with profile `cpu`." in md
-    assert "| Zero-shot baseline | 0.250 |" in md and "| SFT (best setting) | 0.300 |" in md
-    assert "| Expert Iteration (best) | 0.350 |" in md and "| GRPO (best) | 0.450 |" in md
+    # The headline: each stage before it trained (where it evaluated its starting model) → after.
+    assert "| stage | validated on | accuracy | format rate |" in md
+    assert "| Zero-shot baseline |  | 0.250 | 0.500 |" in md
+    assert "| SFT (best setting) |  | 0.000 → 0.300 | 0.100 → 0.950 |" in md
+    assert "| Expert Iteration (best) |  | 0.350 | 0.970 |" in md
+    assert "| GRPO (best) | validation.jsonl | 0.200 → 0.450 | 0.500 → 0.990 |" in md
     assert "Settings: model `smollm2-135m-instruct`." in md  # the profile's override, as the stage ran
     assert "| format0_answer0 | format not followed | 4 | 0.500 |" in md
     assert "Of the 4 format-0 responses, 1 contain a correct answer" in md
@@ -117,8 +124,12 @@ def test_full_report_with_plots_ablations_and_mlflow_run(prefect_harness, tmp_pa
     client = mlflow.MlflowClient(tracking_uri=uri)
     run = client.get_run(result["mlflow_run_id"])
     assert client.get_experiment(run.info.experiment_id).name == "report"
-    assert run.data.metrics == {"baseline_accuracy": 0.25, "baseline_format_rate": 0.5, "sft_best_accuracy": 0.3,
-                                "ei_best_accuracy": 0.35, "grpo_best_accuracy": 0.45}
+    assert run.data.metrics == {
+        "baseline_accuracy": 0.25, "baseline_format_rate": 0.5,
+        "sft_best_accuracy": 0.3, "sft_best_format_rate": 0.95, "sft_best_initial_accuracy": 0.0,
+        "sft_best_initial_format_rate": 0.1, "ei_best_accuracy": 0.35, "ei_best_format_rate": 0.97,
+        "grpo_best_accuracy": 0.45, "grpo_best_format_rate": 0.99, "grpo_best_initial_accuracy": 0.2,
+        "grpo_best_initial_format_rate": 0.5}
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"report.md", "report.html", "figures", "baseline_cases.md"} <= artifacts
 
@@ -136,7 +147,7 @@ def test_missing_stages_say_not_run_and_a_rerun_replaces_the_folder(prefect_harn
     result = report(ReportParams(log_to_mlflow=False))
     md = (tmp_path / "outputs/report/report.md").read_text()
     assert "SFT sweep: not run." in md and "GRPO: not run." in md and "Expert Iteration: not run." not in md
-    assert "| SFT (best setting) | not run |" in md and "| GRPO (best) | not run |" in md
+    assert "| SFT (best setting) |  | not run |" in md and "| GRPO (best) |  | not run |" in md
     assert "GRPO ablations: not run" in md  # no MLflow store here; none is created to find that out
     assert not (tmp_path / "mlflow.db").exists()
     assert not (tmp_path / "outputs/report/figures/grpo_accuracy_vs_step.png").exists()  # the whole folder was replaced
@@ -159,7 +170,7 @@ def test_cli_reads_its_section_and_refuses_to_replace_a_foreign_folder(prefect_h
     project(tmp_path, stages=("baseline",))
     main(["--config", "params.yaml", "--log-to-mlflow", "false"])
     printed = capsys.readouterr().out
-    assert "Zero-shot baseline: 0.250" in printed and "GRPO (best): not run" in printed
+    assert "Zero-shot baseline: accuracy 0.250, format rate 0.500" in printed and "GRPO (best): accuracy not run" in printed
     assert (tmp_path / "outputs/report/report.md").read_text().startswith("# Test report")
 
     (tmp_path / "elsewhere").mkdir()

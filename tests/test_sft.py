@@ -123,11 +123,12 @@ def test_sft_learns_the_r1_format_on_held_out_prompts(tokenizer):
     config = SFTConfig(learning_rate=5e-3, warmup_steps=5, batch_size=16, microbatch_size=16, epochs=10, eval_every=25)
     final = train_sft(model, tokenizer, train, config, evaluate=format_reward, log=log)
 
-    assert log.steps == list(range(1, 51))  # 80 examples / 16 per step × 10 epochs
-    losses = [m["loss"] for _, m in log.calls]
+    assert log.steps == list(range(0, 51))  # the starting model, then 80 examples / 16 per step × 10 epochs
+    assert log.calls[0] == (0, {"eval/format_reward": before})  # step 0: the model before training
+    losses = [m["loss"] for _, m in log.calls[1:]]
     assert losses[-1] < 0.2 * losses[0]  # per-sequence summed NLL: ~166 (uniform over 1024 tokens) → ~12
     assert before == 0.0
-    assert [s for s, m in log.calls if "eval/format_reward" in m] == [25, 50]
+    assert [s for s, m in log.calls if "eval/format_reward" in m] == [0, 25, 50]
     assert final["eval/format_reward"] >= 0.8
     assert final["step"] == 50 and final["loss"] == losses[-1]
     assert not model.training  # HFEngine put it in eval mode; train_sft restores the mode it was given
@@ -290,7 +291,7 @@ def test_resume_after_a_crash_is_exact_and_a_finished_run_is_not_repeated(tokeni
     straight_model, straight = make_model(tokenizer), Recorder()
     straight_config = run_config(tmp_path, "straight")
     straight_final = train_sft(straight_model, tokenizer, examples, straight_config, evaluate=rng_probe, log=straight)
-    assert straight.steps == [1, 2, 3, 4, 5, 6]
+    assert straight.steps == [0, 1, 2, 3, 4, 5, 6]  # step 0: the starting model's evaluation
 
     config = run_config(tmp_path, "crashed")
     with pytest.raises(KeyboardInterrupt):
@@ -301,7 +302,7 @@ def test_resume_after_a_crash_is_exact_and_a_finished_run_is_not_repeated(tokeni
     resumed_model, resumed = make_model(tokenizer, seed=99), Recorder()  # and the weights too
     resumed_final = train_sft(resumed_model, tokenizer, examples, config, evaluate=rng_probe, log=resumed)
     assert resumed.steps == [3, 4, 5, 6]
-    assert resumed.calls == straight.calls[2:]  # exact: losses, lrs, grad norms, eval RNG draws
+    assert resumed.calls == straight.calls[3:]  # exact: losses, lrs, grad norms, eval RNG draws
     assert resumed_final == straight_final
     assert_same_params(params_of(resumed_model), params_of(straight_model))
     assert_same_optimizer_state(optimizer_state(tmp_path / "crashed"), optimizer_state(tmp_path / "straight"))

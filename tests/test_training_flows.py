@@ -49,7 +49,9 @@ def test_sft_experiment_parent_children_plot_and_resume(prefect_harness, tiny_lm
     assert (tmp_path / "out/accuracy_vs_step.png").stat().st_size > 1000
     assert json.loads((tmp_path / "metrics.json").read_text()) == result["summary"]
     curves = (tmp_path / "out/curves.csv").read_text().splitlines()
-    assert curves[0] == "setting,step,val_accuracy" and len(curves) == 1 + 1 + 3 + 1  # evals at steps 2 | 2,4,6 | 2
+    assert curves[0] == "setting,step,val_accuracy" and len(curves) == 1 + 2 + 4 + 2  # evals at steps 0,2 | 0,2,4,6 | 0,2
+    # each row holds its starting model's evaluation (step 0) beside the final one
+    assert all(r["initial_accuracy"] is not None and r["initial_format_rate"] is not None for r in result["summary"])
 
     mlflow.set_tracking_uri(params.tracking_uri)
     children = children_of(result["mlflow_run_id"], "sft_experiment")
@@ -89,3 +91,27 @@ def test_expert_iteration_sweep_as_children(prefect_harness, tiny_lm_dir, tmp_pa
     assert {"kept_fraction", "rollout_mean_token_entropy", "val_accuracy", "final_val_accuracy"} <= set(child.data.metrics)
     history = mlflow.MlflowClient().get_metric_history(child.info.run_id, "val_accuracy")
     assert sorted(m.step for m in history) == [0, 1]
+
+
+def test_sft_on_generated_arithmetic_hands_its_best_model_to_the_next_stage(prefect_harness, tiny_lm_dir, tmp_path,
+                                                                             monkeypatch):
+    """The cpu profile's chain: SFT on arithmetic:N:D traces, validated with the arithmetic grader, saves its
+    best setting's model as output_dir/best_model; a stage starting from it is keyed by its files, so a
+    retrained model is not mistaken for the one an earlier run finished with."""
+    from flows.grpo import GRPOParams, run_key
+    from flows.sft_experiment import SFTExperimentParams, sft_experiment
+
+    monkeypatch.chdir(tmp_path)
+    params = SFTExperimentParams(
+        model=str(tiny_lm_dir), backend="hf", train_data="arithmetic:12:1", filtered_data=None, sizes=["full"],
+        validation_data="arithmetic:4:1", reward_fn="arithmetic", val_subset=4, val_limit=4, batch_size=4,
+        microbatch_size=4, max_steps=1, eval_every=1, max_tokens=12, save_models=True, output_dir="out",
+        metrics_path=None, tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+    )
+    result = sft_experiment(params)
+    assert [(r["setting"], r["n_examples"], r["steps"]) for r in result["summary"]] == [("full", 12, 1)]
+    best = tmp_path / "out/best_model"
+    assert best.is_symlink() and (best / "config.json").is_file() and (best / "model.safetensors").is_file()
+    key = run_key(GRPOParams(model=str(best)))
+    sft_experiment(params.model_copy(update={"learning_rate": 1e-3}))  # another SFT run: the link moves
+    assert run_key(GRPOParams(model=str(best))) != key
