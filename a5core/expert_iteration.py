@@ -121,8 +121,9 @@ def expert_iteration(
 
 
 def _load_weights(model: torch.nn.Module, path: Path) -> None:
-    """Load the whole weights saved at ``path`` into ``model``, sharded (each rank keeps its shards) or not."""
-    distributed.load_whole_state_dict(model, torch.load(path, map_location="cpu"))
+    """Load the whole weights saved at ``path`` into ``model``, sharded (each rank keeps its shards) or not.
+    Tensors only (``weights_only=True``, said explicitly): a tampered file cannot run code when unpickled."""
+    distributed.load_whole_state_dict(model, torch.load(path, map_location="cpu", weights_only=True))
 
 
 def _save_round(model: torch.nn.Module, root: Path, history: list[dict[str, float]]) -> None:

@@ -97,8 +97,10 @@ def logged(run_dir: Path, experiment: str = "grpo") -> dict:
     checkpoint = "checkpoint/latest/model.pt" if experiment == "grpo" else "checkpoint/model.pt"
     (weights,) = out.glob(f"runs-*/single/{checkpoint}")
     pushes = {p.name: json.loads(p.read_text()) for p in sorted(out.glob("pushes-*.json"))}
+    kept = {p.parent.name: [(t["prompt"], t["response"]) for t in map(json.loads, p.read_text().splitlines())]
+            for p in sorted(out.glob("runs-*/single/checkpoint/round-*/kept.jsonl"))}  # EI: each round's SFT set
     return {"metrics": metrics, "weights": torch.load(weights), "pushes": pushes, "params": runs[0].data.params,
-            "tags": runs[0].data.tags}
+            "tags": runs[0].data.tags, "kept": kept}
 
 
 @pytest.fixture(scope="module")
@@ -115,20 +117,49 @@ def runs(tmp_path_factory, tiny_lm_dir, prefect_harness):
             and "multiprocessing.resource_tracker" not in " ".join(p.cmdline())]  # spawn's helper, one per process
     run_on_two_ranks(root / "two", [("flows.grpo", flags(root / "two", tiny_lm_dir)),
                                     ("flows.expert_iteration", ei_flags(root / "two", tiny_lm_dir))], marker)
+    from transformers import AutoModelForCausalLM
+
+    initial = {k: v.clone() for k, v in AutoModelForCausalLM.from_pretrained(tiny_lm_dir).state_dict().items()}
     return {"one": logged(root / "one"), "remote": logged(root / "remote"), "two": logged(root / "two"),
             "one_ei": logged(root / "one", "expert_iteration"), "two_ei": logged(root / "two", "expert_iteration"),
-            "left_by_remote": left, "marker": marker}
+            "initial": initial, "left_by_remote": left, "marker": marker}
 
 
-def assert_same_run(want: dict, got: dict, rel: float, atol: float) -> None:
+def assert_same_metrics(want: dict, got: dict, rel: float) -> None:
     assert got["metrics"].keys() == want["metrics"].keys()
     for key, points in want["metrics"].items():
         assert [s for s, _ in got["metrics"][key]] == [s for s, _ in points], key  # each step logged once
         for (_, a), (_, b) in zip(points, got["metrics"][key]):
             assert b == pytest.approx(a, rel=rel, abs=1e-6), key
+
+
+def assert_same_run(want: dict, got: dict, rel: float, atol: float) -> None:
+    assert_same_metrics(want, got, rel)
     assert want["weights"].keys() == got["weights"].keys()
     for name, tensor in want["weights"].items():
         torch.testing.assert_close(got["weights"][name], tensor, rtol=0, atol=atol, msg=name)
+
+
+def assert_same_updates(want: dict, got: dict, initial: dict, rel: float = 0.05) -> None:
+    """Per tensor, the two runs' weights differ by at most ``rel`` of how far training moved the tensor:
+    ‖got − want‖ ≤ rel · ‖want − initial‖ (Frobenius norms).
+
+    Why not entry by entry: AdamW divides each gradient entry by its own magnitude, so an entry whose
+    gradient is of the order of Adam's eps (1e-8) turns a rounding difference between two float paths
+    (two ranks add their gradients in another order; even one sequence's gradient, one per rank, is not
+    bitwise the one-process gradient under FSDP2: measured) into a
+    step difference of up to a fraction of the learning rate. Measured (EI at lr 0.01, the same kept
+    sets; native, AVX2 and no-SIMD kernels): 4 to 9 entries of 205,376 differ by 1e-5 to 1.6e-4, the worst
+    in model.layers.1.self_attn.o_proj.weight (an entry whose second step was 0.31 of the learning rate:
+    its gradient was 0.45·eps), the rest by less than 1e-5; an absolute 2e-4 failed there on another
+    CPU. Per tensor that is at most 5e-4 of the update (0.03 even with the two sides on deliberately
+    different CPU kernels); a tensor left untrained differs by 100% of its update, one that missed a
+    round or was trained on other data by a large part of it."""
+    assert want["weights"].keys() == got["weights"].keys()
+    for name, tensor in want["weights"].items():
+        moved = torch.linalg.vector_norm(tensor - initial[name]).item()
+        departed = torch.linalg.vector_norm(got["weights"][name] - tensor).item()
+        assert departed <= rel * moved + 1e-6, f"{name}: the runs differ by {departed:.3g}, training moved it by {moved:.3g}"
 
 
 def test_the_one_process_run_trains_and_logs(runs):
@@ -145,10 +176,17 @@ def test_two_ranks_log_one_run_like_one_process(runs):
 
 
 def test_expert_iteration_on_two_ranks_keeps_trains_and_saves_like_one_process(runs):
+    """The same rollouts kept in each round (the sampled tokens, graded), then the same training on them: the
+    same logged metrics, and model.pt (whole weights, written by rank 0) updated alike (see
+    assert_same_updates for why not to an absolute tolerance)."""
     one, two = runs["one_ei"], runs["two_ei"]
     assert [s for s, _ in one["metrics"]["kept_fraction"]] == [0, 1]
     assert 0 < one["metrics"]["kept_fraction"][0][1] < 1 and one["metrics"]["sft/loss"]  # kept some, trained
-    assert_same_run(one, two, rel=1e-4, atol=2e-4)  # model.pt: whole weights, written by rank 0
+    assert sorted(one["kept"]) == ["round-0", "round-1"] and one["kept"]["round-0"]
+    for name, kept in one["kept"].items():
+        assert two["kept"][name] == kept, f"{name}: two ranks kept other rollouts (a sampled token differs)"
+    assert_same_metrics(one, two, rel=1e-4)
+    assert_same_updates(one, two, runs["initial"])
     assert two["pushes"] == {"pushes-0.json": 5, "pushes-1.json": 5}  # 2 rounds + 2 validations + the final one
 
 
