@@ -8,12 +8,14 @@ Each of ``n_ei_steps`` rounds:
 3. grade them and keep the correct ones — the round's SFT set (saved, so a resumed round trains on
    exactly the same data);
 4. run the SFT loop on the kept traces for ``sft.epochs`` epochs (its own checkpoints);
-5. call ``evaluate(model, round)`` and log the round: kept fraction, rollout reward and format rate,
+5. call ``evaluate(model, round + 1)`` and log the round: kept fraction, rollout reward and format rate,
    mean response entropy and lengths, plus whatever evaluate returned.
 
 Resuming: the round's kept set and the SFT checkpoint inside it make a killed run restart exactly where
 it stopped; a finished round is recorded in ``state.json`` and not run again. Metrics leave through the
-``log(metrics, step)`` callback; the step is the round index.
+``log(metrics, step)`` callback; step k is "after k rounds": round r (from 0) logs at step r + 1 (its inner
+SFT steps too, as ``sft/*``), and a run that starts fresh first evaluates the starting policy, logged at
+step 0 (the "before" of the run, as the SFT and GRPO loops do).
 
 Several ranks (torchrun; the caller has called :func:`a5core.distributed.init_from_env` before loading
 the model, and gives each rank its own engine): each rank pushes the whole weights
@@ -89,6 +91,10 @@ def expert_iteration(
     history: list[dict[str, float]] = state["rounds"]
     if history:
         logger.info("EI: resuming from %s after round %d of %d", root, len(history), config.n_ei_steps)
+    if not history and evaluate is not None:
+        start = evaluate(model, 0)  # the starting policy: step 0 of the curves
+        if rank == 0:
+            log(start, 0)
     rounds_bar = progress.bar(desc="EI", total=config.n_ei_steps, initial=len(history), unit="round", leave=True)
     for step in range(len(history), config.n_ei_steps):
         round_dir = root / f"round-{step}" if root else None
@@ -105,13 +111,13 @@ def expert_iteration(
             sft_config = replace(config.sft, seed=config.seed + step,
                                  checkpoint_dir=str(round_dir / "sft") if round_dir else None)
             final = train_sft(model, tokenizer, kept, sft_config,
-                              log=lambda m, s, step=step: log({f"sft/{k}": v for k, v in m.items()}, step))
+                              log=lambda m, s, step=step: log({f"sft/{k}": v for k, v in m.items()}, step + 1))
             metrics["sft_loss"] = final.get("loss", float("nan"))
         if evaluate is not None:
-            metrics.update(evaluate(model, step))
+            metrics.update(evaluate(model, step + 1))
         history.append(metrics)
         if rank == 0:
-            log(metrics, step)
+            log(metrics, step + 1)
             progress.log_step(logger, "EI round", step + 1, config.n_ei_steps, metrics, STATUS_KEYS)
         rounds_bar.update(1)
         if root is not None:

@@ -44,6 +44,6 @@ ei = EIConfig(n_ei_steps=int(os.environ.get("EI_STEPS", 2)), questions_per_step=
               sampling=SamplingSettings(temperature=1.0, min_tokens=4, max_tokens=512, stop=("</answer>",)),
               sft=SFTConfig(learning_rate=2e-5, batch_size=16, microbatch_size=16, epochs=1, lr_schedule="constant", max_seq_len=1024))
 expert_iteration(policy, tok, engine, train, template, r1_zero_reward_fn, ei,
-                 evaluate=lambda m, s: ev(f"after_ei_round_{s}") or {},
-                 log=lambda m, s: note(stage=f"ei_round_{s}", **{k: v for k, v in m.items() if not k.startswith("sft/")}) if "kept" in m else None)
+                 evaluate=lambda m, s: ev(f"after_{s}_ei_rounds") or {},
+                 log=lambda m, s: note(stage=f"ei_round_{s - 1}", **{k: v for k, v in m.items() if not k.startswith("sft/")}) if "kept" in m else None)
 note(stage="done")

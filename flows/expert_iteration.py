@@ -108,6 +108,7 @@ def ei_config(params: EIParams, checkpoint_dir: str | None = None) -> EIConfig:
 @task(cache_policy=NO_CACHE)
 def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | None) -> dict:
     """One EI run in its own resumable MLflow run; returns its summary row."""
+    import mlflow
     import torch
 
     run_dir = Path(params.output_dir) / f"runs-{params_key(params)}" / name
@@ -129,12 +130,22 @@ def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | Non
         history = expert_iteration(model, tokenizer, engine, train, template, reward_fn, config, evaluate=hook, log=log)
         full = validation_hook(engine, tokenizer, validation, template, reward_fn, eval_sampling, params.val_limit)(model, params.n_ei_steps)
         log({f"final_{k}": v for k, v in full.items()}, params.n_ei_steps)
-        row = {"setting": name, "final_accuracy": full["val_accuracy"], "final_format_rate": full["val_format_rate"],
-               "curve": [{"step": i, "val_accuracy": h["val_accuracy"], "kept_fraction": h["kept_fraction"]} for i, h in enumerate(history)],
+        start = {}  # the starting policy's evaluation, step 0 (logged by the loop when the run began)
+        if tracking_rank():
+            client = mlflow.MlflowClient()
+            start = {key: m.value for key in ("val_accuracy", "val_format_rate")
+                     for m in client.get_metric_history(run.info.run_id, key) if m.step == 0}
+        row = {"setting": name, "initial_accuracy": start.get("val_accuracy"), "initial_format_rate": start.get("val_format_rate"),
+               "final_accuracy": full["val_accuracy"], "final_format_rate": full["val_format_rate"],
+               "curve": [{"step": round_ + 1, "val_accuracy": h["val_accuracy"], "kept_fraction": h["kept_fraction"]}
+                         for round_, h in enumerate(history)],
                "mlflow_run_id": run.info.run_id}
     if tracking_rank():
         write_text_atomic(run_dir / "done.json", json.dumps(row))
     return row
+
+
+SUMMARY_KEYS = ("setting", "initial_accuracy", "initial_format_rate", "final_accuracy", "final_format_rate")
 
 
 def grid(params: EIParams) -> dict[str, EIParams]:
@@ -154,7 +165,7 @@ def expert_iteration_flow(params: EIParams = EIParams()) -> dict:
     with closing_engine(engine):
         if not params.sweep:
             row = tracked(run_ei)("single", params, engine, None)
-            summary = [{k: row[k] for k in ("setting", "final_accuracy", "final_format_rate")}]
+            summary = [{k: row.get(k) for k in SUMMARY_KEYS}]
             paths: dict[str, str] = {}
             run_id = row["mlflow_run_id"]
         else:
@@ -164,7 +175,7 @@ def expert_iteration_flow(params: EIParams = EIParams()) -> dict:
                     log_params_flat(params.model_dump())
                 rows = [tracked(run_ei)(name, setting, engine, parent.info.run_id) for name, setting in grid(params).items()]
                 curves = [{"setting": r["setting"], **point} for r in rows for point in r["curve"]]
-                summary = [{k: r[k] for k in ("setting", "final_accuracy", "final_format_rate")} for r in rows]
+                summary = [{k: r.get(k) for k in SUMMARY_KEYS} for r in rows]
                 if tracking_rank():
                     paths = log_comparison(out, curves, summary, "setting", "Expert Iteration: validation accuracy by round")
                 run_id = parent.info.run_id

@@ -102,7 +102,7 @@ def test_a_finished_run_is_not_repeated_and_a_resumed_one_continues(tokenizer, t
     second = expert_iteration(fresh, tokenizer, HFEngine(fresh, tokenizer), TRAIN, TEMPLATE, r1_zero_reward_fn,
                               ei_config(tmp_path, 2), log=lambda m, s: calls.append(s))
     assert second[0] == first[0] and len(second) == 2
-    assert set(calls) == {1}  # only round 1 ran
+    assert set(calls) == {2}  # only round 1 ran (logged at step 2: after two rounds)
     rerun = expert_iteration(fresh, tokenizer, HFEngine(fresh, tokenizer), TRAIN, TEMPLATE, r1_zero_reward_fn, ei_config(tmp_path, 2))
     assert rerun == second
     assert any(not torch.equal(weights[k], v) for k, v in fresh.state_dict().items())  # round 1 trained

@@ -148,7 +148,7 @@ def test_expert_iteration_resumes_after_kill_9(warm_policy_dir, flow_env, tmp_pa
         assert json.loads((run_dir / "checkpoint/round-1/sft/latest/state.json").read_text())["finished"]
         assert not (run_dir / "done.json").exists()
 
-    kill_mid_run("flows.expert_iteration", flags, "kept_fraction", 1, tmp_path, flow_env, mid_run)
+    kill_mid_run("flows.expert_iteration", flags, "kept_fraction", 2, tmp_path, flow_env, mid_run)  # round 1: step 2
     (run_dir,) = (tmp_path / "out").glob("runs-*/single")
     checkpoint = run_dir / "checkpoint"
     before = snapshot(run_dir / "mlflow_run_id", checkpoint / "round-0/kept.jsonl", checkpoint / "round-0/rollouts.json",
@@ -157,7 +157,7 @@ def test_expert_iteration_resumes_after_kill_9(warm_policy_dir, flow_env, tmp_pa
     round_0 = json.loads((checkpoint / "state.json").read_text())["rounds"][0]
     run_id = (run_dir / "mlflow_run_id").read_text().strip()
     client = MlflowClient(tracking_uri)
-    assert steps(client, run_id, "kept_fraction") == [0, 1]  # the kill point: round 1 logged, not in state.json
+    assert steps(client, run_id, "kept_fraction") == [1, 2]  # the kill point: round 1 logged, not in state.json
 
     stdout = run_to_completion("flows.expert_iteration", flags, tmp_path, flow_env)
 
@@ -166,23 +166,26 @@ def test_expert_iteration_resumes_after_kill_9(warm_policy_dir, flow_env, tmp_pa
     rounds = json.loads((checkpoint / "state.json").read_text())["rounds"]
     assert len(rounds) == n_rounds and rounds[0] == round_0
     done = json.loads((run_dir / "done.json").read_text())
-    assert done["mlflow_run_id"] == run_id and [p["step"] for p in done["curve"]] == list(range(n_rounds))
+    assert done["mlflow_run_id"] == run_id and [p["step"] for p in done["curve"]] == list(range(1, n_rounds + 1))
     assert json.loads((tmp_path / "metrics.json").read_text()) == [
-        {"setting": "single", "final_accuracy": done["final_accuracy"], "final_format_rate": done["final_format_rate"]}]
+        {k: done[k] for k in ("setting", "initial_accuracy", "initial_format_rate", "final_accuracy", "final_format_rate")}]
+    assert done["initial_accuracy"] is not None  # the starting policy, evaluated before round 0 (step 0)
 
     runs = client.search_runs([client.get_experiment_by_name("expert_iteration").experiment_id])
     assert [r.info.run_id for r in runs] == [run_id]  # no second run
     assert runs[0].info.status == "FINISHED"
-    for key in ("kept_fraction", "val_accuracy", "rollout_mean_token_entropy", "val_mean_token_entropy"):
-        assert steps(client, run_id, key) == list(range(n_rounds)), key  # round 1 logged once, not twice
+    for key in ("kept_fraction", "rollout_mean_token_entropy"):  # step k: after k rounds
+        assert steps(client, run_id, key) == list(range(1, n_rounds + 1)), key  # round 1 logged once, not twice
+    for key in ("val_accuracy", "val_mean_token_entropy"):  # and the starting policy at step 0
+        assert steps(client, run_id, key) == list(range(n_rounds + 1)), key
     assert steps(client, run_id, "final_val_accuracy") == [n_rounds]
     # SFT metrics are logged at the round's step, one entry per SFT step of that round's fine-tuning.
     sft_steps = [math.ceil(r["kept"] / batch_size) * epochs for r in rounds]
-    assert steps(client, run_id, "sft/loss") == [r for r, n in enumerate(sft_steps) for _ in range(n)]
+    assert steps(client, run_id, "sft/loss") == [r + 1 for r, n in enumerate(sft_steps) for _ in range(n)]
     tables = sorted(a.path for a in client.list_artifacts(run_id, "generations"))
-    assert tables == [f"generations/subset{val_subset}_step_{r:06d}.json" for r in range(n_rounds)] + [
+    assert tables == [f"generations/subset{val_subset}_step_{r:06d}.json" for r in range(n_rounds + 1)] + [
         f"generations/subset{val_limit}_step_{n_rounds:06d}.json"]  # the final evaluation's
-    assert [table_rows(client, run_id, t, tmp_path) for t in tables] == [val_subset] * n_rounds + [val_limit]
+    assert [table_rows(client, run_id, t, tmp_path) for t in tables] == [val_subset] * (n_rounds + 1) + [val_limit]
 
 
 def test_sft_experiment_resumes_after_kill_9(tiny_lm_dir, flow_env, tmp_path):

@@ -180,14 +180,14 @@ def test_expert_iteration_on_two_ranks_keeps_trains_and_saves_like_one_process(r
     same logged metrics, and model.pt (whole weights, written by rank 0) updated alike (see
     assert_same_updates for why not to an absolute tolerance)."""
     one, two = runs["one_ei"], runs["two_ei"]
-    assert [s for s, _ in one["metrics"]["kept_fraction"]] == [0, 1]
+    assert [s for s, _ in one["metrics"]["kept_fraction"]] == [1, 2]  # step k: after k rounds
     assert 0 < one["metrics"]["kept_fraction"][0][1] < 1 and one["metrics"]["sft/loss"]  # kept some, trained
     assert sorted(one["kept"]) == ["round-0", "round-1"] and one["kept"]["round-0"]
     for name, kept in one["kept"].items():
         assert two["kept"][name] == kept, f"{name}: two ranks kept other rollouts (a sampled token differs)"
     assert_same_metrics(one, two, rel=1e-4)
     assert_same_updates(one, two, runs["initial"])
-    assert two["pushes"] == {"pushes-0.json": 5, "pushes-1.json": 5}  # 2 rounds + 2 validations + the final one
+    assert two["pushes"] == {"pushes-0.json": 6, "pushes-1.json": 6}  # 2 rounds + 3 validations (the start too) + the final one
 
 
 def test_two_ranks_leave_no_process_behind(runs):

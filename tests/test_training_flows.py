@@ -90,7 +90,8 @@ def test_expert_iteration_sweep_as_children(prefect_harness, tiny_lm_dir, tmp_pa
     child = mlflow.MlflowClient().get_run(children["run_id"].iloc[0])
     assert {"kept_fraction", "rollout_mean_token_entropy", "val_accuracy", "final_val_accuracy"} <= set(child.data.metrics)
     history = mlflow.MlflowClient().get_metric_history(child.info.run_id, "val_accuracy")
-    assert sorted(m.step for m in history) == [0, 1]
+    assert sorted(m.step for m in history) == [0, 1, 2]  # the starting policy, then after each of 2 rounds
+    assert all(r["initial_accuracy"] is not None for r in result["summary"])
 
 
 def test_sft_on_generated_arithmetic_hands_its_best_model_to_the_next_stage(prefect_harness, tiny_lm_dir, tmp_path,
