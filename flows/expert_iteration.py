@@ -42,6 +42,7 @@ from tasks.tracking import DEFAULT_TRACKING_URI, log_params_flat
 from tasks.training import (
     TRAINING_REWARD_FNS,
     load_problem_set,
+    model_path,
     log_comparison,
     mlflow_logger,
     params_key,
@@ -124,6 +125,7 @@ def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | Non
         if tracking_rank():
             log_params_flat({**params.model_dump(exclude={"sweep_rollouts_per_question", "sweep_epochs",
                                                           "sweep_questions_per_step"}), "setting": name})
+            mlflow.set_tag("model_path", model_path(params.model))
         model, tokenizer = load_policy(params.model, dtype=getattr(torch, params.policy_dtype), device=device)
         hook = validation_hook(engine, tokenizer, validation, template, reward_fn, eval_sampling, params.val_subset)
         log = mlflow_logger()

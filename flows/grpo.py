@@ -66,6 +66,7 @@ from tasks.training import (
     load_problem_set,
     log_comparison,
     mlflow_logger,
+    model_path,
     params_key,
     start_resumable_run,
     tracked,
@@ -308,6 +309,7 @@ def _log_params(values: dict[str, Any]) -> None:
         engine_device = values.pop("engine_device", None)
         log_params_flat(values)
         mlflow.set_tag("engine_device", str(engine_device))
+        mlflow.set_tag("model_path", model_path(values.get("model")))
 
 
 def engine_for(params: GRPOParams) -> Engine:

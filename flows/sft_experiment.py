@@ -177,6 +177,8 @@ def link_best_model(model: Path, link: Path) -> None:
 @flow(name="sft_experiment")
 def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
     """Run every setting as a child of one parent run; returns the summary rows and output paths."""
+    import mlflow
+
     out = Path(params.output_dir)
     template = load_prompt(params.prompt)
     settings = subsets(load_trace_set(params.train_data, template, params.seed), params.sizes, params.seed)
@@ -196,9 +198,10 @@ def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
         curves = [{"setting": r["setting"], **point} for r in rows for point in r["curve"]]
         summary = [{k: r.get(k) for k in ("setting", "n_examples", "steps", "initial_accuracy", "initial_format_rate",
                                           "final_accuracy", "final_format_rate")} for r in rows]
-        if params.save_models:
-            best = max(rows, key=lambda r: r["final_accuracy"])
+        if params.save_models:  # the best by accuracy, a tie broken by format rate; named in the parent run
+            best = max(rows, key=lambda r: (r["final_accuracy"], r["final_format_rate"]))
             link_best_model(out / f"runs-{params_key(params)}" / best["setting"] / "model", out / "best_model")
+            mlflow.set_tag("best_setting", best["setting"])
         paths = log_comparison(out, curves, summary, "setting", "SFT: validation accuracy by training-set size")
         mlflow_logger()({f"final_accuracy_{r['setting']}": r["final_accuracy"] for r in rows}, 0)
         if params.metrics_path:

@@ -101,6 +101,13 @@ def params_key(params: Any, ignore: tuple[str, ...] = RUN_KEY_IGNORED) -> str:
     return hashlib.sha256(dump.encode()).hexdigest()[:10]
 
 
+def model_path(model: str | None) -> str:
+    """A starting model as a run records it (tag ``model_path``): a local folder by its real path (a link
+    such as the SFT stage's ``best_model`` resolved to the setting it points at), a hub id as it is."""
+    path = Path(str(model)).expanduser()
+    return str(path.resolve()) if path.is_dir() else str(model)
+
+
 def mlflow_logger(prefix: str = "") -> Callable[[dict[str, float], int], None]:
     """A ``log(metrics, step)`` callback for the a5core loops that writes to the active MLflow run.
 

@@ -38,6 +38,7 @@ def test_single_run_logs_every_step_and_the_validation_curves(prefect_harness, t
     assert client.get_metric_history(run.info.run_id, "val_accuracy_by_wall_seconds")
     assert run.data.metrics["final_val_n_problems"] == 4
     assert run.data.params["loss_type"] == "reinforce_with_baseline"
+    assert run.data.tags["model_path"] == str(tiny_lm_dir.resolve())  # the real folder the run started from
     assert [a.path for a in client.list_artifacts(run.info.run_id, "generations")]
     out = tmp_path / "out"
     for name in ("accuracy_vs_step.png", "accuracy_vs_wall_clock.png", "token_entropy_vs_step.png", "curves.csv"):

@@ -113,6 +113,9 @@ def test_sft_on_generated_arithmetic_hands_its_best_model_to_the_next_stage(pref
     assert [(r["setting"], r["n_examples"], r["steps"]) for r in result["summary"]] == [("full", 12, 1)]
     best = tmp_path / "out/best_model"
     assert best.is_symlink() and (best / "config.json").is_file() and (best / "model.safetensors").is_file()
+    import mlflow
+
+    assert mlflow.MlflowClient(params.tracking_uri).get_run(result["mlflow_run_id"]).data.tags["best_setting"] == "full"
     key = run_key(GRPOParams(model=str(best)))
     sft_experiment(params.model_copy(update={"learning_rate": 1e-3}))  # another SFT run: the link moves
     assert run_key(GRPOParams(model=str(best))) != key
