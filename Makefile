@@ -33,7 +33,8 @@ pipeline: setup
 	dvc exp run -S profile=$(PROFILE)
 	@echo; echo "report:   outputs/report/report.md and report.html (every stage on one page)"
 	@echo "results:  outputs/baseline_eval/ (records.jsonl, summary.json, report.md), metrics/baseline_eval.json"
-	@echo "MLflow:   mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1   (experiment baseline_eval)"
+	@echo "MLflow:   mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1, then open"
+	@$(PY) -c "from tasks.tracking import ui_address; print('         ', ui_address('baseline_eval'))"
 
 bench-grading: setup
 	cd benchmarks && ../$(PY) grading.py

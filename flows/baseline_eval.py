@@ -22,7 +22,7 @@ from a5core.prompts import load_prompt
 from a5core.rollout import DTYPES, SamplingSettings
 from flows.cli import check_outputs, cli_main, run_flow
 from tasks.evaluation import generate, grade, load_problems, log_evaluation_run, model_fingerprint, write_outputs
-from tasks.tracking import DEFAULT_TRACKING_URI
+from tasks.tracking import DEFAULT_TRACKING_URI, UI_COMMAND, ui_address
 
 
 class BaselineEvalParams(BaseModel):
@@ -88,8 +88,9 @@ def main(argv: list[str] | None = None) -> None:
           f"{summary['count_format0_answer0']}")
     for name, path in result["paths"].items():
         print(f"{name:8} {path}")
-    print(f"mlflow   run {result['mlflow_run_id']} in {result['tracking_uri']} "
-          f"(mlflow ui --backend-store-uri {result['tracking_uri']} --host 127.0.0.1)")
+    print(f"mlflow   run {result['mlflow_run_id']} in {result['tracking_uri']}: "
+          f"{UI_COMMAND.format(tracking_uri=result['tracking_uri'])}, then open "
+          f"{ui_address(params.experiment, params.tracking_uri)}")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """MLflow conventions: one store (``sqlite:///mlflow.db``) with artifacts under ``mlruns/``.
 
 MLflow 3.17 refuses a plain ``./mlruns`` file store, so runs live in SQLite and artifacts in files.
-Experiments are created as model-training experiments (tag ``mlflow.experimentKind``), so the MLflow
-UI opens them on their runs rather than on its GenAI traces view. A new store is created, and an
+Experiments are created as model-training experiments (tag ``mlflow.experimentKind``). MLflow 3.17's
+UI ignores that tag, though: it opens an experiment in the view its "GenAI | Model training" switch last
+chose in the browser (GenAI at first) unless the address says ``workflowType=machine_learning``, so the
+addresses the flows print (:func:`ui_address`) say so, and land on the runs. A new store is created, and an
 experiment looked up or created, under a file lock: runs started together on a new ``mlflow.db`` each
 race to create its tables (and the same experiment) otherwise, and all but one failed.
 """
@@ -23,8 +25,11 @@ import mlflow  # noqa: E402
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 DEFAULT_ARTIFACT_ROOT = "mlruns"
-# What the MLflow UI reads to open an experiment on its runs (its "Model training" view), not on traces.
+# What an experiment says it is: a model-training experiment (MLflow's kinds), not a GenAI application's.
 EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT = "mlflow.experimentKind", "custom_model_development"
+# The MLflow UI as a user starts it, and the address it serves (port 5000).
+UI_COMMAND = "mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1"
+UI_ROOT = "http://127.0.0.1:5000"
 
 
 # What SQLite says when a store cannot take writes, and what it means for the user.
@@ -53,6 +58,18 @@ def store_problem(error: BaseException) -> str | None:
                 return (f"MLflow store {mlflow.get_tracking_uri()}: {meaning} (SQLite: {needle}); what was logged "
                         "before is intact: fix the store, or pass another --tracking-uri, and run again")
     return None
+
+
+def ui_address(experiment: str, tracking_uri: str = DEFAULT_TRACKING_URI, run_id: str | None = None,
+               root: str = UI_ROOT) -> str:
+    """The MLflow UI's page of ``experiment`` (its runs) or of one of its runs, in the model-training view
+    (``workflowType=machine_learning``; without it MLflow 3.17 opens its GenAI view). The experiment list
+    if the store has no such experiment."""
+    found = mlflow.MlflowClient(tracking_uri).get_experiment_by_name(experiment)
+    page = f"{root}/#/experiments" + (f"/{found.experiment_id}" if found else "")
+    if found and run_id:
+        page += f"/runs/{run_id}"
+    return page + "?workflowType=machine_learning"
 
 
 def system_metrics_logging() -> bool | None:

@@ -81,13 +81,16 @@ def wait_for_text(driver, text: str, shot: Path) -> None:
 def test_a_flow_run_shows_in_the_mlflow_and_prefect_uis(uis, browser, tiny_lm_dir, shared_data):
     import mlflow
 
+    from tasks.tracking import ui_address
+
     tmp, api = uis["tmp"], f"{uis['prefect']}/api"
     assert [listening_addresses(port) for port in uis["ports"]] == [{"127.0.0.1"}] * 2
     # the command line a user runs with PREFECT_API_URL pointing at the server; artifacts under tmp/mlruns
-    subprocess.run([sys.executable, "-m", "flows.baseline_eval", "--model", str(tiny_lm_dir), "--backend", "hf",
+    printed = subprocess.run([sys.executable, "-m", "flows.baseline_eval", "--model", str(tiny_lm_dir), "--backend", "hf",
                     "--data", str(shared_data / "math/validation.jsonl"), "--limit", "2", "--max-tokens", "8",
                     "--output-dir", str(tmp / "out"), "--metrics-path", "null", "--tracking-uri", uis["tracking_uri"]],
                    cwd=tmp, env=quiet_env(tmp, PREFECT_API_URL=api), check=True, timeout=300, capture_output=True)
+    assert ui_address("baseline_eval", uis["tracking_uri"]) in printed.stdout.decode()  # where to look, printed
     flow_runs = httpx.post(f"{api}/flow_runs/filter", json={}, timeout=10).json()
     assert [(r["state_type"], r["parameters"]["params"]["limit"]) for r in flow_runs] == [("COMPLETED", 2)]
     flow_run = flow_runs[0]
@@ -97,11 +100,11 @@ def test_a_flow_run_shows_in_the_mlflow_and_prefect_uis(uis, browser, tiny_lm_di
     shots = tmp / "screenshots"
     shots.mkdir()
     try:
-        # The experiment's own address, as the experiment list links it: the landing view lists the run
-        # (a training experiment opens on its runs, not on MLflow's GenAI traces view).
-        browser.get(f"{uis['mlflow']}/#/experiments/{run.info.experiment_id}")
+        # The address the flow printed: the experiment's landing view lists the run (MLflow 3.17 would open
+        # its GenAI view without the address's workflowType).
+        browser.get(ui_address("baseline_eval", uis["tracking_uri"], root=uis["mlflow"]))
         wait_for_text(browser, run.info.run_name, shots / "mlflow_experiment.png")
-        assert "workflowType=machine_learning" in browser.current_url
+        assert "/runs?" in browser.current_url
         browser.get(f"{uis['mlflow']}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}")
         wait_for_text(browser, "accuracy", shots / "mlflow_run.png")
         browser.get(f"{uis['prefect']}/runs")
