@@ -386,7 +386,8 @@ def test_data_and_prompt_files_that_are_not_utf8_are_named(flow, inputs, tmp_pat
 
 @pytest.mark.parametrize("flow", ["baseline_eval", "grpo", "expert_iteration", "sft_experiment"])
 def test_max_tokens_beyond_the_context_is_refused_before_an_engine_starts(flow, inputs, tmp_path, monkeypatch):
-    monkeypatch.setattr("a5core.rollout.make_engine", lambda *a, **k: pytest.fail("an engine started"))
+    for where in ("tasks.engines", "tasks.evaluation"):  # where the flows' engine starts look it up
+        monkeypatch.setattr(f"{where}.make_engine", lambda *a, **k: pytest.fail("an engine started"))
     message = user_error(flow, flags(flow, inputs, tmp_path, max_tokens=100_000_000))
     assert f"max_tokens 100000000 does not fit the context of {inputs['model']}: 2048 tokens" in message
 
@@ -402,7 +403,8 @@ def test_a_problem_too_long_for_the_context_is_named(flow, inputs, tmp_path):
 
 @pytest.mark.parametrize("flow", list(MAINS))
 def test_outputs_that_cannot_be_written_are_found_before_an_engine_starts(flow, inputs, tmp_path, monkeypatch):
-    monkeypatch.setattr("a5core.rollout.make_engine", lambda *a, **k: pytest.fail("an engine started"))
+    for where in ("tasks.engines", "tasks.evaluation"):  # where the flows' engine starts look it up
+        monkeypatch.setattr(f"{where}.make_engine", lambda *a, **k: pytest.fail("an engine started"))
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
     message = user_error(flow, flags(flow, inputs, tmp_path, output_dir=str(blocker / "out")))
