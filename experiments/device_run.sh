@@ -12,6 +12,18 @@
 #       python -m flows.grpo --config params.yaml --profile gpu-small --ablation grpo_length_norm_ablation
 #     and pack the records (mlflow.db, mlruns/, outputs/ without checkpoints and model folders, metrics/,
 #     logs) into $OUT/records_callN.tar.gz.
+#   experiments/device_run.sh setup-a-split   # call 1 of a later session: setup-a without the data, so that the
+#                                       #   call carries only .devA/site.tar.xz and .devA/gguf.xz.part1 (the tree's
+#                                       #   records plus all of .devA came too close to the 64 MiB a call carries);
+#                                       #   the data then travels with the `cmds` call (carry .devB and .devA/data.tar.xz)
+#   CMDS='NAME [@MIN_S] MODULE ARGS...; ...' experiments/device_run.sh cmds
+#                                       # call 2, ...: like `run`, but the flows are the list in CMDS (entries
+#                                       #   separated by `;`, words split on blanks, no quoting: write --sizes [1024]),
+#                                       #   run in order, each only once, until one fails or BUDGET seconds are
+#                                       #   spent; @MIN_S: start that entry only with at least MIN_S seconds left
+#                                       #   (default 90). Unpacks .devA/data.tar.xz first when carried. E.g.
+#       CMDS='sft1024 flows.sft_experiment --config params.yaml --profile gpu-small --sizes [1024] --filtered-data null;
+#             grpo_std_norm_ablation flows.grpo --config params.yaml --profile gpu-small --ablation grpo_std_norm_ablation'
 #
 # Built for the device's bare image (python3 3.12, torch, transformers; no prefect or mlflow, no network).
 # What .devA/.devB hold and how they were made (on the CPU machine): docs/results.md, "How it ran".
@@ -31,14 +43,15 @@ place_data() {  # data/sft/*.jsonl (made on the CPU by flows.sft_data) and ../sh
   cp /tmp/devdata/data/sft/*.jsonl data/sft/ && cp /tmp/devdata/shared/data/math/validation.jsonl ../shared/data/math/
 }
 
-setup_a() {
+setup_a() {  # setup_a [split]: split leaves the data to the `cmds` call
   local t0=$SECONDS
-  mkdir -p /tmp/site /tmp/devdata && tar -C /tmp/site -xJf .devA/site.tar.xz && tar -C /tmp/devdata -xJf .devA/data.tar.xz \
+  mkdir -p /tmp/site /tmp/devdata && tar -C /tmp/site -xJf .devA/site.tar.xz \
+    && { [ "${1:-}" = split ] || tar -C /tmp/devdata -xJf .devA/data.tar.xz; } \
     && cp .devA/gguf.xz.part1 /tmp/gguf.xz.part1 || { echo "setup-a: unpacking failed"; return 1; }
   # mlflow 3.17.2 calls importlib.util.find_spec("databricks.agents") at import time, which raises without a
   # `databricks` package (databricks-sdk, not carried): an empty namespace folder makes it answer None.
   mkdir -p /tmp/site/databricks
-  place_data || return 1
+  [ "${1:-}" = split ] || place_data || return 1
   echo "unpacked in $((SECONDS - t0)) s"
   nvidia-smi -L; $PY -V
   $PY - <<'PY'
@@ -85,7 +98,7 @@ step() {  # step NAME MODULE ARGS...: run a flow unless done, within the call's 
   local name=$1; shift
   [ -f "outputs/.devrun/$name.done" ] && { echo "== $name: done in an earlier call"; return 0; }
   local left=$((DEADLINE - SECONDS))
-  [ "$left" -lt 90 ] && { echo "== $name: not started, $left s left"; return 1; }
+  [ "$left" -lt "${STEP_MIN:-90}" ] && { echo "== $name: not started, $left s left"; return 1; }
   echo "== $name: python -m $* (limit $left s)"
   local t0=$SECONDS
   timeout -k 20 "$left" "$PY" -m "$@" 2>&1 | tee -a "$OUT/$name.log"
@@ -117,8 +130,32 @@ run() {
   pack
 }
 
+cmds() {
+  DEADLINE=$((SECONDS + ${BUDGET:-540}))
+  CALL=$(( $(cat outputs/.devrun/calls 2>/dev/null || echo 1) + 1 )); echo "$CALL" > outputs/.devrun/calls
+  if [ -f .devA/data.tar.xz ] && [ ! -d /tmp/devdata/data ]; then
+    mkdir -p /tmp/devdata && tar -C /tmp/devdata -xJf .devA/data.tar.xz || { echo "data: unpacking failed"; return 1; }
+  fi
+  join_gguf || return 1
+  place_data || return 1
+  local entry words min
+  local flat=${CMDS:?CMDS: the list of flows to run}
+  IFS=';' read -ra entries <<< "${flat//$'\n'/ }"
+  for entry in "${entries[@]}"; do
+    read -ra words <<< "$entry"
+    [ "${#words[@]}" -eq 0 ] && continue
+    min=90
+    [[ "${words[1]:-}" == @* ]] && { min=${words[1]#@}; words=("${words[0]}" "${words[@]:2}"); }
+    STEP_MIN=$min step "${words[@]}" || break
+  done
+  nvidia-smi --query-gpu=memory.used,memory.total --format=csv
+  pack
+}
+
 case "${1:-}" in
   setup-a) setup_a 2>&1 | tee "$OUT/setup_a.log" ;;
+  setup-a-split) setup_a split 2>&1 | tee "$OUT/setup_a.log" ;;
   run) run ;;
-  *) echo "usage: $0 setup-a|run"; exit 2 ;;
+  cmds) cmds ;;
+  *) echo "usage: $0 setup-a|setup-a-split|run|cmds"; exit 2 ;;
 esac
