@@ -232,7 +232,7 @@ def test_sft_experiment_resumes_after_kill_9(tiny_lm_dir, flow_env, tmp_path):
     assert json.loads((tmp_path / "out/summary.json").read_text()) == summary
     assert (tmp_path / "out/accuracy_vs_step.png").stat().st_size > 1000
     curves = (tmp_path / "out/curves.csv").read_text().splitlines()
-    assert [line.split(",")[:2] for line in curves[1:]] == [["4", "1"], ["4", "2"]] + [["8", str(s)] for s in range(1, 5)]
+    assert [line.split(",")[:2] for line in curves[1:]] == [["4", str(s)] for s in range(3)] + [["8", str(s)] for s in range(5)]
     assert json.loads((root / "8/done.json").read_text())["steps"] == 4
 
     experiment = client.get_experiment_by_name("sft_experiment").experiment_id
@@ -241,13 +241,15 @@ def test_sft_experiment_resumes_after_kill_9(tiny_lm_dir, flow_env, tmp_path):
     assert {runs[i].data.tags.get("mlflow.parentRunId") for i in (small_id, large_id)} == {parent_id}
     assert {r.info.status for r in runs.values()} == {"FINISHED"}
     for run_id, n_steps in ((small_id, 2), (large_id, 4)):
-        for key in ("loss", "lr", "grad_norm", "val_accuracy", "val_mean_token_entropy"):
+        for key in ("loss", "lr", "grad_norm"):
             assert steps(client, run_id, key) == list(range(1, n_steps + 1)), (run_id, key)
+        for key in ("val_accuracy", "val_mean_token_entropy"):  # and the base model at step 0
+            assert steps(client, run_id, key) == list(range(n_steps + 1)), (run_id, key)
         assert steps(client, run_id, "final_val_accuracy") == [n_steps]
         tables = sorted(a.path for a in client.list_artifacts(run_id, "generations"))
-        assert tables == [f"generations/subset{val_subset}_step_{s:06d}.json" for s in range(1, n_steps + 1)] + [
+        assert tables == [f"generations/subset{val_subset}_step_{s:06d}.json" for s in range(n_steps + 1)] + [
             f"generations/subset{val_limit}_step_{n_steps:06d}.json"]  # the final evaluation's, at the last step too
-        assert [table_rows(client, run_id, t, tmp_path) for t in tables] == [val_subset] * n_steps + [val_limit]
+        assert [table_rows(client, run_id, t, tmp_path) for t in tables] == [val_subset] * (n_steps + 1) + [val_limit]
     for setting in ("4", "8"):
         assert steps(client, parent_id, f"final_accuracy_{setting}") == [0]
 
@@ -320,7 +322,8 @@ def test_grpo_resumes_after_kill_9(tiny_lm_dir, flow_env, tmp_path):
     assert done["mlflow_run_id"] == run_id and [p["step"] for p in done["curve"]] == list(range(n_steps + 1))
     assert [p["step"] for p in done["trends"]] == list(range(1, n_steps + 1))
     assert json.loads((tmp_path / "metrics.json").read_text()) == [
-        {k: done[k] for k in ("setting", "final_accuracy", "final_format_rate", "wall_seconds")}]
+        {k: done[k] for k in ("setting", "initial_accuracy", "initial_format_rate", "final_accuracy", "final_format_rate",
+                              "wall_seconds")}]
     for name in ("summary.json", "curves.csv", "train_curves.csv", "accuracy_vs_step.png", "accuracy_vs_wall_clock.png"):
         assert (tmp_path / "out" / name).stat().st_size > 0, name
 
