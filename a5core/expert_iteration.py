@@ -30,44 +30,44 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import Field
 
 from a5core import distributed, progress
 from a5core.data import Problem, Trace, load_sft_traces, write_jsonl_atomic, write_text_atomic
 from a5core.evaluation import grade_completions, response_entropies
 from a5core.prompts import PromptTemplate
-from a5core.rollout import Engine, SamplingSettings
+from a5core.rollout import Engine
+from a5core.settings import OptimizerSettings, RolloutSamplingFields, SeedSettings, SFTBatchSettings, SpeedSettings, defaults
 from a5core.sft import SFTConfig, train_sft
 
 logger = logging.getLogger(__name__)
 STATUS_KEYS = ("kept_fraction", "rollout_format_rate", "sft_loss", "val_accuracy")  # the per-round status line's metrics
 
 
-@dataclass(frozen=True)
-class EIConfig:
-    """Expert Iteration settings; names follow the handout (D_b, G, E)."""
+@defaults(max_seq_len=1536)
+class EIConfig(OptimizerSettings, RolloutSamplingFields, SFTBatchSettings, SpeedSettings, SeedSettings):
+    """Expert Iteration settings; names follow the handout: D_b (``questions_per_step``), G
+    (``rollouts_per_question``), E (``epochs``, of each round's SFT). Each round fine-tunes with the
+    optimizer, batch and speed settings here (:meth:`round_sft`)."""
 
-    n_ei_steps: int = 5
-    questions_per_step: int = 512  # D_b
-    rollouts_per_question: int = 8  # G
-    sampling: SamplingSettings = field(
-        default_factory=lambda: SamplingSettings(temperature=1.0, min_tokens=4, max_tokens=1024, stop=("</answer>",))
-    )
-    sft: SFTConfig = field(default_factory=lambda: SFTConfig(epochs=1))  # E = sft.epochs
-    entropy_sample: int = 64  # responses whose mean token entropy is measured each round
-    seed: int = 0
-    checkpoint_dir: str | None = None
+    n_ei_steps: int = Field(5, ge=1, description="EI rounds")
+    questions_per_step: int = Field(512, ge=1, description="D_b: questions sampled per round")
+    rollouts_per_question: int = Field(8, ge=1, description="G: rollouts per question")
+    entropy_sample: int = Field(64, ge=0, description="rollouts whose mean token entropy is measured each round")
 
-    def __post_init__(self) -> None:
-        for name in ("n_ei_steps", "questions_per_step", "rollouts_per_question"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"EIConfig.{name} must be ≥ 1, got {getattr(self, name)}")
+    def round_sft(self, round_: int) -> SFTConfig:
+        """Round ``round_``'s SFT settings: this config's optimizer, batch and speed settings, E epochs at a
+        constant learning rate, seeded per round, one checkpoint at its end."""
+        return SFTConfig(**{**self.values_of(SFTConfig), "lr_schedule": "constant", "seed": self.seed + round_,
+                            "eval_every": 0, "checkpoint_every": 0})
 
 
 def expert_iteration(
@@ -79,12 +79,14 @@ def expert_iteration(
     reward_fn: Callable[[str, Any], dict[str, float]],
     config: EIConfig,
     *,
+    checkpoint_dir: str | os.PathLike | None = None,
     evaluate: Callable[[torch.nn.Module, int], dict[str, float]] | None = None,
     log: Callable[[dict[str, float], int], None] = lambda metrics, step: None,
 ) -> list[dict[str, float]]:
-    """Run (or resume) Expert Iteration; returns each round's metrics (on every rank)."""
+    """Run (or resume) Expert Iteration, its state under ``checkpoint_dir`` (None: not resumable);
+    returns each round's metrics (on every rank)."""
     rank = distributed.rank_and_world()[0]
-    root = Path(config.checkpoint_dir) if config.checkpoint_dir else None
+    root = Path(checkpoint_dir) if checkpoint_dir else None
     state = json.loads((root / "state.json").read_text()) if root and (root / "state.json").is_file() else {"rounds": []}
     if state["rounds"]:
         _load_weights(model, root / "model.pt")
@@ -108,9 +110,8 @@ def expert_iteration(
                 write_jsonl_atomic(kept_path, [asdict(t) for t in kept])
                 write_text_atomic(round_dir / "rollouts.json", json.dumps(metrics))
         if kept:
-            sft_config = replace(config.sft, seed=config.seed + step,
-                                 checkpoint_dir=str(round_dir / "sft") if round_dir else None)
-            final = train_sft(model, tokenizer, kept, sft_config,
+            final = train_sft(model, tokenizer, kept, config.round_sft(step),
+                              checkpoint_dir=round_dir / "sft" if round_dir else None,
                               log=lambda m, s, step=step: log({f"sft/{k}": v for k, v in m.items()}, step + 1))
             metrics["sft_loss"] = final.get("loss", float("nan"))
         if evaluate is not None:
@@ -161,7 +162,7 @@ def _rollout_round(
     mine = questions[distributed.rank_slice(len(questions))]
     prompts = [template.format(p.problem) for p in mine]
     engine.load_weights(distributed.full_weights(model))
-    sampling = replace(config.sampling, n=config.rollouts_per_question, seed=(config.seed + step) * world + rank)
+    sampling = config.sampling(template.stop, n=config.rollouts_per_question, seed=(config.seed + step) * world + rank)
     graded = grade_completions(mine, prompts, engine.generate(prompts, sampling), reward_fn) if mine else []
     records = distributed.gather_lists(graded)  # question order
     kept = [Trace(r["prompt"], r["response"], r["ground_truth"]) for r in records if r["reward"] == 1.0]

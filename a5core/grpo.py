@@ -60,26 +60,26 @@ stops when any rank says so).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import math
+import os
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import Field, StrictBool, model_validator
 
 from a5core import distributed, progress
 from a5core.checkpoint import NonFiniteLossError, fingerprint
 from a5core.data import Problem, write_text_atomic
-from a5core.losses import LOSS_TYPES, RATIO_LOSS_TYPES, compute_group_normalized_rewards
+from a5core.losses import RATIO_LOSS_TYPES, LengthNormalization, LossType, compute_group_normalized_rewards
 from a5core.policy import (
     COMPILED_ACTIVATION_BUDGET,
-    LENGTH_NORMALIZATIONS,
     compile_decoder_layers,
     get_response_log_probs,
     grpo_microbatch_train_step,
@@ -88,87 +88,48 @@ from a5core.policy import (
 )
 from a5core.prompts import PromptTemplate
 from a5core.rollout import Engine, SamplingSettings
+from a5core.settings import OptimizerSettings, PeriodicSettings, RolloutSamplingFields, SeedSettings, SpeedSettings
 
 logger = logging.getLogger(__name__)
 
-# Fields that say where and how often side effects happen, not what is trained (see a5core.checkpoint).
-UNFINGERPRINTED_FIELDS = ("checkpoint_dir", "checkpoint_every", "eval_every", "compile_layers", "fsdp_reshard_after_forward")
+# Fields that say how often side effects happen and how fast a step runs, not what is trained (see a5core.checkpoint).
+UNFINGERPRINTED_FIELDS = ("checkpoint_every", "eval_every", "compile_layers", "fsdp_reshard_after_forward")
 # What one optimizer step accumulates over its micro-batches (summed over ranks when read).
 _STEP_SUMS = ("loss", "clipped", "ratio_sum", "entropy_sum", "response_tokens", "entropy_tokens", "tokens")
 STATUS_KEYS = ("reward_mean", "format_reward_mean", "loss", "grad_norm", "token_entropy", "response_tokens_mean",
                "val_accuracy")  # the per-step status line's metrics
 
 
-@dataclass(frozen=True)
-class GRPOConfig:
+class GRPOConfig(OptimizerSettings, RolloutSamplingFields, SpeedSettings, PeriodicSettings, SeedSettings):
     """Settings of one GRPO run; defaults are the A5 handout's. Invalid values or combinations raise
     ``ValueError`` naming the field at construction. ``compile_layers``: ``torch.compile`` the decoder
     layers (:func:`a5core.policy.compile_decoder_layers`; on a GPU faster and leaner after a first step
     that compiles). ``fsdp_reshard_after_forward`` False (several ranks): weights stay gathered from
     forward to backward (faster, more memory; see :func:`a5core.distributed.shard`)."""
 
-    n_grpo_steps: int = 200
-    learning_rate: float = 1e-5
-    advantage_eps: float = 1e-6
-    rollout_batch_size: int = 256
-    group_size: int = 8
-    sampling: SamplingSettings = field(
-        default_factory=lambda: SamplingSettings(temperature=1.0, min_tokens=4, max_tokens=1024, stop=("</answer>",))
-    )
-    epochs_per_rollout_batch: int = 1
-    train_batch_size: int = 256
-    gradient_accumulation_steps: int = 128
-    loss_type: str = "reinforce_with_baseline"
-    use_std_normalization: bool = True
-    length_normalization: str = "masked_mean"
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.95)
-    grad_clip: float = 1.0
-    cliprange: float = 0.2
-    cliprange_high: float | None = None
-    tis_cap: float | None = None
-    drop_uniform_groups: bool = False
-    gradient_checkpointing: bool = False
-    compile_layers: bool = False
-    fsdp_reshard_after_forward: bool = True
-    seed: int = 0
-    eval_every: int = 0
-    checkpoint_dir: str | None = None
-    checkpoint_every: int = 1
+    n_grpo_steps: int = Field(200, ge=1, description="GRPO steps (a rollout batch each)")
+    advantage_eps: float = Field(1e-6, ge=0, allow_inf_nan=False, description="added to the group std")
+    rollout_batch_size: int = Field(256, ge=1, description="rollouts per step: questions × group_size")
+    group_size: int = Field(8, ge=1, description="rollouts per question")
+    epochs_per_rollout_batch: int = Field(1, ge=1, description="passes over each rollout batch (> 1: off-policy)")
+    train_batch_size: int = Field(256, ge=1, description="rollouts per optimizer step (< rollout_batch_size: off-policy)")
+    gradient_accumulation_steps: int = Field(128, ge=1, description="micro-batches per optimizer step")
+    loss_type: LossType = Field("reinforce_with_baseline", description="the policy-gradient loss")
+    use_std_normalization: StrictBool = Field(True, description="divide advantages by their group's std")
+    length_normalization: LengthNormalization = Field(
+        "masked_mean", description="per-sequence mean, or sum / max_tokens (see docs/length_normalization.md)")
+    cliprange: float = Field(0.2, gt=0, allow_inf_nan=False, description="grpo_clip's clip range")
+    cliprange_high: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                         description="clip-higher upper range (grpo_clip); None: symmetric")
+    tis_cap: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                  description="truncated importance-sampling cap (engine vs policy); None: off")
+    drop_uniform_groups: StrictBool = Field(False, description="drop groups whose rewards are all equal")
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _consistent(self) -> "GRPOConfig":
         def fail(name: str, requirement: str) -> None:
             raise ValueError(f"GRPOConfig.{name} must be {requirement}, got {getattr(self, name)!r}")
 
-        def is_int(value: Any) -> bool:
-            return isinstance(value, int) and not isinstance(value, bool)
-
-        def is_number(value: Any) -> bool:
-            return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-        for name in ("n_grpo_steps", "rollout_batch_size", "group_size", "epochs_per_rollout_batch",
-                     "train_batch_size", "gradient_accumulation_steps"):
-            if not is_int(getattr(self, name)) or getattr(self, name) < 1:
-                fail(name, "an int >= 1")
-        for name in ("seed", "eval_every", "checkpoint_every"):
-            if not is_int(getattr(self, name)) or getattr(self, name) < 0:
-                fail(name, "an int >= 0")
-        for name in ("learning_rate", "cliprange"):
-            if not is_number(getattr(self, name)) or getattr(self, name) <= 0:
-                fail(name, "a finite number > 0")
-        for name in ("advantage_eps", "weight_decay", "grad_clip"):
-            if not is_number(getattr(self, name)) or getattr(self, name) < 0:
-                fail(name, "a finite number >= 0")
-        betas = tuple(self.betas) if isinstance(self.betas, (tuple, list)) else ()
-        if len(betas) != 2 or not all(is_number(b) and 0 <= b < 1 for b in betas):
-            fail("betas", "two numbers in [0, 1)")
-        object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
-        if self.loss_type not in LOSS_TYPES:
-            fail("loss_type", f"one of {', '.join(LOSS_TYPES)}")
-        if self.length_normalization not in LENGTH_NORMALIZATIONS:
-            fail("length_normalization", f"one of {', '.join(LENGTH_NORMALIZATIONS)}")
-        if not isinstance(self.sampling, SamplingSettings):
-            fail("sampling", "a SamplingSettings")
         if self.rollout_batch_size % self.group_size:
             fail("rollout_batch_size", f"a multiple of group_size ({self.group_size})")
         if self.train_batch_size % self.gradient_accumulation_steps:
@@ -183,16 +144,9 @@ class GRPOConfig:
                 "that sampled the rollouts; on-policy (epochs_per_rollout_batch 1 and train_batch_size == "
                 "rollout_batch_size) every ratio is 1. Use reinforce_with_baseline, or make it off-policy."
             )
-        if self.cliprange_high is not None and (self.loss_type != "grpo_clip" or not is_number(self.cliprange_high)
-                                                or self.cliprange_high <= 0):
+        if self.cliprange_high is not None and self.loss_type != "grpo_clip":
             fail("cliprange_high", "None, or a number > 0 with loss_type grpo_clip")
-        if self.tis_cap is not None and (not is_number(self.tis_cap) or self.tis_cap <= 0):
-            fail("tis_cap", "None or a finite number > 0")
-        if not isinstance(self.sampling.stop, tuple) or self.sampling.n != 1 or self.sampling.seed is not None:
-            fail("sampling", "settings without n or seed (GRPO sets them: n = group_size, seed per step)")
-        for name in ("drop_uniform_groups", "gradient_checkpointing", "compile_layers", "fsdp_reshard_after_forward"):
-            if not isinstance(getattr(self, name), bool):
-                fail(name, "a bool")
+        return self
 
     @property
     def prompts_per_step(self) -> int:
@@ -263,7 +217,7 @@ class RolloutBatch:
 def run_fingerprint(config: GRPOConfig, problems: Sequence[Problem]) -> dict[str, Any]:
     """What must match for a checkpoint to be resumed: the config (less UNFINGERPRINTED_FIELDS) and the
     problems, in order."""
-    settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in UNFINGERPRINTED_FIELDS}
+    settings = {k: v for k, v in config.values_of(GRPOConfig).items() if k not in UNFINGERPRINTED_FIELDS}
     return fingerprint(settings, ((p.problem, p.answer) for p in problems), "problems")
 
 
@@ -276,6 +230,7 @@ def grpo(
     reward_fn: Callable[[str, Any], dict[str, float]],
     config: GRPOConfig,
     *,
+    checkpoint_dir: str | os.PathLike | None = None,
     evaluate: Callable[[torch.nn.Module, int], dict[str, float]] | None = None,
     log: Callable[[dict[str, float], int], None] = lambda metrics, step: None,
     should_stop: Callable[[int], bool] | None = None,
@@ -311,7 +266,7 @@ def grpo(
     if config.compile_layers:
         compile_decoder_layers(model, activation_memory_budget=COMPILED_ACTIVATION_BUDGET)
     expected = run_fingerprint(config, problems)
-    checkpoint = Path(config.checkpoint_dir) if config.checkpoint_dir is not None else None
+    checkpoint = Path(checkpoint_dir) if checkpoint_dir is not None else None
     state = distributed.load_checkpoint(checkpoint, expected, model, optimizer, None) if checkpoint else None
     if state is not None and state["finished"]:
         logger.info("GRPO: %s holds a finished run (%d steps); not training again", checkpoint, state["step"])
@@ -328,7 +283,7 @@ def grpo(
         if spent.get("fingerprint") == expected:
             elapsed = max(elapsed, spent["wall_seconds"])
     started = time.monotonic() - elapsed
-    trainer = _Trainer(model, tokenizer, optimizer, params, config, device)
+    trainer = _Trainer(model, tokenizer, optimizer, params, config, device, checkpoint)
 
     def finish_step(metrics: dict[str, float], step: int) -> None:
         if evaluate is not None and (step == config.n_grpo_steps or (config.eval_every and step % config.eval_every == 0)):
@@ -373,9 +328,9 @@ class _Trainer:
     """The body of one GRPO step, phase by phase (each timed)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, optimizer: torch.optim.Optimizer,
-                 params: list[torch.nn.Parameter], config: GRPOConfig, device: torch.device):
+                 params: list[torch.nn.Parameter], config: GRPOConfig, device: torch.device, checkpoint: Path | None):
         self.model, self.tokenizer, self.optimizer, self.params = model, tokenizer, optimizer, params
-        self.config, self.device = config, device
+        self.config, self.device, self.checkpoint = config, device, checkpoint
         self.pad_id = pad_id_of(tokenizer)
         self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
                          else contextlib.nullcontext())
@@ -403,8 +358,8 @@ class _Trainer:
             engine.load_weights(distributed.full_weights(self.model))
         with self.timed("generate"):
             # This rank's block of questions, whole groups; each rank draws its own random stream.
-            sampling = replace(config.sampling, n=config.group_size, logprobs=config.tis_cap is not None,
-                               seed=(config.seed * 1_000_003 + step) * world + rank)
+            sampling = config.sampling(template.stop, n=config.group_size, logprobs=config.tis_cap is not None,
+                                       seed=(config.seed * 1_000_003 + step) * world + rank)
             groups = engine.generate(prompts[distributed.rank_slice(len(prompts))], sampling)
             completions = distributed.gather_lists([c for group in groups for c in group])  # question order
         with self.timed("grade"):
@@ -493,7 +448,7 @@ class _Trainer:
                         config.loss_type, raw_rewards=t["raw_rewards"], advantages=t["advantages"],
                         old_log_probs=t.get("old_log_probs"), cliprange=config.cliprange,
                         length_normalization=config.length_normalization,
-                        normalize_constant=float(config.sampling.max_tokens), cliprange_high=config.cliprange_high,
+                        normalize_constant=float(config.max_tokens), cliprange_high=config.cliprange_high,
                         token_weights=weights,
                     )
                     if not index:
@@ -519,7 +474,7 @@ class _Trainer:
                                     distributed.full_tensor(grad_norm).double().view(1)]).tolist()
                 got = dict(zip([*acc, "ratio_max", "grad_norm"], values))
                 if not (math.isfinite(got["loss"]) and math.isfinite(got["grad_norm"])):
-                    kept = (f"{Path(config.checkpoint_dir) / 'latest'}, if written," if config.checkpoint_dir
+                    kept = (f"{self.checkpoint / 'latest'}, if written," if self.checkpoint
                             else "the last checkpoint, if any,")
                     raise NonFiniteLossError(
                         f"GRPO step {step + 1} of {config.n_grpo_steps} (epoch {epoch}, optimizer step {optimizer_steps}): "

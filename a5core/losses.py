@@ -7,12 +7,16 @@ Nothing here holds state or calls ``backward``; the train steps in :mod:`a5core.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 
-LOSS_TYPES = ("no_baseline", "reinforce_with_baseline", "grpo_clip", "grpo_no_clip")
+LossType = Literal["no_baseline", "reinforce_with_baseline", "grpo_clip", "grpo_no_clip"]
+LOSS_TYPES: tuple[str, ...] = get_args(LossType)
 RATIO_LOSS_TYPES = ("grpo_clip", "grpo_no_clip")  # losses that need the old policy's log-probs
+# Per-sequence mean over response tokens, or their sum over a constant (see docs/length_normalization.md).
+LengthNormalization = Literal["masked_mean", "masked_normalize"]
+LENGTH_NORMALIZATIONS: tuple[str, ...] = get_args(LengthNormalization)
 
 
 def masked_mean(tensor: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:

@@ -13,9 +13,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from a5core.lm_head_log_probs import FUSABLE_MODEL_TYPES, linear_log_probs
-from a5core.losses import compute_entropy, compute_policy_gradient_loss, masked_mean, masked_normalize
-
-LENGTH_NORMALIZATIONS = ("masked_mean", "masked_normalize")
+from a5core.losses import LENGTH_NORMALIZATIONS, compute_entropy, compute_policy_gradient_loss, masked_mean, masked_normalize
 LOGPROB_CHUNK_TOKENS = 4096  # positions per chunk when reducing logits: bounds fp32 temporaries
 # The loops' activation-memory budget for compiled layers: on the H200 at 16×1024 it kept 52k tok/s and
 # cut the peak from 44.6 to 34.3 GiB (benchmarks/RESULTS.md, policy micro-batch step).

@@ -10,18 +10,17 @@ checkpoint layout is :mod:`a5core.checkpoint`'s. Under torchrun it trains on sev
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import os
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
+from pydantic import Field
 
 from a5core.checkpoint import (  # noqa: F401  (the errors are part of this module's interface)
     CheckpointMismatchError,
@@ -30,6 +29,7 @@ from a5core.checkpoint import (  # noqa: F401  (the errors are part of this modu
 )
 from a5core import distributed, progress
 from a5core.data import Trace
+from a5core.settings import OptimizerSettings, PeriodicSettings, SeedSettings, SFTBatchSettings, SpeedSettings, defaults
 from a5core.policy import (
     COMPILED_ACTIVATION_BUDGET,
     compile_decoder_layers,
@@ -40,15 +40,14 @@ from a5core.policy import (
 
 logger = logging.getLogger(__name__)
 
-LR_SCHEDULES = ("cosine", "constant")
 STATUS_KEYS = ("loss", "token_nll", "lr", "grad_norm", "val_accuracy")  # the per-step status line's metrics
-# Fields that say where and how often side effects happen, not what is trained: a run may be resumed
-# with them changed (another checkpoint directory, checkpoints or evaluations more or less often).
-UNFINGERPRINTED_FIELDS = ("checkpoint_dir", "checkpoint_every", "eval_every", "compile_layers", "fsdp_reshard_after_forward")
+# Fields that say how often side effects happen and how fast a step runs, not what is trained: a run may
+# be resumed with them changed (checkpoints or evaluations more or less often).
+UNFINGERPRINTED_FIELDS = ("checkpoint_every", "eval_every", "compile_layers", "fsdp_reshard_after_forward")
 
 
-@dataclass(frozen=True)
-class SFTConfig:
+@defaults(learning_rate=2e-5, epochs=2, checkpoint_every=20)
+class SFTConfig(OptimizerSettings, SFTBatchSettings, SpeedSettings, PeriodicSettings, SeedSettings):
     """Settings of one SFT run; invalid values raise ``ValueError`` naming the field.
 
     ``batch_size`` sequences make one optimizer step, processed ``microbatch_size`` at a time
@@ -56,74 +55,17 @@ class SFTConfig:
     linear warmup over ``warmup_steps`` steps, then ``constant`` or ``cosine`` decay to 0 at the end
     of the run (see :func:`lr_multiplier`). ``grad_clip`` 0 disables clipping (the norm is still logged).
     ``max_seq_len`` caps prompt + response tokens; longer sequences lose the end of their response.
-    ``eval_every``/``checkpoint_every`` 0 mean "only at the end"; ``checkpoint_dir`` None: no checkpoints.
-    ``compile_layers``: ``torch.compile`` the decoder layers (:func:`a5core.policy.compile_decoder_layers`;
-    on a GPU faster and leaner, after a first step that compiles). ``fsdp_reshard_after_forward`` False
-    (several ranks): weights stay gathered from forward to backward (faster, more memory; see
-    :func:`a5core.distributed.shard`).
+    ``eval_every``/``checkpoint_every`` 0 mean "only at the end". ``compile_layers``: ``torch.compile``
+    the decoder layers (:func:`a5core.policy.compile_decoder_layers`; on a GPU faster and leaner, after a
+    first step that compiles). ``fsdp_reshard_after_forward`` False (several ranks): weights stay gathered
+    from forward to backward (faster, more memory; see :func:`a5core.distributed.shard`).
     """
 
-    learning_rate: float = 1e-5
-    lr_schedule: str = "cosine"
-    warmup_steps: int = 0
-    batch_size: int = 32
-    microbatch_size: int = 2
-    epochs: int = 1
-    max_steps: int | None = None
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.95)
-    grad_clip: float = 1.0
-    normalize_constant: float = 1.0
-    max_seq_len: int = 1024
-    gradient_checkpointing: bool = False
-    compile_layers: bool = False
-    fsdp_reshard_after_forward: bool = True
-    seed: int = 0
-    eval_every: int = 0
-    checkpoint_dir: str | None = None
-    checkpoint_every: int = 0
-
-    def __post_init__(self) -> None:
-        def fail(field: str, requirement: str) -> None:
-            raise ValueError(f"SFTConfig.{field} must be {requirement}, got {getattr(self, field)!r}")
-
-        def is_int(value: Any) -> bool:
-            return isinstance(value, int) and not isinstance(value, bool)
-
-        def is_number(value: Any) -> bool:
-            return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-        if not is_number(self.learning_rate) or self.learning_rate <= 0:
-            fail("learning_rate", "a finite number > 0")
-        if self.lr_schedule not in LR_SCHEDULES:
-            fail("lr_schedule", f"one of {', '.join(LR_SCHEDULES)}")
-        for name in ("batch_size", "microbatch_size", "epochs"):
-            if not is_int(getattr(self, name)) or getattr(self, name) < 1:
-                fail(name, "an int >= 1")
-        if not is_int(self.max_seq_len) or self.max_seq_len < 2:
-            fail("max_seq_len", "an int >= 2 (a prompt token and a response token)")
-        if self.batch_size % self.microbatch_size:
-            fail("batch_size", f"a multiple of microbatch_size ({self.microbatch_size})")
-        if self.max_steps is not None and (not is_int(self.max_steps) or self.max_steps < 1):
-            fail("max_steps", "None or an int >= 1")
-        for name in ("warmup_steps", "eval_every", "checkpoint_every", "seed"):
-            if not is_int(getattr(self, name)) or getattr(self, name) < 0:
-                fail(name, "an int >= 0")
-        if not is_number(self.weight_decay) or self.weight_decay < 0:
-            fail("weight_decay", "a finite number >= 0")
-        betas = tuple(self.betas) if isinstance(self.betas, (tuple, list)) else ()
-        if len(betas) != 2 or not all(is_number(b) and 0 <= b < 1 for b in betas):
-            fail("betas", "two numbers in [0, 1)")
-        object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
-        if not is_number(self.grad_clip) or self.grad_clip < 0:
-            fail("grad_clip", "a finite number >= 0 (0: no clipping)")
-        if not is_number(self.normalize_constant) or self.normalize_constant <= 0:
-            fail("normalize_constant", "a finite number > 0")
-        for name in ("gradient_checkpointing", "compile_layers", "fsdp_reshard_after_forward"):
-            if not isinstance(getattr(self, name), bool):
-                fail(name, "a bool")
-        if self.checkpoint_dir is not None and not isinstance(self.checkpoint_dir, (str, os.PathLike)):
-            fail("checkpoint_dir", "None or a path")
+    lr_schedule: Literal["cosine", "constant"] = Field("cosine", description="after warmup: cosine decay to 0, or constant")
+    warmup_steps: int = Field(0, ge=0, description="linear learning-rate warmup steps")
+    max_steps: int | None = Field(None, ge=1, description="cap on optimizer steps (None: epochs decide)")
+    normalize_constant: float = Field(1.0, gt=0, allow_inf_nan=False,
+                                      description="the summed response log-prob of a sequence is divided by it")
 
 
 def lr_multiplier(step: int, warmup_steps: int, total_steps: int, schedule: str) -> float:
@@ -148,6 +90,7 @@ def train_sft(
     examples: Sequence[Trace],
     config: SFTConfig,
     *,
+    checkpoint_dir: str | os.PathLike | None = None,
     evaluate: Callable[[torch.nn.Module, int], dict[str, float]] | None = None,
     log: Callable[[dict[str, float], int], None] = lambda metrics, step: None,
 ) -> dict[str, float]:
@@ -225,7 +168,7 @@ def train_sft(
 
     # Start fresh, or resume where the checkpoint left off.
     fingerprint = run_fingerprint(config, examples)
-    checkpoint = Path(config.checkpoint_dir) if config.checkpoint_dir is not None else None
+    checkpoint = Path(checkpoint_dir) if checkpoint_dir is not None else None
     state = distributed.load_checkpoint(checkpoint, fingerprint, model, optimizer, scheduler) if checkpoint else None
     if state is not None and state["finished"]:
         logger.info("SFT: %s holds a finished run (%d steps); not training again", checkpoint, state["step"])
@@ -336,5 +279,5 @@ def train_sft(
 def run_fingerprint(config: SFTConfig, examples: Sequence[Trace]) -> dict[str, Any]:
     """What must match for a checkpoint to be resumed: the config (less UNFINGERPRINTED_FIELDS) and the
     examples' prompts and responses, in order (see :func:`a5core.checkpoint.fingerprint`)."""
-    settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in UNFINGERPRINTED_FIELDS}
+    settings = {k: v for k, v in config.values_of(SFTConfig).items() if k not in UNFINGERPRINTED_FIELDS}
     return fingerprint(settings, ((t.prompt, t.response) for t in examples), "examples")

@@ -38,14 +38,13 @@ def run(model, tokenizer, args) -> list[dict]:
     from a5core.grading import r1_zero_reward_fn
     from a5core.grpo import GRPOConfig, grpo
     from a5core.prompts import load_prompt
-    from a5core.rollout import SamplingSettings
     from a5core.rollout.hf import HFEngine
 
-    config = GRPOConfig(n_grpo_steps=args.steps, sampling=SamplingSettings(
-        temperature=1.0, min_tokens=args.response, max_tokens=args.response, stop=("</answer>",)))
+    sampling = dict(temperature=1.0, min_tokens=args.response, max_tokens=args.response)
+    config = GRPOConfig(n_grpo_steps=args.steps, **sampling)
     if args.tiny:
         config = GRPOConfig(n_grpo_steps=args.steps, rollout_batch_size=16, train_batch_size=16,
-                            gradient_accumulation_steps=8, sampling=config.sampling)
+                            gradient_accumulation_steps=8, **sampling)
     engine = HFEngine(model, tokenizer, batch_size=config.rollout_batch_size)
     history: list[dict] = []
     _model.reset_peak()

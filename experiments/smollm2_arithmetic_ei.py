@@ -44,8 +44,8 @@ train_sft(policy, tok, fmt, SFTConfig(learning_rate=3e-5, batch_size=16, microba
 ev("after_format_sft_on_64_one_digit_sums")
 train = arithmetic_problems(4000, digits=2, operations="+-", split="train", seed=0)
 ei = EIConfig(n_ei_steps=4, questions_per_step=512, rollouts_per_question=8, seed=0, entropy_sample=64,
-              sampling=SamplingSettings(temperature=1.0, min_tokens=4, max_tokens=64, stop=("</answer>",)),
-              sft=SFTConfig(learning_rate=2e-5, batch_size=32, microbatch_size=32, epochs=1, lr_schedule="constant"))
+              temperature=1.0, min_tokens=4, max_tokens=64,
+              learning_rate=2e-5, batch_size=32, microbatch_size=32, epochs=1, max_seq_len=1024)  # each round's SFT
 expert_iteration(policy, tok, engine, train, template, reward_fn, ei,
                  evaluate=lambda m, s: ev(f"after_{s}_ei_rounds"),
                  log=lambda m, s: note(stage=f"ei_round_{s - 1}", **{k: m[k] for k in ("kept", "kept_fraction", "rollout_format_rate", "rollout_mean_token_entropy", "val_accuracy")}) if "kept" in m else None)

@@ -68,7 +68,7 @@ config = GRPOConfig(
     n_grpo_steps=STEPS, learning_rate=LR, rollout_batch_size=256, group_size=8, train_batch_size=256,
     gradient_accumulation_steps=env("GRAD_ACCUM", 8), eval_every=env("EVAL_EVERY", 10), seed=0,
     loss_type=env("LOSS", "reinforce_with_baseline"), length_normalization=env("LENGTH_NORM", "masked_mean"),
-    sampling=SamplingSettings(temperature=1.0, min_tokens=4, max_tokens=MAX_TOKENS, stop=("</answer>",)),
+    temperature=1.0, min_tokens=4, max_tokens=MAX_TOKENS,
 )
 keys = ("reward_mean", "format_reward_mean", "token_entropy", "response_tokens_mean", "grad_norm", "time_generate",
         "time_grade", "time_train", "time_weight_sync", "generate_tokens_per_s", "train_tokens_per_s")

@@ -17,7 +17,6 @@ ZERO_SHOT (1), LIMIT (0: all; >0 caps every problem list, for a smoke test).
 """
 import json, math, os, statistics, time
 from collections import defaultdict
-from dataclasses import replace
 
 t0 = time.time()
 import torch
@@ -97,9 +96,9 @@ note(stage="sft", examples=len(traces), steps=len(losses), first_loss=losses[0],
 ev("after_sft", "zero_shot")
 
 ei = EIConfig(n_ei_steps=1, questions_per_step=D_B, rollouts_per_question=G, entropy_sample=64,
-              sampling=SamplingSettings(temperature=1.0, min_tokens=4, max_tokens=int(env("EI_MAX_TOKENS", 512)), stop=("</answer>",)),
-              sft=SFTConfig(learning_rate=float(env("EI_LR", 2e-5)), batch_size=16, microbatch_size=16, epochs=int(env("EI_EPOCHS", 2)),
-                            lr_schedule="constant", max_seq_len=1024))
+              temperature=1.0, min_tokens=4, max_tokens=int(env("EI_MAX_TOKENS", 512)),
+              learning_rate=float(env("EI_LR", 2e-5)), batch_size=16, microbatch_size=16, epochs=int(env("EI_EPOCHS", 2)),
+              max_seq_len=1024)  # each round's SFT
 deadline, last_round_s, previous = float(env("DEADLINE_S", 470)), None, "after_sft"
 for k in range(int(env("EI_ROUNDS", 8))):
     left = deadline - (time.time() - t0)
@@ -108,7 +107,7 @@ for k in range(int(env("EI_ROUNDS", 8))):
         note(stage="stop", reason=f"round {k} would need ~{need:.0f} s, {left:.0f} s left before DEADLINE_S")
         break
     start, tag = time.time(), f"after_ei_round_{k}"
-    expert_iteration(policy, tok, engine, ei_problems, template, r1_zero_reward_fn, replace(ei, seed=k),
+    expert_iteration(policy, tok, engine, ei_problems, template, r1_zero_reward_fn, ei.model_copy(update={"seed": k}),
                      evaluate=lambda m, s: {},
                      log=lambda m, s, k=k: note(stage=f"ei_round_{k}", **{x: (round(v, 4) if isinstance(v, float) else v) for x, v in m.items()
                                                                        if not x.startswith("sft/")}) if "kept" in m else None)

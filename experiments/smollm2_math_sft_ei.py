@@ -41,8 +41,8 @@ train_sft(policy, tok, traces, cfg, log=lambda m, s: losses.append(m["loss"]))
 note(stage="sft", examples=len(traces), steps=len(losses), first_loss=losses[0], last_loss=sum(losses[-10:]) / 10)
 ev("after_sft")
 ei = EIConfig(n_ei_steps=int(os.environ.get("EI_STEPS", 2)), questions_per_step=256, rollouts_per_question=4, seed=0, entropy_sample=64,
-              sampling=SamplingSettings(temperature=1.0, min_tokens=4, max_tokens=512, stop=("</answer>",)),
-              sft=SFTConfig(learning_rate=2e-5, batch_size=16, microbatch_size=16, epochs=1, lr_schedule="constant", max_seq_len=1024))
+              temperature=1.0, min_tokens=4, max_tokens=512,
+              learning_rate=2e-5, batch_size=16, microbatch_size=16, epochs=1, max_seq_len=1024)  # each round's SFT
 expert_iteration(policy, tok, engine, train, template, r1_zero_reward_fn, ei,
                  evaluate=lambda m, s: ev(f"after_{s}_ei_rounds") or {},
                  log=lambda m, s: note(stage=f"ei_round_{s - 1}", **{k: v for k, v in m.items() if not k.startswith("sft/")}) if "kept" in m else None)

@@ -11,40 +11,17 @@ temperature 1.0, top_p 1.0, max_tokens 1024, stop ``</answer>``, MATH validation
 from __future__ import annotations
 
 import sys
-from typing import Literal
 
 from prefect import flow
-from pydantic import BaseModel, Field
 
 from a5core.data import PROBLEM_LOADERS
 from a5core.models import check_context, resolve_model
 from a5core.prompts import load_prompt
-from a5core.rollout import DTYPES, SamplingSettings
+from a5core.rollout import SamplingSettings
 from flows.cli import check_outputs, cli_main, run_flow
+from flows.params import BaselineEvalParams
 from tasks.evaluation import generate, grade, load_problems, log_evaluation_run, model_fingerprint, write_outputs
-from tasks.tracking import DEFAULT_TRACKING_URI, UI_COMMAND, ui_address
-
-
-class BaselineEvalParams(BaseModel):
-    model: str = Field("Qwen/Qwen2.5-Math-1.5B", description="hub id, local folder, or smollm2-135m-instruct")
-    backend: Literal["auto", "vllm", "hf"] = Field("auto", description="rollout engine (auto: vllm if installed)")
-    dtype: Literal[DTYPES] = Field("auto", description="engine dtype: auto (bf16 on GPU, fp32 on CPU), bfloat16, float32")
-    data: str = Field("../shared/data/math/validation.jsonl", description="jsonl path or hub dataset id")
-    data_format: Literal["math", "gsm8k"] = Field("math", description="record format of the data")
-    limit: int | None = Field(None, gt=0, description="evaluate only the first N problems")
-    prompt: str = Field("r1_zero", description="prompt template: r1_zero, question_only, or a file path")
-    reward_fn: Literal["r1_zero", "question_only"] = Field("r1_zero", description="grader matching the prompt")
-    n: int = Field(1, gt=0, description="samples per problem")
-    temperature: float = Field(1.0, ge=0, description="sampling temperature (0: greedy)")
-    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling")
-    max_tokens: int = Field(1024, gt=0, description="maximum response tokens")
-    min_tokens: int = Field(0, ge=0, description="minimum response tokens")
-    stop: list[str] = Field(["</answer>"], description="stop strings (kept in the response)")
-    seed: int | None = Field(0, description="sampling seed")
-    output_dir: str = Field("outputs/baseline_eval", description="records.jsonl, summary.json, report.md")
-    metrics_path: str | None = Field("metrics/baseline_eval.json", description="DVC metrics file")
-    experiment: str = Field("baseline_eval", description="MLflow experiment")
-    tracking_uri: str = Field(DEFAULT_TRACKING_URI, description="MLflow tracking store")
+from tasks.tracking import UI_COMMAND, ui_address
 
 
 @flow(name="baseline_eval")
@@ -55,9 +32,9 @@ def baseline_eval(params: BaselineEvalParams = BaselineEvalParams()) -> dict:
     prompts = [template.format(p.problem) for p in problems]
     sampling = SamplingSettings(n=params.n, temperature=params.temperature, top_p=params.top_p,
                                 max_tokens=params.max_tokens, min_tokens=params.min_tokens,
-                                stop=tuple(params.stop), seed=params.seed)
+                                stop=template.stop if params.stop is None else tuple(params.stop), seed=params.seed)
     completions = generate(params.model, model_fingerprint(params.model), params.backend, params.dtype, prompts, sampling)
-    records = grade(problems, prompts, completions, params.reward_fn)
+    records = grade(problems, prompts, completions, params.grader)
     outputs = write_outputs(records, params.output_dir, params.metrics_path)
     run_name = f"{params.model.rstrip('/').split('/')[-1]}-{params.prompt}-{len(problems)}"
     run_id = log_evaluation_run(params.experiment, run_name, params.tracking_uri, params.model_dump(), records, outputs)

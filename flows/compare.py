@@ -29,11 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow
-from pydantic import BaseModel, Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from a5core.data import write_text_atomic
+from a5core.settings import defaults
 from flows.cli import cli_main, parse_params, run_flow
-from tasks.tracking import DEFAULT_TRACKING_URI
+from flows.params import MLflowLogging, OutputDir, TrackingStore
 from tasks.training import plot_curves
 
 # Final values shown when no metrics are named (those that some run holds), and metrics plotted by step.
@@ -51,7 +52,8 @@ def _names(value: Any) -> Any:
     return [str(v).strip() for v in value if str(v).strip()]
 
 
-class CompareParams(BaseModel):
+@defaults(output_dir="outputs/compare")
+class CompareParams(OutputDir, TrackingStore, MLflowLogging):
     runs: list[str] = Field([], description="run ids to compare (comma-separated on the command line)")
     experiment: str | None = Field(None, description="compare the runs of this experiment (when no run ids are given)")
     filter: str | None = Field(None, description="MLflow search filter for --experiment, e.g. \"params.loss_type = 'grpo_clip'\"")
@@ -60,10 +62,7 @@ class CompareParams(BaseModel):
     max_runs: int = Field(50, gt=0, description="most runs taken from a search (newest first)")
     metrics: list[str] | None = Field(None, description=f"final metrics in the table (None: those of {list(DEFAULT_METRICS)} some run has)")
     plot_metrics: list[str] = Field(list(DEFAULT_PLOT_METRICS), description="metrics plotted against step, where runs have them")
-    output_dir: str = Field("outputs/compare", description="where the table and plots go")
     comparison_experiment: str = Field("comparison", description="MLflow experiment of the comparison run")
-    log_to_mlflow: bool = Field(True, description="log the table and plots as a run in comparison_experiment")
-    tracking_uri: str = Field(DEFAULT_TRACKING_URI)
 
     @field_validator("runs", "metrics", "plot_metrics", mode="before")
     @classmethod

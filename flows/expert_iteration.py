@@ -23,25 +23,24 @@ import itertools
 import json
 import sys
 from pathlib import Path
-from typing import Literal
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
-from pydantic import BaseModel, Field
+from pydantic import ValidationError
 
 from a5core.data import write_text_atomic
-from a5core.expert_iteration import EIConfig, expert_iteration
+from a5core.expert_iteration import expert_iteration
 from a5core.models import check_context, resolve_model
 from a5core.policy import load_policy
+from a5core.problem_sets import REWARD_FNS, load_problem_set
 from a5core.prompts import load_prompt
-from a5core.rollout import DTYPES, Engine, SamplingSettings
-from a5core.sft import SFTConfig
+from a5core.settings import describe
+from a5core.rollout import Engine, SamplingSettings
 from flows.cli import check_outputs, cli_main, run_flow
+from flows.params import EIParams
 from tasks.engines import closing_engine, rollout_engine
-from tasks.tracking import DEFAULT_TRACKING_URI, log_params_flat
+from tasks.tracking import log_params_flat
 from tasks.training import (
-    TRAINING_REWARD_FNS,
-    load_problem_set,
     model_path,
     log_comparison,
     mlflow_logger,
@@ -51,59 +50,6 @@ from tasks.training import (
     tracking_rank,
     validation_hook,
 )
-
-
-class EIParams(BaseModel):
-    model: str = Field("Qwen/Qwen2.5-Math-1.5B", description="starting policy: hub id, local folder (e.g. an SFT output)")
-    backend: Literal["auto", "vllm", "hf"] = Field("auto")
-    engine_dtype: Literal[DTYPES] = Field("auto")
-    engine_memory_fraction: float = Field(0.3, gt=0, le=1)
-    policy_dtype: Literal["float32", "bfloat16"] = Field("float32")
-    train_data: str = Field("../shared/data/math/train.jsonl", description="questions to sample from, or arithmetic:N:DIGITS")
-    train_format: Literal["math", "gsm8k"] = Field("math")
-    validation_data: str = Field("../shared/data/math/validation.jsonl", description="validation problems, or arithmetic:N:DIGITS")
-    val_subset: int = Field(500, gt=0)
-    val_limit: int | None = Field(None, gt=0, description="problems in the final evaluation (None: all)")
-    prompt: str = Field("r1_zero")
-    reward_fn: Literal["r1_zero", "question_only", "arithmetic"] = Field("r1_zero", description="grader (arithmetic: for arithmetic:N:D data)")
-    n_ei_steps: int = Field(5, gt=0)
-    questions_per_step: int = Field(512, gt=0, description="D_b")
-    rollouts_per_question: int = Field(8, gt=0, description="G")
-    epochs: int = Field(1, gt=0, description="E: SFT epochs per round")
-    temperature: float = Field(1.0, ge=0)
-    min_tokens: int = Field(4, ge=0)
-    max_tokens: int = Field(1024, gt=0)
-    learning_rate: float = Field(1e-5, gt=0)
-    batch_size: int = Field(32, gt=0)
-    microbatch_size: int = Field(2, gt=0)
-    max_seq_len: int = Field(1536, gt=0)
-    gradient_checkpointing: bool = Field(False)
-    compile_layers: bool = Field(False, description="torch.compile the decoder layers (GPU: faster, less memory; "
-                                                    "the first step compiles)")
-    fsdp_reshard_after_forward: bool = Field(True, description="several GPUs: False keeps each layer's gathered "
-                                             "weights from forward to backward (faster, more memory)")
-    seed: int = Field(0)
-    sweep: bool = Field(False, description="run the grid below as children of one parent run")
-    sweep_rollouts_per_question: list[int] = Field([4, 8], min_length=1, description="G values of the sweep")
-    sweep_epochs: list[int] = Field([1, 2], min_length=1, description="E values of the sweep")
-    sweep_questions_per_step: list[int] = Field([512, 1024, 2048], min_length=1, description="D_b values of the sweep")
-    output_dir: str = Field("outputs/expert_iteration")
-    metrics_path: str | None = Field("metrics/expert_iteration.json")
-    experiment: str = Field("expert_iteration")
-    tracking_uri: str = Field(DEFAULT_TRACKING_URI)
-
-
-def ei_config(params: EIParams, checkpoint_dir: str | None = None) -> EIConfig:
-    """The loop's settings; an invalid combination fails here with EIConfig's or SFTConfig's message."""
-    return EIConfig(
-        n_ei_steps=params.n_ei_steps, questions_per_step=params.questions_per_step,
-        rollouts_per_question=params.rollouts_per_question, seed=params.seed, checkpoint_dir=checkpoint_dir,
-        sampling=SamplingSettings(temperature=params.temperature, min_tokens=params.min_tokens, max_tokens=params.max_tokens, stop=("</answer>",)),
-        sft=SFTConfig(learning_rate=params.learning_rate, batch_size=params.batch_size, microbatch_size=params.microbatch_size,
-                      epochs=params.epochs, max_seq_len=params.max_seq_len, gradient_checkpointing=params.gradient_checkpointing,
-        compile_layers=params.compile_layers, fsdp_reshard_after_forward=params.fsdp_reshard_after_forward,
-                      lr_schedule="constant"),
-    )
 
 
 @task(cache_policy=NO_CACHE)
@@ -116,10 +62,10 @@ def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | Non
     if (run_dir / "done.json").is_file():
         return json.loads((run_dir / "done.json").read_text())
     train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
-    validation = load_problem_set(params.validation_data, "math", params.seed, "validation")
-    template, reward_fn = load_prompt(params.prompt), TRAINING_REWARD_FNS[params.reward_fn]
-    eval_sampling = SamplingSettings(temperature=params.temperature, max_tokens=params.max_tokens, stop=("</answer>",), seed=params.seed)
-    config = ei_config(params, str(run_dir / "checkpoint"))
+    validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
+    template, reward_fn = load_prompt(params.prompt), REWARD_FNS[params.grader]
+    eval_sampling = SamplingSettings(temperature=params.temperature, max_tokens=params.max_tokens, stop=template.stop,
+                                     seed=params.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with start_resumable_run(run_dir / "mlflow_run_id", params.experiment, f"ei-{name}", params.tracking_uri, parent_run_id) as run:
         if tracking_rank():
@@ -129,7 +75,8 @@ def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | Non
         model, tokenizer = load_policy(params.model, dtype=getattr(torch, params.policy_dtype), device=device)
         hook = validation_hook(engine, tokenizer, validation, template, reward_fn, eval_sampling, params.val_subset)
         log = mlflow_logger()
-        history = expert_iteration(model, tokenizer, engine, train, template, reward_fn, config, evaluate=hook, log=log)
+        history = expert_iteration(model, tokenizer, engine, train, template, reward_fn, params,
+                                   checkpoint_dir=run_dir / "checkpoint", evaluate=hook, log=log)
         full = validation_hook(engine, tokenizer, validation, template, reward_fn, eval_sampling, params.val_limit)(model, params.n_ei_steps)
         log({f"final_{k}": v for k, v in full.items()}, params.n_ei_steps)
         start = {}  # the starting policy's evaluation, step 0 (logged by the loop when the run began)
@@ -151,11 +98,16 @@ SUMMARY_KEYS = ("setting", "initial_accuracy", "initial_format_rate", "final_acc
 
 
 def grid(params: EIParams) -> dict[str, EIParams]:
-    """The sweep's settings, named G{g}_E{e}_Db{d}."""
-    return {
-        f"G{g}_E{e}_Db{d}": params.model_copy(update={"rollouts_per_question": g, "epochs": e, "questions_per_step": d})
-        for g, e, d in itertools.product(params.sweep_rollouts_per_question, params.sweep_epochs, params.sweep_questions_per_step)
-    }
+    """The sweep's settings, named G{g}_E{e}_Db{d}, each validated."""
+    try:
+        return {
+            f"G{g}_E{e}_Db{d}": EIParams(**{**params.model_dump(), "rollouts_per_question": g, "epochs": e,
+                                            "questions_per_step": d})
+            for g, e, d in itertools.product(params.sweep_rollouts_per_question, params.sweep_epochs,
+                                             params.sweep_questions_per_step)
+        }
+    except ValidationError as error:
+        raise ValueError(describe(error)) from None
 
 
 @flow(name="expert_iteration")
@@ -193,14 +145,14 @@ def check_inputs(params: EIParams) -> None:
     (each sweep setting's too), the model path, the prompt, the data files, prompts that do not fit the
     model's context, outputs that cannot be written."""
     try:
-        for setting in [params, *(grid(params).values() if params.sweep else ())]:
-            ei_config(setting)
+        if params.sweep:
+            grid(params)
     except ValueError as error:
         raise ValueError(f"invalid Expert Iteration settings: {error}") from None
     model = resolve_model(params.model)
     template = load_prompt(params.prompt)
     train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
-    validation = load_problem_set(params.validation_data, "math", params.seed, "validation")
+    validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
     sources = [(params.train_data, p) for p in train] + [(params.validation_data, p) for p in validation]
     check_context(model, [template.format(p.problem) for _, p in sources], params.max_tokens,
                   [f"{source} problem {p.unique_id}" for source, p in sources])

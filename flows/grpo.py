@@ -43,27 +43,28 @@ import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
-from pydantic import BaseModel, Field, field_validator
+from pydantic import ValidationError
 
 from a5core.data import write_text_atomic
 from flows.cli import check_outputs, cli_main, run_flow
-from a5core.grpo import GRPOConfig, grpo
+from a5core.grpo import grpo
 from a5core.models import check_context, resolve_model
 from a5core.policy import load_policy
 from a5core.prompts import load_prompt
-from a5core.rollout import DTYPES, Engine, SamplingSettings
+from a5core.settings import describe
+from a5core.problem_sets import REWARD_FNS, load_problem_set
+from a5core.rollout import Engine, SamplingSettings
+from flows.params import GRPOParams
 from tasks.engines import closing_engine, parse_engine_devices, rollout_engine
 from tasks.fanout import run_children_on_ray
-from tasks.tracking import DEFAULT_TRACKING_URI, ensure_experiment, log_params_flat
+from tasks.tracking import ensure_experiment, log_params_flat
 from tasks.training import (
     reopen_run,
     RUN_KEY_IGNORED,
-    TRAINING_REWARD_FNS,
-    load_problem_set,
     log_comparison,
     mlflow_logger,
     model_path,
@@ -74,105 +75,15 @@ from tasks.training import (
     validation_hook,
 )
 
-PROMPT_STOPS = {"r1_zero": ("</answer>",), "question_only": ()}  # question_only answers end with EOS
 TREND_METRICS = ("reward_mean", "token_entropy", "response_tokens_mean")
-AblationName = Literal["grpo_lr_sweep", "grpo_baseline_ablation", "grpo_length_norm_ablation", "grpo_std_norm_ablation",
-                       "grpo_off_policy_sweep", "grpo_clip_ablation", "grpo_prompt_ablation"]
-
-
-class GRPOParams(BaseModel):
-    model: str = Field("Qwen/Qwen2.5-Math-1.5B", description="starting policy: hub id, local folder (e.g. an SFT output)")
-    backend: Literal["auto", "vllm", "hf"] = Field("auto", description="rollout engine")
-    engine_dtype: Literal[DTYPES] = Field("auto", description="engine dtype (auto: bf16 on GPU, fp32 on CPU)")
-    engine_memory_fraction: float = Field(0.3, gt=0, le=1, description="vLLM gpu_memory_utilization beside the policy")
-    engine_device: str | None = Field(None, description="None: the engine runs in the trainer's process; a device "
-                                      "(cuda:1, cpu): in a process of its own there, weights pushed over NCCL/gloo; "
-                                      "under torchrun one device per rank, comma-separated (cuda:4,cuda:5)")
-    policy_dtype: Literal["float32", "bfloat16"] = Field("float32", description="policy weights (bf16 autocast on GPU)")
-    train_data: str = Field("../shared/data/math/train.jsonl", description="questions to sample from, or arithmetic:N:DIGITS")
-    train_format: Literal["math", "gsm8k"] = Field("math")
-    validation_data: str = Field("../shared/data/math/validation.jsonl", description="validation problems, or arithmetic:N:DIGITS")
-    validation_format: Literal["math", "gsm8k"] = Field("math")
-    val_subset: int = Field(1024, gt=0, description="problems evaluated every eval_every steps (a fixed random subset)")
-    val_limit: int | None = Field(None, gt=0, description="problems in the final evaluation (None: all)")
-    eval_every: int = Field(10, ge=0, description="steps between validations (0: only at the start and end)")
-    prompt: Literal["r1_zero", "question_only"] = Field("r1_zero", description="prompt; its reward function goes with it")
-    reward_fn: Literal["r1_zero", "question_only", "arithmetic"] | None = Field(
-        None, description="grader; None: the prompt's (arithmetic: for arithmetic:N:D data, r1_zero format)")
-    n_grpo_steps: int = Field(200, gt=0)
-    learning_rate: float = Field(1e-5, gt=0)
-    advantage_eps: float = Field(1e-6, ge=0)
-    rollout_batch_size: int = Field(256, gt=0)
-    group_size: int = Field(8, gt=0)
-    temperature: float = Field(1.0, ge=0)
-    min_tokens: int = Field(4, ge=0)
-    max_tokens: int = Field(1024, gt=0, description="response cap; also masked_normalize's constant")
-    epochs_per_rollout_batch: int = Field(1, gt=0)
-    train_batch_size: int = Field(256, gt=0)
-    gradient_accumulation_steps: int = Field(128, gt=0)
-    loss_type: Literal["no_baseline", "reinforce_with_baseline", "grpo_clip", "grpo_no_clip"] = Field("reinforce_with_baseline")
-    use_std_normalization: bool = Field(True)
-    length_normalization: Literal["masked_mean", "masked_normalize"] = Field("masked_mean")
-    weight_decay: float = Field(0.0, ge=0)
-    beta1: float = Field(0.9, ge=0, lt=1)
-    beta2: float = Field(0.95, ge=0, lt=1)
-    grad_clip: float = Field(1.0, ge=0)
-    cliprange: float = Field(0.2, gt=0)
-    cliprange_high: float | None = Field(None, gt=0, description="clip-higher upper range (grpo_clip); None: symmetric")
-    tis_cap: float | None = Field(None, gt=0, description="truncated importance-sampling cap; None: off")
-    drop_uniform_groups: bool = Field(False, description="drop groups whose rewards are all equal")
-    gradient_checkpointing: bool = Field(False)
-    compile_layers: bool = Field(False, description="torch.compile the decoder layers (GPU: faster, less memory; "
-                                                    "the first step compiles)")
-    fsdp_reshard_after_forward: bool = Field(True, description="several GPUs: False keeps each layer's gathered "
-                                             "weights from forward to backward (faster, more memory)")
-    checkpoint_every: int = Field(10, ge=0)
-    seed: int = Field(0)
-    ablation: AblationName | None = Field(None, description="run this ablation instead of one run")
-    runner: Literal["local", "ray"] = Field("local", description="an ablation's children: one after another here "
-                                            "(one shared engine), or in parallel on Ray (an engine each)")
-    ray_address: str | None = Field(None, description="runner ray: None starts a local Ray; or ray://host:10001")
-    ray_gpus_per_child: float = Field(1.0, ge=0, description="runner ray: GPUs each child reserves")
-    ray_cpus_per_child: float = Field(1.0, ge=0, description="runner ray: CPUs each child reserves")
-    sweep_learning_rates: list[float] = Field([3e-6, 1e-5, 3e-5, 1e-4], min_length=1, description="grpo_lr_sweep")
-    sweep_epochs_per_rollout_batch: list[int] = Field([2, 4], min_length=1, description="grpo_off_policy_sweep")
-    sweep_train_batch_sizes: list[int] = Field([128, 64], min_length=1, description="grpo_off_policy_sweep")
-    clip_epochs_per_rollout_batch: int = Field(2, gt=0, description="grpo_clip_ablation's off-policy setting")
-    clip_train_batch_size: int = Field(128, gt=0, description="grpo_clip_ablation's off-policy setting")
-    output_dir: str = Field("outputs/grpo")
-    metrics_path: str | None = Field("metrics/grpo.json")
-    experiment: str = Field("grpo")
-    tracking_uri: str = Field(DEFAULT_TRACKING_URI)
-
-    @field_validator("engine_device")
-    @classmethod
-    def _devices(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_engine_devices(value)
-        return value
-
-
-def grpo_config(params: GRPOParams, checkpoint_dir: str | None = None) -> GRPOConfig:
-    """The loop's settings; an invalid combination fails here with GRPOConfig's message."""
-    return GRPOConfig(
-        n_grpo_steps=params.n_grpo_steps, learning_rate=params.learning_rate, advantage_eps=params.advantage_eps,
-        rollout_batch_size=params.rollout_batch_size, group_size=params.group_size,
-        sampling=SamplingSettings(temperature=params.temperature, min_tokens=params.min_tokens,
-                                  max_tokens=params.max_tokens, stop=PROMPT_STOPS[params.prompt]),
-        epochs_per_rollout_batch=params.epochs_per_rollout_batch, train_batch_size=params.train_batch_size,
-        gradient_accumulation_steps=params.gradient_accumulation_steps, loss_type=params.loss_type,
-        use_std_normalization=params.use_std_normalization, length_normalization=params.length_normalization,
-        weight_decay=params.weight_decay, betas=(params.beta1, params.beta2), grad_clip=params.grad_clip,
-        cliprange=params.cliprange, cliprange_high=params.cliprange_high, tis_cap=params.tis_cap,
-        drop_uniform_groups=params.drop_uniform_groups, gradient_checkpointing=params.gradient_checkpointing,
-        compile_layers=params.compile_layers, fsdp_reshard_after_forward=params.fsdp_reshard_after_forward,
-        seed=params.seed, eval_every=params.eval_every, checkpoint_dir=checkpoint_dir,
-        checkpoint_every=params.checkpoint_every,
-    )
 
 
 def with_overrides(params: GRPOParams, overrides: dict[str, Any]) -> GRPOParams:
-    return GRPOParams(**{**params.model_dump(), **overrides})
+    """``params`` with ``overrides``, validated: ValueError in one line for an invalid combination."""
+    try:
+        return type(params)(**{**params.model_dump(), **overrides})
+    except ValidationError as error:
+        raise ValueError(describe(error)) from None
 
 
 # ---------------------------------------------------------------------------------- the ablations
@@ -211,12 +122,7 @@ def ablation_settings(name: str, params: GRPOParams) -> dict[str, GRPOParams]:
     """The children of ablation ``name``: setting name → validated parameters (an invalid one fails
     before anything runs)."""
     _, build = ABLATIONS[name]
-    children = {}
-    for setting, overrides in build(params).items():
-        child = with_overrides(params, {**overrides, "ablation": None})
-        grpo_config(child)
-        children[setting] = child
-    return children
+    return {setting: with_overrides(params, {**overrides, "ablation": None}) for setting, overrides in build(params).items()}
 
 
 # ----------------------------------------------------------------------------------------- a run
@@ -261,12 +167,11 @@ def run_grpo(name: str, params: GRPOParams, engine: Engine, parent_run_id: str |
     run_dir = Path(params.output_dir) / f"runs-{run_key(params)}" / name
     if (run_dir / "done.json").is_file():
         return json.loads((run_dir / "done.json").read_text())
-    config = grpo_config(params, str(run_dir / "checkpoint"))
     train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
     validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
-    template, reward_fn = load_prompt(params.prompt), TRAINING_REWARD_FNS[params.reward_fn or params.prompt]
+    template, reward_fn = load_prompt(params.prompt), REWARD_FNS[params.grader]
     eval_sampling = SamplingSettings(temperature=params.temperature, max_tokens=params.max_tokens,
-                                     stop=PROMPT_STOPS[params.prompt], seed=params.seed)
+                                     stop=template.stop, seed=params.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with start_resumable_run(run_dir / "mlflow_run_id", params.experiment, f"grpo-{name}", params.tracking_uri,
                              parent_run_id) as run:
@@ -280,7 +185,8 @@ def run_grpo(name: str, params: GRPOParams, engine: Engine, parent_run_id: str |
             if "val_accuracy" in metrics:
                 by_wall_clock(metrics["val_accuracy"], step, metrics["wall_seconds"])
 
-        history = grpo(model, tokenizer, engine, train, template, reward_fn, config, evaluate=hook, log=log)
+        history = grpo(model, tokenizer, engine, train, template, reward_fn, params, checkpoint_dir=run_dir / "checkpoint",
+                       evaluate=hook, log=log)
         model.eval()
         full = validation_hook(engine, tokenizer, validation, template, reward_fn, eval_sampling, params.val_limit)(
             model, params.n_grpo_steps)
@@ -375,7 +281,6 @@ def grpo_flow(params: GRPOParams = GRPOParams()) -> dict:
     """One GRPO run, or (``ablation`` set) that ablation."""
     if params.ablation is not None:
         return run_ablation(params.ablation, params)
-    grpo_config(params)  # fail on a bad combination before an engine starts
     with closing_engine(engine_for(params)) as engine:
         row = tracked(run_grpo)("single", params, engine, None)
     if not tracking_rank():
@@ -408,7 +313,6 @@ def check_inputs(params: GRPOParams) -> None:
     (each ablation setting's too), the model path, the prompt, the data files, prompts that do not fit
     the model's context, where the engines run, outputs that cannot be written."""
     try:
-        config = grpo_config(params)
         if params.ablation is not None:
             ablation_settings(params.ablation, params)
     except ValueError as error:
@@ -418,9 +322,9 @@ def check_inputs(params: GRPOParams) -> None:
     template = load_prompt(params.prompt)
     train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
     validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
-    if len(train) < config.prompts_per_step:
+    if len(train) < params.prompts_per_step:
         raise ValueError(f"train_data {params.train_data}: {len(train)} problems, fewer than the "
-                         f"{config.prompts_per_step} questions a step samples (rollout_batch_size / group_size)")
+                         f"{params.prompts_per_step} questions a step samples (rollout_batch_size / group_size)")
     sources = [(params.train_data, p) for p in train] + [(params.validation_data, p) for p in validation]
     check_context(model, [template.format(p.problem) for _, p in sources], params.max_tokens,
                   [f"{source} problem {p.unique_id}" for source, p in sources])

@@ -41,62 +41,28 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Literal
-
 import torch
 from prefect import flow
-from pydantic import Field, model_validator
 
 from a5core.data import Trace, load_sft_traces, write_text_atomic
 from a5core.grading import r1_zero_reward_fn
 from a5core.grpo import grpo
 from a5core.models import check_context, resolve_model
 from a5core.policy import load_policy
+from a5core.problem_sets import REWARD_FNS, load_problem_set
 from a5core.prompts import load_prompt
 from a5core.rollout import SamplingSettings
 from a5core.sft import SFTConfig, train_sft
 from flows.cli import cli_main, run_flow
-from flows.grpo import GRPOParams, check_inputs as check_grpo_inputs, engine_for, grpo_config, run_key
+from flows.grpo import check_inputs as check_grpo_inputs, engine_for, run_key
+from flows.params import LeaderboardParams
 from tasks.engines import closing_engine
 from tasks.tracking import log_params_flat
-from tasks.training import (TRAINING_REWARD_FNS, load_problem_set, mlflow_logger, save_model_folder,
-                            start_resumable_run, tracking_rank, validation_hook)
+from tasks.training import mlflow_logger, save_model_folder, start_resumable_run, tracking_rank, validation_hook
 
 # The leaderboard's evaluation, not a parameter.
-FINAL_SAMPLING = SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=1024, stop=("</answer>",), seed=0)
+FINAL_SAMPLING = SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=1024, stop=load_prompt("r1_zero").stop, seed=0)
 OFFICIAL_VALIDATION_SIZE = 5000
-
-
-class LeaderboardParams(GRPOParams):
-    budget_hours: float = Field(4.0, gt=0, description="wall-clock budget of the whole flow, evaluation included")
-    final_eval_limit: int | None = Field(None, gt=0, description="None: all validation problems (the rule); "
-                                         "a number only for smoke runs, which are then not official")
-    final_eval_reserve_s: float = Field(900.0, ge=0, description="minimum seconds kept for the final evaluation")
-    sft_data: str | None = Field(None, description="r1_zero traces (prompt/response/ground_truth) for an SFT phase first")
-    sft_max_steps: int = Field(0, ge=0, description="SFT optimizer steps (0: no SFT phase)")
-    sft_learning_rate: float = Field(2e-5, gt=0)
-    sft_batch_size: int = Field(32, gt=0)
-    sft_microbatch_size: int = Field(2, gt=0)
-    prompt: Literal["r1_zero"] = Field("r1_zero", description="fixed by the rules")
-    reward_fn: Literal["r1_zero", "arithmetic"] | None = Field(
-        None, description="None/r1_zero: the rule; arithmetic only with the generated arithmetic task (smoke runs), "
-        "where the MATH grader also scores a copy of the question ('12 + 34') as the answer")
-    learning_rate: float = Field(3e-5, gt=0)
-    length_normalization: Literal["masked_mean", "masked_normalize"] = Field("masked_normalize")
-    n_grpo_steps: int = Field(100_000, gt=0, description="an upper bound; the budget ends the run")
-    val_subset: int = Field(512, gt=0)
-    eval_every: int = Field(10, ge=0)
-    output_dir: str = Field("outputs/leaderboard")
-    metrics_path: str | None = Field("metrics/leaderboard.json")
-    experiment: str = Field("leaderboard")
-
-    @model_validator(mode="after")
-    def _arithmetic_grader_only_on_arithmetic(self) -> "LeaderboardParams":
-        on_arithmetic = all(d.startswith("arithmetic:") for d in (self.train_data, self.validation_data))
-        if self.reward_fn == "arithmetic" and not on_arithmetic:
-            raise ValueError("reward_fn arithmetic grades only the generated arithmetic task: set train_data and "
-                             "validation_data to arithmetic:N:DIGITS, or leave reward_fn at r1_zero (the rule)")
-        return self
 
 
 @flow(name="leaderboard")
@@ -106,9 +72,8 @@ def leaderboard(params: LeaderboardParams = LeaderboardParams()) -> dict:
     out = Path(params.output_dir)
     if Path(params.train_data).resolve() == Path(params.validation_data).resolve():
         raise ValueError("leaderboard: train_data and validation_data are the same file; train on MATH train only")
-    config = grpo_config(params, str(run_folder(params) / "grpo_checkpoint"))
     with closing_engine(engine_for(params)) as engine:
-        summary = _run(params, config, engine, start)
+        summary = _run(params, engine, start)
     if tracking_rank():
         write_text_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
         if params.metrics_path:
@@ -116,14 +81,14 @@ def leaderboard(params: LeaderboardParams = LeaderboardParams()) -> dict:
     return summary
 
 
-def _run(params: LeaderboardParams, config, engine, start: float) -> dict:
+def _run(params: LeaderboardParams, engine, start: float) -> dict:
     """The budgeted training and the final score (see the module docstring); returns the summary."""
     budget = params.budget_hours * 3600
     out, folder = Path(params.output_dir), run_folder(params)
     train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
     validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
     final_problems = validation[: params.final_eval_limit]
-    template, reward_fn = load_prompt("r1_zero"), TRAINING_REWARD_FNS[params.reward_fn or "r1_zero"]
+    template, reward_fn = load_prompt(params.prompt), REWARD_FNS[params.grader]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     best = {"val_accuracy": -1.0, "step": None}
     seconds_per_problem: list[float] = []
@@ -142,13 +107,13 @@ def _run(params: LeaderboardParams, config, engine, start: float) -> dict:
             traces: list[Trace] = load_sft_traces(params.sft_data)
             train_sft(model, tokenizer, traces, SFTConfig(
                 learning_rate=params.sft_learning_rate, batch_size=params.sft_batch_size,
-                microbatch_size=params.sft_microbatch_size, max_steps=params.sft_max_steps, seed=params.seed,
-                checkpoint_dir=str(folder / "sft_checkpoint"), checkpoint_every=50, compile_layers=params.compile_layers,
+                microbatch_size=params.sft_microbatch_size, epochs=1, max_steps=params.sft_max_steps, seed=params.seed,
+                checkpoint_every=50, compile_layers=params.compile_layers,
                 fsdp_reshard_after_forward=params.fsdp_reshard_after_forward,
-            ), log=lambda m, s: log({f"sft/{k}": v for k, v in m.items()}, s))
+            ), checkpoint_dir=folder / "sft_checkpoint", log=lambda m, s: log({f"sft/{k}": v for k, v in m.items()}, s))
         # The curve's evaluations sample like training (max_tokens of the run); their cost per problem,
         # scaled to the final evaluation's 1,024 tokens, sizes the final evaluation's reserve.
-        curve_sampling = SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=params.max_tokens, stop=("</answer>",), seed=0)
+        curve_sampling = SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=params.max_tokens, stop=template.stop, seed=0)
         subset_eval = validation_hook(engine, tokenizer, validation, template, reward_fn, curve_sampling, params.val_subset)
         token_ratio = FINAL_SAMPLING.max_tokens / params.max_tokens
         # An engine's first call compiles (the hf engine: ~45 s on an H200); made here, it stays out of
@@ -173,7 +138,8 @@ def _run(params: LeaderboardParams, config, engine, start: float) -> dict:
             return now - start + reserve() + clock["step_seconds"] >= budget
 
         clock["last"] = time.monotonic()
-        history = grpo(model, tokenizer, engine, train, template, reward_fn, config, evaluate=evaluate, log=log,
+        history = grpo(model, tokenizer, engine, train, template, reward_fn, params,
+                       checkpoint_dir=folder / "grpo_checkpoint", evaluate=evaluate, log=log,
                        should_stop=should_stop)
         stopped_by_budget = history[-1]["step"] < params.n_grpo_steps
         if best["step"] is not None and best["step"] != history[-1]["step"]:

@@ -38,11 +38,12 @@ from typing import Any
 
 import yaml
 from prefect import flow
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from a5core.data import write_text_atomic
+from a5core.settings import defaults
 from flows.cli import cli_main, parse_params, run_flow
-from tasks.tracking import DEFAULT_TRACKING_URI
+from flows.params import Experiment, MLflowLogging, OutputDir, TrackingStore
 
 NOT_RUN = "not run"
 _UMASK = os.umask(0)
@@ -65,16 +66,13 @@ REPORT_MARKER = ".a5-report"
 REPORT_FILES = ("report.md", "report.html", "baseline_cases.md")
 
 
-class ReportParams(BaseModel):
+@defaults(output_dir="outputs/report", experiment="report")
+class ReportParams(OutputDir, Experiment, TrackingStore, MLflowLogging):
     root: str = Field(".", description="project folder whose metrics/ and outputs/ are read")
     params_file: str | None = Field("params.yaml", description="settings shown in the report (under root); None: none")
     ablations_from_mlflow: bool = Field(True, description="add the GRPO ablations found in the MLflow store")
     grpo_experiment: str = Field("grpo", description="MLflow experiment searched for ablation parent runs")
     title: str = Field("a5 pipeline report")
-    output_dir: str = Field("outputs/report", description="report.md, report.html, figures/")
-    log_to_mlflow: bool = Field(True, description="log the report as a run in `experiment`")
-    experiment: str = Field("report", description="MLflow experiment of the report run")
-    tracking_uri: str = Field(DEFAULT_TRACKING_URI)
 
 
 # ------------------------------------------------------------------------------ the page's blocks

@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from a5core.data import DataError, load_math, load_sft_traces, write_jsonl_atomic, write_text_atomic
 from a5core.models import ModelResolutionError, resolve_model
 from a5core.prompts import PromptTemplateError, load_prompt
-from a5core.rollout import DTYPES, SamplingSettings, make_engine
+from a5core.rollout import SamplingSettings, make_engine
 from a5core.sft_data import (
     OpenAICompletionsTeacher,
     TeacherError,
@@ -54,6 +54,7 @@ from a5core.sft_data import (
     math_solution_traces,
 )
 from flows.cli import ConfigError, cli_main, profile_name, read_config, section_settings
+from flows.params import DistillParams, Prompt
 
 OUT_DIR = Path("data/sft")
 DEFAULT_SETS = {
@@ -64,34 +65,11 @@ DEFAULT_SETS = {
 DEFAULT_METRICS = Path("metrics/sft_data.json")
 
 
-class DistillParams(BaseModel):
+class SftDataParams(Prompt):
+    """The trace sets' settings; every set's prompts are written with ``prompt``."""
+
     model_config = ConfigDict(extra="forbid")
 
-    enabled: bool = Field(False, description="opt-in: needs a served or local teacher model")
-    teacher: Literal["openai", "engine"] = Field("openai", description="openai: a /v1/completions server; engine: make_engine")
-    model: str = Field("Qwen/Qwen2.5-Math-7B", description="served model name, or a model for make_engine")
-    base_url: str = Field("http://127.0.0.1:8000/v1", description="teacher: openai; POSTs {base_url}/completions")
-    api_key_env: str | None = Field(None, description="name of the environment variable holding the API key")
-    timeout_s: float = Field(600.0, gt=0)
-    max_retries: int = Field(4, ge=0)
-    batch_size: int = Field(16, gt=0, description="prompts per request (openai)")
-    concurrency: int = Field(4, gt=0, description="requests in flight (openai)")
-    backend: Literal["auto", "vllm", "hf"] = Field("auto", description="teacher: engine")
-    dtype: Literal[DTYPES] = Field("auto", description="teacher: engine")
-    problems: str = Field("../shared/data/math/train.jsonl", description="MATH problems to distill")
-    limit: int | None = Field(None, gt=0, description="only the first N problems")
-    n: int = Field(4, gt=0, description="samples per problem")
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_tokens: int = Field(1024, gt=0)
-    stop: list[str] = Field(["</answer>"])
-    seed: int | None = 0
-
-
-class SftDataParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    prompt: str = Field("r1_zero", description="template every set's prompts are written with")
     math: str = Field("../shared/data/math/train.jsonl", description="MATH train problems with solutions")
     traces: str = Field("../shared/data/sft/teacher_traces_sample.jsonl", description="prompt/response/ground_truth file")
     reprompt_traces: bool = Field(True, description="re-render the trace file's prompts with `prompt`")
@@ -152,9 +130,10 @@ def write_distill(params: SftDataParams, out: str | os.PathLike, teacher: Any = 
         write_jsonl_atomic(out, [])
         return {"traces": 0, "enabled": False, "out": str(out)}
     problems = load_math(d.problems)[: d.limit]
+    template = load_prompt(params.prompt)
     sampling = SamplingSettings(n=d.n, temperature=d.temperature, top_p=d.top_p, max_tokens=d.max_tokens,
-                                stop=tuple(d.stop), seed=d.seed)
-    traces = distill(problems, load_prompt(params.prompt), teacher or make_teacher(d), d.n, sampling)
+                                stop=template.stop if d.stop is None else tuple(d.stop), seed=d.seed)
+    traces = distill(problems, template, teacher or make_teacher(d), d.n, sampling)
     write_jsonl_atomic(out, _records(traces))
     return {"traces": len(traces), "enabled": True, "problems": len(problems), "out": str(out)}
 

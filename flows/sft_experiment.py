@@ -32,25 +32,22 @@ import os
 import random
 import sys
 from pathlib import Path
-from typing import Annotated, Literal
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
-from pydantic import BaseModel, Field
 
 from a5core.data import Problem, Trace, write_text_atomic
 from a5core.models import check_context, resolve_model
 from a5core.policy import load_policy
+from a5core.problem_sets import REWARD_FNS, load_problem_set, load_trace_set
 from a5core.prompts import load_prompt
-from a5core.rollout import DTYPES, Engine, SamplingSettings
-from a5core.sft import SFTConfig, train_sft
+from a5core.rollout import Engine, SamplingSettings
+from a5core.sft import train_sft
 from flows.cli import check_outputs, cli_main, run_flow
+from flows.params import SFTExperimentParams
 from tasks.engines import closing_engine, rollout_engine
-from tasks.tracking import DEFAULT_TRACKING_URI, log_params_flat
+from tasks.tracking import log_params_flat
 from tasks.training import (
-    TRAINING_REWARD_FNS,
-    load_problem_set,
-    load_trace_set,
     log_comparison,
     mlflow_logger,
     params_key,
@@ -62,65 +59,10 @@ from tasks.training import (
 )
 
 
-class SFTExperimentParams(BaseModel):
-    model: str = Field("Qwen/Qwen2.5-Math-1.5B", description="base model: hub id, local folder, or smollm2-135m-instruct")
-    backend: Literal["auto", "vllm", "hf"] = Field("auto", description="rollout engine for evaluation")
-    engine_dtype: Literal[DTYPES] = Field("auto", description="engine dtype (auto: bf16 on GPU, fp32 on CPU)")
-    engine_memory_fraction: float = Field(0.3, gt=0, le=1, description="vLLM gpu_memory_utilization beside the policy")
-    policy_dtype: Literal["float32", "bfloat16"] = Field("float32", description="policy weights (bf16 autocast on GPU)")
-    train_data: str = Field("data/sft/math_solutions.jsonl", description="SFT traces (prompt, response, ground_truth), "
-                            "or arithmetic:N:DIGITS (generated r1_zero traces)")
-    filtered_data: str | None = Field("data/sft/teacher_filtered.jsonl", description="filtered traces, trained as one more setting")
-    sizes: list[Annotated[int, Field(gt=0)] | Literal["full"]] = Field([128, 256, 512, 1024, "full"], min_length=1, description="training-set sizes")
-    validation_data: str = Field("../shared/data/math/validation.jsonl", description="MATH-format validation problems, "
-                                 "or arithmetic:N:DIGITS")
-    val_subset: int = Field(500, gt=0, description="problems evaluated every eval_every steps")
-    val_limit: int | None = Field(None, gt=0, description="problems in the final evaluation (None: all)")
-    prompt: str = Field("r1_zero", description="prompt template of the traces and the evaluation")
-    reward_fn: Literal["r1_zero", "question_only", "arithmetic"] = Field(
-        "r1_zero", description="grader (arithmetic: for arithmetic:N:D validation data)")
-    learning_rate: float = Field(2e-5, gt=0)
-    lr_schedule: Literal["cosine", "constant"] = Field("cosine")
-    warmup_steps: int = Field(0, ge=0)
-    batch_size: int = Field(32, gt=0, description="sequences per optimizer step")
-    microbatch_size: int = Field(2, gt=0, description="sequences per forward/backward")
-    epochs: int = Field(2, gt=0)
-    max_steps: int | None = Field(None, gt=0, description="cap on optimizer steps per setting")
-    max_seq_len: int = Field(1024, gt=0)
-    gradient_checkpointing: bool = Field(False)
-    compile_layers: bool = Field(False, description="torch.compile the decoder layers (GPU: faster, less memory; "
-                                                    "the first step compiles)")
-    fsdp_reshard_after_forward: bool = Field(True, description="several GPUs: False keeps each layer's gathered "
-                                             "weights from forward to backward (faster, more memory)")
-    eval_every: int = Field(10, ge=0, description="optimizer steps between subset evaluations (0: end only)")
-    checkpoint_every: int = Field(20, ge=0)
-    temperature: float = Field(1.0, ge=0, description="evaluation sampling temperature")
-    max_tokens: int = Field(1024, gt=0, description="evaluation response budget")
-    seed: int = Field(0)
-    save_models: bool = Field(False, description="save each setting's final weights (Hugging Face folder) and link "
-                              "the best as output_dir/best_model")
-    output_dir: str = Field("outputs/sft_experiment")
-    metrics_path: str | None = Field("metrics/sft_experiment.json", description="DVC metrics file")
-    experiment: str = Field("sft_experiment")
-    tracking_uri: str = Field(DEFAULT_TRACKING_URI)
-
-
 def subsets(traces: list[Trace], sizes: list[int | str], seed: int) -> dict[str, list[Trace]]:
     """Seeded random subsets (MATH train is ordered by subject, so never the first n)."""
     shuffled = random.Random(seed).sample(traces, len(traces))
     return {str(size): shuffled if size == "full" else shuffled[: int(size)] for size in sizes}
-
-
-def sft_config(params: SFTExperimentParams, checkpoint_dir: str | None = None) -> SFTConfig:
-    """The loop's settings; an invalid combination fails here with SFTConfig's message."""
-    return SFTConfig(
-        learning_rate=params.learning_rate, lr_schedule=params.lr_schedule, warmup_steps=params.warmup_steps,
-        batch_size=params.batch_size, microbatch_size=params.microbatch_size,
-        epochs=params.epochs, max_steps=params.max_steps, max_seq_len=params.max_seq_len, gradient_checkpointing=params.gradient_checkpointing,
-        compile_layers=params.compile_layers, fsdp_reshard_after_forward=params.fsdp_reshard_after_forward,
-        seed=params.seed, eval_every=params.eval_every, checkpoint_dir=checkpoint_dir,
-        checkpoint_every=params.checkpoint_every,
-    )
 
 
 @task(cache_policy=NO_CACHE)
@@ -134,17 +76,17 @@ def train_setting(name: str, traces: list[Trace], problems: list[Problem], param
     done = run_dir / "done.json"
     if done.is_file():
         return json.loads(done.read_text())
-    template, reward_fn = load_prompt(params.prompt), TRAINING_REWARD_FNS[params.reward_fn]
-    sampling = SamplingSettings(temperature=params.temperature, max_tokens=params.max_tokens, stop=("</answer>",), seed=params.seed)
+    template, reward_fn = load_prompt(params.prompt), REWARD_FNS[params.grader]
+    sampling = SamplingSettings(temperature=params.temperature, max_tokens=params.max_tokens, stop=template.stop,
+                                seed=params.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with start_resumable_run(run_dir / "mlflow_run_id", params.experiment, f"sft-{name}", params.tracking_uri, parent_run_id) as run:
         if tracking_rank():
             log_params_flat({**params.model_dump(), "setting": name, "n_examples": len(traces)})
         model, tokenizer = load_policy(params.model, dtype=getattr(torch, params.policy_dtype), device=device)
-        config = sft_config(params, str(run_dir / "checkpoint"))
         hook = validation_hook(engine, tokenizer, problems, template, reward_fn, sampling, params.val_subset)
         log = mlflow_logger()
-        final = train_sft(model, tokenizer, traces, config, evaluate=hook, log=log)
+        final = train_sft(model, tokenizer, traces, params, checkpoint_dir=run_dir / "checkpoint", evaluate=hook, log=log)
         step = int(final.get("step", 0))
         full = validation_hook(engine, tokenizer, problems, template, reward_fn, sampling, params.val_limit)(model, step)
         log({f"final_{k}": v for k, v in full.items()}, step)
@@ -182,7 +124,7 @@ def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
     out = Path(params.output_dir)
     template = load_prompt(params.prompt)
     settings = subsets(load_trace_set(params.train_data, template, params.seed), params.sizes, params.seed)
-    validation = load_problem_set(params.validation_data, "math", params.seed, "validation")
+    validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
     if params.filtered_data:
         settings["filtered"] = load_trace_set(params.filtered_data, template, params.seed)
     engine = rollout_engine(resolve_model(params.model), params.backend, dtype=params.engine_dtype,
@@ -213,16 +155,12 @@ def check_inputs(params: SFTExperimentParams) -> None:
     """Fail on bad input before an engine starts, with the error naming what and where: the settings,
     the model path, the prompt, the data files, prompts that do not fit the model's context, outputs
     that cannot be written."""
-    try:
-        sft_config(params)
-    except ValueError as error:
-        raise ValueError(f"invalid SFT settings: {error}") from None
     model = resolve_model(params.model)
     template = load_prompt(params.prompt)
     for source in (params.train_data, params.filtered_data):
         if source:
             load_trace_set(source, template, params.seed)
-    validation = load_problem_set(params.validation_data, "math", params.seed, "validation")
+    validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
     check_context(model, [template.format(p.problem) for p in validation], params.max_tokens,
                   [f"{params.validation_data} problem {p.unique_id}" for p in validation])
     check_outputs(params)

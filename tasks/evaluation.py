@@ -12,8 +12,8 @@ from prefect.cache_policies import INPUTS, TASK_SOURCE
 
 from a5core.data import PROBLEM_LOADERS, Problem, write_jsonl_atomic, write_text_atomic
 from a5core.evaluation import case_report, grade_completions, summarize
-from a5core.grading import REWARD_FNS
 from a5core.models import resolve_model
+from a5core.problem_sets import REWARD_FNS
 from a5core.rollout import Completion, SamplingSettings, make_engine
 from tasks.engines import retry_unless_deterministic, start_engine
 

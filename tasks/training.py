@@ -23,17 +23,13 @@ import mlflow
 import torch
 
 from a5core import distributed
-from a5core.arithmetic import arithmetic_reward_fn
-from a5core.data import Problem, Trace, write_text_atomic
-from a5core.grading import REWARD_FNS
+from a5core.data import Problem, write_text_atomic
 from a5core.evaluation import evaluate, log_generations, summarize
 from a5core.prompts import PromptTemplate
 from a5core.rollout import Engine, SamplingSettings
 from tasks.tracking import ensure_experiment, system_metrics_logging
 
 
-# The graders a training flow can pick by name: the MATH ones, and the generated arithmetic task's own.
-TRAINING_REWARD_FNS = {**REWARD_FNS, "arithmetic": arithmetic_reward_fn}
 # What the ranks that do not track get for an MLflow run: a run id of None.
 UNTRACKED_RUN = SimpleNamespace(info=SimpleNamespace(run_id=None))
 
@@ -187,46 +183,6 @@ def _log_table(rows: list[dict[str, Any]], name: str) -> None:
     run_id = mlflow.active_run().info.run_id
     if table not in {a.path for a in mlflow.MlflowClient().list_artifacts(run_id, "generations")}:
         mlflow.log_table({k: [r[k] for r in rows] for k in rows[0]}, artifact_file=table)
-
-
-def load_problem_set(source: str, data_format: str, seed: int, split: str) -> list[Problem]:
-    """A MATH/GSM8K file, or ``arithmetic:N:DIGITS`` (the generated toy task); shuffled with ``seed``
-    (MATH files are ordered by subject: a prefix of the shuffled list is a fair subset)."""
-    import random
-
-    from a5core.arithmetic import arithmetic_problems
-    from a5core.data import PROBLEM_LOADERS
-
-    if source.startswith("arithmetic:"):
-        n, digits = _arithmetic_spec(source)
-        problems = arithmetic_problems(n, digits=digits, seed=seed, split=split)
-    else:
-        problems = PROBLEM_LOADERS[data_format](source)
-    return random.Random(seed).sample(problems, len(problems))
-
-
-def _arithmetic_spec(source: str) -> tuple[int, int]:
-    """(N, DIGITS) of ``arithmetic:N:DIGITS``; DataError naming the source otherwise."""
-    from a5core.data import DataError
-
-    spec = source.split(":")
-    if len(spec) != 3 or not all(part.isdigit() and int(part) > 0 for part in spec[1:]):
-        raise DataError(f"{source}: expected arithmetic:N:DIGITS with N and DIGITS positive integers")
-    return int(spec[1]), int(spec[2])
-
-
-def load_trace_set(source: str, template: PromptTemplate, seed: int) -> list[Trace]:
-    """SFT traces: a prompt/response/ground_truth file, or ``arithmetic:N:DIGITS``: N generated train
-    problems of the arithmetic task as r1_zero traces (their one-line solution as the reasoning), the
-    format a small model learns from a few dozen of."""
-    from a5core.arithmetic import arithmetic_problems
-    from a5core.data import load_sft_traces
-    from a5core.sft_data import math_solution_traces
-
-    if not source.startswith("arithmetic:"):
-        return load_sft_traces(source)
-    n, digits = _arithmetic_spec(source)
-    return math_solution_traces(arithmetic_problems(n, digits=digits, seed=seed, split="train"), template)[0]
 
 
 def save_model_folder(model: torch.nn.Module, tokenizer: Any, directory: Path) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import random
 import shutil
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -119,9 +118,9 @@ def run_sft(tokenizer, out: Path, microbatch: int | None, foreign: str | None) -
     results["sft_gathered"] = {"weights": whole_weights(gathered)}
 
     crashed = make_model(tokenizer)
-    config = sft_config(microbatch, checkpoint_dir=str(out / "sft_ckpt"), checkpoint_every=1, eval_every=1)
+    config = sft_config(microbatch, checkpoint_every=1, eval_every=1)
     try:
-        train_sft(crashed, tokenizer, EXAMPLES, config, evaluate=crash_at_step_2)
+        train_sft(crashed, tokenizer, EXAMPLES, config, checkpoint_dir=out / "sft_ckpt", evaluate=crash_at_step_2)
         raise AssertionError("the crash did not happen")
     except KeyboardInterrupt:
         pass
@@ -130,7 +129,7 @@ def run_sft(tokenizer, out: Path, microbatch: int | None, foreign: str | None) -
     if dist.is_initialized():
         dist.barrier()
     resumed, log = make_model(tokenizer, seed=1), Recorder()
-    train_sft(resumed, tokenizer, EXAMPLES, config, log=log)
+    train_sft(resumed, tokenizer, EXAMPLES, config, checkpoint_dir=out / "sft_ckpt", log=log)
     results["sft_resumed"] = {"weights": whole_weights(resumed), "log": log.calls}
 
     if foreign is not None:
@@ -139,8 +138,8 @@ def run_sft(tokenizer, out: Path, microbatch: int | None, foreign: str | None) -
         if dist.is_initialized():
             dist.barrier()
         resumed = make_model(tokenizer, seed=2)
-        train_sft(resumed, tokenizer, EXAMPLES, replace(config, microbatch_size=sft_config(None).microbatch_size,
-                                                        checkpoint_dir=str(out / "sft_foreign")))
+        train_sft(resumed, tokenizer, EXAMPLES, config.model_copy(update={"microbatch_size": sft_config(None).microbatch_size}),
+                  checkpoint_dir=out / "sft_foreign")
         results["sft_foreign"] = {"weights": whole_weights(resumed)}
     return results
 
@@ -149,7 +148,7 @@ def grpo_config(microbatch: int | None, **overrides) -> GRPOConfig:
     return GRPOConfig(**{**dict(
         n_grpo_steps=2, learning_rate=1e-2, rollout_batch_size=12, group_size=4, train_batch_size=6,
         gradient_accumulation_steps=6 // (microbatch or 6), epochs_per_rollout_batch=2, loss_type="grpo_clip",
-        cliprange=0.05, sampling=SamplingSettings(temperature=1.0, max_tokens=8, stop=("</answer>",)),
+        cliprange=0.05, temperature=1.0, min_tokens=0, max_tokens=8, checkpoint_every=1,
     ), **overrides})
 
 
@@ -161,12 +160,13 @@ def run_grpo(tokenizer, out: Path, microbatch: int | None) -> dict:
     history = grpo(model, tokenizer, engine, PROBLEMS, template, parity_reward, grpo_config(microbatch), log=log)
     results["grpo"] = {"weights": whole_weights(model), "log": log.calls, "history": history, "pushes": engine.pushes}
 
-    config = grpo_config(microbatch, checkpoint_dir=str(out / "grpo_ckpt"))
+    config, ckpt = grpo_config(microbatch), out / "grpo_ckpt"
     stopped = make_model(tokenizer)
     first = grpo(stopped, tokenizer, FixedEngine(tokenizer), PROBLEMS, template, parity_reward, config,
-                 should_stop=lambda step: rank == 0)  # one rank's wish stops them all
+                 checkpoint_dir=ckpt, should_stop=lambda step: rank == 0)  # one rank's wish stops them all
     resumed = make_model(tokenizer, seed=1)
-    history = grpo(resumed, tokenizer, FixedEngine(tokenizer), PROBLEMS, template, parity_reward, config)
+    history = grpo(resumed, tokenizer, FixedEngine(tokenizer), PROBLEMS, template, parity_reward, config,
+                   checkpoint_dir=ckpt)
     results["grpo_resumed"] = {"weights": whole_weights(resumed), "first": first, "history": history}
     return results
 

@@ -62,15 +62,15 @@ def even_length_reward(response: str, ground_truth: str) -> dict[str, float]:
 @contextlib.contextmanager
 def patched(module, output_dir: Path) -> Iterator[None]:
     """The two patches above on flow ``module``, undone on exit."""
-    from tasks.training import TRAINING_REWARD_FNS
+    from a5core.problem_sets import REWARD_FNS
 
-    start, reward = module.rollout_engine, TRAINING_REWARD_FNS["arithmetic"]
+    start, reward = module.rollout_engine, REWARD_FNS["arithmetic"]
     module.rollout_engine = lambda *args, **kwargs: PromptSeeded(start(*args, **kwargs), output_dir)
-    TRAINING_REWARD_FNS["arithmetic"] = even_length_reward
+    REWARD_FNS["arithmetic"] = even_length_reward
     try:
         yield
     finally:
-        module.rollout_engine, TRAINING_REWARD_FNS["arithmetic"] = start, reward
+        module.rollout_engine, REWARD_FNS["arithmetic"] = start, reward
 
 
 def main(runs: list[tuple[str, list[str]]]) -> None:

@@ -54,7 +54,7 @@ def main(tiny_lm_dir: str, checkpoint_dir: str, marker: str, mode: str) -> None:
 
     torch.set_num_threads(1)
     model, tokenizer, examples, kwargs = build_run(tiny_lm_dir)
-    config = sft.SFTConfig(**kwargs, checkpoint_dir=checkpoint_dir, checkpoint_every=CHECKPOINT_EVERY)
+    config = sft.SFTConfig(**kwargs, checkpoint_every=CHECKPOINT_EVERY)
 
     def log(metrics: dict, step: int) -> None:
         if mode == "between_steps" and step == 3:
@@ -70,7 +70,7 @@ def main(tiny_lm_dir: str, checkpoint_dir: str, marker: str, mode: str) -> None:
             real_save(obj, path)
 
         checkpoint._save_fsynced = save
-    sft.train_sft(model, tokenizer, examples, config, log=log)
+    sft.train_sft(model, tokenizer, examples, config, checkpoint_dir=checkpoint_dir, log=log)
     raise SystemExit("finished without freezing")  # the test expects to kill it first
 
 

@@ -141,15 +141,18 @@ def test_too_few_problems_for_a_grpo_step(inputs, tmp_path):
 def test_a_prompt_template_without_the_question_placeholder(flow, inputs, tmp_path):
     template = tmp_path / "mine.prompt"
     template.write_text("Solve it. Answer: <answer>")
-    message = user_error(flow, flags(flow, inputs, tmp_path, prompt=str(template)))
+    message = user_error(flow, flags(flow, inputs, tmp_path, prompt=str(template), reward_fn="r1_zero"))
     assert f"prompt template '{template}' has no {{question}} placeholder" in message
 
 
-def test_an_unknown_prompt(inputs, tmp_path, capsys):
-    assert "no prompt template 'r2_zero'" in user_error(
-        "expert_iteration", flags("expert_iteration", inputs, tmp_path, prompt="r2_zero"))
-    assert "--prompt 'r2_zero': Input should be 'r1_zero' or 'question_only'" in parameter_error(
-        "grpo", flags("grpo", inputs, tmp_path, prompt="r2_zero"), capsys)  # GRPO: a prompt goes with its grader
+@pytest.mark.parametrize("flow", ["expert_iteration", "grpo"])
+def test_an_unknown_prompt_and_a_template_file_without_its_grader(flow, inputs, tmp_path, capsys):
+    assert "no prompt template 'r2_zero': not a built-in (question_only, r1_zero) and no such file" in parameter_error(
+        flow, flags(flow, inputs, tmp_path, prompt="r2_zero"), capsys)
+    template = tmp_path / "mine.prompt"
+    template.write_text("Q: {question}\nA:")
+    assert f"prompt '{template}' is a template file: name its grader with reward_fn" in parameter_error(
+        flow, flags(flow, inputs, tmp_path, prompt=str(template)), capsys)
 
 
 @pytest.mark.parametrize("flow", list(MAINS))
@@ -180,15 +183,20 @@ def test_an_unknown_loss_type(inputs, tmp_path, capsys):
     ("grpo", {"rollout_batch_size": 4, "train_batch_size": 8, "gradient_accumulation_steps": 2},
      "GRPOConfig.rollout_batch_size must be a multiple of train_batch_size (8)"),
     ("grpo", {"ablation": "grpo_off_policy_sweep", "sweep_train_batch_sizes": [3]}, "must be a multiple of"),
-    ("sft_experiment", {"batch_size": 5, "microbatch_size": 2},
-     "invalid SFT settings: SFTConfig.batch_size must be a multiple of microbatch_size (2), got 5"),
+    ("sft_experiment", {"batch_size": 5, "microbatch_size": 2}, "batch_size must be a multiple of microbatch_size (2), got 5"),
     ("expert_iteration", {"batch_size": 5, "microbatch_size": 2},
-     "invalid Expert Iteration settings: SFTConfig.batch_size must be a multiple of microbatch_size (2), got 5"),
+     "batch_size must be a multiple of microbatch_size (2), got 5"),
     ("expert_iteration", {"sweep": True, "sweep_epochs": [1], "sweep_rollouts_per_question": [2],
                           "sweep_questions_per_step": [2], "batch_size": 6, "microbatch_size": 4}, "batch_size"),
 ])
-def test_inconsistent_batch_sizes(flow, overrides, expected, inputs, tmp_path):
-    assert expected in user_error(flow, flags(flow, inputs, tmp_path, **overrides))
+def test_inconsistent_batch_sizes(flow, overrides, expected, inputs, tmp_path, capsys):
+    """Checked when the parameters are read (exit 2, the message on stderr), or for a sweep's settings
+    before anything starts (exit 1, the message)."""
+    with pytest.raises(SystemExit) as stopped:
+        MAINS[flow](flags(flow, inputs, tmp_path, **overrides))
+    code = stopped.value.code
+    text = code if isinstance(code, str) else capsys.readouterr().err
+    assert expected in text and "Traceback" not in text and text.strip().count("\n") == 0, text
 
 
 @pytest.mark.parametrize("flow, field, value", [
@@ -378,7 +386,8 @@ def test_data_and_prompt_files_that_are_not_utf8_are_named(flow, inputs, tmp_pat
     assert f"{data}:2: not UTF-8 text" in user_error(flow, flags(flow, inputs, tmp_path, **{argument: str(data)}))
     prompt = tmp_path / "latin1.prompt"
     prompt.write_bytes("Question: {question} Réponse:".encode("latin-1"))
-    assert f"prompt template {prompt}: not UTF-8 text" in user_error(flow, flags(flow, inputs, tmp_path, prompt=str(prompt)))
+    assert f"prompt template {prompt}: not UTF-8 text" in user_error(
+        flow, flags(flow, inputs, tmp_path, prompt=str(prompt), reward_fn="r1_zero"))
 
 
 # ------------------------------------------------- what an engine would find only after it started

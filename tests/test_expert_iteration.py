@@ -2,7 +2,6 @@
 
 import json
 import pickle
-from dataclasses import replace
 
 import pytest
 import torch
@@ -61,13 +60,12 @@ def warm_start(tokenizer):
     return model
 
 
-def ei_config(tmp_path, n_ei_steps=3):
-    return EIConfig(
-        n_ei_steps=n_ei_steps, questions_per_step=60, rollouts_per_question=8, seed=0, entropy_sample=8,
-        checkpoint_dir=str(tmp_path / "ei") if tmp_path else None,
-        sampling=SamplingSettings(temperature=1.0, min_tokens=4, max_tokens=32),
-        sft=SFTConfig(learning_rate=5e-4, batch_size=10, microbatch_size=10, epochs=4, lr_schedule="constant"),
-    )
+def ei_config(n_ei_steps=3, **overrides):
+    return EIConfig(**{
+        "n_ei_steps": n_ei_steps, "questions_per_step": 60, "rollouts_per_question": 8, "seed": 0, "entropy_sample": 8,
+        "temperature": 1.0, "min_tokens": 4, "max_tokens": 32,
+        "learning_rate": 5e-4, "batch_size": 10, "microbatch_size": 10, "epochs": 4, **overrides,  # each round's SFT
+    })
 
 
 def test_expert_iteration_raises_reward_over_its_starting_policy(tokenizer, tmp_path):
@@ -78,10 +76,9 @@ def test_expert_iteration_raises_reward_over_its_starting_policy(tokenizer, tmp_
     warm start."""
     model = warm_start(tokenizer)
     logged = []
-    base = ei_config(tmp_path)
-    config = replace(base, questions_per_step=len(MAKE_TEN), rollouts_per_question=16, sft=replace(base.sft, learning_rate=1e-3))
+    config = ei_config(questions_per_step=len(MAKE_TEN), rollouts_per_question=16, learning_rate=1e-3)
     history = expert_iteration(model, tokenizer, HFEngine(model, tokenizer), MAKE_TEN, TEMPLATE, r1_zero_reward_fn,
-                               config, log=lambda m, s: logged.append((s, m)))
+                               config, checkpoint_dir=tmp_path / "ei", log=lambda m, s: logged.append((s, m)))
     rewards = [h["kept_fraction"] for h in history] + [sampled_reward(model, tokenizer, MAKE_TEN)]
     assert len(history) == 3 and 0 < rewards[0] < 0.3, rewards
     assert rewards[-1] > 0.6 and rewards[-1] - rewards[0] > 0.4, rewards
@@ -94,16 +91,18 @@ def test_expert_iteration_raises_reward_over_its_starting_policy(tokenizer, tmp_
 
 def test_a_finished_run_is_not_repeated_and_a_resumed_one_continues(tokenizer, tmp_path):
     model = warm_start(tokenizer)
-    first = expert_iteration(model, tokenizer, HFEngine(model, tokenizer), TRAIN, TEMPLATE, r1_zero_reward_fn, ei_config(tmp_path, 1))
+    first = expert_iteration(model, tokenizer, HFEngine(model, tokenizer), TRAIN, TEMPLATE, r1_zero_reward_fn, ei_config(1),
+                             checkpoint_dir=tmp_path / "ei")
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     # Asking for two rounds resumes after round 0 from the saved weights, even in a fresh model object.
     fresh = warm_start(tokenizer)
     calls = []
     second = expert_iteration(fresh, tokenizer, HFEngine(fresh, tokenizer), TRAIN, TEMPLATE, r1_zero_reward_fn,
-                              ei_config(tmp_path, 2), log=lambda m, s: calls.append(s))
+                              ei_config(2), checkpoint_dir=tmp_path / "ei", log=lambda m, s: calls.append(s))
     assert second[0] == first[0] and len(second) == 2
     assert set(calls) == {2}  # only round 1 ran (logged at step 2: after two rounds)
-    rerun = expert_iteration(fresh, tokenizer, HFEngine(fresh, tokenizer), TRAIN, TEMPLATE, r1_zero_reward_fn, ei_config(tmp_path, 2))
+    rerun = expert_iteration(fresh, tokenizer, HFEngine(fresh, tokenizer), TRAIN, TEMPLATE, r1_zero_reward_fn, ei_config(2),
+                             checkpoint_dir=tmp_path / "ei")
     assert rerun == second
     assert any(not torch.equal(weights[k], v) for k, v in fresh.state_dict().items())  # round 1 trained
 
@@ -120,16 +119,19 @@ def test_a_round_checkpoint_is_loaded_as_tensors_only(tokenizer, tmp_path, capsy
     explicitly, not left to torch's default: the environment variable below turns the default off."""
     monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
     model = make_model(tokenizer)
-    config = ei_config(tmp_path, 2)
-    root = tmp_path / "ei"  # its checkpoint_dir
+    config = ei_config(2)
+    root = tmp_path / "ei"
     root.mkdir()
     (root / "state.json").write_text(json.dumps({"rounds": [{"kept_fraction": 0.5}]}))  # round 0 done: resume loads model.pt
     torch.save({**model.state_dict(), "extra": Planted()}, root / "model.pt")
     with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
-        expert_iteration(model, tokenizer, HFEngine(model, tokenizer), TRAIN, TEMPLATE, r1_zero_reward_fn, config)
+        expert_iteration(model, tokenizer, HFEngine(model, tokenizer), TRAIN, TEMPLATE, r1_zero_reward_fn, config,
+                         checkpoint_dir=root)
     assert "arbitrary code ran" not in capsys.readouterr().out
 
 
 def test_bad_settings():
     with pytest.raises(ValueError, match="rollouts_per_question"):
         EIConfig(rollouts_per_question=0)
+    round_sft = EIConfig(learning_rate=3e-4, epochs=2, seed=5).round_sft(3)  # E epochs, constant rate, seeded per round
+    assert (round_sft.learning_rate, round_sft.epochs, round_sft.lr_schedule, round_sft.seed) == (3e-4, 2, "constant", 8)

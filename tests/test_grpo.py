@@ -54,7 +54,7 @@ class RecordingEngine:
 def small_config(**overrides) -> GRPOConfig:
     settings = dict(
         n_grpo_steps=1, learning_rate=1e-3, rollout_batch_size=8, group_size=4, train_batch_size=8,
-        gradient_accumulation_steps=4, sampling=SamplingSettings(temperature=1.0, min_tokens=2, max_tokens=12, stop=("</answer>",)),
+        gradient_accumulation_steps=4, temperature=1.0, min_tokens=2, max_tokens=12, eval_every=0, checkpoint_every=1,
     )
     return GRPOConfig(**{**settings, **overrides})
 
@@ -114,14 +114,14 @@ def test_one_step_update_equals_the_hand_computed_one(tokenizer, compile_layers)
     (dict(rollout_batch_size=8, train_batch_size=6, gradient_accumulation_steps=2), "rollout_batch_size must be a multiple of train_batch_size"),
     (dict(group_size=8, rollout_batch_size=16, train_batch_size=4, gradient_accumulation_steps=2), "train_batch_size must be >= group_size"),
     (dict(loss_type="grpo_clip"), "every ratio is 1"),
-    (dict(loss_type="ppo"), "loss_type must be one of"),
-    (dict(length_normalization="sum"), "length_normalization must be one of"),
-    (dict(learning_rate=-1.0), "learning_rate must be a finite number > 0"),
+    (dict(loss_type="ppo"), r"loss_type\n  Input should be 'no_baseline', 'reinforce_with_baseline', 'grpo_clip' or"),
+    (dict(length_normalization="sum"), r"length_normalization\n  Input should be 'masked_mean' or 'masked_normalize'"),
+    (dict(learning_rate=-1.0), r"learning_rate\n  Input should be greater than 0"),
     (dict(cliprange_high=0.3), "cliprange_high must be None, or a number > 0 with loss_type grpo_clip"),
-    (dict(tis_cap=0.0), "tis_cap must be None or a finite number > 0"),
-    (dict(n_grpo_steps=0), "n_grpo_steps must be an int >= 1"),
-    (dict(sampling=SamplingSettings(n=4)), "settings without n or seed"),
-    (dict(compile_layers="yes"), "compile_layers must be a bool"),
+    (dict(tis_cap=0.0), r"tis_cap\n  Input should be greater than 0"),
+    (dict(n_grpo_steps=0), r"n_grpo_steps\n  Input should be greater than or equal to 1"),
+    (dict(min_tokens=20), r"min_tokens \(20\) must not exceed max_tokens \(12\)"),
+    (dict(compile_layers="yes"), r"compile_layers\n  Input should be a valid boolean"),
 ])
 def test_invalid_settings_fail_at_construction(overrides, message):
     with pytest.raises(ValueError, match=message):
@@ -134,7 +134,7 @@ def test_a5_defaults():
     assert (config.train_batch_size, config.gradient_accumulation_steps, config.microbatch_size) == (256, 128, 2)
     assert (config.loss_type, config.use_std_normalization, config.betas, config.cliprange) == (
         "reinforce_with_baseline", True, (0.9, 0.95), 0.2)
-    assert (config.sampling.temperature, config.sampling.min_tokens, config.sampling.max_tokens) == (1.0, 4, 1024)
+    assert (config.temperature, config.min_tokens, config.max_tokens) == (1.0, 4, 1024)
     assert not config.off_policy and not config.needs_old_log_probs
 
 
@@ -201,7 +201,7 @@ def test_truncated_importance_sampling_scales_the_gradient(tokenizer, cap, facto
 
 def test_nan_loss_stops_before_the_update_with_the_checkpoint_intact(tokenizer, tmp_path):
     model = make_model(tokenizer)
-    config = small_config(n_grpo_steps=3, checkpoint_dir=str(tmp_path / "ckpt"))
+    config = small_config(n_grpo_steps=3)
     calls = []
 
     def reward_turning_nan(response, truth):  # a reward model that breaks during step 2
@@ -210,7 +210,8 @@ def test_nan_loss_stops_before_the_update_with_the_checkpoint_intact(tokenizer, 
         return {"reward": value, "format_reward": 1.0, "answer_reward": value}
 
     with pytest.raises(NonFiniteLossError, match=r"GRPO step 2 of 3 .*loss nan"):
-        grpo(model, tokenizer, RecordingEngine(model, tokenizer), PROBLEMS, TEMPLATE, reward_turning_nan, config)
+        grpo(model, tokenizer, RecordingEngine(model, tokenizer), PROBLEMS, TEMPLATE, reward_turning_nan, config,
+             checkpoint_dir=tmp_path / "ckpt")
     state = json.loads((tmp_path / "ckpt/latest/state.json").read_text())
     assert state["step"] == 1 and not state["finished"]
 
@@ -219,7 +220,7 @@ def test_nan_loss_stops_before_the_update_with_the_checkpoint_intact(tokenizer, 
 
 
 def test_resume_after_a_crash_equals_the_uninterrupted_run(tokenizer, tmp_path):
-    config = small_config(n_grpo_steps=3, checkpoint_dir=str(tmp_path / "ckpt"), eval_every=1)
+    config, ckpt = small_config(n_grpo_steps=3, eval_every=1), tmp_path / "ckpt"
     reference = make_model(tokenizer)
     evaluate = lambda model, step: {"val_probe": float(step)}  # noqa: E731
     expected = grpo(reference, tokenizer, RecordingEngine(reference, tokenizer), PROBLEMS, TEMPLATE, parity_reward,
@@ -228,21 +229,21 @@ def test_resume_after_a_crash_equals_the_uninterrupted_run(tokenizer, tmp_path):
     crashed = make_model(tokenizer)
     with pytest.raises(KeyboardInterrupt):
         grpo(crashed, tokenizer, RecordingEngine(crashed, tokenizer), PROBLEMS, TEMPLATE, parity_reward, config,
-             evaluate=evaluate, log=Recorder(crash_at=3))
+             checkpoint_dir=ckpt, evaluate=evaluate, log=Recorder(crash_at=3))
     resumed = make_model(tokenizer, seed=1)  # other starting weights: the checkpoint must replace them
     recorder = Recorder()
     history = grpo(resumed, tokenizer, RecordingEngine(resumed, tokenizer), PROBLEMS, TEMPLATE, parity_reward, config,
-                   evaluate=evaluate, log=recorder)
+                   checkpoint_dir=ckpt, evaluate=evaluate, log=recorder)
     assert recorder.steps == [3]  # steps 0-2 came from the checkpoint
     assert_same_params(params_of(resumed), params_of(reference), atol=1e-6)
     assert [h["step"] for h in history] == [0, 1, 2, 3]
     assert [h["reward_mean"] for h in history[1:]] == [h["reward_mean"] for h in expected[1:]]
     assert history[-1]["wall_seconds"] >= history[-2]["wall_seconds"]
     # A finished run is not trained again; another configuration is refused.
-    assert grpo(resumed, tokenizer, None, PROBLEMS, TEMPLATE, parity_reward, config) == history
+    assert grpo(resumed, tokenizer, None, PROBLEMS, TEMPLATE, parity_reward, config, checkpoint_dir=ckpt) == history
     with pytest.raises(CheckpointMismatchError, match="learning_rate: 0.001 in the checkpoint, 0.01 now"):
         grpo(resumed, tokenizer, None, PROBLEMS, TEMPLATE, parity_reward,
-             small_config(n_grpo_steps=3, checkpoint_dir=str(tmp_path / "ckpt"), learning_rate=1e-2))
+             small_config(n_grpo_steps=3, learning_rate=1e-2), checkpoint_dir=ckpt)
 
 
 def test_wall_clock_after_a_resume_includes_the_killed_attempts_time(tokenizer, tmp_path):
@@ -250,7 +251,7 @@ def test_wall_clock_after_a_resume_includes_the_killed_attempts_time(tokenizer, 
     one, come after the killed attempt's step 3, which took long (a slow evaluation)."""
     import time
 
-    config = small_config(n_grpo_steps=4, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=2, eval_every=1)
+    config, ckpt = small_config(n_grpo_steps=4, checkpoint_every=2, eval_every=1), tmp_path / "ckpt"
 
     def slow_step_3(model, step):
         if step == 3:
@@ -260,11 +261,11 @@ def test_wall_clock_after_a_resume_includes_the_killed_attempts_time(tokenizer, 
     killed, killed_log = make_model(tokenizer), Recorder(crash_at=4)
     with pytest.raises(KeyboardInterrupt):
         grpo(killed, tokenizer, RecordingEngine(killed, tokenizer), PROBLEMS, TEMPLATE, parity_reward, config,
-             evaluate=slow_step_3, log=killed_log)
+             checkpoint_dir=ckpt, evaluate=slow_step_3, log=killed_log)
     last_killed = max(m["wall_seconds"] for step, m in killed_log.calls if step == 3)
     resumed, resumed_log = make_model(tokenizer), Recorder()
     grpo(resumed, tokenizer, RecordingEngine(resumed, tokenizer), PROBLEMS, TEMPLATE, parity_reward, config,
-         evaluate=lambda model, step: {}, log=resumed_log)
+         checkpoint_dir=ckpt, evaluate=lambda model, step: {}, log=resumed_log)
     assert resumed_log.steps == [3, 4]
     assert all(m["wall_seconds"] > last_killed for _, m in resumed_log.calls), (last_killed, resumed_log.calls)
 
@@ -292,8 +293,8 @@ def run_toy_grpo(policy, tokenizer, loss_type: str) -> list[float]:
     model = copy.deepcopy(policy)
     config = GRPOConfig(
         n_grpo_steps=8, learning_rate=3e-4, rollout_batch_size=64, group_size=8, train_batch_size=64,
-        gradient_accumulation_steps=2, loss_type=loss_type, seed=0,
-        sampling=SamplingSettings(temperature=1.0, min_tokens=4, max_tokens=32, stop=("</answer>",)),
+        gradient_accumulation_steps=2, loss_type=loss_type, seed=0, temperature=1.0, min_tokens=4, max_tokens=32,
+        eval_every=0,
     )
     history = grpo(model, tokenizer, HFEngine(model, tokenizer), TRAIN, TEMPLATE, brevity_reward, config)
     return [h["answer_reward_mean"] for h in history]
@@ -308,11 +309,12 @@ def test_grpo_raises_reward_and_the_baseline_helps(formatted_policy, tokenizer):
 
 def test_should_stop_ends_the_run_early_with_a_resumable_checkpoint(tokenizer, tmp_path):
     model = make_model(tokenizer)
-    config = small_config(n_grpo_steps=4, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=0)
+    config = small_config(n_grpo_steps=4, checkpoint_every=0)
     history = grpo(model, tokenizer, RecordingEngine(model, tokenizer), PROBLEMS, TEMPLATE, parity_reward, config,
-                   should_stop=lambda step: step >= 2)
+                   checkpoint_dir=tmp_path / "ckpt", should_stop=lambda step: step >= 2)
     assert [h["step"] for h in history] == [1, 2]
     state = json.loads((tmp_path / "ckpt/latest/state.json").read_text())
     assert state["step"] == 2 and not state["finished"]
-    resumed = grpo(model, tokenizer, RecordingEngine(model, tokenizer), PROBLEMS, TEMPLATE, parity_reward, config)
+    resumed = grpo(model, tokenizer, RecordingEngine(model, tokenizer), PROBLEMS, TEMPLATE, parity_reward, config,
+                   checkpoint_dir=tmp_path / "ckpt")
     assert [h["step"] for h in resumed] == [1, 2, 3, 4]

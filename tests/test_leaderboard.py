@@ -21,7 +21,7 @@ def test_budget_stops_training_and_the_run_still_reports(prefect_harness, tiny_l
         graded.append(response)
         return arithmetic_reward_fn(response, ground_truth)
 
-    monkeypatch.setitem(module.TRAINING_REWARD_FNS, "arithmetic", recording_grader)
+    monkeypatch.setitem(module.REWARD_FNS, "arithmetic", recording_grader)
     params = LeaderboardParams(
         model=str(tiny_lm_dir), backend="hf", train_data="arithmetic:40:1", validation_data="arithmetic:6:1",
         reward_fn="arithmetic",
@@ -97,7 +97,7 @@ def test_the_engines_first_call_does_not_count_as_evaluation_cost(prefect_harnes
     assert summary["grpo_steps"] == 2 and not summary["stopped_by_budget"] and summary["within_budget"]
 
 
-def test_the_command_line_checks_its_input_before_an_engine_starts(tiny_lm_dir, tmp_path, monkeypatch):
+def test_the_command_line_checks_its_input_before_an_engine_starts(tiny_lm_dir, tmp_path, monkeypatch, capsys):
     from flows.leaderboard import main
 
     for where in ("tasks.engines", "tasks.evaluation"):  # where the flows' engine starts look it up
@@ -107,8 +107,9 @@ def test_the_command_line_checks_its_input_before_an_engine_starts(tiny_lm_dir, 
             "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
     with pytest.raises(SystemExit, match=rf"^flows.leaderboard: error: {tmp_path}/missing.jsonl: no such data file$"):
         main([*argv, "--sft-data", str(tmp_path / "missing.jsonl"), "--sft-max-steps", "2"])
-    with pytest.raises(SystemExit, match=r"^flows.leaderboard: error: invalid GRPO settings: .*rollout_batch_size"):
+    with pytest.raises(SystemExit) as stopped:  # a bad parameter: exit 2, one line on stderr
         main([*argv, "--rollout-batch-size", "7"])
+    assert stopped.value.code == 2 and "rollout_batch_size must be a multiple of group_size" in capsys.readouterr().err
 
 
 def test_changed_settings_start_a_new_run_instead_of_reopening_the_last(prefect_harness, tiny_lm_dir, tmp_path):

@@ -12,7 +12,6 @@ from a5core import progress
 from a5core.data import Problem
 from a5core.grading import grade_batch
 from a5core.prompts import load_prompt
-from a5core.rollout import SamplingSettings
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -43,8 +42,7 @@ def test_grpo_logs_a_line_per_step_and_draws_bars_when_on(tiny_tokenizer, monkey
     monkeypatch.setenv(progress.ENV, "1")
     model = make_model(tiny_tokenizer)
     config = GRPOConfig(n_grpo_steps=2, learning_rate=1e-3, rollout_batch_size=4, group_size=2, train_batch_size=4,
-                        gradient_accumulation_steps=2,
-                        sampling=SamplingSettings(temperature=1.0, min_tokens=1, max_tokens=8, stop=("</answer>",)))
+                        gradient_accumulation_steps=2, temperature=1.0, min_tokens=1, max_tokens=8)
     problems = [Problem(f"p{i}", f"What is {i} + 1?", str(i + 1)) for i in range(4)]
 
     def reward(response, truth):  # a plain callable: graded through grade_batch's own bar
@@ -67,7 +65,7 @@ def test_sft_logs_a_line_per_step(tiny_tokenizer, caplog, monkeypatch, capsys):
     monkeypatch.setenv(progress.ENV, "0")
     traces = [Trace(f"What is {i} + 1?", f" {i + 1} </answer>", str(i + 1)) for i in range(4)]
     with caplog.at_level(logging.INFO, logger="a5core"):
-        train_sft(make_model(tiny_tokenizer), tiny_tokenizer, traces, SFTConfig(batch_size=2, microbatch_size=2))
+        train_sft(make_model(tiny_tokenizer), tiny_tokenizer, traces, SFTConfig(batch_size=2, microbatch_size=2, epochs=1))
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("SFT step")]
     assert [line.split(":")[0] for line in lines] == ["SFT step 1/2", "SFT step 2/2"]
     assert "SFT:" not in capsys.readouterr().err  # A5_PROGRESS=0: no bar

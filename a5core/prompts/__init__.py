@@ -1,7 +1,9 @@
 """Prompt templates: ``r1_zero`` and ``question_only`` ship here as ``*.prompt`` files.
 
 A template is plain text with one ``{question}`` placeholder. It is filled by plain replacement, not
-``str.format``, because questions and templates are full of LaTeX braces.
+``str.format``, because questions and templates are full of LaTeX braces. A template carries the stop
+strings of its responses (:attr:`PromptTemplate.stop`): a template that asks for the answer in
+``<answer> </answer>`` tags (r1_zero) stops at ``</answer>``; one that does not (question_only) at EOS.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pathlib import Path
 
 PROMPTS_DIR = Path(__file__).parent
 PLACEHOLDER = "{question}"
+ANSWER_CLOSE = "</answer>"
 
 
 class PromptTemplateError(ValueError):
@@ -34,6 +37,12 @@ class PromptTemplate:
 
     def format(self, question: str) -> str:
         return self.text.replace(PLACEHOLDER, question)
+
+    @property
+    def stop(self) -> tuple[str, ...]:
+        """Where a response to this template ends: ``("</answer>",)`` when it asks for the answer in
+        ``<answer>`` tags, else none (generation ends at EOS or max_tokens)."""
+        return (ANSWER_CLOSE,) if ANSWER_CLOSE in self.text else ()
 
 
 def builtin_prompt_names() -> list[str]:

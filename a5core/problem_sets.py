@@ -1,0 +1,53 @@
+"""What a run trains and is graded on: problem sets and SFT trace sets from a source, and graders by name.
+
+A source is a MATH/GSM8K file or dataset id (:mod:`a5core.data`), or ``arithmetic:N:DIGITS``: N generated
+problems of the arithmetic task (:mod:`a5core.arithmetic`), which small models can learn. Graders are the
+MATH ones (:mod:`a5core.grading`) and the arithmetic task's own, which wants the number itself.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any, Literal
+
+from a5core.arithmetic import arithmetic_problems, arithmetic_reward_fn
+from a5core.data import PROBLEM_LOADERS, DataError, Problem, Trace, load_sft_traces
+from a5core.grading import question_only_reward_fn, r1_zero_reward_fn
+from a5core.prompts import PromptTemplate
+
+REWARD_FNS: dict[str, Callable[[str, Any], dict[str, float]]] = {
+    "r1_zero": r1_zero_reward_fn, "question_only": question_only_reward_fn, "arithmetic": arithmetic_reward_fn,
+}
+RewardName = Literal[tuple(REWARD_FNS)]  # a grader's name, as settings give it
+
+
+def load_problem_set(source: str, data_format: str, seed: int, split: str) -> list[Problem]:
+    """A MATH/GSM8K file or dataset id, or ``arithmetic:N:DIGITS`` (the ``split`` of the generated task);
+    shuffled with ``seed`` (MATH files are ordered by subject: a prefix of the shuffled list is a fair subset)."""
+    if source.startswith("arithmetic:"):
+        n, digits = arithmetic_spec(source)
+        problems = arithmetic_problems(n, digits=digits, seed=seed, split=split)
+    else:
+        problems = PROBLEM_LOADERS[data_format](source)
+    return random.Random(seed).sample(problems, len(problems))
+
+
+def load_trace_set(source: str, template: PromptTemplate, seed: int) -> list[Trace]:
+    """SFT traces: a prompt/response/ground_truth file, or ``arithmetic:N:DIGITS``: N generated train
+    problems of the arithmetic task as r1_zero traces (their one-line solution as the reasoning), the
+    format a small model learns from a few dozen of."""
+    from a5core.sft_data import math_solution_traces
+
+    if not source.startswith("arithmetic:"):
+        return load_sft_traces(source)
+    n, digits = arithmetic_spec(source)
+    return math_solution_traces(arithmetic_problems(n, digits=digits, seed=seed, split="train"), template)[0]
+
+
+def arithmetic_spec(source: str) -> tuple[int, int]:
+    """(N, DIGITS) of ``arithmetic:N:DIGITS``; DataError naming the source otherwise."""
+    spec = source.split(":")
+    if len(spec) != 3 or not all(part.isdigit() and int(part) > 0 for part in spec[1:]):
+        raise DataError(f"{source}: expected arithmetic:N:DIGITS with N and DIGITS positive integers")
+    return int(spec[1]), int(spec[2])

@@ -1,0 +1,141 @@
+"""Settings: every knob of the training loops declared once, typed, validated and described here.
+
+Each loop takes one frozen settings model (:class:`a5core.sft.SFTConfig`, :class:`a5core.expert_iteration.EIConfig`,
+:class:`a5core.grpo.GRPOConfig`), composed from the groups below, so that a setting two loops share (the
+learning rate, the sampling temperature) has one declaration: its type, constraints, description and
+default. The flows' parameter models (``flows/params.py``) compose the same groups with the pipeline's own
+(engine, data, tracking), so the command lines, the Prefect UI's forms and ``params.yaml``'s validation all
+derive from these declarations. Where a loop or flow wants another default for a shared setting, it says so
+with :func:`defaults` (:func:`override_defaults`), which changes the default and nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, create_model, model_validator
+from pydantic.fields import FieldInfo
+
+from a5core.rollout import SamplingSettings
+
+Model = TypeVar("Model", bound=type[BaseModel])
+
+
+class Settings(BaseModel):
+    """A frozen, validated group of settings; invalid values raise ``ValueError`` (pydantic's
+    ValidationError) naming the field."""
+
+    model_config = ConfigDict(frozen=True)
+
+    def values_of(self, model: type[BaseModel]) -> dict[str, Any]:
+        """This object's values of ``model``'s fields (a part of a composed model, e.g. the SFT settings
+        of an Expert Iteration config)."""
+        return {name: getattr(self, name) for name in model.model_fields if name in type(self).model_fields}
+
+
+def describe(error: ValidationError) -> str:
+    """A ValidationError in one line: each problem as ``field 'value': message`` (a check across fields:
+    its message alone), joined by "; "."""
+    problems = []
+    for problem in error.errors():
+        message = problem["msg"].removeprefix("Value error, ")
+        problems.append(f"{'.'.join(map(str, problem['loc']))} {problem.get('input')!r}: {message}" if problem["loc"]
+                        else message)
+    return "; ".join(problems)
+
+
+def override_defaults(model: Model, /, **defaults: Any) -> Model:
+    """``model`` with other defaults for some of its fields, their type, constraints and description
+    unchanged: a subclass of the same name, so it reads like the original everywhere."""
+    unknown = set(defaults) - set(model.model_fields)
+    if unknown:
+        raise TypeError(f"{model.__name__} has no field(s) {', '.join(sorted(unknown))}")
+    fields = {name: (model.model_fields[name].annotation, FieldInfo.merge_field_infos(model.model_fields[name], default=value))
+              for name, value in defaults.items()}
+    return create_model(model.__name__, __base__=model, __module__=model.__module__, __doc__=model.__doc__, **fields)
+
+
+def defaults(**values: Any) -> Any:
+    """Class decorator: the class with these defaults for fields it inherits (:func:`override_defaults`)."""
+    return lambda cls: override_defaults(cls, **values)
+
+
+# ------------------------------------------------------------------------------------ the groups
+
+
+class OptimizerSettings(Settings):
+    """AdamW and gradient clipping."""
+
+    learning_rate: float = Field(1e-5, gt=0, allow_inf_nan=False, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0, allow_inf_nan=False, description="AdamW weight decay")
+    beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1")
+    beta2: float = Field(0.95, ge=0, lt=1, description="AdamW beta2")
+    grad_clip: float = Field(1.0, ge=0, allow_inf_nan=False, description="gradient-norm clip (0: none; the norm is logged)")
+
+    @property
+    def betas(self) -> tuple[float, float]:
+        return (self.beta1, self.beta2)
+
+
+class SpeedSettings(Settings):
+    """How a step runs: memory against speed, and several GPUs."""
+
+    gradient_checkpointing: StrictBool = Field(False, description="recompute activations in backward (less memory)")
+    compile_layers: StrictBool = Field(False, description="torch.compile the decoder layers (GPU: faster, less memory; "
+                                       "the first step compiles)")
+    fsdp_reshard_after_forward: StrictBool = Field(True, description="several GPUs: False keeps each layer's gathered "
+                                                   "weights from forward to backward (faster, more memory)")
+
+
+class SamplingFields(Settings):
+    """How responses are sampled (the stop strings come with the prompt template)."""
+
+    temperature: float = Field(1.0, ge=0, allow_inf_nan=False, description="sampling temperature (0: greedy)")
+    max_tokens: int = Field(1024, ge=1, description="response cap")
+
+    def sampling(self, stop: Sequence[str], **overrides: Any) -> SamplingSettings:
+        """These settings as SamplingSettings, with the prompt template's ``stop`` strings (and ``n``, ``seed``
+        and the like from ``overrides``); ``min_tokens`` where the settings have it, else 0."""
+        return SamplingSettings(temperature=self.temperature, min_tokens=getattr(self, "min_tokens", 0),
+                                max_tokens=self.max_tokens, stop=tuple(stop), **overrides)
+
+
+class RolloutSamplingFields(SamplingFields):
+    """Sampling for training rollouts, which may not stop before ``min_tokens``."""
+
+    min_tokens: int = Field(4, ge=0, description="minimum response tokens (no stop before)")
+
+    @model_validator(mode="after")
+    def _min_within_max(self) -> "RolloutSamplingFields":
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        return self
+
+
+class SFTBatchSettings(Settings):
+    """What one SFT optimizer step takes."""
+
+    batch_size: int = Field(32, ge=1, description="sequences per optimizer step")
+    microbatch_size: int = Field(2, ge=1, description="sequences per forward/backward (per rank)")
+    epochs: int = Field(1, ge=1, description="passes over the examples")
+    max_seq_len: int = Field(1024, ge=2, description="prompt + response tokens; longer sequences lose their end")
+
+    @model_validator(mode="after")
+    def _whole_microbatches(self) -> "SFTBatchSettings":
+        if self.batch_size % self.microbatch_size:
+            raise ValueError(f"batch_size must be a multiple of microbatch_size ({self.microbatch_size}), "
+                             f"got {self.batch_size}")
+        return self
+
+
+class PeriodicSettings(Settings):
+    """How often a run evaluates and checkpoints (0: only at the end)."""
+
+    eval_every: int = Field(10, ge=0, description="optimizer steps between validations, after one of the starting "
+                            "model (0: only at the end)")
+    checkpoint_every: int = Field(10, ge=0, description="optimizer steps between checkpoints (0: only at the end)")
+
+
+class SeedSettings(Settings):
+    seed: int = Field(0, ge=0, description="seed of data order, sampling and initialisation")

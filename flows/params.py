@@ -1,0 +1,242 @@
+"""The flows' parameter models, each composed from its loop's settings and the pipeline's shared groups.
+
+A setting is declared once: the training loops' own in :mod:`a5core.settings` and the loops' configs
+(:class:`~a5core.sft.SFTConfig`, :class:`~a5core.expert_iteration.EIConfig`, :class:`~a5core.grpo.GRPOConfig`),
+the pipeline's here (the engine, the problems and their validation, the prompt and grader, where outputs
+and MLflow runs go). A flow's model inherits the pieces it uses, so its command-line flags
+(:func:`flows.cli.parse_params`), its Prefect UI form and the validation of its ``params.yaml`` section
+all come from those declarations; a flow that wants another default says so with
+:func:`a5core.settings.defaults`. The model *is* the loop's config (a subclass of it): a run builds
+and validates it once and passes it down.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field, StrictBool, field_validator, model_validator
+
+from a5core.expert_iteration import EIConfig
+from a5core.grpo import GRPOConfig
+from a5core.problem_sets import RewardName
+from a5core.prompts import builtin_prompt_names
+from a5core.rollout import BACKENDS, DTYPES
+from a5core.settings import RolloutSamplingFields, SamplingFields, Settings, defaults
+from a5core.sft import SFTConfig
+from tasks.engines import parse_engine_devices
+from tasks.tracking import DEFAULT_TRACKING_URI
+
+Backend = Literal[BACKENDS]
+EngineDtype = Literal[DTYPES]
+DataFormat = Literal["math", "gsm8k"]
+AblationName = Literal["grpo_lr_sweep", "grpo_baseline_ablation", "grpo_length_norm_ablation", "grpo_std_norm_ablation",
+                       "grpo_off_policy_sweep", "grpo_clip_ablation", "grpo_prompt_ablation"]
+
+
+# ------------------------------------------------------------------------------------- the groups
+
+
+class EngineSettings(Settings):
+    """The model a run starts from and the engine that samples from it."""
+
+    model: str = Field("Qwen/Qwen2.5-Math-1.5B", description="starting policy: hub id, local folder (e.g. an SFT "
+                       "stage's best_model), or smollm2-135m-instruct")
+    backend: Backend = Field("auto", description="rollout engine (auto: vllm where installed, else hf)")
+    engine_dtype: EngineDtype = Field("auto", description="engine dtype (auto: bf16 on GPU, fp32 on CPU)")
+    engine_memory_fraction: float = Field(0.3, gt=0, le=1, description="vLLM gpu_memory_utilization beside the policy")
+    policy_dtype: Literal["float32", "bfloat16"] = Field("float32", description="policy weights (bf16 autocast on GPU)")
+
+
+class TrainProblems(Settings):
+    """The questions a run samples from."""
+
+    train_data: str = Field("../shared/data/math/train.jsonl", description="questions to sample from: a MATH/GSM8K "
+                            "file, a dataset id, or arithmetic:N:DIGITS (the generated task)")
+    train_format: DataFormat = Field("math", description="record format of train_data")
+
+
+class Validation(Settings):
+    """Where and how much a run validates: a fixed random subset during training, more at the end."""
+
+    validation_data: str = Field("../shared/data/math/validation.jsonl", description="validation problems: a "
+                                 "MATH/GSM8K file, a dataset id, or arithmetic:N:DIGITS")
+    validation_format: DataFormat = Field("math", description="record format of validation_data")
+    val_subset: int = Field(500, ge=1, description="problems evaluated every eval_every steps (a fixed random subset)")
+    val_limit: int | None = Field(None, ge=1, description="problems in the final evaluation (None: all)")
+
+
+class Prompt(Settings):
+    prompt: str = Field("r1_zero", description=f"prompt template: {' or '.join(builtin_prompt_names())}, or a file")
+
+
+class PromptSettings(Prompt):
+    """The prompt template (it brings its stop strings) and the grader of the responses."""
+
+    reward_fn: RewardName | None = Field(None, description="grader; None: the prompt's own (r1_zero, question_only); "
+                                         "arithmetic: for arithmetic:N:DIGITS data (the answer must be the number)")
+
+    @model_validator(mode="after")
+    def _grader_known(self) -> "PromptSettings":
+        if self.reward_fn is None and self.prompt not in builtin_prompt_names():
+            if not Path(self.prompt).expanduser().is_file():
+                raise ValueError(f"no prompt template {self.prompt!r}: not a built-in ({', '.join(builtin_prompt_names())}) "
+                                 "and no such file")
+            raise ValueError(f"prompt {self.prompt!r} is a template file: name its grader with reward_fn "
+                             f"({', '.join(RewardName.__args__)})")
+        return self
+
+    @property
+    def grader(self) -> str:
+        """The reward function's name: ``reward_fn``, else the built-in prompt's own."""
+        return self.reward_fn or self.prompt
+
+
+class Generation(SamplingFields):
+    """How an evaluation or a teacher samples: the model, and n samples a problem (the stop strings: the
+    prompt's, unless ``stop`` says otherwise)."""
+
+    model: str = Field("Qwen/Qwen2.5-Math-1.5B", description="hub id, local folder, or smollm2-135m-instruct")
+    backend: Backend = Field("auto", description="rollout engine (auto: vllm if installed)")
+    dtype: EngineDtype = Field("auto", description="engine dtype: auto (bf16 on GPU, fp32 on CPU), bfloat16, float32")
+    limit: int | None = Field(None, ge=1, description="only the first N problems")
+    n: int = Field(1, ge=1, description="samples per problem")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling")
+    stop: list[str] | None = Field(None, description="stop strings, kept in the response (None: the prompt's)")
+    seed: int | None = Field(0, description="sampling seed")
+
+
+class OutputDir(Settings):
+    output_dir: str = Field("outputs", description="where the run's files go")
+
+
+class MetricsFile(Settings):
+    metrics_path: str | None = Field(None, description="the DVC metrics file (None: none)")
+
+
+class TrackingStore(Settings):
+    tracking_uri: str = Field(DEFAULT_TRACKING_URI, description="MLflow tracking store")
+
+
+class Experiment(Settings):
+    experiment: str = Field("a5", description="MLflow experiment of the run")
+
+
+class MLflowLogging(Settings):
+    log_to_mlflow: StrictBool = Field(True, description="log the result as a run in MLflow")
+
+
+class Outputs(OutputDir, MetricsFile, Experiment, TrackingStore):
+    """Where a run's files, metrics file and MLflow run go."""
+
+
+# --------------------------------------------------------------------------------------- the flows
+
+
+@defaults(output_dir="outputs/baseline_eval", metrics_path="metrics/baseline_eval.json", experiment="baseline_eval",
+          min_tokens=0)
+class BaselineEvalParams(Generation, RolloutSamplingFields, PromptSettings, Outputs):
+    """Zero-shot evaluation (flow ``baseline_eval``)."""
+
+    data: str = Field("../shared/data/math/validation.jsonl", description="jsonl path or hub dataset id")
+    data_format: DataFormat = Field("math", description="record format of the data")
+
+
+@defaults(model="Qwen/Qwen2.5-Math-7B", n=4)
+class DistillParams(Generation):
+    """Distillation from a teacher (``flows.sft_data distill``): a served model or a local engine."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(False, description="opt-in: needs a served or local teacher model")
+    teacher: Literal["openai", "engine"] = Field("openai", description="openai: a /v1/completions server; engine: make_engine")
+    base_url: str = Field("http://127.0.0.1:8000/v1", description="teacher: openai; POSTs {base_url}/completions")
+    api_key_env: str | None = Field(None, description="name of the environment variable holding the API key")
+    timeout_s: float = Field(600.0, gt=0, description="teacher: openai; seconds per request")
+    max_retries: int = Field(4, ge=0, description="teacher: openai; retries of a failed request")
+    batch_size: int = Field(16, gt=0, description="prompts per request (openai)")
+    concurrency: int = Field(4, gt=0, description="requests in flight (openai)")
+    problems: str = Field("../shared/data/math/train.jsonl", description="MATH problems to distill")
+
+
+@defaults(output_dir="outputs/sft_experiment", metrics_path="metrics/sft_experiment.json", experiment="sft_experiment")
+class SFTExperimentParams(SFTConfig, SamplingFields, EngineSettings, Validation, PromptSettings, Outputs):
+    """The SFT sweep over training-set sizes (flow ``sft_experiment``); evaluation samples with
+    ``temperature`` and ``max_tokens``."""
+
+    train_data: str = Field("data/sft/math_solutions.jsonl", description="SFT traces (prompt, response, ground_truth), "
+                            "or arithmetic:N:DIGITS (generated r1_zero traces)")
+    filtered_data: str | None = Field("data/sft/teacher_filtered.jsonl",
+                                      description="filtered traces, trained as one more setting")
+    sizes: list[Annotated[int, Field(gt=0)] | Literal["full"]] = Field(
+        [128, 256, 512, 1024, "full"], min_length=1, description="training-set sizes")
+    save_models: bool = Field(False, description="save each setting's final weights (Hugging Face folder) and link "
+                              "the best as output_dir/best_model")
+
+
+@defaults(output_dir="outputs/expert_iteration", metrics_path="metrics/expert_iteration.json",
+          experiment="expert_iteration")
+class EIParams(EIConfig, EngineSettings, TrainProblems, Validation, PromptSettings, Outputs):
+    """Expert Iteration, one run or (``sweep``) the G × E × D_b grid (flow ``expert_iteration``)."""
+
+    sweep: bool = Field(False, description="run the grid below as children of one parent run")
+    sweep_rollouts_per_question: list[int] = Field([4, 8], min_length=1, description="G values of the sweep")
+    sweep_epochs: list[int] = Field([1, 2], min_length=1, description="E values of the sweep")
+    sweep_questions_per_step: list[int] = Field([512, 1024, 2048], min_length=1, description="D_b values of the sweep")
+
+
+@defaults(output_dir="outputs/grpo", metrics_path="metrics/grpo.json", experiment="grpo", val_subset=1024)
+class GRPOParams(GRPOConfig, EngineSettings, TrainProblems, Validation, PromptSettings, Outputs):
+    """One GRPO run or (``ablation``) an A5 ablation (flow ``grpo`` and the ablation flows)."""
+
+    engine_device: str | None = Field(None, description="None: the engine runs in the trainer's process; a device "
+                                      "(cuda:1, cpu): in a process of its own there, weights pushed over NCCL/gloo; "
+                                      "under torchrun one device per rank, comma-separated (cuda:4,cuda:5)")
+    ablation: AblationName | None = Field(None, description="run this ablation instead of one run")
+    runner: Literal["local", "ray"] = Field("local", description="an ablation's children: one after another here "
+                                            "(one shared engine), or in parallel on Ray (an engine each)")
+    ray_address: str | None = Field(None, description="runner ray: None starts a local Ray; or ray://host:10001")
+    ray_gpus_per_child: float = Field(1.0, ge=0, description="runner ray: GPUs each child reserves")
+    ray_cpus_per_child: float = Field(1.0, ge=0, description="runner ray: CPUs each child reserves")
+    sweep_learning_rates: list[float] = Field([3e-6, 1e-5, 3e-5, 1e-4], min_length=1, description="grpo_lr_sweep")
+    sweep_epochs_per_rollout_batch: list[int] = Field([2, 4], min_length=1, description="grpo_off_policy_sweep")
+    sweep_train_batch_sizes: list[int] = Field([128, 64], min_length=1, description="grpo_off_policy_sweep")
+    clip_epochs_per_rollout_batch: int = Field(2, ge=1, description="grpo_clip_ablation's off-policy setting")
+    clip_train_batch_size: int = Field(128, ge=1, description="grpo_clip_ablation's off-policy setting")
+
+    @field_validator("engine_device")
+    @classmethod
+    def _devices(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_engine_devices(value)
+        return value
+
+
+@defaults(output_dir="outputs/leaderboard", metrics_path="metrics/leaderboard.json", experiment="leaderboard",
+          learning_rate=3e-5, length_normalization="masked_normalize", n_grpo_steps=100_000, val_subset=512)
+class LeaderboardParams(GRPOParams):
+    """The leaderboard run (flow ``leaderboard``): GRPO within a wall-clock budget, an optional SFT phase
+    first, scored by the A5 rules. Its defaults follow the public leaderboard's best entries."""
+
+    budget_hours: float = Field(4.0, gt=0, description="wall-clock budget of the whole flow, evaluation included")
+    final_eval_limit: int | None = Field(None, gt=0, description="None: all validation problems (the rule); "
+                                         "a number only for smoke runs, which are then not official")
+    final_eval_reserve_s: float = Field(900.0, ge=0, description="minimum seconds kept for the final evaluation")
+    sft_data: str | None = Field(None, description="r1_zero traces (prompt/response/ground_truth) for an SFT phase first")
+    sft_max_steps: int = Field(0, ge=0, description="SFT optimizer steps (0: no SFT phase)")
+    sft_learning_rate: float = Field(2e-5, gt=0, description="the SFT phase's learning rate")
+    sft_batch_size: int = Field(32, gt=0, description="the SFT phase's sequences per optimizer step")
+    sft_microbatch_size: int = Field(2, gt=0, description="the SFT phase's sequences per forward/backward")
+
+    @model_validator(mode="after")
+    def _the_rules(self) -> "LeaderboardParams":
+        if self.prompt != "r1_zero":
+            raise ValueError(f"prompt {self.prompt!r}: the leaderboard's rules fix the prompt at r1_zero")
+        if self.reward_fn not in (None, "r1_zero", "arithmetic"):
+            raise ValueError(f"reward_fn {self.reward_fn!r}: the rules grade with r1_zero (arithmetic: only for "
+                             "smoke runs on the generated arithmetic task)")
+        on_arithmetic = all(d.startswith("arithmetic:") for d in (self.train_data, self.validation_data))
+        if self.reward_fn == "arithmetic" and not on_arithmetic:
+            raise ValueError("reward_fn arithmetic grades only the generated arithmetic task: set train_data and "
+                             "validation_data to arithmetic:N:DIGITS, or leave reward_fn at r1_zero (the rule)")
+        return self
