@@ -15,11 +15,11 @@ import sys
 from prefect import flow
 
 from a5core.data import PROBLEM_LOADERS
-from a5core.models import check_context, resolve_model
 from a5core.prompts import load_prompt
 from a5core.rollout import SamplingSettings
-from flows.cli import check_outputs, cli_main, run_flow
+from flows.cli import flow_main, print_paths
 from flows.params import BaselineEvalParams
+from tasks.checks import check_outputs, check_prompts_fit
 from tasks.evaluation import generate, grade, load_problems, log_evaluation_run, model_fingerprint, write_outputs
 from tasks.tracking import UI_COMMAND, ui_address
 
@@ -42,33 +42,25 @@ def baseline_eval(params: BaselineEvalParams = BaselineEvalParams()) -> dict:
 
 
 def check_inputs(params: BaselineEvalParams) -> None:
-    """Fail on bad input before an engine starts, with the error naming what and where: the prompt,
-    the model path, the data, prompts that do not fit the model's context, outputs that cannot be written."""
-    template = load_prompt(params.prompt)
-    model = resolve_model(params.model)
+    """Fail on bad input before an engine starts, with the error naming what and where: the problems,
+    prompts within the model's context, outputs that cannot be written."""
     problems = PROBLEM_LOADERS[params.data_format](params.data)[: params.limit]
-    check_context(model, [template.format(p.problem) for p in problems], params.max_tokens,
-                  [f"{params.data} problem {p.unique_id}" for p in problems])
+    check_prompts_fit(params, {params.data: problems}, params.max_tokens)
     check_outputs(params)
 
 
-@cli_main("flows.baseline_eval")
-def main(argv: list[str] | None = None) -> None:
-    from flows.cli import parse_params
-
-    params = parse_params(BaselineEvalParams, "baseline_eval", argv, __doc__)
-    check_inputs(params)
-    result = run_flow(baseline_eval, params)
+def show(params: BaselineEvalParams, result: dict) -> None:
     summary = result["summary"]
     print(f"\naccuracy {summary['accuracy']:.3f} · format rate {summary['format_rate']:.3f} · "
           f"categories (F1A1 / F1A0 / F0A0): {summary['count_format1_answer1']} / {summary['count_format1_answer0']} / "
           f"{summary['count_format0_answer0']}")
-    for name, path in result["paths"].items():
-        print(f"{name:8} {path}")
+    print_paths(result["paths"])
     print(f"mlflow   run {result['mlflow_run_id']} in {result['tracking_uri']}: "
           f"{UI_COMMAND.format(tracking_uri=result['tracking_uri'])}, then open "
           f"{ui_address(params.experiment, params.tracking_uri)}")
 
+
+main = flow_main(baseline_eval, BaselineEvalParams, "baseline_eval", __doc__, check_inputs, show)
 
 if __name__ == "__main__":
     main(sys.argv[1:])

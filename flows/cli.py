@@ -116,18 +116,32 @@ def user_error_message(error: BaseException) -> str | None:
     return store_problem(error)
 
 
-def check_outputs(params: BaseModel) -> None:
-    """Before an engine starts: the run's ``output_dir``, the folder of its ``metrics_path`` and its MLflow
-    store (``tracking_uri``, ``experiment``) take writes; ValueError naming the one that does not."""
-    from a5core.data import check_writable_folder
-    from tasks.tracking import check_store
+def flow_main(flow: Any, params_model: type[Params], section: str, doc: str | None,
+              check: Callable[[Any], None] | None = None,
+              show: Callable[[Any, Any], None] | None = None) -> Callable[[list[str] | None], None]:
+    """A flow's command line, ``main(argv)``: read its parameters (:func:`parse_params`: defaults <
+    ``--config`` section ``section`` < flags), ``check`` them (what can be checked before an engine
+    starts), run the flow (:func:`run_flow`: one process, or each of torchrun's ranks) and, on the rank
+    that tracks, print what ``show(params, result)`` prints. A user's error ends it with one message
+    (:func:`cli_main`, program ``flows.<section>``)."""
 
-    if getattr(params, "output_dir", None):
-        check_writable_folder(params.output_dir, "output_dir")
-    if getattr(params, "metrics_path", None):
-        check_writable_folder(Path(params.metrics_path).parent, "the folder of metrics_path")
-    if getattr(params, "tracking_uri", None):
-        check_store(params.tracking_uri, params.experiment)
+    @cli_main(f"flows.{section}")
+    def main(argv: list[str] | None = None) -> None:
+        params = parse_params(params_model, section, argv, doc or "")
+        if check is not None:
+            check(params)
+        result = run_flow(flow, params)
+        if result is not None and show is not None:  # None: a torchrun rank other than 0 (rank 0 reports)
+            show(params, result)
+
+    return main
+
+
+def print_paths(paths: dict[str, str]) -> None:
+    """``name  path`` lines, aligned: where a flow wrote its outputs."""
+    width = max(map(len, paths), default=0) + 2
+    for name, path in paths.items():
+        print(f"{name:{width}}{path}")
 
 
 def run_flow(flow: Any, params: BaseModel) -> Any:

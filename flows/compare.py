@@ -20,8 +20,6 @@ run ids (``compared_run_ids``).
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import re
 import sys
@@ -33,8 +31,10 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from a5core.data import write_text_atomic
 from a5core.settings import defaults
-from flows.cli import cli_main, parse_params, run_flow
+from flows.cli import flow_main, print_paths
 from flows.params import MLflowLogging, OutputDir, TrackingStore
+from tasks.tables import csv_text, markdown_table
+from tasks.tracking import find_runs, metric_points, run_labels
 from tasks.training import plot_curves
 
 # Final values shown when no metrics are named (those that some run holds), and metrics plotted by step.
@@ -84,45 +84,6 @@ class CompareParams(OutputDir, TrackingStore, MLflowLogging):
 # ----------------------------------------------------------------------------------- gathering
 
 
-def find_runs(client: Any, params: CompareParams) -> list[Any]:
-    """The runs to compare (``mlflow.entities.Run``), in the order given, or newest first for a search.
-    ValueError naming it for a run id the store does not hold and for a filter MLflow cannot parse."""
-    if params.runs:
-        return [_get_run(client, run_id, params.tracking_uri, "--runs") for run_id in dict.fromkeys(params.runs)]
-    if params.parent:
-        parent = _get_run(client, params.parent, params.tracking_uri, "--parent")
-        experiment_ids = [parent.info.experiment_id]
-        filter_string = f"tags.mlflow.parentRunId = '{params.parent}'"
-        order = ["attributes.start_time ASC"]
-    else:
-        experiment = client.get_experiment_by_name(params.experiment)
-        if experiment is None:
-            raise ValueError(f"no MLflow experiment named {params.experiment!r} in {params.tracking_uri}")
-        experiment_ids, filter_string, order = [experiment.experiment_id], params.filter or "", ["attributes.start_time DESC"]
-    from mlflow.exceptions import MlflowException
-
-    try:
-        runs = client.search_runs(experiment_ids, filter_string=filter_string, max_results=params.max_runs, order_by=order)
-    except MlflowException as error:
-        raise ValueError(f"--filter {params.filter!r}: {error.message}") from None
-    return list(runs)
-
-
-def _get_run(client: Any, run_id: str, tracking_uri: str, flag: str) -> Any:
-    from mlflow.exceptions import MlflowException
-
-    try:
-        return client.get_run(run_id)
-    except MlflowException:
-        raise ValueError(f"{flag}: no run {run_id!r} in {tracking_uri}") from None
-
-
-def run_labels(runs: list[Any]) -> list[str]:
-    """Run names, with a short id added where two runs share a name."""
-    names = [r.info.run_name or r.info.run_id[:8] for r in runs]
-    return [f"{n} ({r.info.run_id[:8]})" if names.count(n) > 1 else n for n, r in zip(names, runs)]
-
-
 def differing_params(runs: list[Any]) -> list[str]:
     """Parameter names whose values are not the same in every run (all of them for a single run)."""
     keys = sorted({k for r in runs for k in r.data.params})
@@ -156,41 +117,7 @@ def comparison_rows(runs: list[Any], metrics: list[str]) -> tuple[list[dict[str,
     return rows, params
 
 
-def metric_points(client: Any, runs: list[Any], metric: str, labels: list[str] | None = None) -> list[dict[str, Any]]:
-    """Every logged value of ``metric`` for each run that has it: rows of run label (``labels``, or
-    :func:`run_labels`), step, value."""
-    points = []
-    for label, run in zip(labels or run_labels(runs), runs):
-        if metric in run.data.metrics:
-            points += [{"run": label, "step": m.step, metric: m.value} for m in client.get_metric_history(run.info.run_id, metric)]
-    return points
-
-
 # ------------------------------------------------------------------------------------- writing
-
-
-def _cell(value: Any, width: int = 48) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    text = str(value).replace("|", "\\|").replace("\n", " ")
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def markdown(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
-    columns = columns or list(rows[0])
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_cell(r.get(c)) for c in columns) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
-
-
-def csv_text(rows: list[dict[str, Any]]) -> str:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-    return buffer.getvalue()
 
 
 def plot_file_name(metric: str) -> str:
@@ -208,7 +135,7 @@ def write_comparison(client: Any, runs: list[Any], output_dir: Path, metrics: li
     held = {k for r in runs for k in r.data.metrics}
     md = [f"# {title or 'Run comparison'}", "",
           f"{len(runs)} runs; parameters shown: those that differ between them"
-          f"{' (all: one run)' if len(runs) == 1 else ''}; metrics: final values.", "", markdown(rows)]
+          f"{' (all: one run)' if len(runs) == 1 else ''}; metrics: final values.", "", markdown_table(rows, width=48)]
     plots: dict[str, Path] = {}
     for metric in plot_metrics:
         points = metric_points(client, runs, metric)
@@ -263,17 +190,16 @@ def compare(params: CompareParams) -> dict:
     return result
 
 
-@cli_main("flows.compare")
-def main(argv: list[str] | None = None) -> None:
-    params = parse_params(CompareParams, "compare", argv, __doc__)
-    result = run_flow(compare, params)  # no such experiment, nothing matched: a ValueError, one line on stderr
-    print(markdown(result["rows"], [c for c in result["rows"][0] if c != "run_id"]))
+def show(params: CompareParams, result: dict) -> None:
+    print(markdown_table(result["rows"], [c for c in result["rows"][0] if c != "run_id"], width=48))
     if result["missing"]:
         print(f"no run holds: {', '.join(result['missing'])}")
-    print("\n".join(f"{k:14} {v}" for k, v in result["paths"].items()))
+    print_paths(result["paths"])
     if result["mlflow_run_id"]:
         print(f"mlflow run {result['mlflow_run_id']} (experiment {params.comparison_experiment})")
 
+
+main = flow_main(compare, CompareParams, "compare", __doc__, show=show)
 
 if __name__ == "__main__":
     main(sys.argv[1:])

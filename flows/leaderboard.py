@@ -47,16 +47,16 @@ from prefect import flow
 from a5core.data import Trace, load_sft_traces, write_text_atomic
 from a5core.grading import r1_zero_reward_fn
 from a5core.grpo import grpo
-from a5core.models import check_context, resolve_model
 from a5core.policy import load_policy
 from a5core.problem_sets import REWARD_FNS, load_problem_set
 from a5core.prompts import load_prompt
 from a5core.rollout import SamplingSettings
 from a5core.sft import SFTConfig, train_sft
-from flows.cli import cli_main, run_flow
-from flows.grpo import check_inputs as check_grpo_inputs, engine_for, run_key
+from flows.cli import flow_main
 from flows.params import LeaderboardParams
-from tasks.engines import closing_engine
+from tasks.checks import check_grpo_run, check_prompts_fit
+from tasks.engines import closing_engine, engine_for
+from tasks.runs import run_key
 from tasks.tracking import log_params_flat
 from tasks.training import mlflow_logger, save_model_folder, start_resumable_run, tracking_rank, validation_hook
 
@@ -166,30 +166,22 @@ def run_folder(params: LeaderboardParams) -> Path:
 
 
 def check_inputs(params: LeaderboardParams) -> None:
-    """Fail on bad input before an engine starts, with the error naming what and where: the GRPO
-    checks (settings, placement, model, data, context, outputs), the SFT traces, the final evaluation's
-    1,024 tokens in the model's context."""
-    check_grpo_inputs(params)
+    """Fail on bad input before an engine starts, with the error naming what and where: a GRPO run's
+    checks (:func:`tasks.checks.check_grpo_run`), the SFT traces, the final evaluation's 1,024 tokens in the
+    model's context."""
+    check_grpo_run(params)
     if params.sft_data is not None:
         load_sft_traces(params.sft_data)
     validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
-    final = validation[: params.final_eval_limit]
-    check_context(resolve_model(params.model), [load_prompt("r1_zero").format(p.problem) for p in final],
-                  FINAL_SAMPLING.max_tokens, [f"{params.validation_data} problem {p.unique_id}" for p in final])
+    check_prompts_fit(params, {params.validation_data: validation[: params.final_eval_limit]}, FINAL_SAMPLING.max_tokens)
 
 
-@cli_main("flows.leaderboard")
-def main(argv: list[str] | None = None) -> None:
-    from flows.cli import parse_params
-
-    params = parse_params(LeaderboardParams, "leaderboard", argv, __doc__)
-    check_inputs(params)
-    summary = run_flow(leaderboard, params)
-    if summary is None:  # a torchrun rank other than 0: rank 0 reports
-        return
+def show(params: LeaderboardParams, summary: dict) -> None:
     print(json.dumps({k: v for k, v in summary.items() if k != "mlflow_run_id"}, indent=2))
     print(f"mlflow run {summary['mlflow_run_id']}")
 
+
+main = flow_main(leaderboard, LeaderboardParams, "leaderboard", __doc__, check_inputs, show)
 
 if __name__ == "__main__":
     main(sys.argv[1:])

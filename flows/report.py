@@ -42,8 +42,9 @@ from pydantic import Field
 
 from a5core.data import write_text_atomic
 from a5core.settings import defaults
-from flows.cli import cli_main, parse_params, run_flow
+from flows.cli import flow_main, print_paths
 from flows.params import Experiment, MLflowLogging, OutputDir, TrackingStore
+from tasks.tables import markdown_table
 
 NOT_RUN = "not run"
 _UMASK = os.umask(0)
@@ -101,12 +102,14 @@ class Page:
         self.blocks.append(("img", name, caption))
 
 
+def _number(value: float) -> str:
+    return f"{value:.3f}" if abs(value) < 1000 else f"{value:.0f}"
+
+
 def _value(value: Any) -> str:
     if value is None:
         return ""
-    if isinstance(value, float):
-        return f"{value:.3f}" if abs(value) < 1000 else f"{value:.0f}"
-    return str(value)
+    return _number(value) if isinstance(value, float) else str(value)
 
 
 def to_markdown(title: str, page: Page) -> str:
@@ -117,10 +120,7 @@ def to_markdown(title: str, page: Page) -> str:
         elif block[0] == "p":
             lines += [block[1], ""]
         elif block[0] == "table":
-            header = list(dict.fromkeys(k for row in block[1] for k in row))
-            lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-            lines += ["| " + " | ".join(_value(row.get(k)).replace("|", "\\|") for k in header) + " |" for row in block[1]]
-            lines.append("")
+            lines += [*markdown_table(block[1], number=_number).splitlines(), ""]
         elif block[0] == "img":
             lines += [f"![{block[2]}](figures/{block[1]})", ""]
     return "\n".join(lines)
@@ -351,7 +351,7 @@ def ablations_section(page: Page, params: ReportParams, figure_sources: Path) ->
     """The GRPO ablations in MLflow: a table and a validation-accuracy plot each. Returns how many."""
     import mlflow
 
-    from flows.compare import metric_points
+    from tasks.tracking import metric_points
     from tasks.training import plot_curves
 
     page.h(1, "GRPO ablations")
@@ -548,17 +548,17 @@ def report(params: ReportParams = ReportParams()) -> dict:
     return {**result, "experiment": params.experiment}
 
 
-@cli_main("flows.report")
-def main(argv: list[str] | None = None) -> None:
-    result = run_flow(report, parse_params(ReportParams, "report", argv, __doc__))
+def show(params: ReportParams, result: dict) -> None:
     for row in result["headline"]:
         rates = f", format rate {row['format rate']}" if row.get("format rate") else ""
         place = f" on {row['validated on']}" if row["validated on"] else ""
         print(f"{row['stage']:>24}: accuracy {row['accuracy']}{rates}{place}")
-    print(f"report  {result['report_md']}\nhtml    {result['report_html']}")
+    print_paths({"report": result["report_md"], "html": result["report_html"]})
     if result["mlflow_run_id"]:
         print(f"mlflow run {result['mlflow_run_id']} (experiment {result['experiment']})")
 
+
+main = flow_main(report, ReportParams, "report", __doc__, show=show)
 
 if __name__ == "__main__":
     main(sys.argv[1:])

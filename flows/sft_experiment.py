@@ -33,30 +33,20 @@ import random
 import sys
 from pathlib import Path
 
-from prefect import flow, task
-from prefect.cache_policies import NO_CACHE
+from prefect import flow
 
-from a5core.data import Problem, Trace, write_text_atomic
-from a5core.models import check_context, resolve_model
-from a5core.policy import load_policy
-from a5core.problem_sets import REWARD_FNS, load_problem_set, load_trace_set
+from a5core.data import Trace, write_text_atomic
+from a5core.problem_sets import load_problem_set, load_trace_set
 from a5core.prompts import load_prompt
-from a5core.rollout import Engine, SamplingSettings
+from a5core.rollout import Engine
 from a5core.sft import train_sft
-from flows.cli import check_outputs, cli_main, run_flow
+from flows.cli import flow_main, print_paths
 from flows.params import SFTExperimentParams
-from tasks.engines import closing_engine, rollout_engine
-from tasks.tracking import log_params_flat
-from tasks.training import (
-    log_comparison,
-    mlflow_logger,
-    params_key,
-    save_model_folder,
-    start_resumable_run,
-    tracked,
-    tracking_rank,
-    validation_hook,
-)
+from tasks.checks import check_outputs, check_prompts_fit
+from tasks.engines import closing_engine, engine_for
+from tasks.runs import Run, Trained, curve, log_run_params, run_key, training_run
+from tasks.tracking import tag_active_run
+from tasks.training import log_comparison, mlflow_logger, save_model_folder, start_resumable_run, tracked, tracking_rank
 
 
 def subsets(traces: list[Trace], sizes: list[int | str], seed: int) -> dict[str, list[Trace]]:
@@ -65,45 +55,20 @@ def subsets(traces: list[Trace], sizes: list[int | str], seed: int) -> dict[str,
     return {str(size): shuffled if size == "full" else shuffled[: int(size)] for size in sizes}
 
 
-@task(cache_policy=NO_CACHE)
-def train_setting(name: str, traces: list[Trace], problems: list[Problem], params: SFTExperimentParams, engine: Engine,
-                  parent_run_id: str) -> dict:
-    """Train and evaluate one setting in its own (resumable) child run; returns its summary row."""
-    import mlflow
-    import torch
+def train_setting(name: str, traces: list[Trace], params: SFTExperimentParams, engine: Engine, parent_run_id: str) -> dict:
+    """One setting (:func:`tasks.runs.training_run`, a child of the sweep's run); its row adds the number
+    of examples and steps and the validation curve, and with ``save_models`` its final model is saved."""
 
-    run_dir = Path(params.output_dir) / f"runs-{params_key(params)}" / name
-    done = run_dir / "done.json"
-    if done.is_file():
-        return json.loads(done.read_text())
-    template, reward_fn = load_prompt(params.prompt), REWARD_FNS[params.grader]
-    sampling = SamplingSettings(temperature=params.temperature, max_tokens=params.max_tokens, stop=template.stop,
-                                seed=params.seed)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    with start_resumable_run(run_dir / "mlflow_run_id", params.experiment, f"sft-{name}", params.tracking_uri, parent_run_id) as run:
-        if tracking_rank():
-            log_params_flat({**params.model_dump(), "setting": name, "n_examples": len(traces)})
-        model, tokenizer = load_policy(params.model, dtype=getattr(torch, params.policy_dtype), device=device)
-        hook = validation_hook(engine, tokenizer, problems, template, reward_fn, sampling, params.val_subset)
-        log = mlflow_logger()
-        final = train_sft(model, tokenizer, traces, params, checkpoint_dir=run_dir / "checkpoint", evaluate=hook, log=log)
-        step = int(final.get("step", 0))
-        full = validation_hook(engine, tokenizer, problems, template, reward_fn, sampling, params.val_limit)(model, step)
-        log({f"final_{k}": v for k, v in full.items()}, step)
+    def train(run: Run) -> Trained:
+        final = train_sft(run.model, run.tokenizer, traces, params, checkpoint_dir=run.folder / "checkpoint",
+                          evaluate=run.validation(params.val_subset), log=run.log)
         if params.save_models:
-            save_model_folder(model, tokenizer, run_dir / "model")
-        client = mlflow.MlflowClient() if tracking_rank() else None
-        history = {key: sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step) if client else []
-                   for key in ("val_accuracy", "val_format_rate")}
-        start = {key: points[0].value for key, points in history.items() if points and points[0].step == 0}
-        row = {"setting": name, "n_examples": len(traces), "steps": step,
-               "initial_accuracy": start.get("val_accuracy"), "initial_format_rate": start.get("val_format_rate"),
-               "final_accuracy": full["val_accuracy"], "final_format_rate": full["val_format_rate"],
-               "curve": [{"step": m.step, "val_accuracy": m.value} for m in history["val_accuracy"]]}
-    del model
-    if tracking_rank():
-        write_text_atomic(done, json.dumps(row))
-    return row
+            save_model_folder(run.model, run.tokenizer, run.folder / "model")
+        step = int(final.get("step", 0))
+        return Trained(step, {"n_examples": len(traces), "steps": step, "curve": curve(run.run_id)})
+
+    return tracked(training_run.with_options(name="train_setting"))(
+        name, f"sft-{name}", params, engine, parent_run_id, train, logged={"n_examples": len(traces)})
 
 
 def link_best_model(model: Path, link: Path) -> None:
@@ -119,22 +84,16 @@ def link_best_model(model: Path, link: Path) -> None:
 @flow(name="sft_experiment")
 def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
     """Run every setting as a child of one parent run; returns the summary rows and output paths."""
-    import mlflow
-
     out = Path(params.output_dir)
     template = load_prompt(params.prompt)
     settings = subsets(load_trace_set(params.train_data, template, params.seed), params.sizes, params.seed)
-    validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
     if params.filtered_data:
         settings["filtered"] = load_trace_set(params.filtered_data, template, params.seed)
-    engine = rollout_engine(resolve_model(params.model), params.backend, dtype=params.engine_dtype,
-                            memory_fraction=params.engine_memory_fraction)
-    with start_resumable_run(out / f"runs-{params_key(params)}" / "mlflow_run_id", params.experiment, "sft_experiment",
+    engine = engine_for(params)
+    with start_resumable_run(out / f"runs-{run_key(params)}" / "mlflow_run_id", params.experiment, "sft_experiment",
                              params.tracking_uri) as parent, closing_engine(engine):
-        if tracking_rank():
-            log_params_flat(params.model_dump())
-        rows = [tracked(train_setting)(name, traces, validation, params, engine, parent.info.run_id)
-                for name, traces in settings.items()]
+        log_run_params(params)
+        rows = [train_setting(name, traces, params, engine, parent.info.run_id) for name, traces in settings.items()]
         if not tracking_rank():  # a torchrun rank other than 0 trained along; rank 0 reports
             return {"summary": None, "paths": None, "mlflow_run_id": None}
         curves = [{"setting": r["setting"], **point} for r in rows for point in r["curve"]]
@@ -142,8 +101,8 @@ def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
                                           "final_accuracy", "final_format_rate")} for r in rows]
         if params.save_models:  # the best by accuracy, a tie broken by format rate; named in the parent run
             best = max(rows, key=lambda r: (r["final_accuracy"], r["final_format_rate"]))
-            link_best_model(out / f"runs-{params_key(params)}" / best["setting"] / "model", out / "best_model")
-            mlflow.set_tag("best_setting", best["setting"])
+            link_best_model(out / f"runs-{run_key(params)}" / best["setting"] / "model", out / "best_model")
+            tag_active_run(best_setting=best["setting"])
         paths = log_comparison(out, curves, summary, "setting", "SFT: validation accuracy by training-set size")
         mlflow_logger()({f"final_accuracy_{r['setting']}": r["final_accuracy"] for r in rows}, 0)
         if params.metrics_path:
@@ -152,35 +111,26 @@ def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
 
 
 def check_inputs(params: SFTExperimentParams) -> None:
-    """Fail on bad input before an engine starts, with the error naming what and where: the settings,
-    the model path, the prompt, the data files, prompts that do not fit the model's context, outputs
-    that cannot be written."""
-    model = resolve_model(params.model)
+    """Fail on bad input before an engine starts, with the error naming what and where: the trace sets,
+    the validation problems, prompts within the model's context, the outputs."""
     template = load_prompt(params.prompt)
     for source in (params.train_data, params.filtered_data):
         if source:
             load_trace_set(source, template, params.seed)
     validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
-    check_context(model, [template.format(p.problem) for p in validation], params.max_tokens,
-                  [f"{params.validation_data} problem {p.unique_id}" for p in validation])
+    check_prompts_fit(params, {params.validation_data: validation}, params.max_tokens)
     check_outputs(params)
 
 
-@cli_main("flows.sft_experiment")
-def main(argv: list[str] | None = None) -> None:
-    from flows.cli import parse_params
-
-    params = parse_params(SFTExperimentParams, "sft_experiment", argv, __doc__)
-    check_inputs(params)
-    result = run_flow(sft_experiment, params)
-    if result is None:  # a torchrun rank other than 0: rank 0 reports
-        return
+def show(params: SFTExperimentParams, result: dict) -> None:
     for row in result["summary"]:
         print(f"{row['setting']:>9}: {row['n_examples']:>5} examples, {row['steps']:>4} steps, "
               f"accuracy {row['final_accuracy']:.3f}, format {row['final_format_rate']:.3f}")
-    print("\n".join(f"{k:12} {v}" for k, v in result["paths"].items()))
+    print_paths(result["paths"])
     print(f"mlflow parent run {result['mlflow_run_id']}")
 
+
+main = flow_main(sft_experiment, SFTExperimentParams, "sft_experiment", __doc__, check_inputs, show)
 
 if __name__ == "__main__":
     main(sys.argv[1:])

@@ -132,6 +132,16 @@ def rollout_engine(model: str, backend: str, *, dtype: str, memory_fraction: flo
     return start(RemoteEngine, model, backend, device=device, dtype=dtype, threads=threads, **kwargs)
 
 
+def engine_for(params: Any) -> Any:
+    """A training run's rollout engine for its ``model`` (see :func:`rollout_engine`): ``backend``,
+    ``engine_dtype``, ``engine_memory_fraction`` and, where the parameters have it, ``engine_device``."""
+    from a5core.models import resolve_model
+
+    return rollout_engine(resolve_model(params.model), params.backend, dtype=params.engine_dtype,
+                          memory_fraction=params.engine_memory_fraction,
+                          engine_device=getattr(params, "engine_device", None))
+
+
 @contextlib.contextmanager
 def closing_engine(engine: Any) -> Iterator[Any]:
     """``with closing_engine(engine) as engine:`` closes it at the end when it can be closed (a

@@ -72,6 +72,57 @@ def ui_address(experiment: str, tracking_uri: str = DEFAULT_TRACKING_URI, run_id
     return page + "?workflowType=machine_learning"
 
 
+def find_runs(client: Any, params: Any) -> list[Any]:
+    """The runs ``params`` name (``mlflow.entities.Run``): ``runs`` (ids, in the order given), the children
+    of ``parent`` (oldest first), or those of ``experiment`` matching ``filter`` (newest first, at most
+    ``max_runs``). ValueError naming it for a run id the store does not hold and for a filter MLflow
+    cannot parse."""
+    if params.runs:
+        return [_get_run(client, run_id, params.tracking_uri, "--runs") for run_id in dict.fromkeys(params.runs)]
+    if params.parent:
+        parent = _get_run(client, params.parent, params.tracking_uri, "--parent")
+        experiment_ids = [parent.info.experiment_id]
+        filter_string = f"tags.mlflow.parentRunId = '{params.parent}'"
+        order = ["attributes.start_time ASC"]
+    else:
+        experiment = client.get_experiment_by_name(params.experiment)
+        if experiment is None:
+            raise ValueError(f"no MLflow experiment named {params.experiment!r} in {params.tracking_uri}")
+        experiment_ids, filter_string, order = [experiment.experiment_id], params.filter or "", ["attributes.start_time DESC"]
+    from mlflow.exceptions import MlflowException
+
+    try:
+        runs = client.search_runs(experiment_ids, filter_string=filter_string, max_results=params.max_runs, order_by=order)
+    except MlflowException as error:
+        raise ValueError(f"--filter {params.filter!r}: {error.message}") from None
+    return list(runs)
+
+
+def _get_run(client: Any, run_id: str, tracking_uri: str, flag: str) -> Any:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_run(run_id)
+    except MlflowException:
+        raise ValueError(f"{flag}: no run {run_id!r} in {tracking_uri}") from None
+
+
+def run_labels(runs: list[Any]) -> list[str]:
+    """Run names, with a short id added where two runs share a name."""
+    names = [r.info.run_name or r.info.run_id[:8] for r in runs]
+    return [f"{n} ({r.info.run_id[:8]})" if names.count(n) > 1 else n for n, r in zip(names, runs)]
+
+
+def metric_points(client: Any, runs: list[Any], metric: str, labels: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every logged value of ``metric`` for each run that has it: rows of run label (``labels``, or
+    :func:`run_labels`), step, value."""
+    points = []
+    for label, run in zip(labels or run_labels(runs), runs):
+        if metric in run.data.metrics:
+            points += [{"run": label, "step": m.step, metric: m.value} for m in client.get_metric_history(run.info.run_id, metric)]
+    return points
+
+
 def system_metrics_logging() -> bool | None:
     """Whether training runs log MLflow system metrics (``system/*``: CPU, memory, disk, network, and GPU
     utilisation/memory where ``nvidia-ml-py`` is installed; sampled every 10 s,
@@ -139,6 +190,11 @@ def mlflow_run(experiment: str, run_name: str, tracking_uri: str = DEFAULT_TRACK
     experiment_id = ensure_experiment(experiment, tracking_uri)
     with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags={k: str(v) for k, v in tags.items()}) as run:
         yield run
+
+
+def tag_active_run(**tags: Any) -> None:
+    """Set tags on the active MLflow run (values as strings)."""
+    mlflow.set_tags({k: str(v) for k, v in tags.items()})
 
 
 def log_params_flat(params: dict[str, Any]) -> None:

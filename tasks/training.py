@@ -10,8 +10,6 @@ logs no table; the flows write their output files on the tracking rank only.
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
 import json
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -27,6 +25,7 @@ from a5core.data import Problem, write_text_atomic
 from a5core.evaluation import evaluate, log_generations, summarize
 from a5core.prompts import PromptTemplate
 from a5core.rollout import Engine, SamplingSettings
+from tasks.tables import csv_text, markdown_table
 from tasks.tracking import ensure_experiment, system_metrics_logging
 
 
@@ -207,11 +206,7 @@ def save_model_folder(model: torch.nn.Module, tokenizer: Any, directory: Path) -
 
 def write_curves(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
     """A csv of learning-curve points (DVC plots read it), written atomically."""
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-    return write_text_atomic(path, buffer.getvalue())
+    return write_text_atomic(path, csv_text(rows))
 
 
 def plot_curves(path: Path, rows: Sequence[dict[str, Any]], x: str, y: str, series: str, title: str) -> Path:
@@ -256,14 +251,6 @@ def plot_curves(path: Path, rows: Sequence[dict[str, Any]], x: str, y: str, seri
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return path
-
-
-def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
-    header = list(rows[0])
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(f"{r[h]:.4g}" if isinstance(r[h], float) else "" if r[h] is None else str(r[h])
-                                for h in header) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
 
 
 def log_comparison(

@@ -211,7 +211,8 @@ def test_an_engine_on_its_own_device_gets_every_push(runs):
 
 
 def test_engine_device_gives_each_rank_its_device_and_refuses_what_cannot_work(monkeypatch):
-    from flows.grpo import GRPOParams, check_placement
+    from flows.params import GRPOParams
+    from tasks.checks import check_placement
     from tasks.engines import engine_device_of_rank, in_process_backend
 
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")

@@ -99,7 +99,8 @@ def test_sft_on_generated_arithmetic_hands_its_best_model_to_the_next_stage(pref
     """The cpu profile's chain: SFT on arithmetic:N:D traces, validated with the arithmetic grader, saves its
     best setting's model as output_dir/best_model; a stage starting from it is keyed by its files, so a
     retrained model is not mistaken for the one an earlier run finished with."""
-    from flows.grpo import GRPOParams, run_key
+    from flows.params import GRPOParams
+    from tasks.runs import run_key
     from flows.sft_experiment import SFTExperimentParams, sft_experiment
 
     monkeypatch.chdir(tmp_path)

@@ -1,0 +1,183 @@
+"""One training run, as every training flow runs it: GRPO, Expert Iteration, a setting of the SFT sweep.
+
+:func:`training_run` is the skeleton they share; a flow gives it the body that trains. Around the body:
+
+- the run's folder, ``output_dir/runs-<key>/<name>`` (the key a hash of the settings, so changed settings
+  never pick up another run's checkpoint or MLflow run), and its ``done.json``: a finished run returns
+  its row without training again;
+- a resumable MLflow run (a child of ``parent_run_id`` in a sweep), its parameters and the starting
+  model's real folder (tag ``model_path``) logged on the tracking rank;
+- the policy loaded on the GPU if there is one, in ``policy_dtype``;
+- the validation set, prompt template, grader and evaluation sampling (``temperature``, ``max_tokens``,
+  the prompt's stop strings, ``seed``), and :meth:`Run.validation`, the loops' ``evaluate`` hook;
+- after the body: the final evaluation on ``val_limit`` problems (``final_*`` metrics at the last step)
+  and the row: ``setting``, accuracy and format rate before (``initial_*``: the starting model's
+  evaluation, logged at step 0 by the loops) and after (``final_*``), the MLflow run id, and what the
+  body added; written to ``done.json`` on the tracking rank.
+
+Under torchrun every rank runs all of it (the loops are collective); only rank 0 tracks.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from a5core.data import Problem, write_text_atomic
+from a5core.policy import load_policy
+from a5core.problem_sets import REWARD_FNS, load_problem_set
+from a5core.prompts import PromptTemplate, load_prompt
+from a5core.rollout import Engine, SamplingSettings
+from tasks.tracking import log_params_flat
+from tasks.training import (RUN_KEY_IGNORED, mlflow_logger, model_path, params_key, start_resumable_run, tracking_rank,
+                            validation_hook)
+
+# What does not make a run another run: where its results go, how fast it runs, where its engine runs,
+# how a sweep's children are scheduled.
+RUN_KEY_EXTRA_IGNORED = ("engine_device", "runner", "ray_address", "ray_gpus_per_child", "ray_cpus_per_child")
+
+
+def run_key(params: Any) -> str:
+    """The folder key of a run: a hash of its settings, less :data:`RUN_KEY_IGNORED` and the scheduling ones."""
+    return params_key(params, ignore=(*RUN_KEY_IGNORED, *RUN_KEY_EXTRA_IGNORED))
+
+
+@dataclass
+class Run:
+    """What a training run's body works with (see the module docstring)."""
+
+    name: str
+    folder: Path
+    run_id: str | None  # the MLflow run's (None off the tracking rank)
+    params: Any
+    engine: Engine
+    model: torch.nn.Module
+    tokenizer: Any
+    validation_problems: list[Problem]
+    template: PromptTemplate
+    reward_fn: Callable[[str, Any], dict[str, float]]
+    sampling: SamplingSettings  # the evaluations'
+    log: Callable[[dict[str, float], int], None]
+
+    def validation(self, subset: int | None) -> Callable[[torch.nn.Module, int], dict[str, float]]:
+        """``evaluate(model, step)`` on the first ``subset`` validation problems (all if None)."""
+        return validation_hook(self.engine, self.tokenizer, self.validation_problems, self.template, self.reward_fn,
+                               self.sampling, subset)
+
+
+@dataclass
+class Trained:
+    """What a body returns: the step its final evaluation is logged at, and the row's own fields."""
+
+    step: int
+    row: dict[str, Any]
+
+
+@task(cache_policy=NO_CACHE)
+def training_run(name: str, run_name: str, params: Any, engine: Engine, parent_run_id: str | None,
+                 body: Callable[[Run], Trained], logged: dict[str, Any] | None = None) -> dict:
+    """Run ``body`` as run ``name`` of ``params`` (see the module docstring); returns its row.
+    ``logged``: more parameters for the MLflow run (a sweep setting's size, say)."""
+    folder = Path(params.output_dir) / f"runs-{run_key(params)}" / name
+    done = folder / "done.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
+    template, reward_fn = load_prompt(params.prompt), REWARD_FNS[params.grader]
+    sampling = SamplingSettings(temperature=params.temperature, max_tokens=params.max_tokens, stop=template.stop,
+                                seed=params.seed)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with start_resumable_run(folder / "mlflow_run_id", params.experiment, run_name, params.tracking_uri,
+                             parent_run_id) as mlflow_run:
+        log_run_params(params, {"setting": name, **(logged or {})})
+        model, tokenizer = load_policy(params.model, dtype=getattr(torch, params.policy_dtype), device=device)
+        run = Run(name, folder, mlflow_run.info.run_id, params, engine, model, tokenizer, validation, template, reward_fn,
+                  sampling, mlflow_logger())
+        trained = body(run)
+        model.eval()
+        final = run.validation(params.val_limit)(model, trained.step)
+        run.log({f"final_{k}": v for k, v in final.items()}, trained.step)
+        start = _starting_evaluation(mlflow_run.info.run_id)
+        row = {"setting": name, "initial_accuracy": start.get("val_accuracy"),
+               "initial_format_rate": start.get("val_format_rate"), "final_accuracy": final["val_accuracy"],
+               "final_format_rate": final["val_format_rate"], **trained.row, "mlflow_run_id": mlflow_run.info.run_id}
+    if tracking_rank():
+        write_text_atomic(done, json.dumps(row))
+    return row
+
+
+def log_run_params(params: Any, extra: dict[str, Any] | None = None) -> None:
+    """A run's parameters into the active MLflow run (tracking rank only), with ``extra``; as tags: the
+    starting model's real folder (``model_path``) and ``engine_device`` (it may change when a run resumes,
+    and MLflow refuses a parameter's second value)."""
+    import mlflow
+
+    if not tracking_rank():
+        return
+    values = params.model_dump()
+    engine_device = values.pop("engine_device", None)
+    log_params_flat({**values, **(extra or {})})
+    mlflow.set_tags({"model_path": model_path(params.model), "engine_device": str(engine_device)})
+
+
+def _starting_evaluation(run_id: str | None) -> dict[str, float]:
+    """The starting model's validation metrics (step 0), as the loops logged them: {} off the tracking
+    rank, or when the run did not evaluate at its start."""
+    import mlflow
+
+    if run_id is None:
+        return {}
+    client = mlflow.MlflowClient()
+    return {key: m.value for key in ("val_accuracy", "val_format_rate")
+            for m in client.get_metric_history(run_id, key) if m.step == 0}
+
+
+def curve(run_id: str | None, *keys: str) -> list[dict[str, float]]:
+    """Points (step, and each of ``keys`` where logged) of a run's ``val_accuracy`` history, by step."""
+    import mlflow
+
+    if run_id is None:
+        return []
+    client = mlflow.MlflowClient()
+    series = {key: {m.step: m.value for m in client.get_metric_history(run_id, key)} for key in ("val_accuracy", *keys)}
+    return [{"step": step, **{key: series[key][step] for key in series if step in series[key]}}
+            for step in sorted(series["val_accuracy"])]
+
+
+def accuracy_by_wall_clock(run_id: str) -> Callable[[float, int, float], None]:
+    """``log(val_accuracy, step, wall_seconds)`` for run ``run_id``: the metric ``val_accuracy_by_wall_seconds``
+    at MLflow step int(wall-clock seconds), one point per validated GRPO step, resumes included.
+
+    A resumed run replays the steps after its checkpoint and validates them again, later in wall-clock
+    time: logged as is, a replayed validation would be a second point at a new x. A step's point belongs
+    at the second the run first recorded for that step (its ``wall_seconds``, which the resume-safe
+    logger keeps from the first time): among the validated steps whose first second is that one, this
+    step is the k-th, and the point is written only if the run holds fewer than k points there (so a
+    kill between the step's metrics and its point still gets the point written, once).
+    Off the tracking rank (torchrun rank > 0) it logs nothing.
+    """
+    import mlflow
+
+    if not tracking_rank():
+        return lambda accuracy, step, wall_seconds: None
+    client = mlflow.MlflowClient()
+    second_of = {m.step: int(m.value) for m in client.get_metric_history(run_id, "wall_seconds")}
+    validated = {m.step for m in client.get_metric_history(run_id, "val_accuracy")}
+    held = Counter(m.step for m in client.get_metric_history(run_id, "val_accuracy_by_wall_seconds"))
+
+    def log(accuracy: float, step: int, wall_seconds: float) -> None:
+        second = second_of.setdefault(step, int(wall_seconds))
+        validated.add(step)
+        if sum(second_of.get(s) == second for s in validated if s <= step) > held[second]:
+            mlflow.log_metrics({"val_accuracy_by_wall_seconds": accuracy}, step=second)
+            held[second] += 1
+
+    return log
