@@ -1,4 +1,5 @@
-# a5 — one command each: `make setup` (idempotent), `make test`, `make pipeline`, `make bench-grading`.
+# a5 — one command each: `make setup` (idempotent), `make test` (lint, format check, tests), `make pipeline`,
+# `make bench-grading`.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -26,6 +27,8 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 test: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q
 
 # The DVC pipeline with params.yaml's `profile` set to $(PROFILE) (cpu: the small version for 2 cores).

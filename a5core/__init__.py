@@ -7,8 +7,8 @@ from a5core.data import DataError, Problem, Trace, load_gsm8k, load_math, load_s
 from a5core.grading import answers_equivalent, grade_batch, question_only_reward_fn, r1_zero_reward_fn
 from a5core.losses import (
     compute_entropy,
-    compute_grpo_clip_loss,
     compute_group_normalized_rewards,
+    compute_grpo_clip_loss,
     compute_naive_policy_gradient_loss,
     compute_policy_gradient_loss,
     masked_mean,

@@ -44,8 +44,13 @@ def die_with_parent(parent_pid: int) -> None:
             import ctypes
 
             libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(ctypes.c_int(PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGKILL),
-                       ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+            libc.prctl(
+                ctypes.c_int(PR_SET_PDEATHSIG),
+                ctypes.c_ulong(signal.SIGKILL),
+                ctypes.c_ulong(0),
+                ctypes.c_ulong(0),
+                ctypes.c_ulong(0),
+            )
         except (OSError, AttributeError):  # no usable libc: the CPU budget below still applies
             pass
     if os.getppid() != parent_pid:  # orphaned before the request took effect (or no prctl)

@@ -29,7 +29,9 @@ def _split_of(a: int, op: str, b: int) -> str:
     return "validation" if zlib.crc32(f"{a}{op}{b}".encode()) % 5 == 0 else "train"
 
 
-def arithmetic_problems(n: int, digits: int = 2, operations: str = "+-", seed: int = 0, split: str = "train") -> list[Problem]:
+def arithmetic_problems(
+    n: int, digits: int = 2, operations: str = "+-", seed: int = 0, split: str = "train"
+) -> list[Problem]:
     """``n`` distinct problems ``a op b`` with operands of up to ``digits`` digits, seeded.
 
     The train and validation splits never share a problem. ``unique_id`` is ``arithmetic/{split}/{i}``;
@@ -46,7 +48,9 @@ def arithmetic_problems(n: int, digits: int = 2, operations: str = "+-", seed: i
     high = 10**digits - 1
     available = sum(_split_of(a, op, b) == split for a in range(high + 1) for op in operations for b in range(high + 1))
     if n > available:
-        raise ValueError(f"only {available} distinct {split} problems exist for digits={digits}, operations={operations!r}")
+        raise ValueError(
+            f"only {available} distinct {split} problems exist for digits={digits}, operations={operations!r}"
+        )
     seen: set[tuple[int, str, int]] = set()
     problems = []
     while len(problems) < n:
@@ -55,14 +59,16 @@ def arithmetic_problems(n: int, digits: int = 2, operations: str = "+-", seed: i
             continue
         seen.add((a, op, b))
         result = OPERATIONS[op](a, b)
-        problems.append(Problem(
-            unique_id=f"arithmetic/{split}/{len(problems)}",
-            problem=f"What is ${a} {op} {b}$?",
-            answer=str(result),
-            solution=f"${a} {op} {b} = \\boxed{{{result}}}$.",
-            subject="arithmetic",
-            level=digits,
-        ))
+        problems.append(
+            Problem(
+                unique_id=f"arithmetic/{split}/{len(problems)}",
+                problem=f"What is ${a} {op} {b}$?",
+                answer=str(result),
+                solution=f"${a} {op} {b} = \\boxed{{{result}}}$.",
+                subject="arithmetic",
+                level=digits,
+            )
+        )
     return problems
 
 

@@ -85,15 +85,20 @@ def save_checkpoint(
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir()
     _save_fsynced(model.state_dict(), partial / "model.pt")
-    _save_fsynced({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict() if scheduler else None},
-                  partial / "optimizer.pt")
+    _save_fsynced(
+        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict() if scheduler else None},
+        partial / "optimizer.pt",
+    )
     numpy_state = np.random.get_state()
-    _save_fsynced({
-        "python": random.getstate(),
-        "numpy": (numpy_state[0], numpy_state[1].tolist(), *numpy_state[2:]),
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-    }, partial / "rng.pt")
+    _save_fsynced(
+        {
+            "python": random.getstate(),
+            "numpy": (numpy_state[0], numpy_state[1].tolist(), *numpy_state[2:]),
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        },
+        partial / "rng.pt",
+    )
     write_text_atomic(partial / "state.json", json.dumps(state, indent=1, default=float) + "\n")  # float: numpy scalars
     _fsync_dir(partial)
     if latest.exists():

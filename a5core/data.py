@@ -70,8 +70,10 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise DataError(f"{path}:{lineno}: not UTF-8 text (byte {e.start + 1} of the line is "
-                                f"{raw[e.start:e.start + 1]!r})") from None
+                raise DataError(
+                    f"{path}:{lineno}: not UTF-8 text (byte {e.start + 1} of the line is "
+                    f"{raw[e.start : e.start + 1]!r})"
+                ) from None
             if not line.strip():
                 continue
             try:

@@ -188,8 +188,9 @@ def global_token_loss(per_token_loss: torch.Tensor, response_mask: torch.Tensor,
     micro-batches and averaged over ranks, are the gradient of the batch loss, whatever the split.
     """
     world = dist.get_world_size() if dist.is_initialized() else 1
-    masked = torch.where(response_mask.bool(), per_token_loss, torch.zeros((), dtype=per_token_loss.dtype,
-                                                                            device=per_token_loss.device))
+    masked = torch.where(
+        response_mask.bool(), per_token_loss, torch.zeros((), dtype=per_token_loss.dtype, device=per_token_loss.device)
+    )
     return masked.sum() * world / global_tokens
 
 
@@ -251,8 +252,9 @@ def _shard_like(value: Any, reference: Any) -> Any:
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     if isinstance(reference, DTensor) and isinstance(value, torch.Tensor) and value.shape == reference.shape:
-        return distribute_tensor(value.to(reference.device), reference.device_mesh, reference.placements,
-                                 src_data_rank=None)
+        return distribute_tensor(
+            value.to(reference.device), reference.device_mesh, reference.placements, src_data_rank=None
+        )
     return value
 
 
@@ -283,8 +285,9 @@ def load_whole_state_dict(model: torch.nn.Module, state: dict[str, Any]) -> None
     (_Sharding(model) if isinstance(model, FSDPModule) else model).load_state_dict(state)
 
 
-def save_checkpoint(directory: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-                    state: dict[str, Any]) -> None:
+def save_checkpoint(
+    directory: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, state: dict[str, Any]
+) -> None:
     """:func:`a5core.checkpoint.save_checkpoint`, called by every rank: with several, the model's and
     optimizer's shards are gathered (collectives) and rank 0 writes them whole, in the one-process
     layout, so the checkpoint resumes on any number of ranks."""
@@ -299,8 +302,9 @@ def save_checkpoint(directory: Any, model: torch.nn.Module, optimizer: torch.opt
     dist.barrier()
 
 
-def load_checkpoint(directory: Any, expected: dict[str, Any], model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer, scheduler: Any) -> dict[str, Any] | None:
+def load_checkpoint(
+    directory: Any, expected: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+) -> dict[str, Any] | None:
     """:func:`a5core.checkpoint.load_checkpoint`, called by every rank: each reads the full checkpoint
     and keeps its shards. Rank 0 reads first (it repairs a save a crash interrupted), then the others."""
     if rank_and_world()[1] == 1:

@@ -127,7 +127,9 @@ def case_report(records: Sequence[dict[str, Any]], per_category: int = 3, seed: 
     """
     rng = random.Random(seed)
     unformatted = [r for r in records if not r["format_reward"]]
-    leniently_correct = answers_equivalent_batch([(lenient_answer(r["response"]), r["ground_truth"]) for r in unformatted])
+    leniently_correct = answers_equivalent_batch(
+        [(lenient_answer(r["response"]), r["ground_truth"]) for r in unformatted]
+    )
     missed = {id(r) for r, ok in zip(unformatted, leniently_correct) if ok}
     summary = summarize(records)
     lines = [
@@ -147,20 +149,43 @@ def case_report(records: Sequence[dict[str, Any]], per_category: int = 3, seed: 
         members = [r for r in records if category(r) == name]
         lines += ["", f"## {name} ({len(members)})"]
         for r in rng.sample(members, min(per_category, len(members))):
-            lines += ["", f"### {r['unique_id']} (sample {r['sample']}, {r['response_tokens']} tokens, {r['finish_reason']})"]
+            lines += [
+                "",
+                f"### {r['unique_id']} (sample {r['sample']}, {r['response_tokens']} tokens, {r['finish_reason']})",
+            ]
             if name == "format0_answer0":
                 found = lenient_answer(r["response"])
                 verdict = "correct: format failure" if id(r) in missed else "not correct: model failure"
-                lines.append(f"Lenient read of the answer: `{found}` ({verdict})." if found else "No answer found in the text: model failure.")
-            lines += ["", "**Prompt**", "", "```", r["prompt"], "```", "", "**Response**", "", "```", r["response"], "```",
-                      "", f"**Ground truth:** `{r['ground_truth']}`"]
+                lines.append(
+                    f"Lenient read of the answer: `{found}` ({verdict})."
+                    if found
+                    else "No answer found in the text: model failure."
+                )
+            lines += [
+                "",
+                "**Prompt**",
+                "",
+                "```",
+                r["prompt"],
+                "```",
+                "",
+                "**Response**",
+                "",
+                "```",
+                r["response"],
+                "```",
+                "",
+                f"**Ground truth:** `{r['ground_truth']}`",
+            ]
     return "\n".join(lines) + "\n"
 
 
 # ----------------------------------------------------------------------------- log_generations
 
 
-def response_entropies(model: Any, tokenizer: Any, prompts: Sequence[str], responses: Sequence[str], batch_size: int = 8) -> list[float]:
+def response_entropies(
+    model: Any, tokenizer: Any, prompts: Sequence[str], responses: Sequence[str], batch_size: int = 8
+) -> list[float]:
     """Mean next-token entropy over each response's tokens under ``model`` (no gradient).
 
     prompts, responses: N strings → N floats (NaN for an empty response). Responses are re-tokenised
@@ -174,8 +199,12 @@ def response_entropies(model: Any, tokenizer: Any, prompts: Sequence[str], respo
     out: list[float] = []
     with torch.no_grad():
         for start in range(0, len(prompts), batch_size):
-            batch = tokenize_prompt_and_output(list(prompts[start : start + batch_size]), list(responses[start : start + batch_size]), tokenizer)
-            entropy = get_response_log_probs(model, batch["input_ids"].to(device), batch["labels"].to(device), return_token_entropy=True)["token_entropy"]
+            batch = tokenize_prompt_and_output(
+                list(prompts[start : start + batch_size]), list(responses[start : start + batch_size]), tokenizer
+            )
+            entropy = get_response_log_probs(
+                model, batch["input_ids"].to(device), batch["labels"].to(device), return_token_entropy=True
+            )["token_entropy"]
             mask = batch["response_mask"].to(device)
             per_row = (entropy * mask).sum(-1) / mask.sum(-1)
             out.extend(per_row.tolist())
@@ -195,7 +224,18 @@ def log_generations(
     sample = random.Random(seed).sample(list(records), min(sample_size, len(records)))
     entropies = response_entropies(model, tokenizer, [r["prompt"] for r in sample], [r["response"] for r in sample])
     rows = [
-        {k: r[k] for k in ("unique_id", "prompt", "response", "ground_truth", "format_reward", "answer_reward", "response_tokens")}
+        {
+            k: r[k]
+            for k in (
+                "unique_id",
+                "prompt",
+                "response",
+                "ground_truth",
+                "format_reward",
+                "answer_reward",
+                "response_tokens",
+            )
+        }
         | {"mean_token_entropy": e}
         for r, e in zip(sample, entropies)
     ]

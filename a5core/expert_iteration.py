@@ -45,11 +45,23 @@ from a5core.data import Problem, Trace, load_sft_traces, write_jsonl_atomic, wri
 from a5core.evaluation import grade_completions, response_entropies
 from a5core.prompts import PromptTemplate
 from a5core.rollout import Engine
-from a5core.settings import OptimizerSettings, RolloutSamplingFields, SeedSettings, SFTBatchSettings, SpeedSettings, defaults
+from a5core.settings import (
+    OptimizerSettings,
+    RolloutSamplingFields,
+    SeedSettings,
+    SFTBatchSettings,
+    SpeedSettings,
+    defaults,
+)
 from a5core.sft import SFTConfig, train_sft
 
 logger = logging.getLogger(__name__)
-STATUS_KEYS = ("kept_fraction", "rollout_format_rate", "sft_loss", "val_accuracy")  # the per-round status line's metrics
+STATUS_KEYS = (
+    "kept_fraction",
+    "rollout_format_rate",
+    "sft_loss",
+    "val_accuracy",
+)  # the per-round status line's metrics
 
 
 @defaults(max_seq_len=1536)
@@ -66,8 +78,15 @@ class EIConfig(OptimizerSettings, RolloutSamplingFields, SFTBatchSettings, Speed
     def round_sft(self, round_: int) -> SFTConfig:
         """Round ``round_``'s SFT settings: this config's optimizer, batch and speed settings, E epochs at a
         constant learning rate, seeded per round, one checkpoint at its end."""
-        return SFTConfig(**{**self.values_of(SFTConfig), "lr_schedule": "constant", "seed": self.seed + round_,
-                            "eval_every": 0, "checkpoint_every": 0})
+        return SFTConfig(
+            **{
+                **self.values_of(SFTConfig),
+                "lr_schedule": "constant",
+                "seed": self.seed + round_,
+                "eval_every": 0,
+                "checkpoint_every": 0,
+            }
+        )
 
 
 def expert_iteration(
@@ -87,7 +106,9 @@ def expert_iteration(
     returns each round's metrics (on every rank)."""
     rank = distributed.rank_and_world()[0]
     root = Path(checkpoint_dir) if checkpoint_dir else None
-    state = json.loads((root / "state.json").read_text()) if root and (root / "state.json").is_file() else {"rounds": []}
+    state = (
+        json.loads((root / "state.json").read_text()) if root and (root / "state.json").is_file() else {"rounds": []}
+    )
     if state["rounds"]:
         _load_weights(model, root / "model.pt")
     history: list[dict[str, float]] = state["rounds"]
@@ -110,9 +131,14 @@ def expert_iteration(
                 write_jsonl_atomic(kept_path, [asdict(t) for t in kept])
                 write_text_atomic(round_dir / "rollouts.json", json.dumps(metrics))
         if kept:
-            final = train_sft(model, tokenizer, kept, config.round_sft(step),
-                              checkpoint_dir=round_dir / "sft" if round_dir else None,
-                              log=lambda m, s, step=step: log({f"sft/{k}": v for k, v in m.items()}, step + 1))
+            final = train_sft(
+                model,
+                tokenizer,
+                kept,
+                config.round_sft(step),
+                checkpoint_dir=round_dir / "sft" if round_dir else None,
+                log=lambda m, s, step=step: log({f"sft/{k}": v for k, v in m.items()}, step + 1),
+            )
             metrics["sft_loss"] = final.get("loss", float("nan"))
         if evaluate is not None:
             metrics.update(evaluate(model, step + 1))
@@ -167,7 +193,11 @@ def _rollout_round(
     records = distributed.gather_lists(graded)  # question order
     kept = [Trace(r["prompt"], r["response"], r["ground_truth"]) for r in records if r["reward"] == 1.0]
     sample = rng.sample(records, min(config.entropy_sample, len(records)))
-    entropies = [e for e in response_entropies(model, tokenizer, [r["prompt"] for r in sample], [r["response"] for r in sample]) if e == e]
+    entropies = [
+        e
+        for e in response_entropies(model, tokenizer, [r["prompt"] for r in sample], [r["response"] for r in sample])
+        if e == e
+    ]
     correct = [r["response_tokens"] for r in records if r["reward"] == 1.0]
     incorrect = [r["response_tokens"] for r in records if r["reward"] != 1.0]
     metrics = {

@@ -95,9 +95,24 @@ def extract_question_only_answer(response: str) -> tuple[bool, str | None]:
 # --------------------------------------------------------------------------------- normalisation
 
 _UNIT_TEXT = re.compile(r"\\(?:text|mbox|mathrm)\{\s[^{}]*\}(?:\^\{?\d\}?)?\s*$")  # "5 \text{ cm}^2" (Hendrycks)
-_UNIT_SPELLINGS = {"feet": "ft", "foot": "ft", "inch": "in", "inche": "in", "meter": "m", "metre": "m",
-                   "centimeter": "cm", "kilometer": "km", "mile": "mi", "yard": "yd", "second": "s",
-                   "minute": "min", "hour": "h", "hr": "h", "pound": "lb", "degree": "deg"}
+_UNIT_SPELLINGS = {
+    "feet": "ft",
+    "foot": "ft",
+    "inch": "in",
+    "inche": "in",
+    "meter": "m",
+    "metre": "m",
+    "centimeter": "cm",
+    "kilometer": "km",
+    "mile": "mi",
+    "yard": "yd",
+    "second": "s",
+    "minute": "min",
+    "hour": "h",
+    "hr": "h",
+    "pound": "lb",
+    "degree": "deg",
+}
 _TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|mbox|mathrm|mathbf)\{([^{}]*)\}")
 _SQRT_BARE = re.compile(r"\\sqrt(\w)")
 _FRAC_ARG = re.compile(r"\s*(\{|\\[A-Za-z]+|[^\s{}\\])")
@@ -264,8 +279,9 @@ class _Spawner:
         with self._lock:
             if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
                 self._requests = queue.SimpleQueue()
-                self._thread = threading.Thread(target=self._serve, args=(self._requests,), daemon=True,
-                                                name="a5-grader-spawner")
+                self._thread = threading.Thread(
+                    target=self._serve, args=(self._requests,), daemon=True, name="a5-grader-spawner"
+                )
                 self._thread.start()
                 self._pid = os.getpid()
             requests = self._requests
@@ -337,7 +353,9 @@ class SymbolicGrader:
     def __init__(self, workers: int | None = None, deadline_s: float = DEFAULT_DEADLINE_S):
         if deadline_s <= 0:
             raise ValueError(f"deadline_s must be positive, got {deadline_s}")
-        self.max_workers = workers or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+        self.max_workers = workers or (
+            len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        )
         self.deadline_s = deadline_s
         self._workers: set[_Worker] = set()  # every live worker, idle or checked out
         self._idle: list[_Worker] = []
@@ -436,8 +454,10 @@ class SymbolicGrader:
         pending = list(range(len(pairs)))[::-1]
         mine: list[_Worker] = []  # the workers this call has checked out
         done = 0
-        with selectors.DefaultSelector() as selector, progress.bar(desc="grade (symbolic)", total=len(pairs),
-                                                                   unit="answer") as graded:
+        with (
+            selectors.DefaultSelector() as selector,
+            progress.bar(desc="grade (symbolic)", total=len(pairs), unit="answer") as graded,
+        ):
 
             def hold(workers: list[_Worker]) -> None:
                 for worker in workers:

@@ -87,7 +87,7 @@ from a5core.policy import (
     pad_id_of,
 )
 from a5core.prompts import PromptTemplate
-from a5core.rollout import Engine, SamplingSettings
+from a5core.rollout import Engine
 from a5core.settings import OptimizerSettings, PeriodicSettings, RolloutSamplingFields, SeedSettings, SpeedSettings
 
 logger = logging.getLogger(__name__)
@@ -96,8 +96,15 @@ logger = logging.getLogger(__name__)
 UNFINGERPRINTED_FIELDS = ("checkpoint_every", "eval_every", "compile_layers", "fsdp_reshard_after_forward")
 # What one optimizer step accumulates over its micro-batches (summed over ranks when read).
 _STEP_SUMS = ("loss", "clipped", "ratio_sum", "entropy_sum", "response_tokens", "entropy_tokens", "tokens")
-STATUS_KEYS = ("reward_mean", "format_reward_mean", "loss", "grad_norm", "token_entropy", "response_tokens_mean",
-               "val_accuracy")  # the per-step status line's metrics
+STATUS_KEYS = (
+    "reward_mean",
+    "format_reward_mean",
+    "loss",
+    "grad_norm",
+    "token_entropy",
+    "response_tokens_mean",
+    "val_accuracy",
+)  # the per-step status line's metrics
 
 
 class GRPOConfig(OptimizerSettings, RolloutSamplingFields, SpeedSettings, PeriodicSettings, SeedSettings):
@@ -112,17 +119,22 @@ class GRPOConfig(OptimizerSettings, RolloutSamplingFields, SpeedSettings, Period
     rollout_batch_size: int = Field(256, ge=1, description="rollouts per step: questions × group_size")
     group_size: int = Field(8, ge=1, description="rollouts per question")
     epochs_per_rollout_batch: int = Field(1, ge=1, description="passes over each rollout batch (> 1: off-policy)")
-    train_batch_size: int = Field(256, ge=1, description="rollouts per optimizer step (< rollout_batch_size: off-policy)")
+    train_batch_size: int = Field(
+        256, ge=1, description="rollouts per optimizer step (< rollout_batch_size: off-policy)"
+    )
     gradient_accumulation_steps: int = Field(128, ge=1, description="micro-batches per optimizer step")
     loss_type: LossType = Field("reinforce_with_baseline", description="the policy-gradient loss")
     use_std_normalization: StrictBool = Field(True, description="divide advantages by their group's std")
     length_normalization: LengthNormalization = Field(
-        "masked_mean", description="per-sequence mean, or sum / max_tokens (see docs/length_normalization.md)")
+        "masked_mean", description="per-sequence mean, or sum / max_tokens (see docs/length_normalization.md)"
+    )
     cliprange: float = Field(0.2, gt=0, allow_inf_nan=False, description="grpo_clip's clip range")
-    cliprange_high: float | None = Field(None, gt=0, allow_inf_nan=False,
-                                         description="clip-higher upper range (grpo_clip); None: symmetric")
-    tis_cap: float | None = Field(None, gt=0, allow_inf_nan=False,
-                                  description="truncated importance-sampling cap (engine vs policy); None: off")
+    cliprange_high: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="clip-higher upper range (grpo_clip); None: symmetric"
+    )
+    tis_cap: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="truncated importance-sampling cap (engine vs policy); None: off"
+    )
     drop_uniform_groups: StrictBool = Field(False, description="drop groups whose rewards are all equal")
 
     @model_validator(mode="after")
@@ -187,8 +199,11 @@ class RolloutBatch:
     def select(self, index: Sequence[int]) -> RolloutBatch:
         pick = torch.as_tensor(list(index), dtype=torch.long)
         return RolloutBatch(
-            [self.prompt_ids[i] for i in index], [self.response_ids[i] for i in index],
-            self.raw_rewards[pick], self.advantages[pick], self.correct[pick],
+            [self.prompt_ids[i] for i in index],
+            [self.response_ids[i] for i in index],
+            self.raw_rewards[pick],
+            self.advantages[pick],
+            self.correct[pick],
             None if self.old_log_probs is None else [self.old_log_probs[i] for i in index],
             None if self.engine_log_probs is None else [self.engine_log_probs[i] for i in index],
         )
@@ -252,15 +267,22 @@ def grpo(
         raise ValueError(f"GRPO samples {config.prompts_per_step} questions per step but got {len(problems)} problems")
     world = distributed.rank_and_world()[1]
     if world > config.prompts_per_step:
-        raise ValueError(f"GRPO on {world} ranks needs at least {world} questions per step (rollout_batch_size / "
-                         f"group_size), got {config.prompts_per_step}")
+        raise ValueError(
+            f"GRPO on {world} ranks needs at least {world} questions per step (rollout_batch_size / "
+            f"group_size), got {config.prompts_per_step}"
+        )
     if world > 1 and getattr(engine, "model", None) is model:
         raise ValueError("GRPO on several ranks needs an engine with its own copy of the model (the policy is sharded)")
     rank, world = distributed.setup_model(model, config.fsdp_reshard_after_forward)
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.learning_rate, betas=config.betas,
-                                  weight_decay=config.weight_decay, fused=device.type == "cuda")
+    optimizer = torch.optim.AdamW(
+        params,
+        lr=config.learning_rate,
+        betas=config.betas,
+        weight_decay=config.weight_decay,
+        fused=device.type == "cuda",
+    )
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if config.compile_layers:
@@ -286,14 +308,17 @@ def grpo(
     trainer = _Trainer(model, tokenizer, optimizer, params, config, device, checkpoint)
 
     def finish_step(metrics: dict[str, float], step: int) -> None:
-        if evaluate is not None and (step == config.n_grpo_steps or (config.eval_every and step % config.eval_every == 0)):
+        if evaluate is not None and (
+            step == config.n_grpo_steps or (config.eval_every and step % config.eval_every == 0)
+        ):
             model.eval()
             metrics.update(evaluate(model, step))
         metrics["wall_seconds"] = time.monotonic() - started
         history.append({"step": step, **metrics})
         if rank == 0 and clock is not None:
-            write_text_atomic(clock, json.dumps({"step": step, "wall_seconds": metrics["wall_seconds"],
-                                                 "fingerprint": expected}))
+            write_text_atomic(
+                clock, json.dumps({"step": step, "wall_seconds": metrics["wall_seconds"], "fingerprint": expected})
+            )
         if rank == 0:
             log(metrics, step)
             progress.log_step(logger, "GRPO step", step, config.n_grpo_steps, metrics, STATUS_KEYS)
@@ -309,12 +334,22 @@ def grpo(
         steps_bar.update(1)
         steps_bar.set_postfix(reward=f"{metrics['reward_mean']:.3g}", refresh=False)
         stopping = should_stop is not None and step < config.n_grpo_steps and distributed.any_rank(should_stop(step))
-        if checkpoint and (stopping or step == config.n_grpo_steps
-                           or (config.checkpoint_every and step % config.checkpoint_every == 0)):
-            distributed.save_checkpoint(checkpoint, model, optimizer, None, {
-                "step": step, "finished": step == config.n_grpo_steps, "wall_seconds": time.monotonic() - started,
-                "history": history, "fingerprint": expected,
-            })
+        if checkpoint and (
+            stopping or step == config.n_grpo_steps or (config.checkpoint_every and step % config.checkpoint_every == 0)
+        ):
+            distributed.save_checkpoint(
+                checkpoint,
+                model,
+                optimizer,
+                None,
+                {
+                    "step": step,
+                    "finished": step == config.n_grpo_steps,
+                    "wall_seconds": time.monotonic() - started,
+                    "history": history,
+                    "fingerprint": expected,
+                },
+            )
         if stopping:
             logger.info("GRPO: stopped after step %d of %d (should_stop)", step, config.n_grpo_steps)
             break
@@ -327,13 +362,22 @@ def grpo(
 class _Trainer:
     """The body of one GRPO step, phase by phase (each timed)."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, optimizer: torch.optim.Optimizer,
-                 params: list[torch.nn.Parameter], config: GRPOConfig, device: torch.device, checkpoint: Path | None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        optimizer: torch.optim.Optimizer,
+        params: list[torch.nn.Parameter],
+        config: GRPOConfig,
+        device: torch.device,
+        checkpoint: Path | None,
+    ):
         self.model, self.tokenizer, self.optimizer, self.params = model, tokenizer, optimizer, params
         self.config, self.device, self.checkpoint = config, device, checkpoint
         self.pad_id = pad_id_of(tokenizer)
-        self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
-                         else contextlib.nullcontext())
+        self.autocast = (
+            torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+        )
         self.times: dict[str, float] = {}
 
     @contextlib.contextmanager
@@ -346,8 +390,14 @@ class _Trainer:
             torch.cuda.synchronize(self.device)
         self.times[f"time_{phase}"] = time.perf_counter() - start
 
-    def step(self, engine: Engine, problems: list[Problem], template: PromptTemplate,
-             reward_fn: Callable[[str, Any], dict[str, float]], step: int) -> dict[str, float]:
+    def step(
+        self,
+        engine: Engine,
+        problems: list[Problem],
+        template: PromptTemplate,
+        reward_fn: Callable[[str, Any], dict[str, float]],
+        step: int,
+    ) -> dict[str, float]:
         config, self.times = self.config, {}
         start = time.perf_counter()
         rng = random.Random(config.seed * 1_000_003 + step)
@@ -358,29 +408,45 @@ class _Trainer:
             engine.load_weights(distributed.full_weights(self.model))
         with self.timed("generate"):
             # This rank's block of questions, whole groups; each rank draws its own random stream.
-            sampling = config.sampling(template.stop, n=config.group_size, logprobs=config.tis_cap is not None,
-                                       seed=(config.seed * 1_000_003 + step) * world + rank)
+            sampling = config.sampling(
+                template.stop,
+                n=config.group_size,
+                logprobs=config.tis_cap is not None,
+                seed=(config.seed * 1_000_003 + step) * world + rank,
+            )
             groups = engine.generate(prompts[distributed.rank_slice(len(prompts))], sampling)
             completions = distributed.gather_lists([c for group in groups for c in group])  # question order
         with self.timed("grade"):
             advantages, raw_rewards, metrics = compute_group_normalized_rewards(
-                reward_fn, [c.text for c in completions], [q.answer for q in questions for _ in range(config.group_size)],
-                config.group_size, config.advantage_eps, config.use_std_normalization,
+                reward_fn,
+                [c.text for c in completions],
+                [q.answer for q in questions for _ in range(config.group_size)],
+                config.group_size,
+                config.advantage_eps,
+                config.use_std_normalization,
             )
         prompt_ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
         batch = RolloutBatch(
             [prompt_ids[i // config.group_size] for i in range(len(completions))],
-            [list(c.token_ids) for c in completions], raw_rewards, advantages, raw_rewards == 1.0,
+            [list(c.token_ids) for c in completions],
+            raw_rewards,
+            advantages,
+            raw_rewards == 1.0,
             engine_log_probs=[torch.tensor(c.log_probs, dtype=torch.float32) for c in completions]
-            if config.tis_cap is not None else None,
+            if config.tis_cap is not None
+            else None,
         )
         lengths = torch.tensor([len(ids) for ids in batch.response_ids], dtype=torch.float32)
-        metrics.update({
-            "response_tokens_mean": lengths.mean().item(),
-            "response_tokens_correct": lengths[batch.correct].mean().item() if batch.correct.any() else math.nan,
-            "response_tokens_incorrect": lengths[~batch.correct].mean().item() if (~batch.correct).any() else math.nan,
-            "truncated_fraction": sum(c.finish_reason == "length" for c in completions) / len(completions),
-        })
+        metrics.update(
+            {
+                "response_tokens_mean": lengths.mean().item(),
+                "response_tokens_correct": lengths[batch.correct].mean().item() if batch.correct.any() else math.nan,
+                "response_tokens_incorrect": lengths[~batch.correct].mean().item()
+                if (~batch.correct).any()
+                else math.nan,
+                "truncated_fraction": sum(c.finish_reason == "length" for c in completions) / len(completions),
+            }
+        )
         if config.drop_uniform_groups:
             grouped = raw_rewards.view(-1, config.group_size)
             varied = (grouped.max(dim=1).values != grouped.min(dim=1).values).tolist()
@@ -436,19 +502,26 @@ class _Trainer:
                         for key in ("advantages", "raw_rewards"):
                             t[key] = torch.zeros_like(t[key])
                     with self.autocast:
-                        out = get_response_log_probs(self.model, t["input_ids"], t["labels"],
-                                                     return_token_entropy=epoch == 0)
+                        out = get_response_log_probs(
+                            self.model, t["input_ids"], t["labels"], return_token_entropy=epoch == 0
+                        )
                     weights = None
                     if config.tis_cap is not None:
                         weights = torch.exp(t["old_log_probs"] - t["engine_log_probs"]).clamp(max=config.tis_cap)
                     # Dividing each micro-batch mean by len(train_batch) / (len(micro) · world) makes the sum
                     # over micro-batches the batch mean (× world: FSDP2 averages the ranks' gradients).
                     micro_loss, meta = grpo_microbatch_train_step(
-                        out["log_probs"], t["response_mask"], len(train_batch) / (max(len(index), 1) * world),
-                        config.loss_type, raw_rewards=t["raw_rewards"], advantages=t["advantages"],
-                        old_log_probs=t.get("old_log_probs"), cliprange=config.cliprange,
+                        out["log_probs"],
+                        t["response_mask"],
+                        len(train_batch) / (max(len(index), 1) * world),
+                        config.loss_type,
+                        raw_rewards=t["raw_rewards"],
+                        advantages=t["advantages"],
+                        old_log_probs=t.get("old_log_probs"),
+                        cliprange=config.cliprange,
                         length_normalization=config.length_normalization,
-                        normalize_constant=float(config.max_tokens), cliprange_high=config.cliprange_high,
+                        normalize_constant=float(config.max_tokens),
+                        cliprange_high=config.cliprange_high,
                         token_weights=weights,
                     )
                     if not index:
@@ -469,15 +542,23 @@ class _Trainer:
                         acc["entropy_tokens"] += n_tokens
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.params, config.grad_clip or math.inf)
                 # The one read of the step: statistics summed (the ratio's peak: maximum) over ranks, and the norm.
-                values = torch.cat([distributed.global_sum(torch.stack(list(acc.values()))),
-                                    distributed.global_max(ratio_peak).view(1),
-                                    distributed.full_tensor(grad_norm).double().view(1)]).tolist()
+                values = torch.cat(
+                    [
+                        distributed.global_sum(torch.stack(list(acc.values()))),
+                        distributed.global_max(ratio_peak).view(1),
+                        distributed.full_tensor(grad_norm).double().view(1),
+                    ]
+                ).tolist()
                 got = dict(zip([*acc, "ratio_max", "grad_norm"], values))
                 if not (math.isfinite(got["loss"]) and math.isfinite(got["grad_norm"])):
-                    kept = (f"{self.checkpoint / 'latest'}, if written," if self.checkpoint
-                            else "the last checkpoint, if any,")
+                    kept = (
+                        f"{self.checkpoint / 'latest'}, if written,"
+                        if self.checkpoint
+                        else "the last checkpoint, if any,"
+                    )
                     raise NonFiniteLossError(
-                        f"GRPO step {step + 1} of {config.n_grpo_steps} (epoch {epoch}, optimizer step {optimizer_steps}): "
+                        f"GRPO step {step + 1} of {config.n_grpo_steps} "
+                        f"(epoch {epoch}, optimizer step {optimizer_steps}): "
                         f"loss {got['loss']}, grad_norm {got['grad_norm']}; training stopped before the update; {kept} "
                         "still holds the last good step"
                     )
@@ -499,10 +580,12 @@ class _Trainer:
             del metrics["ratio_mean"]
         else:
             metrics["ratio_max"] = ratio_max
-        metrics.update({
-            "token_entropy": entropy_sum / max(entropy_tokens, 1),
-            "lr": self.optimizer.param_groups[0]["lr"],
-            "optimizer_steps": float(optimizer_steps),
-            "train_tokens": tokens,
-        })
+        metrics.update(
+            {
+                "token_entropy": entropy_sum / max(entropy_tokens, 1),
+                "lr": self.optimizer.param_groups[0]["lr"],
+                "optimizer_steps": float(optimizer_steps),
+                "train_tokens": tokens,
+            }
+        )
         return metrics

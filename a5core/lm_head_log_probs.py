@@ -35,7 +35,8 @@ def _chunk_forward(logits: torch.Tensor, labels: torch.Tensor, with_entropy: boo
 
 
 def _chunk_backward(logits: torch.Tensor, lse: torch.Tensor, labels: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-    """∂loss/∂logits = g · (onehot(label) − softmax(logits)), in the logits' dtype: (c, V), (c,), (c,), (c,) → (c, V)."""
+    """∂loss/∂logits = g · (onehot(label) − softmax(logits)), in the logits' dtype:
+    (c, V), (c,), (c,), (c,) → (c, V)."""
     probs = torch.exp(logits.float() - lse[:, None])
     onehot = torch.arange(logits.shape[-1], device=logits.device)[None, :] == labels[:, None]
     return (grad[:, None] * (onehot.float() - probs)).to(logits.dtype)
@@ -91,7 +92,11 @@ class _LinearLogProbs(torch.autograd.Function):
 
 
 def linear_log_probs(
-    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *, with_entropy: bool = False,
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    with_entropy: bool = False,
     chunk_tokens: int = CHUNK_TOKENS,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log softmax(hidden @ weight.T)[labels] without materialising the logits.

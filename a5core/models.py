@@ -173,15 +173,20 @@ def convert_embedded(target: Path, gguf: Path | None = None) -> Path:
     model, tokenizer = load_gguf(gguf)
     if model.generation_config.eos_token_id != model.config.eos_token_id:
         raise ModelResolutionError(
-            f"GGUF eos ids disagree: config {model.config.eos_token_id} vs generation config {model.generation_config.eos_token_id}"
+            f"GGUF eos ids disagree: config {model.config.eos_token_id} "
+            f"vs generation config {model.generation_config.eos_token_id}"
         )
     # The model config carries the GGUF's own eos/pad ids; transformers 5.17 reads the tokenizer's eos as
     # <|im_start|> (id 1) instead, so the tokenizer is aligned to the config.
     for role in ("eos", "pad"):
         token_id = getattr(model.config, f"{role}_token_id")
         if token_id is not None and getattr(tokenizer, f"{role}_token_id") != token_id:
-            logger.warning("GGUF tokenizer %s id %s differs from the model's %s; using the model's", role,
-                           getattr(tokenizer, f"{role}_token_id"), token_id)
+            logger.warning(
+                "GGUF tokenizer %s id %s differs from the model's %s; using the model's",
+                role,
+                getattr(tokenizer, f"{role}_token_id"),
+                token_id,
+            )
             setattr(tokenizer, f"{role}_token", tokenizer.convert_ids_to_tokens(token_id))
     # The GGUF leaves model_max_length unset (1e30); use the context length, as the upstream repo does.
     tokenizer.model_max_length = model.config.max_position_embeddings
@@ -299,14 +304,18 @@ def check_context(model: str, prompts: Sequence[str], max_tokens: int, labels: S
     if length is None:
         return
     if max_tokens >= length:
-        raise ValueError(f"max_tokens {max_tokens} does not fit the context of {model}: {length} tokens "
-                         "(max_position_embeddings in its config.json), prompt included")
+        raise ValueError(
+            f"max_tokens {max_tokens} does not fit the context of {model}: {length} tokens "
+            "(max_position_embeddings in its config.json), prompt included"
+        )
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     counts = [len(ids) for ids in tokenizer(list(prompts), add_special_tokens=False)["input_ids"]]
     longest = max(range(len(counts)), key=counts.__getitem__, default=None)
     if longest is not None and counts[longest] + max_tokens > length:
-        raise ValueError(f"{labels[longest]}: its prompt is {counts[longest]} tokens, and with max_tokens {max_tokens} "
-                         f"it does not fit the context of {model} ({length} tokens): shorten it, drop it, or lower "
-                         "max_tokens")
+        raise ValueError(
+            f"{labels[longest]}: its prompt is {counts[longest]} tokens, and with max_tokens {max_tokens} "
+            f"it does not fit the context of {model} ({length} tokens): shorten it, drop it, or lower "
+            "max_tokens"
+        )

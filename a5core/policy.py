@@ -13,7 +13,14 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from a5core.lm_head_log_probs import FUSABLE_MODEL_TYPES, linear_log_probs
-from a5core.losses import LENGTH_NORMALIZATIONS, compute_entropy, compute_policy_gradient_loss, masked_mean, masked_normalize
+from a5core.losses import (
+    LENGTH_NORMALIZATIONS,
+    compute_entropy,
+    compute_policy_gradient_loss,
+    masked_mean,
+    masked_normalize,
+)
+
 LOGPROB_CHUNK_TOKENS = 4096  # positions per chunk when reducing logits: bounds fp32 temporaries
 # The loops' activation-memory budget for compiled layers: on the H200 at 16×1024 it kept 52k tok/s and
 # cut the peak from 44.6 to 34.3 GiB (benchmarks/RESULTS.md, policy micro-batch step).
@@ -67,7 +74,9 @@ def compile_decoder_layers(model: Any, activation_memory_budget: float | None = 
     return model
 
 
-def tokenize_prompt_and_output(prompt_strs: list[str], output_strs: list[str], tokenizer: Any) -> dict[str, torch.Tensor]:
+def tokenize_prompt_and_output(
+    prompt_strs: list[str], output_strs: list[str], tokenizer: Any
+) -> dict[str, torch.Tensor]:
     """Tokenise each prompt and output separately (no special tokens), concatenate, right-pad.
 
     Returns input_ids (B, L−1) = ids[:, :-1], labels (B, L−1) = ids[:, 1:], and response_mask
@@ -121,7 +130,9 @@ def _chunk_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor
     return logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
-def token_log_probs(logits: torch.Tensor, labels: torch.Tensor, chunk_tokens: int = LOGPROB_CHUNK_TOKENS) -> torch.Tensor:
+def token_log_probs(
+    logits: torch.Tensor, labels: torch.Tensor, chunk_tokens: int = LOGPROB_CHUNK_TOKENS
+) -> torch.Tensor:
     """Per-token log-probability of ``labels`` under ``logits``, without a full fp32 log-softmax.
 
     logits: (B, T, V) any float dtype; labels: (B, T) → (B, T) fp32. Works on chunks of positions,
@@ -162,8 +173,11 @@ def get_response_log_probs(
     LM head is fused with the log-softmax (same values, a fraction of the memory).
     """
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    fusable = (getattr(model.config, "model_type", None) in FUSABLE_MODEL_TYPES
-               and isinstance(head, torch.nn.Linear) and head.bias is None)
+    fusable = (
+        getattr(model.config, "model_type", None) in FUSABLE_MODEL_TYPES
+        and isinstance(head, torch.nn.Linear)
+        and head.bias is None
+    )
     if fusable:
         return _fused_response_log_probs(model, head, input_ids, labels, return_token_entropy)
     logits = model(input_ids, use_cache=False).logits

@@ -17,7 +17,9 @@ from a5core.grading import question_only_reward_fn, r1_zero_reward_fn
 from a5core.prompts import PromptTemplate
 
 REWARD_FNS: dict[str, Callable[[str, Any], dict[str, float]]] = {
-    "r1_zero": r1_zero_reward_fn, "question_only": question_only_reward_fn, "arithmetic": arithmetic_reward_fn,
+    "r1_zero": r1_zero_reward_fn,
+    "question_only": question_only_reward_fn,
+    "arithmetic": arithmetic_reward_fn,
 }
 RewardName = Literal[tuple(REWARD_FNS)]  # a grader's name, as settings give it
 

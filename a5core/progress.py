@@ -31,29 +31,49 @@ def enabled() -> bool:
     return bool(getattr(sys.stderr, "isatty", lambda: False)())
 
 
-def bar(iterable: Iterable[Any] | None = None, *, desc: str, total: int | None = None, unit: str = "it",
-        initial: int = 0, leave: bool = False) -> Any:
+def bar(
+    iterable: Iterable[Any] | None = None,
+    *,
+    desc: str,
+    total: int | None = None,
+    unit: str = "it",
+    initial: int = 0,
+    leave: bool = False,
+) -> Any:
     """A tqdm bar on stderr (a no-op one when :func:`enabled` is false). Inner bars (generation,
     grading) vanish when done (``leave=False``); a training loop's bar stays (``leave=True``)."""
     from tqdm import tqdm
 
-    return tqdm(iterable, desc=desc, total=total, unit=unit, initial=initial, leave=leave, file=sys.stderr,
-                disable=not enabled(), dynamic_ncols=True)
+    return tqdm(
+        iterable,
+        desc=desc,
+        total=total,
+        unit=unit,
+        initial=initial,
+        leave=leave,
+        file=sys.stderr,
+        disable=not enabled(),
+        dynamic_ncols=True,
+    )
 
 
 def status_line(what: str, step: int, total: int, metrics: Mapping[str, Any], keys: Sequence[str]) -> str:
     """``what step/total: key value, ...`` for the ``keys`` present in ``metrics`` (finite numbers), then
     ``(wall_seconds s)`` if present."""
-    parts = [f"{key} {metrics[key]:.4g}" for key in keys
-             if isinstance(metrics.get(key), (int, float)) and math.isfinite(metrics[key])]
+    parts = [
+        f"{key} {metrics[key]:.4g}"
+        for key in keys
+        if isinstance(metrics.get(key), (int, float)) and math.isfinite(metrics[key])
+    ]
     line = f"{what} {step}/{total}: {', '.join(parts) or '-'}"
     if isinstance(metrics.get("wall_seconds"), (int, float)):
         line += f" ({metrics['wall_seconds']:.1f} s)"
     return line
 
 
-def log_step(logger: logging.Logger, what: str, step: int, total: int, metrics: Mapping[str, Any],
-             keys: Sequence[str]) -> None:
+def log_step(
+    logger: logging.Logger, what: str, step: int, total: int, metrics: Mapping[str, Any], keys: Sequence[str]
+) -> None:
     """Log :func:`status_line` at INFO."""
     if logger.isEnabledFor(logging.INFO):
         logger.info("%s", status_line(what, step, total, metrics, keys))

@@ -40,8 +40,9 @@ def describe(error: ValidationError) -> str:
     problems = []
     for problem in error.errors():
         message = problem["msg"].removeprefix("Value error, ")
-        problems.append(f"{'.'.join(map(str, problem['loc']))} {problem.get('input')!r}: {message}" if problem["loc"]
-                        else message)
+        problems.append(
+            f"{'.'.join(map(str, problem['loc']))} {problem.get('input')!r}: {message}" if problem["loc"] else message
+        )
     return "; ".join(problems)
 
 
@@ -51,8 +52,13 @@ def override_defaults(model: Model, /, **defaults: Any) -> Model:
     unknown = set(defaults) - set(model.model_fields)
     if unknown:
         raise TypeError(f"{model.__name__} has no field(s) {', '.join(sorted(unknown))}")
-    fields = {name: (model.model_fields[name].annotation, FieldInfo.merge_field_infos(model.model_fields[name], default=value))
-              for name, value in defaults.items()}
+    fields = {
+        name: (
+            model.model_fields[name].annotation,
+            FieldInfo.merge_field_infos(model.model_fields[name], default=value),
+        )
+        for name, value in defaults.items()
+    }
     return create_model(model.__name__, __base__=model, __module__=model.__module__, __doc__=model.__doc__, **fields)
 
 
@@ -71,7 +77,9 @@ class OptimizerSettings(Settings):
     weight_decay: float = Field(0.0, ge=0, allow_inf_nan=False, description="AdamW weight decay")
     beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1")
     beta2: float = Field(0.95, ge=0, lt=1, description="AdamW beta2")
-    grad_clip: float = Field(1.0, ge=0, allow_inf_nan=False, description="gradient-norm clip (0: none; the norm is logged)")
+    grad_clip: float = Field(
+        1.0, ge=0, allow_inf_nan=False, description="gradient-norm clip (0: none; the norm is logged)"
+    )
 
     @property
     def betas(self) -> tuple[float, float]:
@@ -82,10 +90,14 @@ class SpeedSettings(Settings):
     """How a step runs: memory against speed, and several GPUs."""
 
     gradient_checkpointing: StrictBool = Field(False, description="recompute activations in backward (less memory)")
-    compile_layers: StrictBool = Field(False, description="torch.compile the decoder layers (GPU: faster, less memory; "
-                                       "the first step compiles)")
-    fsdp_reshard_after_forward: StrictBool = Field(True, description="several GPUs: False keeps each layer's gathered "
-                                                   "weights from forward to backward (faster, more memory)")
+    compile_layers: StrictBool = Field(
+        False, description="torch.compile the decoder layers (GPU: faster, less memory; the first step compiles)"
+    )
+    fsdp_reshard_after_forward: StrictBool = Field(
+        True,
+        description="several GPUs: False keeps each layer's gathered "
+        "weights from forward to backward (faster, more memory)",
+    )
 
 
 class SamplingFields(Settings):
@@ -97,8 +109,13 @@ class SamplingFields(Settings):
     def sampling(self, stop: Sequence[str], **overrides: Any) -> SamplingSettings:
         """These settings as SamplingSettings, with the prompt template's ``stop`` strings (and ``n``, ``seed``
         and the like from ``overrides``); ``min_tokens`` where the settings have it, else 0."""
-        return SamplingSettings(temperature=self.temperature, min_tokens=getattr(self, "min_tokens", 0),
-                                max_tokens=self.max_tokens, stop=tuple(stop), **overrides)
+        return SamplingSettings(
+            temperature=self.temperature,
+            min_tokens=getattr(self, "min_tokens", 0),
+            max_tokens=self.max_tokens,
+            stop=tuple(stop),
+            **overrides,
+        )
 
 
 class RolloutSamplingFields(SamplingFields):
@@ -124,16 +141,20 @@ class SFTBatchSettings(Settings):
     @model_validator(mode="after")
     def _whole_microbatches(self) -> "SFTBatchSettings":
         if self.batch_size % self.microbatch_size:
-            raise ValueError(f"batch_size must be a multiple of microbatch_size ({self.microbatch_size}), "
-                             f"got {self.batch_size}")
+            raise ValueError(
+                f"batch_size must be a multiple of microbatch_size ({self.microbatch_size}), got {self.batch_size}"
+            )
         return self
 
 
 class PeriodicSettings(Settings):
     """How often a run evaluates and checkpoints (0: only at the end)."""
 
-    eval_every: int = Field(10, ge=0, description="optimizer steps between validations, after one of the starting "
-                            "model (0: only at the end)")
+    eval_every: int = Field(
+        10,
+        ge=0,
+        description="optimizer steps between validations, after one of the starting model (0: only at the end)",
+    )
     checkpoint_every: int = Field(10, ge=0, description="optimizer steps between checkpoints (0: only at the end)")
 
 

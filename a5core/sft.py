@@ -22,14 +22,13 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from a5core import distributed, progress
 from a5core.checkpoint import (  # noqa: F401  (the errors are part of this module's interface)
     CheckpointMismatchError,
     NonFiniteLossError,
     fingerprint,
 )
-from a5core import distributed, progress
 from a5core.data import Trace
-from a5core.settings import OptimizerSettings, PeriodicSettings, SeedSettings, SFTBatchSettings, SpeedSettings, defaults
 from a5core.policy import (
     COMPILED_ACTIVATION_BUDGET,
     compile_decoder_layers,
@@ -37,6 +36,7 @@ from a5core.policy import (
     sft_microbatch_train_step,
     tokenize_prompt_and_output,
 )
+from a5core.settings import OptimizerSettings, PeriodicSettings, SeedSettings, SFTBatchSettings, SpeedSettings, defaults
 
 logger = logging.getLogger(__name__)
 
@@ -61,11 +61,14 @@ class SFTConfig(OptimizerSettings, SFTBatchSettings, SpeedSettings, PeriodicSett
     from forward to backward (faster, more memory; see :func:`a5core.distributed.shard`).
     """
 
-    lr_schedule: Literal["cosine", "constant"] = Field("cosine", description="after warmup: cosine decay to 0, or constant")
+    lr_schedule: Literal["cosine", "constant"] = Field(
+        "cosine", description="after warmup: cosine decay to 0, or constant"
+    )
     warmup_steps: int = Field(0, ge=0, description="linear learning-rate warmup steps")
     max_steps: int | None = Field(None, ge=1, description="cap on optimizer steps (None: epochs decide)")
-    normalize_constant: float = Field(1.0, gt=0, allow_inf_nan=False,
-                                      description="the summed response log-prob of a sequence is divided by it")
+    normalize_constant: float = Field(
+        1.0, gt=0, allow_inf_nan=False, description="the summed response log-prob of a sequence is divided by it"
+    )
 
 
 def lr_multiplier(step: int, warmup_steps: int, total_steps: int, schedule: str) -> float:
@@ -154,7 +157,10 @@ def train_sft(
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
-        params, lr=config.learning_rate, betas=config.betas, weight_decay=config.weight_decay,
+        params,
+        lr=config.learning_rate,
+        betas=config.betas,
+        weight_decay=config.weight_decay,
         fused=device.type == "cuda",
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -183,7 +189,11 @@ def train_sft(
         logger.info("SFT: resuming from %s at step %d (epoch %d, batch %d)", checkpoint, step, epoch, batch_in_epoch)
     logger.info(
         "SFT: %d examples, %d steps (%d per epoch), batch %d = %d micro-batches of %d",
-        n, total_steps, steps_per_epoch, config.batch_size, config.batch_size // config.microbatch_size,
+        n,
+        total_steps,
+        steps_per_epoch,
+        config.batch_size,
+        config.batch_size // config.microbatch_size,
         config.microbatch_size,
     )
 
@@ -200,7 +210,9 @@ def train_sft(
         if order_epoch != epoch:
             order = torch.randperm(n, generator=torch.Generator().manual_seed(config.seed + epoch)).tolist()
             order_epoch = epoch
-        batch = [examples[i] for i in order[batch_in_epoch * config.batch_size : (batch_in_epoch + 1) * config.batch_size]]
+        batch = [
+            examples[i] for i in order[batch_in_epoch * config.batch_size : (batch_in_epoch + 1) * config.batch_size]
+        ]
 
         optimizer.zero_grad(set_to_none=True)
         loss = torch.zeros((), device=device)
@@ -230,8 +242,9 @@ def train_sft(
             tokens += meta["response_tokens"]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip if config.grad_clip > 0 else math.inf)
         grad_norm_value = distributed.full_tensor(grad_norm).item()
-        sums = torch.stack([loss.double(), nll.double(), tokens.double(),
-                            torch.tensor(truncated, dtype=torch.float64, device=device)])
+        sums = torch.stack(
+            [loss.double(), nll.double(), tokens.double(), torch.tensor(truncated, dtype=torch.float64, device=device)]
+        )
         loss_value, nll_value, token_count, truncated = distributed.global_sum(sums).tolist()  # the whole batch's
         if not (math.isfinite(loss_value) and math.isfinite(grad_norm_value)):
             kept = f"; {checkpoint / 'latest'}, if written, still holds the last good step" if checkpoint else ""
@@ -266,10 +279,21 @@ def train_sft(
         steps_bar.update(1)
         steps_bar.set_postfix(loss=f"{loss_value:.4g}", refresh=False)
         if checkpoint and (step == total_steps or (config.checkpoint_every and step % config.checkpoint_every == 0)):
-            distributed.save_checkpoint(checkpoint, model, optimizer, scheduler, {
-                "step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "total_steps": total_steps,
-                "finished": step == total_steps, "metrics": metrics, "fingerprint": fingerprint,
-            })
+            distributed.save_checkpoint(
+                checkpoint,
+                model,
+                optimizer,
+                scheduler,
+                {
+                    "step": step,
+                    "epoch": epoch,
+                    "batch_in_epoch": batch_in_epoch,
+                    "total_steps": total_steps,
+                    "finished": step == total_steps,
+                    "metrics": metrics,
+                    "fingerprint": fingerprint,
+                },
+            )
     steps_bar.close()
     optimizer.zero_grad(set_to_none=True)  # free the gradients (a model's worth of memory) for what comes next
     model.train(was_training)

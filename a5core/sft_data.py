@@ -87,7 +87,9 @@ def math_solution_traces(problems: Sequence[Problem], template: PromptTemplate) 
         if boxed is None or not boxed.strip():
             skipped.append(problem.unique_id)
             continue
-        traces.append(Trace(template.format(problem.problem), r1_zero_response(problem.solution, boxed), problem.answer))
+        traces.append(
+            Trace(template.format(problem.problem), r1_zero_response(problem.solution, boxed), problem.answer)
+        )
     return traces, skipped
 
 
@@ -111,7 +113,8 @@ def import_traces(source: str | os.PathLike, template: PromptTemplate | None = N
         match = _R1_ZERO_PROMPT.match(trace.prompt)
         if match is None:
             raise DataError(
-                f"{source}: record {index}: prompt is not r1_zero-style ('...\\nUser: <question>\\nAssistant: <think>'), "
+                f"{source}: record {index}: prompt is not r1_zero-style "
+                "('...\\nUser: <question>\\nAssistant: <think>'), "
                 f"so it cannot be re-rendered with template {template.name!r}; import it without a template"
             )
         out.append(replace(trace, prompt=template.format(match.group("question"))))
@@ -137,13 +140,16 @@ def distill(
     sampling = replace(sampling or SamplingSettings(), n=n)
     generate = teacher.generate if hasattr(teacher, "generate") else teacher
     if not callable(generate):
-        raise TypeError(f"teacher must have a generate(prompts, sampling) method or be such a function, got {teacher!r}")
+        raise TypeError(
+            f"teacher must have a generate(prompts, sampling) method or be such a function, got {teacher!r}"
+        )
     prompts = [template.format(p.problem) for p in problems]
     groups = generate(prompts, sampling) if prompts else []
     if len(groups) != len(prompts) or any(len(g) != n for g in groups):
         sizes = sorted({len(g) for g in groups})
         raise ValueError(
-            f"teacher returned {len(groups)} groups (sizes {sizes}) for {len(prompts)} prompts; expected {n} completions each"
+            f"teacher returned {len(groups)} groups (sizes {sizes}) for {len(prompts)} prompts; "
+            f"expected {n} completions each"
         )
     return [
         Trace(prompt, getattr(c, "text", c), problem.answer)
@@ -201,8 +207,10 @@ class OpenAICompletionsTeacher:
 
     def __post_init__(self) -> None:
         if not re.match(r"\Ahttps?://[^/\s]+", self.base_url or ""):
-            raise ValueError("teacher base_url must be an http(s) URL like http://127.0.0.1:8000/v1, got "
-                             f"{masked_url(self.base_url or '')!r}")
+            raise ValueError(
+                "teacher base_url must be an http(s) URL like http://127.0.0.1:8000/v1, got "
+                f"{masked_url(self.base_url or '')!r}"
+            )
         if not self.model:
             raise ValueError("teacher model must name the served model")
         for name in ("batch_size", "concurrency"):
@@ -256,13 +264,20 @@ class OpenAICompletionsTeacher:
         expected = len(prompts) * sampling.n
         if not isinstance(choices, list) or len(choices) != expected:
             got = len(choices) if isinstance(choices, list) else "no"
-            raise TeacherError(f"POST {self.shown_url}: expected {expected} choices ({len(prompts)} prompts × n={sampling.n}), got {got}")
+            raise TeacherError(
+                f"POST {self.shown_url}: expected {expected} choices "
+                f"({len(prompts)} prompts × n={sampling.n}), got {got}"
+            )
         try:
             choices = sorted(choices, key=lambda c: c["index"])
-            if [c["index"] for c in choices] != list(range(expected)) or not all(isinstance(c["text"], str) for c in choices):
+            if [c["index"] for c in choices] != list(range(expected)) or not all(
+                isinstance(c["text"], str) for c in choices
+            ):
                 raise ValueError("indices or texts")
         except (KeyError, TypeError, ValueError):
-            raise TeacherError(f"POST {self.shown_url}: choices must carry text and indices 0..{expected - 1}") from None
+            raise TeacherError(
+                f"POST {self.shown_url}: choices must carry text and indices 0..{expected - 1}"
+            ) from None
         completions = [self._completion(c, sampling.stop) for c in choices]
         return [completions[i : i + sampling.n] for i in range(0, expected, sampling.n)]
 

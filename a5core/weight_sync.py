@@ -120,7 +120,12 @@ def open_store(timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[dist.TCPStore, int
     listener.listen()
     port = listener.getsockname()[1]
     store = dist.TCPStore(
-        HOST, port, 2, True, datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
+        HOST,
+        port,
+        2,
+        True,
+        datetime.timedelta(seconds=timeout_s),
+        wait_for_workers=False,
         master_listen_fd=listener.detach(),  # the store owns the socket from here on
     )
     return store, port

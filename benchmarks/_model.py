@@ -17,12 +17,20 @@ PEAK_BF16_FLOPS = 790e12  # measured on the H200 (8192³ bf16 products through P
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model-dir", type=Path, default=DEFAULT_DIR, help="config.json + tokenizer of the architecture")
+    parser.add_argument(
+        "--model-dir", type=Path, default=DEFAULT_DIR, help="config.json + tokenizer of the architecture"
+    )
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model of the same family, for a CPU check")
 
 
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            max_window_layers=2)  # the same family, small enough for a CPU check
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_window_layers=2,
+)  # the same family, small enough for a CPU check
 
 
 def random_model(config_path: Path, dtype: torch.dtype, device: str, overrides: dict | None = None):
@@ -46,7 +54,9 @@ def build(model_dir: Path, tiny: bool, device: str):
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     model = random_model(model_dir / "config.json", dtype, device, TINY if tiny else None)
-    name = f"{model.config.model_type} {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B params, {dtype}".replace("torch.", "")
+    name = f"{model.config.model_type} {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B params, {dtype}".replace(
+        "torch.", ""
+    )
     return model, tokenizer, name
 
 

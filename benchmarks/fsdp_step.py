@@ -32,7 +32,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # a5core and _report, however the script is started
 
 import torch  # noqa: E402
-
 from _model import TINY, random_model  # noqa: E402
 from _report import report  # noqa: E402
 
@@ -81,12 +80,23 @@ def worker(args: argparse.Namespace) -> dict:
     model = build_model(args, device)
     if world > 1 and args.keep_gathered:
         shard(model, reshard_after_forward=False)  # train_sft's setup_model keeps a sharded model as it is
-    config = SFTConfig(learning_rate=1e-6, lr_schedule="constant", batch_size=args.batch, microbatch_size=args.micro,
-                       epochs=args.warmup + args.steps, max_seq_len=args.seq_len + 1,
-                       gradient_checkpointing=args.gradient_checkpointing)
+    config = SFTConfig(
+        learning_rate=1e-6,
+        lr_schedule="constant",
+        batch_size=args.batch,
+        microbatch_size=args.micro,
+        epochs=args.warmup + args.steps,
+        max_seq_len=args.seq_len + 1,
+        gradient_checkpointing=args.gradient_checkpointing,
+    )
     ends: list[float] = []  # rank 0's log call after each step (the loop reads its metrics: the step is done)
-    train_sft(model, IdTokenizer(), examples(args, model.config.vocab_size), config,
-              log=lambda metrics, step: ends.append(time.perf_counter()))
+    train_sft(
+        model,
+        IdTokenizer(),
+        examples(args, model.config.vocab_size),
+        config,
+        log=lambda metrics, step: ends.append(time.perf_counter()),
+    )
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     peaks = gather_lists([peak])
     step_s = statistics.median([b - a for a, b in zip(ends, ends[1:])][-args.steps :]) if rank == 0 else float("nan")
@@ -101,14 +111,30 @@ def free_port() -> int:
 
 def launch(args: argparse.Namespace, ranks: int) -> dict:
     """This script on ``ranks`` processes through torchrun, with the same settings; rank 0's result."""
-    settings = [f"--config={args.config}", f"--batch={args.batch}", f"--seq-len={args.seq_len}",
-                f"--micro={args.micro}", f"--warmup={args.warmup}", f"--steps={args.steps}", f"--dtype={args.dtype}"]
+    settings = [
+        f"--config={args.config}",
+        f"--batch={args.batch}",
+        f"--seq-len={args.seq_len}",
+        f"--micro={args.micro}",
+        f"--warmup={args.warmup}",
+        f"--steps={args.steps}",
+        f"--dtype={args.dtype}",
+    ]
     settings += ["--tiny"] * args.tiny + ["--gradient-checkpointing"] * args.gradient_checkpointing
     settings += ["--keep-gathered"] * args.keep_gathered
     with tempfile.TemporaryDirectory() as scratch:
         result = Path(scratch) / "result.json"
-        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}",
-                   "--master-addr=127.0.0.1", f"--master-port={free_port()}", __file__, *settings, f"--result={result}"]
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc-per-node={ranks}",
+            "--master-addr=127.0.0.1",
+            f"--master-port={free_port()}",
+            __file__,
+            *settings,
+            f"--result={result}",
+        ]
         subprocess.run(command, env={**os.environ, **NCCL_ENV}, check=True)
         return json.loads(result.read_text())
 
@@ -121,19 +147,40 @@ def table(args: argparse.Namespace, results: list[dict]) -> None:
     for r in results:
         speedup = base["step_s"] / r["step_s"]
         efficiency = speedup * base["ranks"] / r["ranks"]
-        rows.append([r["ranks"], f"{r['step_s']:.3f}", f"{tokens / r['step_s'] / r['ranks']:,.0f}",
-                     f"{tokens / r['step_s']:,.0f}", f"{speedup:.2f}× ({efficiency:.0%})",
-                     " / ".join("-" if p is None else f"{p:.1f}" for p in r["peak_gib"])])
-    model = f"{Path(args.config).parent.name}, shrunk to 2 layers, hidden 64" if args.tiny else Path(args.config).parent.name
+        rows.append(
+            [
+                r["ranks"],
+                f"{r['step_s']:.3f}",
+                f"{tokens / r['step_s'] / r['ranks']:,.0f}",
+                f"{tokens / r['step_s']:,.0f}",
+                f"{speedup:.2f}× ({efficiency:.0%})",
+                " / ".join("-" if p is None else f"{p:.1f}" for p in r["peak_gib"]),
+            ]
+        )
+    model = (
+        f"{Path(args.config).parent.name}, shrunk to 2 layers, hidden 64"
+        if args.tiny
+        else Path(args.config).parent.name
+    )
     checkpointing = ", gradient checkpointing" if args.gradient_checkpointing else ""
     sharding = "reshard_after_forward=False" if args.keep_gathered else "reshard_after_forward=True"
-    settings = (f"{model}, random {args.dtype} weights; global batch {args.batch} × {args.seq_len} tokens, "
-                f"micro-batch {args.micro} per rank; train_sft step (AdamW, clip 1.0{checkpointing}); median of "
-                f"{args.steps} steps after {args.warmup} warm-up; one rank trains unsharded, several FSDP2-sharded "
-                f"({base['backend']}, {sharding}); torch {torch.__version__}")
-    header = ["ranks", "step (s)", "tokens/s per GPU", "tokens/s", "speed-up (efficiency) vs first row",
-              "peak memory per rank (GiB)"]
-    report("FSDP2: SFT optimizer step on 1 vs N GPUs (a5core.sft.train_sft)", settings, header, rows, record=not args.tiny)
+    settings = (
+        f"{model}, random {args.dtype} weights; global batch {args.batch} × {args.seq_len} tokens, "
+        f"micro-batch {args.micro} per rank; train_sft step (AdamW, clip 1.0{checkpointing}); median of "
+        f"{args.steps} steps after {args.warmup} warm-up; one rank trains unsharded, several FSDP2-sharded "
+        f"({base['backend']}, {sharding}); torch {torch.__version__}"
+    )
+    header = [
+        "ranks",
+        "step (s)",
+        "tokens/s per GPU",
+        "tokens/s",
+        "speed-up (efficiency) vs first row",
+        "peak memory per rank (GiB)",
+    ]
+    report(
+        "FSDP2: SFT optimizer step on 1 vs N GPUs (a5core.sft.train_sft)", settings, header, rows, record=not args.tiny
+    )
 
 
 def parse() -> argparse.Namespace:
@@ -148,12 +195,18 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=5, help="timed steps (median)")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), help="weights (default bfloat16; tiny: float32)")
     parser.add_argument("--gradient-checkpointing", action="store_true")
-    parser.add_argument("--keep-gathered", action="store_true",
-                        help="FSDP2 reshard_after_forward=False: weights stay gathered from forward to backward")
+    parser.add_argument(
+        "--keep-gathered",
+        action="store_true",
+        help="FSDP2 reshard_after_forward=False: weights stay gathered from forward to backward",
+    )
     parser.add_argument("--result", help=argparse.SUPPRESS)  # a worker's JSON output (set by the launcher)
     args = parser.parse_args()
-    defaults = (dict(batch=8, seq_len=64, micro=2, dtype="float32") if args.tiny
-                else dict(batch=32, seq_len=1024, micro=4, dtype="bfloat16"))
+    defaults = (
+        dict(batch=8, seq_len=64, micro=2, dtype="float32")
+        if args.tiny
+        else dict(batch=32, seq_len=1024, micro=4, dtype="bfloat16")
+    )
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -162,7 +215,9 @@ def parse() -> argparse.Namespace:
     if args.micro < 1 or args.batch % args.micro:
         parser.error(f"--batch ({args.batch}) must be a multiple of --micro ({args.micro})")
     if args.seq_len < PROMPT_FRACTION:
-        parser.error(f"--seq-len must be >= {PROMPT_FRACTION} (the first 1/{PROMPT_FRACTION} of each sequence is prompt)")
+        parser.error(
+            f"--seq-len must be >= {PROMPT_FRACTION} (the first 1/{PROMPT_FRACTION} of each sequence is prompt)"
+        )
     if not all(n.strip().isdigit() and int(n) >= 1 for n in args.ranks.split(",")):
         parser.error(f"--ranks must be world sizes separated by commas, e.g. 1,2; got {args.ranks!r}")
     if not Path(args.config).is_file():  # --tiny shrinks this architecture

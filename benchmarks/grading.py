@@ -28,7 +28,12 @@ TARGET_S = 10.0
 
 def rewrite(answer: str, rng: random.Random) -> str:
     """An equivalent spelling of a MATH answer, as a model might write it."""
-    options = [answer.replace("\\frac", "\\dfrac"), f"x = {answer}", f" {answer} ".replace(",", ", "), f"\\left({answer}\\right)" if answer.startswith("(") else answer]
+    options = [
+        answer.replace("\\frac", "\\dfrac"),
+        f"x = {answer}",
+        f" {answer} ".replace(",", ", "),
+        f"\\left({answer}\\right)" if answer.startswith("(") else answer,
+    ]
     if answer.lstrip("-").isdigit():
         options += [f"{answer}.0", f"\\frac{{{2 * int(answer)}}}{{2}}"]
     return rng.choice(options)
@@ -36,7 +41,9 @@ def rewrite(answer: str, rng: random.Random) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared/data/math/validation.jsonl"))
+    parser.add_argument(
+        "--data", default=str(Path(__file__).resolve().parents[2] / "shared/data/math/validation.jsonl")
+    )
     args = parser.parse_args()
     problems = load_math(args.data)
     truths = [p.answer for p in problems]
@@ -59,12 +66,24 @@ def main() -> None:
         rewards = r1_zero_reward_fn.batch(responses, truths, grader)
         seconds = time.perf_counter() - start
         accuracy = sum(r["reward"] for r in rewards) / len(rewards)
-        rows.append([name, len(responses), grader.max_workers, f"{seconds:.2f}", f"{len(responses) / seconds:,.0f}",
-                     f"{accuracy:.3f}", "yes" if seconds <= TARGET_S else "NO"])
+        rows.append(
+            [
+                name,
+                len(responses),
+                grader.max_workers,
+                f"{seconds:.2f}",
+                f"{len(responses) / seconds:,.0f}",
+                f"{accuracy:.3f}",
+                "yes" if seconds <= TARGET_S else "NO",
+            ]
+        )
     grader.close()
-    report("Grading: 5,000 MATH validation responses (r1_zero_reward_fn.batch)",
-           f"target ≤ {TARGET_S:.0f} s per set, one pool for all sets",
-           ["set", "responses", "workers", "seconds", "responses/s", "accuracy", "≤ 10 s"], rows)
+    report(
+        "Grading: 5,000 MATH validation responses (r1_zero_reward_fn.batch)",
+        f"target ≤ {TARGET_S:.0f} s per set, one pool for all sets",
+        ["set", "responses", "workers", "seconds", "responses/s", "accuracy", "≤ 10 s"],
+        rows,
+    )
 
 
 if __name__ == "__main__":

@@ -22,16 +22,20 @@ from benchmarks import _model  # noqa: E402
 from benchmarks._report import report  # noqa: E402
 
 PHASES = ("weight_sync", "generate", "grade", "old_log_probs", "train")
-VARIANTS = {"eager": "eager decoder layers",
-            "layers": "compiled decoder layers (activation budget 0.8)",
-            "decoder": "decoder compiled as one graph"}
+VARIANTS = {
+    "eager": "eager decoder layers",
+    "layers": "compiled decoder layers (activation budget 0.8)",
+    "decoder": "decoder compiled as one graph",
+}
 
 
 def problems_of(count: int):
     from a5core.data import Problem
 
-    return [Problem(f"bench/{i}", f"What is {i} + {2 * i}? Show your work step by step before answering.", str(3 * i))
-            for i in range(count)]
+    return [
+        Problem(f"bench/{i}", f"What is {i} + {2 * i}? Show your work step by step before answering.", str(3 * i))
+        for i in range(count)
+    ]
 
 
 def run(model, tokenizer, args) -> list[dict]:
@@ -43,13 +47,26 @@ def run(model, tokenizer, args) -> list[dict]:
     sampling = dict(temperature=1.0, min_tokens=args.response, max_tokens=args.response)
     config = GRPOConfig(n_grpo_steps=args.steps, **sampling)
     if args.tiny:
-        config = GRPOConfig(n_grpo_steps=args.steps, rollout_batch_size=16, train_batch_size=16,
-                            gradient_accumulation_steps=8, **sampling)
+        config = GRPOConfig(
+            n_grpo_steps=args.steps,
+            rollout_batch_size=16,
+            train_batch_size=16,
+            gradient_accumulation_steps=8,
+            **sampling,
+        )
     engine = HFEngine(model, tokenizer, batch_size=config.rollout_batch_size)
     history: list[dict] = []
     _model.reset_peak()
-    grpo(model, tokenizer, engine, problems_of(4 * config.prompts_per_step), load_prompt("r1_zero"),
-         r1_zero_reward_fn, config, log=lambda metrics, step: history.append(dict(metrics, step=step, peak_gib=_model.peak_gib())))
+    grpo(
+        model,
+        tokenizer,
+        engine,
+        problems_of(4 * config.prompts_per_step),
+        load_prompt("r1_zero"),
+        r1_zero_reward_fn,
+        config,
+        log=lambda metrics, step: history.append(dict(metrics, step=step, peak_gib=_model.peak_gib())),
+    )
     return history
 
 
@@ -58,8 +75,13 @@ def main() -> None:
     _model.add_arguments(parser)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--response", type=int, default=400)
-    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS),
-                        help="how the training forward runs: eager, compiled layer by layer, or as one graph")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        choices=list(VARIANTS),
+        default=list(VARIANTS),
+        help="how the training forward runs: eager, compiled layer by layer, or as one graph",
+    )
     args = parser.parse_args()
     from a5core.policy import compile_decoder_layers
 
@@ -79,16 +101,37 @@ def main() -> None:
             which = "first (compiles)" if metrics["step"] == 1 else "warm"
             phases = [f"{metrics.get(f'time_{p}', 0.0):.2f}" for p in PHASES]
             total = metrics["time_step"]
-            rows.append([label, which, *phases, f"{total:.2f}", f"{metrics['generate_tokens_per_s']:,.0f}",
-                         f"{metrics['train_tokens_per_s']:,.0f}", f"{metrics['peak_gib']:.1f}",
-                         "yes" if total <= 10 and which == "warm" else "—"])
+            rows.append(
+                [
+                    label,
+                    which,
+                    *phases,
+                    f"{total:.2f}",
+                    f"{metrics['generate_tokens_per_s']:,.0f}",
+                    f"{metrics['train_tokens_per_s']:,.0f}",
+                    f"{metrics['peak_gib']:.1f}",
+                    "yes" if total <= 10 and which == "warm" else "—",
+                ]
+            )
             print(rows[-1], flush=True)
-    report("One GRPO step at A5 defaults, hf backend, one GPU",
-           f"{description} · 256 rollouts (32 × 8), responses 400 tokens, train batch 256 = 128 micro-batches × 2, "
-           f"reinforce_with_baseline, masked_mean, AdamW · engine colocated (shares the policy's weights) · "
-           f"torch {torch.__version__} · target ≤ 10 s",
-           ["training layers", "step", *[f"{p} s" for p in PHASES], "step s", "generate tok/s", "train tok/s",
-            "peak GiB", "≤ 10 s"], rows, record=not args.tiny)
+    report(
+        "One GRPO step at A5 defaults, hf backend, one GPU",
+        f"{description} · 256 rollouts (32 × 8), responses 400 tokens, train batch 256 = 128 micro-batches × 2, "
+        f"reinforce_with_baseline, masked_mean, AdamW · engine colocated (shares the policy's weights) · "
+        f"torch {torch.__version__} · target ≤ 10 s",
+        [
+            "training layers",
+            "step",
+            *[f"{p} s" for p in PHASES],
+            "step s",
+            "generate tok/s",
+            "train tok/s",
+            "peak GiB",
+            "≤ 10 s",
+        ],
+        rows,
+        record=not args.tiny,
+    )
 
 
 if __name__ == "__main__":

@@ -66,8 +66,13 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--budgets", type=float, nargs="+", default=[1.0, 0.8, 0.6],
-                        help="activation memory budgets of the compiled variants")
+    parser.add_argument(
+        "--budgets",
+        type=float,
+        nargs="+",
+        default=[1.0, 0.8, 0.6],
+        help="activation memory budgets of the compiled variants",
+    )
     parser.add_argument("--checkpointing", action="store_true", help="also measure full activation checkpointing")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -91,8 +96,10 @@ def main() -> None:
     max_diff = (fused - plain).abs().max().item()
     print(f"fused vs plain log-probs, max |diff|: {max_diff:.2e}", flush=True)
     results = []
-    for name, step in [("plain transformers: full logits + fp32 cross-entropy (baseline)", baseline_step),
-                       ("a5: fused LM-head log-softmax", a5_step)]:
+    for name, step in [
+        ("plain transformers: full logits + fp32 cross-entropy (baseline)", baseline_step),
+        ("a5: fused LM-head log-softmax", a5_step),
+    ]:
         results.append((name, *measure(name, model, step, batch, args.steps, args.warmup, tokens)))
     from a5core.policy import compile_decoder_layers
 
@@ -112,13 +119,26 @@ def main() -> None:
         tok_s = tokens / seconds
         mfu = flops / seconds / _model.PEAK_BF16_FLOPS if device == "cuda" else float("nan")
         meets = tok_s >= 45_000 and peak <= 40
-        rows.append([name, f"{seconds * 1000:.0f}", f"{tok_s:,.0f}", f"{mfu:.0%}", f"{peak:.1f}", f"{base / seconds:.2f}×",
-                     "yes" if meets else "no"])
-    report("Policy micro-batch step (log-probs + entropy + GRPO loss + backward + AdamW)",
-           f"{description} · {args.batch}×{args.seq} tokens per step · torch {torch.__version__} · median of "
-           f"{args.steps} after {args.warmup} warm-up · MFU at {_model.PEAK_BF16_FLOPS / 1e12:.0f} TFLOP/s · "
-           f"fused vs plain log-probs max diff {max_diff:.1e} · target ≥ 45k tok/s and ≤ 40 GiB",
-           ["path", "ms/step", "tok/s", "MFU", "peak GiB", "vs baseline", "target met"], rows, record=not args.tiny)
+        rows.append(
+            [
+                name,
+                f"{seconds * 1000:.0f}",
+                f"{tok_s:,.0f}",
+                f"{mfu:.0%}",
+                f"{peak:.1f}",
+                f"{base / seconds:.2f}×",
+                "yes" if meets else "no",
+            ]
+        )
+    report(
+        "Policy micro-batch step (log-probs + entropy + GRPO loss + backward + AdamW)",
+        f"{description} · {args.batch}×{args.seq} tokens per step · torch {torch.__version__} · median of "
+        f"{args.steps} after {args.warmup} warm-up · MFU at {_model.PEAK_BF16_FLOPS / 1e12:.0f} TFLOP/s · "
+        f"fused vs plain log-probs max diff {max_diff:.1e} · target ≥ 45k tok/s and ≤ 40 GiB",
+        ["path", "ms/step", "tok/s", "MFU", "peak GiB", "vs baseline", "target met"],
+        rows,
+        record=not args.tiny,
+    )
 
 
 if __name__ == "__main__":

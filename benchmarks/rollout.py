@@ -45,9 +45,18 @@ def timed(fn):
 def transformers_generate(model, tokenizer, prompts, new_tokens):
     from transformers import GenerationConfig
 
-    enc = tokenizer(prompts, add_special_tokens=False, padding=True, padding_side="left", return_tensors="pt").to(model.device)
-    config = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new_tokens,
-                              min_new_tokens=new_tokens, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+    enc = tokenizer(prompts, add_special_tokens=False, padding=True, padding_side="left", return_tensors="pt").to(
+        model.device
+    )
+    config = GenerationConfig(
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
+    )
     with torch.no_grad():
         return model.generate(**enc, generation_config=config)
 
@@ -109,11 +118,15 @@ def main() -> None:
     diff = (engine_lp - policy)[mask].abs().max().item()
     print(f"greedy rows equal compiled vs eager: {same}/{len(check)}; engine vs policy log-prob max |diff| {diff:.2e}")
 
-    report("Rollouts, hf backend",
-           f"{description} · batch {args.batch} · {args.prompt}-token prompts · {args.new} new tokens (min = max) · "
-           f"temperature 1 · stop ['</answer>'] on · torch {torch.__version__} · greedy rows equal compiled vs eager "
-           f"{same}/{len(check)} · engine vs policy log-prob max diff {diff:.1e} · target ≥ 20k tok/s",
-           ["path", "seconds", "new tok/s", "vs baseline"], rows, record=not args.tiny)
+    report(
+        "Rollouts, hf backend",
+        f"{description} · batch {args.batch} · {args.prompt}-token prompts · {args.new} new tokens (min = max) · "
+        f"temperature 1 · stop ['</answer>'] on · torch {torch.__version__} · greedy rows equal compiled vs eager "
+        f"{same}/{len(check)} · engine vs policy log-prob max diff {diff:.1e} · target ≥ 20k tok/s",
+        ["path", "seconds", "new tok/s", "vs baseline"],
+        rows,
+        record=not args.tiny,
+    )
 
 
 if __name__ == "__main__":

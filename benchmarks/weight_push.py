@@ -120,8 +120,9 @@ def main() -> None:
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
         change(model)
-        with RemoteEngine(folder, "hf", device=engine_device, dtype=dtype, threads=None if on_gpu else 1,
-                          batch_size=args.prompts) as engine:
+        with RemoteEngine(
+            folder, "hf", device=engine_device, dtype=dtype, threads=None if on_gpu else 1, batch_size=args.prompts
+        ) as engine:
             gap_before = log_prob_gap(engine, model, tokenizer)
             for mib in buckets_mib:
                 engine.bucket_bytes = mib << 20
@@ -129,27 +130,53 @@ def main() -> None:
                 broadcasts = len(plan_buckets(specs, engine.bucket_bytes))
                 setting = f"{mib} MiB buckets" if mib else "tensor by tensor"
                 plural = "s" if broadcasts > 1 else ""
-                rows.append(["load_weights", f"{setting} ({broadcasts} broadcast{plural}, {gigabytes:.2f} GB)",
-                             f"{seconds:.3f}", f"{gigabytes / seconds:.1f} GB/s"])
+                rows.append(
+                    [
+                        "load_weights",
+                        f"{setting} ({broadcasts} broadcast{plural}, {gigabytes:.2f} GB)",
+                        f"{seconds:.3f}",
+                        f"{gigabytes / seconds:.1f} GB/s",
+                    ]
+                )
             gap_after = log_prob_gap(engine, model, tokenizer)
-            sampling = SamplingSettings(temperature=1.0, max_tokens=args.max_tokens, min_tokens=args.max_tokens,
-                                        stop=(), seed=0)
+            sampling = SamplingSettings(
+                temperature=1.0, max_tokens=args.max_tokens, min_tokens=args.max_tokens, stop=(), seed=0
+            )
             prompts = [QUESTIONS[i % len(QUESTIONS)] for i in range(args.prompts)]
             engine.generate(prompts, sampling)  # warm-up: the engine may compile for these shapes
             start = time.perf_counter()
             groups = engine.generate(prompts, sampling)
             seconds = time.perf_counter() - start
     tokens = sum(len(group[0].token_ids) for group in groups)
-    rows.append(["generate", f"{args.prompts} prompts × {args.max_tokens} tokens, T=1", f"{seconds:.2f}",
-                 f"{tokens / seconds:.0f} tok/s"])
-    rows.append(["log-probs vs policy", f"greedy {CHECK.max_tokens} tokens × {len(QUESTIONS)} prompts",
-                 "", f"max abs diff {gap_before:.3g} before the first push, {gap_after:.3g} after"])
+    rows.append(
+        [
+            "generate",
+            f"{args.prompts} prompts × {args.max_tokens} tokens, T=1",
+            f"{seconds:.2f}",
+            f"{tokens / seconds:.0f} tok/s",
+        ]
+    )
+    rows.append(
+        [
+            "log-probs vs policy",
+            f"greedy {CHECK.max_tokens} tokens × {len(QUESTIONS)} prompts",
+            "",
+            f"max abs diff {gap_before:.3g} before the first push, {gap_after:.3g} after",
+        ]
+    )
     model_name = "tiny Qwen2 (2 layers, hidden 64)" if args.tiny else f"{args.config.parent.name} architecture"
-    settings = (f"{model_name}, random {str(dtype).removeprefix('torch.')} weights, policy on {policy_device}, "
-                f"RemoteEngine(hf) on {engine_device}, {'NCCL' if on_gpu else 'gloo'}; torch {torch.__version__}; "
-                f"median of {args.pushes} pushes after a warm-up")
-    report("Weight push: trainer → engine process (RemoteEngine)", settings,
-           ["measure", "setting", "seconds", "rate / check"], rows, record=on_gpu)
+    settings = (
+        f"{model_name}, random {str(dtype).removeprefix('torch.')} weights, policy on {policy_device}, "
+        f"RemoteEngine(hf) on {engine_device}, {'NCCL' if on_gpu else 'gloo'}; torch {torch.__version__}; "
+        f"median of {args.pushes} pushes after a warm-up"
+    )
+    report(
+        "Weight push: trainer → engine process (RemoteEngine)",
+        settings,
+        ["measure", "setting", "seconds", "rate / check"],
+        rows,
+        record=on_gpu,
+    )
 
 
 if __name__ == "__main__":

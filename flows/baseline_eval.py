@@ -30,10 +30,18 @@ def baseline_eval(params: BaselineEvalParams = BaselineEvalParams()) -> dict:
     template = load_prompt(params.prompt)
     problems = load_problems(params.data, params.data_format, params.limit)
     prompts = [template.format(p.problem) for p in problems]
-    sampling = SamplingSettings(n=params.n, temperature=params.temperature, top_p=params.top_p,
-                                max_tokens=params.max_tokens, min_tokens=params.min_tokens,
-                                stop=template.stop if params.stop is None else tuple(params.stop), seed=params.seed)
-    completions = generate(params.model, model_fingerprint(params.model), params.backend, params.dtype, prompts, sampling)
+    sampling = SamplingSettings(
+        n=params.n,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        max_tokens=params.max_tokens,
+        min_tokens=params.min_tokens,
+        stop=template.stop if params.stop is None else tuple(params.stop),
+        seed=params.seed,
+    )
+    completions = generate(
+        params.model, model_fingerprint(params.model), params.backend, params.dtype, prompts, sampling
+    )
     records = grade(problems, prompts, completions, params.grader)
     outputs = write_outputs(records, params.output_dir, params.metrics_path)
     run_name = f"{params.model.rstrip('/').split('/')[-1]}-{params.prompt}-{len(problems)}"
@@ -51,13 +59,17 @@ def check_inputs(params: BaselineEvalParams) -> None:
 
 def show(params: BaselineEvalParams, result: dict) -> None:
     summary = result["summary"]
-    print(f"\naccuracy {summary['accuracy']:.3f} · format rate {summary['format_rate']:.3f} · "
-          f"categories (F1A1 / F1A0 / F0A0): {summary['count_format1_answer1']} / {summary['count_format1_answer0']} / "
-          f"{summary['count_format0_answer0']}")
+    print(
+        f"\naccuracy {summary['accuracy']:.3f} · format rate {summary['format_rate']:.3f} · "
+        f"categories (F1A1 / F1A0 / F0A0): {summary['count_format1_answer1']} / {summary['count_format1_answer0']} / "
+        f"{summary['count_format0_answer0']}"
+    )
     print_paths(result["paths"])
-    print(f"mlflow   run {result['mlflow_run_id']} in {result['tracking_uri']}: "
-          f"{UI_COMMAND.format(tracking_uri=result['tracking_uri'])}, then open "
-          f"{ui_address(params.experiment, params.tracking_uri)}")
+    print(
+        f"mlflow   run {result['mlflow_run_id']} in {result['tracking_uri']}: "
+        f"{UI_COMMAND.format(tracking_uri=result['tracking_uri'])}, then open "
+        f"{ui_address(params.experiment, params.tracking_uri)}"
+    )
 
 
 main = flow_main(baseline_eval, BaselineEvalParams, "baseline_eval", __doc__, check_inputs, show)

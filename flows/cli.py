@@ -44,8 +44,14 @@ Params = TypeVar("Params", bound=BaseModel)
 # command with that message. (DataError, PromptTemplateError and CheckpointMismatchError are ValueErrors;
 # listed for the reader.) Anything else is a bug and keeps its traceback.
 USER_ERRORS: tuple[type[BaseException], ...] = (
-    DataError, PromptTemplateError, CheckpointMismatchError, ModelResolutionError, NonFiniteLossError,
-    FileNotFoundError, ValueError, EngineStartError,
+    DataError,
+    PromptTemplateError,
+    CheckpointMismatchError,
+    ModelResolutionError,
+    NonFiniteLossError,
+    FileNotFoundError,
+    ValueError,
+    EngineStartError,
 )
 PROJECT_LOGGERS = ("a5core", "flows", "tasks")
 
@@ -74,7 +80,8 @@ def configure_logging(level: int = logging.INFO) -> None:
         logging.getLogger(name).setLevel(level)
     for handler in root.handlers:
         if isinstance(handler, logging.StreamHandler) and not any(
-                isinstance(f, _NoUserErrorTracebacks) for f in handler.filters):
+            isinstance(f, _NoUserErrorTracebacks) for f in handler.filters
+        ):
             handler.addFilter(_NoUserErrorTracebacks())
 
 
@@ -111,14 +118,21 @@ def user_error_message(error: BaseException) -> str | None:
     chain = exception_chain(error)
     full = next((e for e in chain if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)), None)
     if full is not None:  # atomic writes left every earlier output whole
-        return (f"no space left on the device writing {full.filename or 'an output'}; outputs written before are "
-                "intact (written atomically): free space and run again to resume")
+        return (
+            f"no space left on the device writing {full.filename or 'an output'}; outputs written before are "
+            "intact (written atomically): free space and run again to resume"
+        )
     return store_problem(error)
 
 
-def flow_main(flow: Any, params_model: type[Params], section: str, doc: str | None,
-              check: Callable[[Any], None] | None = None,
-              show: Callable[[Any, Any], None] | None = None) -> Callable[[list[str] | None], None]:
+def flow_main(
+    flow: Any,
+    params_model: type[Params],
+    section: str,
+    doc: str | None,
+    check: Callable[[Any], None] | None = None,
+    show: Callable[[Any, Any], None] | None = None,
+) -> Callable[[list[str] | None], None]:
     """A flow's command line, ``main(argv)``: read its parameters (:func:`parse_params`: defaults <
     ``--config`` section ``section`` < flags), ``check`` them (what can be checked before an engine
     starts), run the flow (:func:`run_flow`: one process, or each of torchrun's ranks) and, on the rank
@@ -187,18 +201,24 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
-        raise ConfigError(f"--config {path}: not UTF-8 text (byte {error.start}: {error.object[error.start:error.start + 1]!r})") from None
+        raise ConfigError(
+            f"--config {path}: not UTF-8 text (byte {error.start}: {error.object[error.start : error.start + 1]!r})"
+        ) from None
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
-        raise ConfigError(f"--config {path}{where}: malformed YAML ({getattr(error, 'problem', None) or error})") from None
+        raise ConfigError(
+            f"--config {path}{where}: malformed YAML ({getattr(error, 'problem', None) or error})"
+        ) from None
     if document is None:
         return {}
     if not isinstance(document, dict):
-        raise ConfigError(f"--config {path}: expected a mapping of sections (baseline_eval:, grpo:, ...), "
-                          f"got a {type(document).__name__}")
+        raise ConfigError(
+            f"--config {path}: expected a mapping of sections (baseline_eval:, grpo:, ...), "
+            f"got a {type(document).__name__}"
+        )
     return document
 
 
@@ -210,19 +230,24 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
     return out
 
 
-def profile_name(document: dict[str, Any], chosen: str | None = None, path: str | os.PathLike = "params.yaml") -> str | None:
+def profile_name(
+    document: dict[str, Any], chosen: str | None = None, path: str | os.PathLike = "params.yaml"
+) -> str | None:
     """The profile whose overrides apply: ``chosen`` (``--profile``), else the document's ``profile``.
     ConfigError for a chosen profile the document does not define."""
     profiles = document.get("profiles") or {}
     if not isinstance(profiles, dict):
-        raise ConfigError(f"--config {path}: `profiles` must be a mapping of profile names, got {type(profiles).__name__}")
+        raise ConfigError(
+            f"--config {path}: `profiles` must be a mapping of profile names, got {type(profiles).__name__}"
+        )
     if chosen is not None and chosen not in profiles and chosen != document.get("profile"):
         raise ConfigError(f"--profile {chosen}: no such profile in {path} (it has: {', '.join(profiles) or 'none'})")
     return chosen or document.get("profile")
 
 
-def section_settings(document: dict[str, Any], section: str, profile: str | None,
-                     path: str | os.PathLike = "params.yaml") -> dict[str, Any]:
+def section_settings(
+    document: dict[str, Any], section: str, profile: str | None, path: str | os.PathLike = "params.yaml"
+) -> dict[str, Any]:
     """Section ``section`` of a settings document with ``profiles.<profile>.<section>`` deep-merged on top
     (a profile may override one key of a nested mapping). {} when neither has the section."""
 
@@ -230,7 +255,9 @@ def section_settings(document: dict[str, Any], section: str, profile: str | None
         if value is None:
             return {}
         if not isinstance(value, dict):
-            raise ConfigError(f"--config {path}: `{where}` must be a mapping of settings, got {type(value).__name__} {value!r}")
+            raise ConfigError(
+                f"--config {path}: `{where}` must be a mapping of settings, got {type(value).__name__} {value!r}"
+            )
         return value
 
     base = mapping(document.get(section), section)
@@ -256,11 +283,17 @@ def parse_params(model: type[Params], section: str, argv: list[str] | None = Non
     """Build ``model`` from defaults < ``--config FILE`` section ``section`` < command-line flags."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, help=f"YAML file whose `{section}` section sets parameters")
-    parser.add_argument("--profile", dest="_profile", metavar="NAME",
-                        help="with --config: use this profile's overrides instead of the file's `profile`")
+    parser.add_argument(
+        "--profile",
+        dest="_profile",
+        metavar="NAME",
+        help="with --config: use this profile's overrides instead of the file's `profile`",
+    )
     for name, field in model.model_fields.items():
         parser.add_argument(
-            "--" + name.replace("_", "-"), dest=name, metavar="VALUE",
+            "--" + name.replace("_", "-"),
+            dest=name,
+            metavar="VALUE",
             help=f"{field.description or name} (default: {field.default!r})",
         )
     args = vars(parser.parse_args(argv))
@@ -275,8 +308,9 @@ def parse_params(model: type[Params], section: str, argv: list[str] | None = Non
             values.update(section_settings(document, section, profile, config))
         except ConfigError as error:
             parser.error(str(error))
-        unknown = _unknown_keys(model, values, f"--config {config} section `{section}`"
-                                + (f" (with profile {profile})" if profile else ""))
+        unknown = _unknown_keys(
+            model, values, f"--config {config} section `{section}`" + (f" (with profile {profile})" if profile else "")
+        )
         if unknown:
             parser.error(unknown)
     for name, raw in args.items():
@@ -285,14 +319,18 @@ def parse_params(model: type[Params], section: str, argv: list[str] | None = Non
         try:
             values[name] = yaml.safe_load(raw)
         except yaml.YAMLError as error:
-            parser.error(f"--{name.replace('_', '-')} {raw!r}: not a YAML value ({getattr(error, 'problem', None) or error})")
+            parser.error(
+                f"--{name.replace('_', '-')} {raw!r}: not a YAML value ({getattr(error, 'problem', None) or error})"
+            )
     try:
         return model(**values)
     except ValidationError as e:
+
         def describe(error: dict[str, Any]) -> str:
             if not error["loc"]:  # a check across fields: no single flag to name
                 return error["msg"]
-            flag = f"--{str(error['loc'][0]).replace('_', '-')}{''.join(f'[{i}]' for i in error['loc'][1:] if isinstance(i, int))}"
+            index = "".join(f"[{i}]" for i in error["loc"][1:] if isinstance(i, int))
+            flag = f"--{str(error['loc'][0]).replace('_', '-')}{index}"
             return f"{flag} {error.get('input')!r}: {error['msg']}"
 
         problems = "; ".join(describe(error) for error in e.errors())

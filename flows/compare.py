@@ -38,8 +38,15 @@ from tasks.tracking import find_runs, metric_points, run_labels
 from tasks.training import plot_curves
 
 # Final values shown when no metrics are named (those that some run holds), and metrics plotted by step.
-DEFAULT_METRICS = ("final_val_accuracy", "final_val_format_rate", "val_accuracy", "reward_mean", "accuracy",
-                   "format_rate", "wall_seconds")
+DEFAULT_METRICS = (
+    "final_val_accuracy",
+    "final_val_format_rate",
+    "val_accuracy",
+    "reward_mean",
+    "accuracy",
+    "format_rate",
+    "wall_seconds",
+)
 DEFAULT_PLOT_METRICS = ("val_accuracy", "reward_mean")
 
 
@@ -56,12 +63,19 @@ def _names(value: Any) -> Any:
 class CompareParams(OutputDir, TrackingStore, MLflowLogging):
     runs: list[str] = Field([], description="run ids to compare (comma-separated on the command line)")
     experiment: str | None = Field(None, description="compare the runs of this experiment (when no run ids are given)")
-    filter: str | None = Field(None, description="MLflow search filter for --experiment, e.g. \"params.loss_type = 'grpo_clip'\"")
-    parent: str | None = Field(None, validate_default=True,
-                               description="compare the child runs of this parent run (an ablation or sweep)")
+    filter: str | None = Field(
+        None, description="MLflow search filter for --experiment, e.g. \"params.loss_type = 'grpo_clip'\""
+    )
+    parent: str | None = Field(
+        None, validate_default=True, description="compare the child runs of this parent run (an ablation or sweep)"
+    )
     max_runs: int = Field(50, gt=0, description="most runs taken from a search (newest first)")
-    metrics: list[str] | None = Field(None, description=f"final metrics in the table (None: those of {list(DEFAULT_METRICS)} some run has)")
-    plot_metrics: list[str] = Field(list(DEFAULT_PLOT_METRICS), description="metrics plotted against step, where runs have them")
+    metrics: list[str] | None = Field(
+        None, description=f"final metrics in the table (None: those of {list(DEFAULT_METRICS)} some run has)"
+    )
+    plot_metrics: list[str] = Field(
+        list(DEFAULT_PLOT_METRICS), description="metrics plotted against step, where runs have them"
+    )
     comparison_experiment: str = Field("comparison", description="MLflow experiment of the comparison run")
 
     @field_validator("runs", "metrics", "plot_metrics", mode="before")
@@ -124,8 +138,9 @@ def plot_file_name(metric: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", metric) + "_vs_step.png"
 
 
-def write_comparison(client: Any, runs: list[Any], output_dir: Path, metrics: list[str] | None,
-                     plot_metrics: list[str], title: str = "") -> dict[str, Any]:
+def write_comparison(
+    client: Any, runs: list[Any], output_dir: Path, metrics: list[str] | None, plot_metrics: list[str], title: str = ""
+) -> dict[str, Any]:
     """Write comparison.md/.csv/.json and one plot per plotted metric any run holds; returns
     ``{"rows", "params", "metrics", "plots": {metric: path}, "paths": {name: path}, "missing": [...]}``."""
     if not runs:
@@ -133,15 +148,21 @@ def write_comparison(client: Any, runs: list[Any], output_dir: Path, metrics: li
     columns = table_metrics(runs, metrics)
     rows, params = comparison_rows(runs, columns)
     held = {k for r in runs for k in r.data.metrics}
-    md = [f"# {title or 'Run comparison'}", "",
-          f"{len(runs)} runs; parameters shown: those that differ between them"
-          f"{' (all: one run)' if len(runs) == 1 else ''}; metrics: final values.", "", markdown_table(rows, width=48)]
+    md = [
+        f"# {title or 'Run comparison'}",
+        "",
+        f"{len(runs)} runs; parameters shown: those that differ between them"
+        f"{' (all: one run)' if len(runs) == 1 else ''}; metrics: final values.",
+        "",
+        markdown_table(rows, width=48),
+    ]
     plots: dict[str, Path] = {}
     for metric in plot_metrics:
         points = metric_points(client, runs, metric)
         if points:
-            plots[metric] = plot_curves(output_dir / plot_file_name(metric), points, "step", metric, "run",
-                                        f"{metric} by step")
+            plots[metric] = plot_curves(
+                output_dir / plot_file_name(metric), points, "step", metric, "run", f"{metric} by step"
+            )
             md += [f"![{metric} by step]({plots[metric].name})", ""]
     missing = [m for m in [*columns, *plot_metrics] if m not in held]
     if missing:
@@ -152,8 +173,14 @@ def write_comparison(client: Any, runs: list[Any], output_dir: Path, metrics: li
         "table_json": write_text_atomic(output_dir / "comparison.json", json.dumps(rows, indent=2) + "\n"),
         **{f"plot_{m}": p for m, p in plots.items()},
     }
-    return {"rows": rows, "params": params, "metrics": columns, "plots": {m: str(p) for m, p in plots.items()},
-            "paths": {k: str(v) for k, v in paths.items()}, "missing": list(dict.fromkeys(missing))}
+    return {
+        "rows": rows,
+        "params": params,
+        "metrics": columns,
+        "plots": {m: str(p) for m, p in plots.items()},
+        "paths": {k: str(v) for k, v in paths.items()},
+        "missing": list(dict.fromkeys(missing)),
+    }
 
 
 def log_comparison_run(params: CompareParams, runs: list[Any], result: dict[str, Any]) -> str:
@@ -164,11 +191,21 @@ def log_comparison_run(params: CompareParams, runs: list[Any], result: dict[str,
 
     ids = [r.info.run_id for r in runs]
     tags = {"compared_run_ids": ",".join(ids)[:5000], "compared_runs": len(ids)}
-    tags.update({f"compared_{k}": v for k, v in (("experiment", params.experiment), ("filter", params.filter),
-                                                    ("parent", params.parent)) if v})
+    tags.update(
+        {
+            f"compared_{k}": v
+            for k, v in (("experiment", params.experiment), ("filter", params.filter), ("parent", params.parent))
+            if v
+        }
+    )
     with mlflow_run(params.comparison_experiment, f"compare-{len(ids)}-runs", params.tracking_uri, **tags) as run:
-        mlflow.log_params({"metrics": ",".join(result["metrics"])[:6000], "plot_metrics": ",".join(params.plot_metrics),
-                           "differing_params": ",".join(result["params"])[:6000]})
+        mlflow.log_params(
+            {
+                "metrics": ",".join(result["metrics"])[:6000],
+                "plot_metrics": ",".join(params.plot_metrics),
+                "differing_params": ",".join(result["params"])[:6000],
+            }
+        )
         for path in result["paths"].values():
             mlflow.log_artifact(path)
         return run.info.run_id
@@ -183,8 +220,14 @@ def compare(params: CompareParams) -> dict:
     client = mlflow.MlflowClient(tracking_uri=params.tracking_uri)
     runs = find_runs(client, params)
     if not runs:
-        raise ValueError("no runs matched: " + (f"experiment {params.experiment!r} filter {params.filter!r}"
-                                                if params.experiment else f"children of {params.parent}"))
+        raise ValueError(
+            "no runs matched: "
+            + (
+                f"experiment {params.experiment!r} filter {params.filter!r}"
+                if params.experiment
+                else f"children of {params.parent}"
+            )
+        )
     result = write_comparison(client, runs, Path(params.output_dir), params.metrics, params.plot_metrics)
     result["mlflow_run_id"] = log_comparison_run(params, runs, result) if params.log_to_mlflow else None
     return result

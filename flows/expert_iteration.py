@@ -46,12 +46,27 @@ def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | Non
 
     def train(run: Run) -> Trained:
         problems = load_problem_set(params.train_data, params.train_format, params.seed, "train")
-        history = expert_iteration(run.model, run.tokenizer, engine, problems, run.template, run.reward_fn, params,
-                                   checkpoint_dir=run.folder / "checkpoint", evaluate=run.validation(params.val_subset),
-                                   log=run.log)
-        return Trained(params.n_ei_steps, {"curve": [
-            {"step": round_ + 1, "val_accuracy": h["val_accuracy"], "kept_fraction": h["kept_fraction"]}
-            for round_, h in enumerate(history)]})
+        history = expert_iteration(
+            run.model,
+            run.tokenizer,
+            engine,
+            problems,
+            run.template,
+            run.reward_fn,
+            params,
+            checkpoint_dir=run.folder / "checkpoint",
+            evaluate=run.validation(params.val_subset),
+            log=run.log,
+        )
+        return Trained(
+            params.n_ei_steps,
+            {
+                "curve": [
+                    {"step": round_ + 1, "val_accuracy": h["val_accuracy"], "kept_fraction": h["kept_fraction"]}
+                    for round_, h in enumerate(history)
+                ]
+            },
+        )
 
     return tracked(training_run.with_options(name="run_ei"))(name, f"ei-{name}", params, engine, parent_run_id, train)
 
@@ -63,10 +78,12 @@ def grid(params: EIParams) -> dict[str, EIParams]:
     """The sweep's settings, named G{g}_E{e}_Db{d}, each validated."""
     try:
         return {
-            f"G{g}_E{e}_Db{d}": EIParams(**{**params.model_dump(), "rollouts_per_question": g, "epochs": e,
-                                            "questions_per_step": d})
-            for g, e, d in itertools.product(params.sweep_rollouts_per_question, params.sweep_epochs,
-                                             params.sweep_questions_per_step)
+            f"G{g}_E{e}_Db{d}": EIParams(
+                **{**params.model_dump(), "rollouts_per_question": g, "epochs": e, "questions_per_step": d}
+            )
+            for g, e, d in itertools.product(
+                params.sweep_rollouts_per_question, params.sweep_epochs, params.sweep_questions_per_step
+            )
         }
     except ValidationError as error:
         raise ValueError(describe(error)) from None
@@ -84,14 +101,17 @@ def expert_iteration_flow(params: EIParams = EIParams()) -> dict:
             paths: dict[str, str] = {}
             run_id = row["mlflow_run_id"]
         else:
-            with start_resumable_run(out / f"runs-{run_key(params)}" / "mlflow_run_id", params.experiment,
-                                     "ei_sweep", params.tracking_uri) as parent:
+            with start_resumable_run(
+                out / f"runs-{run_key(params)}" / "mlflow_run_id", params.experiment, "ei_sweep", params.tracking_uri
+            ) as parent:
                 log_run_params(params)
                 rows = [run_ei(name, setting, engine, parent.info.run_id) for name, setting in grid(params).items()]
                 curves = [{"setting": r["setting"], **point} for r in rows for point in r["curve"]]
                 summary = [{k: r.get(k) for k in SUMMARY_KEYS} for r in rows]
                 if tracking_rank():
-                    paths = log_comparison(out, curves, summary, "setting", "Expert Iteration: validation accuracy by round")
+                    paths = log_comparison(
+                        out, curves, summary, "setting", "Expert Iteration: validation accuracy by round"
+                    )
                 run_id = parent.info.run_id
     if not tracking_rank():  # a torchrun rank other than 0 trained along; rank 0 reports
         return {"summary": None, "paths": None, "mlflow_run_id": None}

@@ -39,6 +39,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,8 +77,12 @@ def with_overrides(params: GRPOParams, overrides: dict[str, Any]) -> GRPOParams:
 def _off_policy(params: GRPOParams, epochs: int, train_batch_size: int, loss_type: str) -> dict[str, Any]:
     """An off-policy setting that keeps the micro-batch size (so memory per forward stays the same)."""
     micro = params.train_batch_size // params.gradient_accumulation_steps
-    return {"epochs_per_rollout_batch": epochs, "train_batch_size": train_batch_size,
-            "gradient_accumulation_steps": max(1, train_batch_size // micro), "loss_type": loss_type}
+    return {
+        "epochs_per_rollout_batch": epochs,
+        "train_batch_size": train_batch_size,
+        "gradient_accumulation_steps": max(1, train_batch_size // micro),
+        "loss_type": loss_type,
+    }
 
 
 def _off_policy_sweep(p: GRPOParams) -> dict[str, dict[str, Any]]:
@@ -89,16 +94,37 @@ def _off_policy_sweep(p: GRPOParams) -> dict[str, dict[str, Any]]:
 
 
 ABLATIONS: dict[str, tuple[str, Callable[[GRPOParams], dict[str, dict[str, Any]]]]] = {
-    "grpo_lr_sweep": ("learning rate", lambda p: {f"lr_{lr:g}": {"learning_rate": lr} for lr in p.sweep_learning_rates}),
-    "grpo_baseline_ablation": ("baseline", lambda p: {t: {"loss_type": t} for t in ("no_baseline", "reinforce_with_baseline")}),
-    "grpo_length_norm_ablation": ("length normalisation", lambda p: {
-        n: {"length_normalization": n} for n in ("masked_mean", "masked_normalize")}),
-    "grpo_std_norm_ablation": ("std normalisation", lambda p: {
-        "std_normalization": {"use_std_normalization": True}, "no_std_normalization": {"use_std_normalization": False}}),
+    "grpo_lr_sweep": (
+        "learning rate",
+        lambda p: {f"lr_{lr:g}": {"learning_rate": lr} for lr in p.sweep_learning_rates},
+    ),
+    "grpo_baseline_ablation": (
+        "baseline",
+        lambda p: {t: {"loss_type": t} for t in ("no_baseline", "reinforce_with_baseline")},
+    ),
+    "grpo_length_norm_ablation": (
+        "length normalisation",
+        lambda p: {n: {"length_normalization": n} for n in ("masked_mean", "masked_normalize")},
+    ),
+    "grpo_std_norm_ablation": (
+        "std normalisation",
+        lambda p: {
+            "std_normalization": {"use_std_normalization": True},
+            "no_std_normalization": {"use_std_normalization": False},
+        },
+    ),
     "grpo_off_policy_sweep": ("off-policy", _off_policy_sweep),
-    "grpo_clip_ablation": ("clipping", lambda p: {
-        t: _off_policy(p, p.clip_epochs_per_rollout_batch, p.clip_train_batch_size, t) for t in ("grpo_clip", "grpo_no_clip")}),
-    "grpo_prompt_ablation": ("prompt", lambda p: {name: {"prompt": name, "reward_fn": None} for name in ("r1_zero", "question_only")}),
+    "grpo_clip_ablation": (
+        "clipping",
+        lambda p: {
+            t: _off_policy(p, p.clip_epochs_per_rollout_batch, p.clip_train_batch_size, t)
+            for t in ("grpo_clip", "grpo_no_clip")
+        },
+    ),
+    "grpo_prompt_ablation": (
+        "prompt",
+        lambda p: {name: {"prompt": name, "reward_fn": None} for name in ("r1_zero", "question_only")},
+    ),
 }
 
 
@@ -106,7 +132,9 @@ def ablation_settings(name: str, params: GRPOParams) -> dict[str, GRPOParams]:
     """The children of ablation ``name``: setting name → validated parameters (an invalid one fails
     before anything runs)."""
     _, build = ABLATIONS[name]
-    return {setting: with_overrides(params, {**overrides, "ablation": None}) for setting, overrides in build(params).items()}
+    return {
+        setting: with_overrides(params, {**overrides, "ablation": None}) for setting, overrides in build(params).items()
+    }
 
 
 # ----------------------------------------------------------------------------------------- a run
@@ -126,14 +154,32 @@ def run_grpo(name: str, params: GRPOParams, engine: Engine, parent_run_id: str |
                 by_wall_clock(metrics["val_accuracy"], step, metrics["wall_seconds"])
 
         problems = load_problem_set(params.train_data, params.train_format, params.seed, "train")
-        history = grpo(run.model, run.tokenizer, engine, problems, run.template, run.reward_fn, params,
-                       checkpoint_dir=run.folder / "checkpoint", evaluate=run.validation(params.val_subset), log=log)
-        return Trained(params.n_grpo_steps, {
-            "wall_seconds": history[-1]["wall_seconds"],
-            "curve": [{"step": h["step"], "wall_seconds": h["wall_seconds"], "val_accuracy": h["val_accuracy"]}
-                      for h in history if "val_accuracy" in h],
-            "trends": [{"step": h["step"], **{k: h[k] for k in TREND_METRICS}} for h in history if "reward_mean" in h],
-        })
+        history = grpo(
+            run.model,
+            run.tokenizer,
+            engine,
+            problems,
+            run.template,
+            run.reward_fn,
+            params,
+            checkpoint_dir=run.folder / "checkpoint",
+            evaluate=run.validation(params.val_subset),
+            log=log,
+        )
+        return Trained(
+            params.n_grpo_steps,
+            {
+                "wall_seconds": history[-1]["wall_seconds"],
+                "curve": [
+                    {"step": h["step"], "wall_seconds": h["wall_seconds"], "val_accuracy": h["val_accuracy"]}
+                    for h in history
+                    if "val_accuracy" in h
+                ],
+                "trends": [
+                    {"step": h["step"], **{k: h[k] for k in TREND_METRICS}} for h in history if "reward_mean" in h
+                ],
+            },
+        )
 
     run = tracked(training_run.with_options(name="run_grpo")) if as_task else training_run.fn
     return run(name, f"grpo-{name}", params, engine, parent_run_id, train)
@@ -143,8 +189,20 @@ def _report(params: GRPOParams, rows: list[dict], title: str) -> tuple[list[dict
     """Summary table, curves and plots of ``rows`` into output_dir and the active MLflow run."""
     curves = [{"setting": r["setting"], **point} for r in rows for point in r["curve"]]
     trends = [{"setting": r["setting"], **point} for r in rows for point in r["trends"]]
-    summary = [{k: r.get(k) for k in ("setting", "initial_accuracy", "initial_format_rate", "final_accuracy",
-                                      "final_format_rate", "wall_seconds")} for r in rows]
+    summary = [
+        {
+            k: r.get(k)
+            for k in (
+                "setting",
+                "initial_accuracy",
+                "initial_format_rate",
+                "final_accuracy",
+                "final_format_rate",
+                "wall_seconds",
+            )
+        }
+        for r in rows
+    ]
     paths = log_comparison(Path(params.output_dir), curves, summary, "setting", title, trends=trends)
     if params.metrics_path:
         write_text_atomic(Path(params.metrics_path), json.dumps(summary, indent=2) + "\n")
@@ -166,8 +224,10 @@ def run_ablation(name: str, params: GRPOParams) -> dict:
         log_run_params(parent_params)
         if params.runner == "ray":
             rows = run_children_on_ray(
-                children, functools.partial(_run_with_own_engine, parent_run_id=parent.info.run_id),
-                address=params.ray_address, gpus_per_child=params.ray_gpus_per_child,
+                children,
+                functools.partial(_run_with_own_engine, parent_run_id=parent.info.run_id),
+                address=params.ray_address,
+                gpus_per_child=params.ray_gpus_per_child,
                 cpus_per_child=params.ray_cpus_per_child,
             )
         else:
@@ -225,8 +285,10 @@ def check_inputs(params: GRPOParams) -> None:
 
 def show(params: GRPOParams, result: dict) -> None:
     for row in result["summary"]:
-        print(f"{row['setting']:>24}: accuracy {row['final_accuracy']:.3f}, format {row['final_format_rate']:.3f}, "
-              f"{row['wall_seconds']:.0f} s")
+        print(
+            f"{row['setting']:>24}: accuracy {row['final_accuracy']:.3f}, format {row['final_format_rate']:.3f}, "
+            f"{row['wall_seconds']:.0f} s"
+        )
     print_paths(result["paths"])
     print(f"mlflow run {result['mlflow_run_id']}")
 

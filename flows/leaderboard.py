@@ -11,8 +11,8 @@ logged against wall-clock seconds throughout; every new best is saved as a Huggi
 (``output_dir/best``), and the final score is computed with that best checkpoint. The final-evaluation
 reserve is the larger of ``final_eval_reserve_s`` and 1.25× the time the subset evaluations took per
 problem (scaled from the run's max_tokens to 1,024; the engine is called once before, so its first-call
-compilation is not counted), times the number of final problems. A run that hits its budget stops after the current step,
-still evaluates and reports; ``within_budget`` says whether the whole flow kept to it.
+compilation is not counted), times the number of final problems. A run that hits its budget stops after the
+current step, still evaluates and reports; ``within_budget`` says whether the whole flow kept to it.
 
 Smoke runs with small models use the generated arithmetic task (``arithmetic:N:DIGITS``, as the cpu
 profile does) with ``reward_fn: arithmetic``: the MATH grader accepts a copy of the question ("12 + 34")
@@ -41,6 +41,7 @@ import json
 import sys
 import time
 from pathlib import Path
+
 import torch
 from prefect import flow
 
@@ -105,16 +106,32 @@ def _run(params: LeaderboardParams, engine, start: float) -> dict:
         log = mlflow_logger()
         if params.sft_max_steps and params.sft_data:
             traces: list[Trace] = load_sft_traces(params.sft_data)
-            train_sft(model, tokenizer, traces, SFTConfig(
-                learning_rate=params.sft_learning_rate, batch_size=params.sft_batch_size,
-                microbatch_size=params.sft_microbatch_size, epochs=1, max_steps=params.sft_max_steps, seed=params.seed,
-                checkpoint_every=50, compile_layers=params.compile_layers,
-                fsdp_reshard_after_forward=params.fsdp_reshard_after_forward,
-            ), checkpoint_dir=folder / "sft_checkpoint", log=lambda m, s: log({f"sft/{k}": v for k, v in m.items()}, s))
+            train_sft(
+                model,
+                tokenizer,
+                traces,
+                SFTConfig(
+                    learning_rate=params.sft_learning_rate,
+                    batch_size=params.sft_batch_size,
+                    microbatch_size=params.sft_microbatch_size,
+                    epochs=1,
+                    max_steps=params.sft_max_steps,
+                    seed=params.seed,
+                    checkpoint_every=50,
+                    compile_layers=params.compile_layers,
+                    fsdp_reshard_after_forward=params.fsdp_reshard_after_forward,
+                ),
+                checkpoint_dir=folder / "sft_checkpoint",
+                log=lambda m, s: log({f"sft/{k}": v for k, v in m.items()}, s),
+            )
         # The curve's evaluations sample like training (max_tokens of the run); their cost per problem,
         # scaled to the final evaluation's 1,024 tokens, sizes the final evaluation's reserve.
-        curve_sampling = SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=params.max_tokens, stop=template.stop, seed=0)
-        subset_eval = validation_hook(engine, tokenizer, validation, template, reward_fn, curve_sampling, params.val_subset)
+        curve_sampling = SamplingSettings(
+            temperature=1.0, top_p=1.0, max_tokens=params.max_tokens, stop=template.stop, seed=0
+        )
+        subset_eval = validation_hook(
+            engine, tokenizer, validation, template, reward_fn, curve_sampling, params.val_subset
+        )
         token_ratio = FINAL_SAMPLING.max_tokens / params.max_tokens
         # An engine's first call compiles (the hf engine: ~45 s on an H200); made here, it stays out of
         # the evaluations' cost per problem, which would otherwise inflate the reserve and end the run early.
@@ -138,25 +155,47 @@ def _run(params: LeaderboardParams, engine, start: float) -> dict:
             return now - start + reserve() + clock["step_seconds"] >= budget
 
         clock["last"] = time.monotonic()
-        history = grpo(model, tokenizer, engine, train, template, reward_fn, params,
-                       checkpoint_dir=folder / "grpo_checkpoint", evaluate=evaluate, log=log,
-                       should_stop=should_stop)
+        history = grpo(
+            model,
+            tokenizer,
+            engine,
+            train,
+            template,
+            reward_fn,
+            params,
+            checkpoint_dir=folder / "grpo_checkpoint",
+            evaluate=evaluate,
+            log=log,
+            should_stop=should_stop,
+        )
         stopped_by_budget = history[-1]["step"] < params.n_grpo_steps
         if best["step"] is not None and best["step"] != history[-1]["step"]:
             model, _ = load_policy(out / "best", dtype=getattr(torch, params.policy_dtype), device=device)
         final = validation_hook(engine, tokenizer, final_problems, template, reward_fn, FINAL_SAMPLING, None)(
-            model, history[-1]["step"])
+            model, history[-1]["step"]
+        )
         wall = time.monotonic() - start
         summary = {
-            "final_score": final["val_accuracy"], "final_format_rate": final["val_format_rate"],
+            "final_score": final["val_accuracy"],
+            "final_format_rate": final["val_format_rate"],
             "n_final_problems": len(final_problems),
-            "official": params.final_eval_limit is None and len(final_problems) == OFFICIAL_VALIDATION_SIZE
-                        and reward_fn is r1_zero_reward_fn and not params.validation_data.startswith("arithmetic:"),
-            "best_step": best["step"], "best_subset_accuracy": best["val_accuracy"], "grpo_steps": history[-1]["step"],
-            "stopped_by_budget": stopped_by_budget, "wall_seconds": wall, "budget_seconds": budget,
-            "within_budget": wall <= budget, "mlflow_run_id": run.info.run_id,
+            "official": params.final_eval_limit is None
+            and len(final_problems) == OFFICIAL_VALIDATION_SIZE
+            and reward_fn is r1_zero_reward_fn
+            and not params.validation_data.startswith("arithmetic:"),
+            "best_step": best["step"],
+            "best_subset_accuracy": best["val_accuracy"],
+            "grpo_steps": history[-1]["step"],
+            "stopped_by_budget": stopped_by_budget,
+            "wall_seconds": wall,
+            "budget_seconds": budget,
+            "within_budget": wall <= budget,
+            "mlflow_run_id": run.info.run_id,
         }
-        log({k: float(v) for k, v in summary.items() if isinstance(v, (int, float)) and v is not None}, history[-1]["step"])
+        log(
+            {k: float(v) for k, v in summary.items() if isinstance(v, (int, float)) and v is not None},
+            history[-1]["step"],
+        )
     return summary
 
 
@@ -173,7 +212,9 @@ def check_inputs(params: LeaderboardParams) -> None:
     if params.sft_data is not None:
         load_sft_traces(params.sft_data)
     validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
-    check_prompts_fit(params, {params.validation_data: validation[: params.final_eval_limit]}, FINAL_SAMPLING.max_tokens)
+    check_prompts_fit(
+        params, {params.validation_data: validation[: params.final_eval_limit]}, FINAL_SAMPLING.max_tokens
+    )
 
 
 def show(params: LeaderboardParams, summary: dict) -> None:

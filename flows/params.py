@@ -30,8 +30,15 @@ from tasks.tracking import DEFAULT_TRACKING_URI
 Backend = Literal[BACKENDS]
 EngineDtype = Literal[DTYPES]
 DataFormat = Literal["math", "gsm8k"]
-AblationName = Literal["grpo_lr_sweep", "grpo_baseline_ablation", "grpo_length_norm_ablation", "grpo_std_norm_ablation",
-                       "grpo_off_policy_sweep", "grpo_clip_ablation", "grpo_prompt_ablation"]
+AblationName = Literal[
+    "grpo_lr_sweep",
+    "grpo_baseline_ablation",
+    "grpo_length_norm_ablation",
+    "grpo_std_norm_ablation",
+    "grpo_off_policy_sweep",
+    "grpo_clip_ablation",
+    "grpo_prompt_ablation",
+]
 
 
 # ------------------------------------------------------------------------------------- the groups
@@ -40,8 +47,10 @@ AblationName = Literal["grpo_lr_sweep", "grpo_baseline_ablation", "grpo_length_n
 class EngineSettings(Settings):
     """The model a run starts from and the engine that samples from it."""
 
-    model: str = Field("Qwen/Qwen2.5-Math-1.5B", description="starting policy: hub id, local folder (e.g. an SFT "
-                       "stage's best_model), or smollm2-135m-instruct")
+    model: str = Field(
+        "Qwen/Qwen2.5-Math-1.5B",
+        description="starting policy: hub id, local folder (e.g. an SFT stage's best_model), or smollm2-135m-instruct",
+    )
     backend: Backend = Field("auto", description="rollout engine (auto: vllm where installed, else hf)")
     engine_dtype: EngineDtype = Field("auto", description="engine dtype (auto: bf16 on GPU, fp32 on CPU)")
     engine_memory_fraction: float = Field(0.3, gt=0, le=1, description="vLLM gpu_memory_utilization beside the policy")
@@ -51,16 +60,21 @@ class EngineSettings(Settings):
 class TrainProblems(Settings):
     """The questions a run samples from."""
 
-    train_data: str = Field("../shared/data/math/train.jsonl", description="questions to sample from: a MATH/GSM8K "
-                            "file, a dataset id, or arithmetic:N:DIGITS (the generated task)")
+    train_data: str = Field(
+        "../shared/data/math/train.jsonl",
+        description="questions to sample from: a MATH/GSM8K "
+        "file, a dataset id, or arithmetic:N:DIGITS (the generated task)",
+    )
     train_format: DataFormat = Field("math", description="record format of train_data")
 
 
 class Validation(Settings):
     """Where and how much a run validates: a fixed random subset during training, more at the end."""
 
-    validation_data: str = Field("../shared/data/math/validation.jsonl", description="validation problems: a "
-                                 "MATH/GSM8K file, a dataset id, or arithmetic:N:DIGITS")
+    validation_data: str = Field(
+        "../shared/data/math/validation.jsonl",
+        description="validation problems: a MATH/GSM8K file, a dataset id, or arithmetic:N:DIGITS",
+    )
     validation_format: DataFormat = Field("math", description="record format of validation_data")
     val_subset: int = Field(500, ge=1, description="problems evaluated every eval_every steps (a fixed random subset)")
     val_limit: int | None = Field(None, ge=1, description="problems in the final evaluation (None: all)")
@@ -73,17 +87,24 @@ class Prompt(Settings):
 class PromptSettings(Prompt):
     """The prompt template (it brings its stop strings) and the grader of the responses."""
 
-    reward_fn: RewardName | None = Field(None, description="grader; None: the prompt's own (r1_zero, question_only); "
-                                         "arithmetic: for arithmetic:N:DIGITS data (the answer must be the number)")
+    reward_fn: RewardName | None = Field(
+        None,
+        description="grader; None: the prompt's own (r1_zero, question_only); "
+        "arithmetic: for arithmetic:N:DIGITS data (the answer must be the number)",
+    )
 
     @model_validator(mode="after")
     def _grader_known(self) -> "PromptSettings":
         if self.reward_fn is None and self.prompt not in builtin_prompt_names():
             if not Path(self.prompt).expanduser().is_file():
-                raise ValueError(f"no prompt template {self.prompt!r}: not a built-in ({', '.join(builtin_prompt_names())}) "
-                                 "and no such file")
-            raise ValueError(f"prompt {self.prompt!r} is a template file: name its grader with reward_fn "
-                             f"({', '.join(RewardName.__args__)})")
+                raise ValueError(
+                    f"no prompt template {self.prompt!r}: not a built-in ({', '.join(builtin_prompt_names())}) "
+                    "and no such file"
+                )
+            raise ValueError(
+                f"prompt {self.prompt!r} is a template file: name its grader with reward_fn "
+                f"({', '.join(RewardName.__args__)})"
+            )
         return self
 
     @property
@@ -133,8 +154,12 @@ class Outputs(OutputDir, MetricsFile, Experiment, TrackingStore):
 # --------------------------------------------------------------------------------------- the flows
 
 
-@defaults(output_dir="outputs/baseline_eval", metrics_path="metrics/baseline_eval.json", experiment="baseline_eval",
-          min_tokens=0)
+@defaults(
+    output_dir="outputs/baseline_eval",
+    metrics_path="metrics/baseline_eval.json",
+    experiment="baseline_eval",
+    min_tokens=0,
+)
 class BaselineEvalParams(Generation, RolloutSamplingFields, PromptSettings, Outputs):
     """Zero-shot evaluation (flow ``baseline_eval``)."""
 
@@ -149,7 +174,9 @@ class DistillParams(Generation):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = Field(False, description="opt-in: needs a served or local teacher model")
-    teacher: Literal["openai", "engine"] = Field("openai", description="openai: a /v1/completions server; engine: make_engine")
+    teacher: Literal["openai", "engine"] = Field(
+        "openai", description="openai: a /v1/completions server; engine: make_engine"
+    )
     base_url: str = Field("http://127.0.0.1:8000/v1", description="teacher: openai; POSTs {base_url}/completions")
     api_key_env: str | None = Field(None, description="name of the environment variable holding the API key")
     timeout_s: float = Field(600.0, gt=0, description="teacher: openai; seconds per request")
@@ -164,18 +191,26 @@ class SFTExperimentParams(SFTConfig, SamplingFields, EngineSettings, Validation,
     """The SFT sweep over training-set sizes (flow ``sft_experiment``); evaluation samples with
     ``temperature`` and ``max_tokens``."""
 
-    train_data: str = Field("data/sft/math_solutions.jsonl", description="SFT traces (prompt, response, ground_truth), "
-                            "or arithmetic:N:DIGITS (generated r1_zero traces)")
-    filtered_data: str | None = Field("data/sft/teacher_filtered.jsonl",
-                                      description="filtered traces, trained as one more setting")
+    train_data: str = Field(
+        "data/sft/math_solutions.jsonl",
+        description="SFT traces (prompt, response, ground_truth), or arithmetic:N:DIGITS (generated r1_zero traces)",
+    )
+    filtered_data: str | None = Field(
+        "data/sft/teacher_filtered.jsonl", description="filtered traces, trained as one more setting"
+    )
     sizes: list[Annotated[int, Field(gt=0)] | Literal["full"]] = Field(
-        [128, 256, 512, 1024, "full"], min_length=1, description="training-set sizes")
-    save_models: bool = Field(False, description="save each setting's final weights (Hugging Face folder) and link "
-                              "the best as output_dir/best_model")
+        [128, 256, 512, 1024, "full"], min_length=1, description="training-set sizes"
+    )
+    save_models: bool = Field(
+        False,
+        description="save each setting's final weights (Hugging Face folder) and link "
+        "the best as output_dir/best_model",
+    )
 
 
-@defaults(output_dir="outputs/expert_iteration", metrics_path="metrics/expert_iteration.json",
-          experiment="expert_iteration")
+@defaults(
+    output_dir="outputs/expert_iteration", metrics_path="metrics/expert_iteration.json", experiment="expert_iteration"
+)
 class EIParams(EIConfig, EngineSettings, TrainProblems, Validation, PromptSettings, Outputs):
     """Expert Iteration, one run or (``sweep``) the G × E × D_b grid (flow ``expert_iteration``)."""
 
@@ -189,12 +224,18 @@ class EIParams(EIConfig, EngineSettings, TrainProblems, Validation, PromptSettin
 class GRPOParams(GRPOConfig, EngineSettings, TrainProblems, Validation, PromptSettings, Outputs):
     """One GRPO run or (``ablation``) an A5 ablation (flow ``grpo`` and the ablation flows)."""
 
-    engine_device: str | None = Field(None, description="None: the engine runs in the trainer's process; a device "
-                                      "(cuda:1, cpu): in a process of its own there, weights pushed over NCCL/gloo; "
-                                      "under torchrun one device per rank, comma-separated (cuda:4,cuda:5)")
+    engine_device: str | None = Field(
+        None,
+        description="None: the engine runs in the trainer's process; a device "
+        "(cuda:1, cpu): in a process of its own there, weights pushed over NCCL/gloo; "
+        "under torchrun one device per rank, comma-separated (cuda:4,cuda:5)",
+    )
     ablation: AblationName | None = Field(None, description="run this ablation instead of one run")
-    runner: Literal["local", "ray"] = Field("local", description="an ablation's children: one after another here "
-                                            "(one shared engine), or in parallel on Ray (an engine each)")
+    runner: Literal["local", "ray"] = Field(
+        "local",
+        description="an ablation's children: one after another here "
+        "(one shared engine), or in parallel on Ray (an engine each)",
+    )
     ray_address: str | None = Field(None, description="runner ray: None starts a local Ray; or ray://host:10001")
     ray_gpus_per_child: float = Field(1.0, ge=0, description="runner ray: GPUs each child reserves")
     ray_cpus_per_child: float = Field(1.0, ge=0, description="runner ray: CPUs each child reserves")
@@ -212,17 +253,30 @@ class GRPOParams(GRPOConfig, EngineSettings, TrainProblems, Validation, PromptSe
         return value
 
 
-@defaults(output_dir="outputs/leaderboard", metrics_path="metrics/leaderboard.json", experiment="leaderboard",
-          learning_rate=3e-5, length_normalization="masked_normalize", n_grpo_steps=100_000, val_subset=512)
+@defaults(
+    output_dir="outputs/leaderboard",
+    metrics_path="metrics/leaderboard.json",
+    experiment="leaderboard",
+    learning_rate=3e-5,
+    length_normalization="masked_normalize",
+    n_grpo_steps=100_000,
+    val_subset=512,
+)
 class LeaderboardParams(GRPOParams):
     """The leaderboard run (flow ``leaderboard``): GRPO within a wall-clock budget, an optional SFT phase
     first, scored by the A5 rules. Its defaults follow the public leaderboard's best entries."""
 
     budget_hours: float = Field(4.0, gt=0, description="wall-clock budget of the whole flow, evaluation included")
-    final_eval_limit: int | None = Field(None, gt=0, description="None: all validation problems (the rule); "
-                                         "a number only for smoke runs, which are then not official")
+    final_eval_limit: int | None = Field(
+        None,
+        gt=0,
+        description="None: all validation problems (the rule); "
+        "a number only for smoke runs, which are then not official",
+    )
     final_eval_reserve_s: float = Field(900.0, ge=0, description="minimum seconds kept for the final evaluation")
-    sft_data: str | None = Field(None, description="r1_zero traces (prompt/response/ground_truth) for an SFT phase first")
+    sft_data: str | None = Field(
+        None, description="r1_zero traces (prompt/response/ground_truth) for an SFT phase first"
+    )
     sft_max_steps: int = Field(0, ge=0, description="SFT optimizer steps (0: no SFT phase)")
     sft_learning_rate: float = Field(2e-5, gt=0, description="the SFT phase's learning rate")
     sft_batch_size: int = Field(32, gt=0, description="the SFT phase's sequences per optimizer step")
@@ -233,10 +287,14 @@ class LeaderboardParams(GRPOParams):
         if self.prompt != "r1_zero":
             raise ValueError(f"prompt {self.prompt!r}: the leaderboard's rules fix the prompt at r1_zero")
         if self.reward_fn not in (None, "r1_zero", "arithmetic"):
-            raise ValueError(f"reward_fn {self.reward_fn!r}: the rules grade with r1_zero (arithmetic: only for "
-                             "smoke runs on the generated arithmetic task)")
+            raise ValueError(
+                f"reward_fn {self.reward_fn!r}: the rules grade with r1_zero (arithmetic: only for "
+                "smoke runs on the generated arithmetic task)"
+            )
         on_arithmetic = all(d.startswith("arithmetic:") for d in (self.train_data, self.validation_data))
         if self.reward_fn == "arithmetic" and not on_arithmetic:
-            raise ValueError("reward_fn arithmetic grades only the generated arithmetic task: set train_data and "
-                             "validation_data to arithmetic:N:DIGITS, or leave reward_fn at r1_zero (the rule)")
+            raise ValueError(
+                "reward_fn arithmetic grades only the generated arithmetic task: set train_data and "
+                "validation_data to arithmetic:N:DIGITS, or leave reward_fn at r1_zero (the rule)"
+            )
         return self

@@ -37,8 +37,12 @@ def build_manifest(data_params: dict) -> dict:
         if not isinstance(spec, dict) or spec.get("format") not in LOADERS or "source" not in spec:
             raise DataError(f"params data.{name}: needs format ({', '.join(LOADERS)}) and source, got {spec!r}")
         records = LOADERS[spec["format"]](spec["source"])
-        manifest[name] = {"format": spec["format"], "source": spec["source"], "records": len(records),
-                          "sha256": _sha256(spec["source"])}
+        manifest[name] = {
+            "format": spec["format"],
+            "source": spec["source"],
+            "records": len(records),
+            "sha256": _sha256(spec["source"]),
+        }
     return manifest
 
 

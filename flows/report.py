@@ -55,10 +55,20 @@ CATEGORY_MEANING = {
     "format0_answer0": "format not followed",
 }
 # Plots in this order first (those a stage wrote), then any other PNG of the stage's folder by name.
-PLOT_ORDER = ("accuracy_vs_step.png", "accuracy_vs_wall_clock.png", "reward_mean_vs_step.png",
-              "token_entropy_vs_step.png", "response_tokens_mean_vs_step.png")
-STAGE_SECTIONS = {"baseline_eval": "baseline_eval", "sft_experiment": "sft_experiment",
-                  "expert_iteration": "expert_iteration", "grpo": "grpo", "leaderboard": "leaderboard"}
+PLOT_ORDER = (
+    "accuracy_vs_step.png",
+    "accuracy_vs_wall_clock.png",
+    "reward_mean_vs_step.png",
+    "token_entropy_vs_step.png",
+    "response_tokens_mean_vs_step.png",
+)
+STAGE_SECTIONS = {
+    "baseline_eval": "baseline_eval",
+    "sft_experiment": "sft_experiment",
+    "expert_iteration": "expert_iteration",
+    "grpo": "grpo",
+    "leaderboard": "leaderboard",
+}
 # The stage folders under outputs/ the report reads (with metrics/, what a root that ran the pipeline holds).
 STAGE_OUTPUTS = ("baseline_eval", "sft_experiment", "expert_iteration", "grpo", "leaderboard")
 # Written into every report folder: the mark of a folder this flow made, which it may replace.
@@ -142,7 +152,7 @@ def _inline_html(text: str) -> str:
     up, a link only when :func:`_link_allowed` (else the markdown shows as plain text)."""
     parts, at = [], 0
     for m in _INLINE.finditer(text):
-        parts.append(html.escape(text[at:m.start()], quote=False))
+        parts.append(html.escape(text[at : m.start()], quote=False))
         at = m.end()
         if m[1] is not None:
             parts.append(f"<code>{html.escape(m[1], quote=False)}</code>")
@@ -166,19 +176,28 @@ def to_html(title: str, page: Page, figures_dir: Path) -> str:
         elif block[0] == "table":
             header = list(dict.fromkeys(k for row in block[1] for k in row))
             cells = "".join(f"<th>{html.escape(k)}</th>" for k in header)
-            rows = "".join("<tr>" + "".join(f"<td>{html.escape(_value(row.get(k)))}</td>" for k in header) + "</tr>"
-                           for row in block[1])
+            rows = "".join(
+                "<tr>" + "".join(f"<td>{html.escape(_value(row.get(k)))}</td>" for k in header) + "</tr>"
+                for row in block[1]
+            )
             body.append(f"<table><thead><tr>{cells}</tr></thead><tbody>{rows}</tbody></table>")
         elif block[0] == "img":
             data = base64.b64encode((figures_dir / block[1]).read_bytes()).decode()
-            body.append(f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(block[2])}">'
-                        f"<figcaption>{html.escape(block[2])} (<code>figures/{html.escape(block[1])}</code>)</figcaption></figure>")
-    style = ("body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;line-height:1.45}"
-             "table{border-collapse:collapse;margin:.5rem 0}td,th{border:1px solid #ccc;padding:.2rem .6rem;text-align:left}"
-             "th{background:#f3f3f3}img{max-width:100%}figure{margin:1rem 0}figcaption{color:#555;font-size:.9rem}"
-             "code{background:#f3f3f3;padding:0 .2rem}")
-    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-            f"<style>{style}</style></head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n")
+            body.append(
+                f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(block[2])}">'
+                f"<figcaption>{html.escape(block[2])} "
+                f"(<code>figures/{html.escape(block[1])}</code>)</figcaption></figure>"
+            )
+    style = (
+        "body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;line-height:1.45}"
+        "table{border-collapse:collapse;margin:.5rem 0}td,th{border:1px solid #ccc;padding:.2rem .6rem;text-align:left}"
+        "th{background:#f3f3f3}img{max-width:100%}figure{margin:1rem 0}figcaption{color:#555;font-size:.9rem}"
+        "code{background:#f3f3f3;padding:0 .2rem}"
+    )
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{style}</style></head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )
 
 
 # ------------------------------------------------------------------------------------ reading
@@ -197,8 +216,10 @@ def stage_settings(params_file: Path | None) -> dict[str, dict[str, Any]]:
         return {}
     document = yaml.safe_load(params_file.read_text()) or {}
     overrides = (document.get("profiles") or {}).get(document.get("profile")) or {}
-    settings = {stage: {**(document.get(section) or {}), **(overrides.get(section) or {})}
-                for stage, section in STAGE_SECTIONS.items()}
+    settings = {
+        stage: {**(document.get(section) or {}), **(overrides.get(section) or {})}
+        for stage, section in STAGE_SECTIONS.items()
+    }
     settings["_profile"] = {"profile": document.get("profile")}
     return settings
 
@@ -230,8 +251,12 @@ def _before_after(prefix: str, best: dict[str, Any] | None) -> dict[str, float]:
     where the stage evaluated its starting model) and at its end."""
     if best is None:
         return {}
-    names = {"accuracy": "final_accuracy", "format_rate": "final_format_rate",
-             "initial_accuracy": "initial_accuracy", "initial_format_rate": "initial_format_rate"}
+    names = {
+        "accuracy": "final_accuracy",
+        "format_rate": "final_format_rate",
+        "initial_accuracy": "initial_accuracy",
+        "initial_format_rate": "initial_format_rate",
+    }
     return {f"{prefix}_{name}": best[key] for name, key in names.items() if isinstance(best.get(key), (int, float))}
 
 
@@ -251,16 +276,31 @@ def baseline_section(page: Page, root: Path, settings: dict[str, Any], out_files
     if summary is None:
         page.p(f"Baseline evaluation: {NOT_RUN}.")
         return {}
-    page.p(_settings(settings, "model", "prompt", "max_tokens", "temperature") +
-           f"{summary['n_records']} responses to {summary['n_problems']} problems, **accuracy {summary['accuracy']:.3f}**, "
-           f"format rate {summary['format_rate']:.3f}, mean length {summary['mean_response_tokens']:.1f} tokens.")
+    page.p(
+        _settings(settings, "model", "prompt", "max_tokens", "temperature")
+        + f"{summary['n_records']} responses to {summary['n_problems']} problems, "
+        + f"**accuracy {summary['accuracy']:.3f}**, "
+        f"format rate {summary['format_rate']:.3f}, mean length {summary['mean_response_tokens']:.1f} tokens."
+    )
     n = summary["n_records"] or 1
-    page.table([{"category": c, "meaning": meaning, "count": summary.get(f"count_{c}", 0),
-                 "share": summary.get(f"count_{c}", 0) / n} for c, meaning in CATEGORY_MEANING.items()])
+    page.table(
+        [
+            {
+                "category": c,
+                "meaning": meaning,
+                "count": summary.get(f"count_{c}", 0),
+                "share": summary.get(f"count_{c}", 0) / n,
+            }
+            for c, meaning in CATEGORY_MEANING.items()
+        ]
+    )
     finishes = {k.removeprefix("finish_"): v for k, v in summary.items() if k.startswith("finish_")}
     if finishes:
-        page.p("Finish reasons: " + ", ".join(f"{k} {v}" for k, v in finishes.items())
-               + ("; `length` responses hit `max_tokens`." if "length" in finishes else "."))
+        page.p(
+            "Finish reasons: "
+            + ", ".join(f"{k} {v}" for k, v in finishes.items())
+            + ("; `length` responses hit `max_tokens`." if "length" in finishes else ".")
+        )
     cases = root / "outputs/baseline_eval/report.md"
     if cases.is_file():
         text = cases.read_text()
@@ -283,9 +323,11 @@ def sft_section(page: Page, root: Path, settings: dict[str, Any]) -> dict[str, f
         page.p(f"SFT sweep: {NOT_RUN}.")
         return {}
     best = _best(rows)
-    page.p(_settings(settings, "model", "sizes", "epochs", "learning_rate") +
-           "One run per training-set size (and the filtered set); final validation accuracy and format rate."
-           + (f" Best: **{best['setting']}** at {best['final_accuracy']:.3f}." if best else ""))
+    page.p(
+        _settings(settings, "model", "sizes", "epochs", "learning_rate")
+        + "One run per training-set size (and the filtered set); final validation accuracy and format rate."
+        + (f" Best: **{best['setting']}** at {best['final_accuracy']:.3f}." if best else "")
+    )
     page.table(rows)
     _add_plots(page, "sft_experiment", root / "outputs/sft_experiment")
     return _before_after("sft_best", best)
@@ -298,9 +340,16 @@ def ei_section(page: Page, root: Path, settings: dict[str, Any]) -> dict[str, fl
         page.p(f"Expert Iteration: {NOT_RUN}.")
         return {}
     best = _best(rows)
-    kind = "One run" if [r.get("setting") for r in rows] == ["single"] else f"A sweep of {len(rows)} settings (G × E × D_b)"
-    page.p(_settings(settings, "model", "n_ei_steps", "train_data") + f"{kind}."
-           + (f" Best: **{best['setting']}** at {best['final_accuracy']:.3f}." if best else ""))
+    kind = (
+        "One run"
+        if [r.get("setting") for r in rows] == ["single"]
+        else f"A sweep of {len(rows)} settings (G × E × D_b)"
+    )
+    page.p(
+        _settings(settings, "model", "n_ei_steps", "train_data")
+        + f"{kind}."
+        + (f" Best: **{best['setting']}** at {best['final_accuracy']:.3f}." if best else "")
+    )
     page.table(rows)
     _add_plots(page, "expert_iteration", root / "outputs/expert_iteration")
     return _before_after("ei_best", best)
@@ -315,9 +364,17 @@ def grpo_section(page: Page, root: Path, settings: dict[str, Any]) -> dict[str, 
     best = _best(rows)
     single = [r.get("setting") for r in rows] == ["single"]
     what = "One run" if single else f"Ablation `{settings.get('ablation') or '?'}` ({len(rows)} settings)"
-    page.p(_settings(settings, "model", "n_grpo_steps", "loss_type", "learning_rate", "train_data") + f"{what}."
-           + (f" Final validation accuracy: **{best['final_accuracy']:.3f}**"
-              + ("" if single else f" ({best['setting']})") + "." if best else ""))
+    page.p(
+        _settings(settings, "model", "n_grpo_steps", "loss_type", "learning_rate", "train_data")
+        + f"{what}."
+        + (
+            f" Final validation accuracy: **{best['final_accuracy']:.3f}**"
+            + ("" if single else f" ({best['setting']})")
+            + "."
+            if best
+            else ""
+        )
+    )
     page.table(rows)
     _add_plots(page, "grpo", root / "outputs/grpo")
     return _before_after("grpo_best", best)
@@ -334,15 +391,21 @@ def latest_ablations(tracking_uri: str, experiment: str) -> dict[str, tuple[Any,
     found = client.get_experiment_by_name(experiment)
     if found is None:
         return {}
-    parents = client.search_runs([found.experiment_id], filter_string="tags.ablation != ''",
-                                 order_by=["attributes.start_time DESC"], max_results=500)
+    parents = client.search_runs(
+        [found.experiment_id],
+        filter_string="tags.ablation != ''",
+        order_by=["attributes.start_time DESC"],
+        max_results=500,
+    )
     latest: dict[str, tuple[Any, list[Any]]] = {}
     for parent in parents:
         name = parent.data.tags["ablation"]
         if name not in latest:
-            children = client.search_runs([found.experiment_id],
-                                          filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
-                                          order_by=["attributes.start_time ASC"])
+            children = client.search_runs(
+                [found.experiment_id],
+                filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
+                order_by=["attributes.start_time ASC"],
+            )
             latest[name] = (parent, list(children))
     return latest
 
@@ -360,18 +423,27 @@ def ablations_section(page: Page, params: ReportParams, figure_sources: Path) ->
         return 0
     ablations = latest_ablations(params.tracking_uri, params.grpo_experiment)
     if not ablations:
-        page.p(f"GRPO ablations: {NOT_RUN} (no parent run tagged `ablation` in MLflow experiment "
-               f"`{params.grpo_experiment}`). Run one with `python -m flows.grpo --config params.yaml --ablation NAME`.")
+        page.p(
+            f"GRPO ablations: {NOT_RUN} (no parent run tagged `ablation` in MLflow experiment "
+            f"`{params.grpo_experiment}`). Run one with `python -m flows.grpo --config params.yaml --ablation NAME`."
+        )
         return 0
     client = mlflow.MlflowClient(tracking_uri=params.tracking_uri)
     page.p("The newest finished run of each ablation in MLflow (compare any runs with `python -m flows.compare`).")
     for name, (parent, children) in sorted(ablations.items()):
         page.h(2, f"{name}")
         page.p(f"MLflow run `{parent.info.run_id}`, {len(children)} settings.")
-        page.table([{"setting": c.data.params.get("setting", c.info.run_name),
-                     "final_accuracy": c.data.metrics.get("final_val_accuracy"),
-                     "final_format_rate": c.data.metrics.get("final_val_format_rate"),
-                     "wall_seconds": c.data.metrics.get("wall_seconds")} for c in children])
+        page.table(
+            [
+                {
+                    "setting": c.data.params.get("setting", c.info.run_name),
+                    "final_accuracy": c.data.metrics.get("final_val_accuracy"),
+                    "final_format_rate": c.data.metrics.get("final_val_format_rate"),
+                    "wall_seconds": c.data.metrics.get("wall_seconds"),
+                }
+                for c in children
+            ]
+        )
         labels = [c.data.params.get("setting", c.info.run_name) for c in children]
         points = metric_points(client, children, "val_accuracy", labels)
         if points:
@@ -392,8 +464,12 @@ def leaderboard_section(page: Page, root: Path) -> dict[str, float]:
     return {"leaderboard_score": score} if isinstance(score, (int, float)) else {}
 
 
-HEADLINE_STAGES = (("Zero-shot baseline", "baseline", "baseline_eval"), ("SFT (best setting)", "sft_best", "sft_experiment"),
-                   ("Expert Iteration (best)", "ei_best", "expert_iteration"), ("GRPO (best)", "grpo_best", "grpo"))
+HEADLINE_STAGES = (
+    ("Zero-shot baseline", "baseline", "baseline_eval"),
+    ("SFT (best setting)", "sft_best", "sft_experiment"),
+    ("Expert Iteration (best)", "ei_best", "expert_iteration"),
+    ("GRPO (best)", "grpo_best", "grpo"),
+)
 
 
 def headline(metrics: dict[str, float], settings: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -408,9 +484,14 @@ def headline(metrics: dict[str, float], settings: dict[str, dict[str, Any]]) -> 
         data = stage_settings.get("validation_data") or stage_settings.get("data") or ""
         limit = stage_settings.get("val_limit") or stage_settings.get("limit")
         before = {k: metrics.get(f"{prefix}_initial_{k}") for k in ("accuracy", "format_rate")}
-        rows.append({"stage": stage, "validated on": Path(str(data)).name + (f" (first {limit})" if limit else ""),
-                     "accuracy": _arrow(before["accuracy"], metrics[f"{prefix}_accuracy"]),
-                     "format rate": _arrow(before["format_rate"], metrics.get(f"{prefix}_format_rate"))})
+        rows.append(
+            {
+                "stage": stage,
+                "validated on": Path(str(data)).name + (f" (first {limit})" if limit else ""),
+                "accuracy": _arrow(before["accuracy"], metrics[f"{prefix}_accuracy"]),
+                "format rate": _arrow(before["format_rate"], metrics.get(f"{prefix}_format_rate")),
+            }
+        )
     if "leaderboard_score" in metrics:
         rows.append({"stage": "Leaderboard run", "validated on": "", "accuracy": _value(metrics["leaderboard_score"])})
     return rows
@@ -431,11 +512,14 @@ def check_root(root: Path) -> None:
     "not run" everywhere, hiding a mistyped ``--root``."""
     shown = str(root) if root.is_absolute() else f"{root} ({root.resolve()})"
     if not root.is_dir():
-        raise FileNotFoundError(f"--root {shown} does not exist or is not a folder: pass --root the project "
-                                "folder the pipeline ran in")
+        raise FileNotFoundError(
+            f"--root {shown} does not exist or is not a folder: pass --root the project folder the pipeline ran in"
+        )
     if not (root / "metrics").is_dir() and not any((root / "outputs" / stage).is_dir() for stage in STAGE_OUTPUTS):
-        raise ValueError(f"{shown} holds no pipeline outputs (metrics/, outputs/): run `make pipeline` first or "
-                         "pass --root the project folder the pipeline ran in")
+        raise ValueError(
+            f"{shown} holds no pipeline outputs (metrics/, outputs/): run `make pipeline` first or "
+            "pass --root the project folder the pipeline ran in"
+        )
 
 
 def _foreign_entries(folder: Path) -> list[str]:
@@ -458,13 +542,17 @@ def check_replaceable(out: Path) -> None:
     if not out.exists() and not out.is_symlink():
         return
     if not out.is_dir():
-        raise ValueError(f"--output-dir {out} exists and is not a report folder (a file); not replacing it: "
-                         "remove it or pick another --output-dir")
+        raise ValueError(
+            f"--output-dir {out} exists and is not a report folder (a file); not replacing it: "
+            "remove it or pick another --output-dir"
+        )
     foreign = _foreign_entries(out)
     if foreign:
         listed = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        raise ValueError(f"--output-dir {out} exists and is not a report folder (no {REPORT_MARKER}; it holds "
-                         f"{listed}); not replacing it: remove it or pick another --output-dir")
+        raise ValueError(
+            f"--output-dir {out} exists and is not a report folder (no {REPORT_MARKER}; it holds "
+            f"{listed}); not replacing it: remove it or pick another --output-dir"
+        )
 
 
 def swap_in(built: Path, out: Path) -> None:
@@ -500,10 +588,21 @@ def build_report(params: ReportParams) -> dict[str, Any]:
         metrics |= grpo_section(page, root, settings.get("grpo", {}))
         n_ablations = ablations_section(page, params, built / "figures")
         metrics |= leaderboard_section(page, root)
-        lead = [("p", f"Settings: `{params.params_file}` with profile `{profile}`." if profile
-                 else "Results of the pipeline's stages (final validation accuracy of each).")]
-        lead.append(("p", "Each stage's accuracy and format rate on its validation set, before it trained (its "
-                          "starting model) → after."))
+        lead = [
+            (
+                "p",
+                f"Settings: `{params.params_file}` with profile `{profile}`."
+                if profile
+                else "Results of the pipeline's stages (final validation accuracy of each).",
+            )
+        ]
+        lead.append(
+            (
+                "p",
+                "Each stage's accuracy and format rate on its validation set, before it trained (its "
+                "starting model) → after.",
+            )
+        )
         page.blocks[summary_at:summary_at] = [*lead, ("table", headline(metrics, settings))]
         (built / "figures").mkdir(exist_ok=True)
         for name, source in page.figures.items():
@@ -513,18 +612,31 @@ def build_report(params: ReportParams) -> dict[str, Any]:
             write_text_atomic(built / name, text)
         write_text_atomic(built / "report.md", to_markdown(params.title, page))
         write_text_atomic(built / "report.html", to_html(params.title, page, built / "figures"))
-        write_text_atomic(built / REPORT_MARKER, "A report folder written by flows.report: the next report "
-                                                 "replaces this folder whole.\n")
+        write_text_atomic(
+            built / REPORT_MARKER,
+            "A report folder written by flows.report: the next report replaces this folder whole.\n",
+        )
         for folder in (built, built / "figures"):
             os.chmod(folder, 0o777 & ~_UMASK)  # mkdtemp makes 0700; give the folder the usual permissions
         swap_in(built, out)
     except BaseException:
         shutil.rmtree(built, ignore_errors=True)
         raise
-    sections = {"baseline": "baseline_accuracy" in metrics, "sft": "sft_best_accuracy" in metrics,
-                "ei": "ei_best_accuracy" in metrics, "grpo": "grpo_best_accuracy" in metrics, "ablations": n_ablations}
-    return {"report_md": str(out / "report.md"), "report_html": str(out / "report.html"), "metrics": metrics,
-            "sections": sections, "figures": sorted(page.figures), "headline": headline(metrics, settings)}
+    sections = {
+        "baseline": "baseline_accuracy" in metrics,
+        "sft": "sft_best_accuracy" in metrics,
+        "ei": "ei_best_accuracy" in metrics,
+        "grpo": "grpo_best_accuracy" in metrics,
+        "ablations": n_ablations,
+    }
+    return {
+        "report_md": str(out / "report.md"),
+        "report_html": str(out / "report.html"),
+        "metrics": metrics,
+        "sections": sections,
+        "figures": sorted(page.figures),
+        "headline": headline(metrics, settings),
+    }
 
 
 def log_report_run(params: ReportParams, result: dict[str, Any]) -> str:

@@ -71,21 +71,32 @@ def config_defaults(flow: Any, config: Path) -> dict[str, Any]:
 
 
 def deployments(config: Path | None = None) -> list[Any]:
-    """One deployment per flow; entrypoints are module paths (``flows.grpo.grpo_lr_sweep``), valid from any directory."""
+    """One deployment per flow; entrypoints are module paths (``flows.grpo.grpo_lr_sweep``), valid from any
+    directory."""
     from prefect.types.entrypoint import EntrypointType
 
     result = []
     for flow in discover_flows().values():
         parameters = config_defaults(flow, config) if config is not None else {}
-        result.append(flow.to_deployment(name=DEPLOYMENT, parameters=parameters, description=flow.description,
-                                         tags=["a5"], entrypoint_type=EntrypointType.MODULE_PATH))
+        result.append(
+            flow.to_deployment(
+                name=DEPLOYMENT,
+                parameters=parameters,
+                description=flow.description,
+                tags=["a5"],
+                entrypoint_type=EntrypointType.MODULE_PATH,
+            )
+        )
     return result
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--api-url", default=os.environ.get("PREFECT_API_URL") or DEFAULT_API_URL,
-                        help=f"Prefect API (default: $PREFECT_API_URL, else {DEFAULT_API_URL})")
+    parser.add_argument(
+        "--api-url",
+        default=os.environ.get("PREFECT_API_URL") or DEFAULT_API_URL,
+        help=f"Prefect API (default: $PREFECT_API_URL, else {DEFAULT_API_URL})",
+    )
     parser.add_argument("--config", type=Path, help="take each form's defaults from this params file's sections")
     parser.add_argument("--limit", type=int, default=1, help="flow runs at once (default: 1)")
     args = parser.parse_args(argv)

@@ -36,9 +36,9 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from a5core.data import DataError, load_math, load_sft_traces, write_jsonl_atomic, write_text_atomic
 from a5core.models import ModelResolutionError, resolve_model
@@ -71,7 +71,9 @@ class SftDataParams(Prompt):
     model_config = ConfigDict(extra="forbid")
 
     math: str = Field("../shared/data/math/train.jsonl", description="MATH train problems with solutions")
-    traces: str = Field("../shared/data/sft/teacher_traces_sample.jsonl", description="prompt/response/ground_truth file")
+    traces: str = Field(
+        "../shared/data/sft/teacher_traces_sample.jsonl", description="prompt/response/ground_truth file"
+    )
     reprompt_traces: bool = Field(True, description="re-render the trace file's prompts with `prompt`")
     dedup: bool = Field(True, description="drop exact duplicate traces before filtering")
     distill: DistillParams = DistillParams()
@@ -118,8 +120,15 @@ def make_teacher(d: DistillParams) -> Any:
             api_key = os.environ.get(d.api_key_env)
             if not api_key:
                 raise DataError(f"sft_data.distill.api_key_env: environment variable {d.api_key_env} is not set")
-        return OpenAICompletionsTeacher(d.base_url, d.model, api_key=api_key, timeout_s=d.timeout_s,
-                                        max_retries=d.max_retries, batch_size=d.batch_size, concurrency=d.concurrency)
+        return OpenAICompletionsTeacher(
+            d.base_url,
+            d.model,
+            api_key=api_key,
+            timeout_s=d.timeout_s,
+            max_retries=d.max_retries,
+            batch_size=d.batch_size,
+            concurrency=d.concurrency,
+        )
     return make_engine(resolve_model(d.model), d.backend, dtype=d.dtype)
 
 
@@ -131,8 +140,14 @@ def write_distill(params: SftDataParams, out: str | os.PathLike, teacher: Any = 
         return {"traces": 0, "enabled": False, "out": str(out)}
     problems = load_math(d.problems)[: d.limit]
     template = load_prompt(params.prompt)
-    sampling = SamplingSettings(n=d.n, temperature=d.temperature, top_p=d.top_p, max_tokens=d.max_tokens,
-                                stop=template.stop if d.stop is None else tuple(d.stop), seed=d.seed)
+    sampling = SamplingSettings(
+        n=d.n,
+        temperature=d.temperature,
+        top_p=d.top_p,
+        max_tokens=d.max_tokens,
+        stop=template.stop if d.stop is None else tuple(d.stop),
+        seed=d.seed,
+    )
     traces = distill(problems, template, teacher or make_teacher(d), d.n, sampling)
     write_jsonl_atomic(out, _records(traces))
     return {"traces": len(traces), "enabled": True, "problems": len(problems), "out": str(out)}
@@ -146,8 +161,12 @@ def read_set(path: str | os.PathLike) -> list:
     return load_sft_traces(path)
 
 
-def write_filtered(sets: dict[str, str | os.PathLike], out_dir: str | os.PathLike, metrics_path: str | os.PathLike | None,
-                   dedup: bool = True) -> dict[str, dict[str, Any]]:
+def write_filtered(
+    sets: dict[str, str | os.PathLike],
+    out_dir: str | os.PathLike,
+    metrics_path: str | os.PathLike | None,
+    dedup: bool = True,
+) -> dict[str, dict[str, Any]]:
     """For each ``name → raw file``: dedup (optional), keep correct traces, write ``<name>_filtered.jsonl``."""
     metrics = {}
     for name, raw_path in sets.items():
@@ -155,8 +174,13 @@ def write_filtered(sets: dict[str, str | os.PathLike], out_dir: str | os.PathLik
         unique, duplicates = dedup_traces(raw) if dedup else (list(raw), 0)
         kept, stats = filter_correct(unique)
         write_jsonl_atomic(Path(out_dir) / f"{name}_filtered.jsonl", _records(kept))
-        metrics[name] = {"raw": len(raw), "duplicates": duplicates, "filtered": len(kept),
-                         "kept_fraction": len(kept) / len(raw) if raw else None, "format_rate": stats["format_rate"]}
+        metrics[name] = {
+            "raw": len(raw),
+            "duplicates": duplicates,
+            "filtered": len(kept),
+            "kept_fraction": len(kept) / len(raw) if raw else None,
+            "format_rate": stats["format_rate"],
+        }
     if metrics_path:
         write_text_atomic(metrics_path, json.dumps(metrics, indent=2) + "\n")
     return metrics
@@ -176,16 +200,24 @@ def _set_arg(value: str) -> tuple[str, str]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    for name, out, what in (("math", DEFAULT_SETS["math_solutions"], "MATH solutions as traces"),
-                            ("traces", DEFAULT_SETS["teacher"], "import a trace file"),
-                            ("distill", DEFAULT_SETS["distilled"], "sample traces from a teacher")):
+    for name, out, what in (
+        ("math", DEFAULT_SETS["math_solutions"], "MATH solutions as traces"),
+        ("traces", DEFAULT_SETS["teacher"], "import a trace file"),
+        ("distill", DEFAULT_SETS["distilled"], "sample traces from a teacher"),
+    ):
         sub = commands.add_parser(name, help=what)
         sub.add_argument("--config", help="params file with an `sft_data` section (default: built-in defaults)")
         sub.add_argument("--out", default=str(out))
     sub = commands.add_parser("filter", help="dedup + keep correct traces; sizes to the metrics file")
     sub.add_argument("--config")
-    sub.add_argument("--set", dest="sets", action="append", type=_set_arg, metavar="NAME=PATH",
-                     help="raw set to filter (repeatable; default: " + ", ".join(f"{k}={v}" for k, v in DEFAULT_SETS.items()) + ")")
+    sub.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        type=_set_arg,
+        metavar="NAME=PATH",
+        help="raw set to filter (repeatable; default: " + ", ".join(f"{k}={v}" for k, v in DEFAULT_SETS.items()) + ")",
+    )
     sub.add_argument("--out-dir", default=str(OUT_DIR))
     sub.add_argument("--metrics", default=str(DEFAULT_METRICS))
     args = parser.parse_args(argv)
@@ -195,8 +227,10 @@ def main(argv: list[str] | None = None) -> None:
         params = load_params(args.config)
         if args.command == "math":
             result = write_math(params, args.out)
-            print(f"math_solutions: {result['traces']} traces → {args.out}; skipped (no or empty box): "
-                  f"{len(result['skipped'])} {result['skipped']}")
+            print(
+                f"math_solutions: {result['traces']} traces → {args.out}; skipped (no or empty box): "
+                f"{len(result['skipped'])} {result['skipped']}"
+            )
         elif args.command == "traces":
             result = write_traces(params, args.out)
             print(f"teacher: {result['traces']} traces from {params.traces} → {args.out}")
@@ -210,7 +244,10 @@ def main(argv: list[str] | None = None) -> None:
             metrics = write_filtered(dict(args.sets or DEFAULT_SETS), args.out_dir, args.metrics, params.dedup)
             for name, m in metrics.items():
                 rate = "-" if m["kept_fraction"] is None else f"{m['kept_fraction']:.3f}"
-                print(f"{name:16} raw {m['raw']:>6}  duplicates {m['duplicates']:>4}  filtered {m['filtered']:>6}  kept {rate}")
+                print(
+                    f"{name:16} raw {m['raw']:>6}  duplicates {m['duplicates']:>4}  "
+                    f"filtered {m['filtered']:>6}  kept {rate}"
+                )
     except (DataError, ConfigError, TeacherError, PromptTemplateError, ModelResolutionError, FileNotFoundError) as e:
         sys.exit(f"sft_data {args.command}: {e}")
     print(f"({time.monotonic() - start:.1f} s)")

@@ -55,20 +55,30 @@ def subsets(traces: list[Trace], sizes: list[int | str], seed: int) -> dict[str,
     return {str(size): shuffled if size == "full" else shuffled[: int(size)] for size in sizes}
 
 
-def train_setting(name: str, traces: list[Trace], params: SFTExperimentParams, engine: Engine, parent_run_id: str) -> dict:
+def train_setting(
+    name: str, traces: list[Trace], params: SFTExperimentParams, engine: Engine, parent_run_id: str
+) -> dict:
     """One setting (:func:`tasks.runs.training_run`, a child of the sweep's run); its row adds the number
     of examples and steps and the validation curve, and with ``save_models`` its final model is saved."""
 
     def train(run: Run) -> Trained:
-        final = train_sft(run.model, run.tokenizer, traces, params, checkpoint_dir=run.folder / "checkpoint",
-                          evaluate=run.validation(params.val_subset), log=run.log)
+        final = train_sft(
+            run.model,
+            run.tokenizer,
+            traces,
+            params,
+            checkpoint_dir=run.folder / "checkpoint",
+            evaluate=run.validation(params.val_subset),
+            log=run.log,
+        )
         if params.save_models:
             save_model_folder(run.model, run.tokenizer, run.folder / "model")
         step = int(final.get("step", 0))
         return Trained(step, {"n_examples": len(traces), "steps": step, "curve": curve(run.run_id)})
 
     return tracked(training_run.with_options(name="train_setting"))(
-        name, f"sft-{name}", params, engine, parent_run_id, train, logged={"n_examples": len(traces)})
+        name, f"sft-{name}", params, engine, parent_run_id, train, logged={"n_examples": len(traces)}
+    )
 
 
 def link_best_model(model: Path, link: Path) -> None:
@@ -90,15 +100,32 @@ def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
     if params.filtered_data:
         settings["filtered"] = load_trace_set(params.filtered_data, template, params.seed)
     engine = engine_for(params)
-    with start_resumable_run(out / f"runs-{run_key(params)}" / "mlflow_run_id", params.experiment, "sft_experiment",
-                             params.tracking_uri) as parent, closing_engine(engine):
+    with (
+        start_resumable_run(
+            out / f"runs-{run_key(params)}" / "mlflow_run_id", params.experiment, "sft_experiment", params.tracking_uri
+        ) as parent,
+        closing_engine(engine),
+    ):
         log_run_params(params)
         rows = [train_setting(name, traces, params, engine, parent.info.run_id) for name, traces in settings.items()]
         if not tracking_rank():  # a torchrun rank other than 0 trained along; rank 0 reports
             return {"summary": None, "paths": None, "mlflow_run_id": None}
         curves = [{"setting": r["setting"], **point} for r in rows for point in r["curve"]]
-        summary = [{k: r.get(k) for k in ("setting", "n_examples", "steps", "initial_accuracy", "initial_format_rate",
-                                          "final_accuracy", "final_format_rate")} for r in rows]
+        summary = [
+            {
+                k: r.get(k)
+                for k in (
+                    "setting",
+                    "n_examples",
+                    "steps",
+                    "initial_accuracy",
+                    "initial_format_rate",
+                    "final_accuracy",
+                    "final_format_rate",
+                )
+            }
+            for r in rows
+        ]
         if params.save_models:  # the best by accuracy, a tie broken by format rate; named in the parent run
             best = max(rows, key=lambda r: (r["final_accuracy"], r["final_format_rate"]))
             link_best_model(out / f"runs-{run_key(params)}" / best["setting"] / "model", out / "best_model")
@@ -124,8 +151,10 @@ def check_inputs(params: SFTExperimentParams) -> None:
 
 def show(params: SFTExperimentParams, result: dict) -> None:
     for row in result["summary"]:
-        print(f"{row['setting']:>9}: {row['n_examples']:>5} examples, {row['steps']:>4} steps, "
-              f"accuracy {row['final_accuracy']:.3f}, format {row['final_format_rate']:.3f}")
+        print(
+            f"{row['setting']:>9}: {row['n_examples']:>5} examples, {row['steps']:>4} steps, "
+            f"accuracy {row['final_accuracy']:.3f}, format {row['final_format_rate']:.3f}"
+        )
     print_paths(result["paths"])
     print(f"mlflow parent run {result['mlflow_run_id']}")
 

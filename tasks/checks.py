@@ -28,8 +28,12 @@ def check_prompts_fit(params: Any, problem_sets: dict[str, list[Problem]], max_t
     their source) leaves room for ``max_tokens`` in the model's context."""
     model, template = resolve_model(params.model), load_prompt(params.prompt)
     problems = [(source, problem) for source, problems in problem_sets.items() for problem in problems]
-    check_context(model, [template.format(p.problem) for _, p in problems], max_tokens,
-                  [f"{source} problem {p.unique_id}" for source, p in problems])
+    check_context(
+        model,
+        [template.format(p.problem) for _, p in problems],
+        max_tokens,
+        [f"{source} problem {p.unique_id}" for source, p in problems],
+    )
 
 
 def check_outputs(params: Any) -> None:
@@ -48,15 +52,22 @@ def check_placement(params: Any) -> None:
     group exists): Ray children (each would be a training job of its own), engines on Ray with an
     ``engine_device``, and an ``engine_device`` list that does not give each rank one device."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if getattr(params, "ablation", None) is not None and params.runner == "ray" and (
-            world > 1 or params.engine_device is not None):
-        raise ValueError("runner ray: the children run on Ray workers, each with an engine of its own; it does not "
-                         "combine with torchrun or engine_device (use runner local)")
+    if (
+        getattr(params, "ablation", None) is not None
+        and params.runner == "ray"
+        and (world > 1 or params.engine_device is not None)
+    ):
+        raise ValueError(
+            "runner ray: the children run on Ray workers, each with an engine of its own; it does not "
+            "combine with torchrun or engine_device (use runner local)"
+        )
     if params.engine_device is not None:
         devices, local_world = parse_engine_devices(params.engine_device), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         if len(devices) not in (1, local_world):
-            raise ValueError(f"engine_device {params.engine_device!r}: {len(devices)} devices for {local_world} ranks; "
-                             "give one device, or one per rank")
+            raise ValueError(
+                f"engine_device {params.engine_device!r}: {len(devices)} devices for {local_world} ranks; "
+                "give one device, or one per rank"
+            )
 
 
 def check_grpo_run(params: Any) -> None:
@@ -66,7 +77,9 @@ def check_grpo_run(params: Any) -> None:
     train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
     validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
     if len(train) < params.prompts_per_step:
-        raise ValueError(f"train_data {params.train_data}: {len(train)} problems, fewer than the "
-                         f"{params.prompts_per_step} questions a step samples (rollout_batch_size / group_size)")
+        raise ValueError(
+            f"train_data {params.train_data}: {len(train)} problems, fewer than the "
+            f"{params.prompts_per_step} questions a step samples (rollout_batch_size / group_size)"
+        )
     check_prompts_fit(params, {params.train_data: train, params.validation_data: validation}, params.max_tokens)
     check_outputs(params)

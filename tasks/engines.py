@@ -36,7 +36,13 @@ class EngineStartError(RuntimeError):
 # Errors a retry cannot mend: a bad setting, a missing or unreadable file, a missing package. Anything
 # else (GPU memory still held by a process that is ending, a busy port, a slow filesystem) is retried.
 DETERMINISTIC_ERRORS: tuple[type[BaseException], ...] = (
-    ValueError, TypeError, LookupError, ImportError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
+    ValueError,
+    TypeError,
+    LookupError,
+    ImportError,
+    FileNotFoundError,
+    NotADirectoryError,
+    IsADirectoryError,
     PermissionError,
 )
 
@@ -49,8 +55,14 @@ def retry_unless_deterministic(task: Any, task_run: Any, state: Any) -> bool:
     return not isinstance(cause, DETERMINISTIC_ERRORS)
 
 
-@task(name="start_engine", retries=2, retry_delay_seconds=10, retry_condition_fn=retry_unless_deterministic,
-      cache_policy=NO_CACHE, persist_result=False)
+@task(
+    name="start_engine",
+    retries=2,
+    retry_delay_seconds=10,
+    retry_condition_fn=retry_unless_deterministic,
+    cache_policy=NO_CACHE,
+    persist_result=False,
+)
 def start_engine(factory: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``factory(*args, **kwargs)``, retried twice (10 s apart) if it raises what a retry can mend
     (:func:`retry_unless_deterministic`); the engine is never cached. A failure raises
@@ -59,7 +71,9 @@ def start_engine(factory: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return factory(*args, **kwargs)
     except Exception as error:
         settings = ", ".join([*map(str, args), *(f"{k}={v}" for k, v in kwargs.items())])
-        raise EngineStartError(f"could not start the rollout engine ({settings}): {type(error).__name__}: {error}") from error
+        raise EngineStartError(
+            f"could not start the rollout engine ({settings}): {type(error).__name__}: {error}"
+        ) from error
 
 
 def parse_engine_devices(engine_device: str) -> list[str]:
@@ -85,16 +99,22 @@ def engine_device_of_rank(engine_device: str | None) -> str | None:
     devices = parse_engine_devices(engine_device)
     local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     if len(devices) not in (1, local_world):
-        raise ValueError(f"engine_device {engine_device!r}: {len(devices)} devices for {local_world} ranks; "
-                         "give one device, or one per rank")
+        raise ValueError(
+            f"engine_device {engine_device!r}: {len(devices)} devices for {local_world} ranks; "
+            "give one device, or one per rank"
+        )
     device = devices[0] if len(devices) == 1 else devices[local_rank]
     index = torch.device(device).index or 0
     if device.startswith("cuda") and index >= torch.cuda.device_count():
-        raise ValueError(f"engine_device {engine_device!r}: {device} is not one of the {torch.cuda.device_count()} "
-                         "GPUs this process sees")
+        raise ValueError(
+            f"engine_device {engine_device!r}: {device} is not one of the {torch.cuda.device_count()} "
+            "GPUs this process sees"
+        )
     if device.startswith("cuda") and index == torch.cuda.current_device():
-        raise ValueError(f"engine_device {engine_device!r}: {device} is the GPU this rank trains on; give the engine "
-                         "another GPU, or leave engine_device unset to run the engine in this process")
+        raise ValueError(
+            f"engine_device {engine_device!r}: {device} is the GPU this rank trains on; give the engine "
+            "another GPU, or leave engine_device unset to run the engine in this process"
+        )
     return device
 
 
@@ -105,15 +125,18 @@ def in_process_backend(backend: str) -> str:
     if rank_and_world()[1] == 1 or backend == "hf":
         return backend
     if backend == "vllm":
-        raise ValueError("backend vllm under several ranks (torchrun): an in-process vLLM engine per rank is not "
-                         "supported; use --backend hf (each rank's engine on its GPU), or, in the grpo flow, "
-                         "--engine-device with a GPU per rank (vLLM in its own process)")
+        raise ValueError(
+            "backend vllm under several ranks (torchrun): an in-process vLLM engine per rank is not "
+            "supported; use --backend hf (each rank's engine on its GPU), or, in the grpo flow, "
+            "--engine-device with a GPU per rank (vLLM in its own process)"
+        )
     logger.info("backend auto under several ranks: each rank's engine is an hf engine in its process")
     return "hf"
 
 
-def rollout_engine(model: str, backend: str, *, dtype: str, memory_fraction: float,
-                   engine_device: str | None = None) -> Any:
+def rollout_engine(
+    model: str, backend: str, *, dtype: str, memory_fraction: float, engine_device: str | None = None
+) -> Any:
     """A training flow's engine for ``model``, through the retried :func:`start_engine`: in this process
     (``engine_device`` None), else a RemoteEngine on this rank's ``engine_device`` (weights pushed over
     NCCL from a GPU, gloo from the CPU). ``memory_fraction``: vLLM's gpu_memory_utilization. A
@@ -137,9 +160,13 @@ def engine_for(params: Any) -> Any:
     ``engine_dtype``, ``engine_memory_fraction`` and, where the parameters have it, ``engine_device``."""
     from a5core.models import resolve_model
 
-    return rollout_engine(resolve_model(params.model), params.backend, dtype=params.engine_dtype,
-                          memory_fraction=params.engine_memory_fraction,
-                          engine_device=getattr(params, "engine_device", None))
+    return rollout_engine(
+        resolve_model(params.model),
+        params.backend,
+        dtype=params.engine_dtype,
+        memory_fraction=params.engine_memory_fraction,
+        engine_device=getattr(params, "engine_device", None),
+    )
 
 
 @contextlib.contextmanager

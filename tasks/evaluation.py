@@ -18,7 +18,6 @@ from a5core.rollout import Completion, SamplingSettings, make_engine
 from tasks.engines import retry_unless_deterministic, start_engine
 
 
-
 def model_fingerprint(model: str) -> str:
     """Identify a model's weights for caching: a hub id as is; a local folder by its files' sizes and mtimes."""
     path = Path(model).expanduser()
@@ -34,9 +33,16 @@ def load_problems(source: str, data_format: str, limit: int | None) -> list[Prob
     return PROBLEM_LOADERS[data_format](source)[:limit]
 
 
-@task(cache_policy=INPUTS + TASK_SOURCE, persist_result=True, retries=1, retry_delay_seconds=5,
-      retry_condition_fn=retry_unless_deterministic)
-def generate(model: str, fingerprint: str, backend: str, dtype: str, prompts: list[str], sampling: SamplingSettings) -> list[list[Completion]]:
+@task(
+    cache_policy=INPUTS + TASK_SOURCE,
+    persist_result=True,
+    retries=1,
+    retry_delay_seconds=5,
+    retry_condition_fn=retry_unless_deterministic,
+)
+def generate(
+    model: str, fingerprint: str, backend: str, dtype: str, prompts: list[str], sampling: SamplingSettings
+) -> list[list[Completion]]:
     """Completions for every prompt; cached on the model (and its weights' fingerprint), prompts and sampling.
 
     Retried once unless the cause is deterministic (a bad setting or path): starting an engine is the
@@ -47,7 +53,9 @@ def generate(model: str, fingerprint: str, backend: str, dtype: str, prompts: li
 
 
 @task
-def grade(problems: list[Problem], prompts: list[str], completions: list[list[Completion]], reward_fn: str) -> list[dict[str, Any]]:
+def grade(
+    problems: list[Problem], prompts: list[str], completions: list[list[Completion]], reward_fn: str
+) -> list[dict[str, Any]]:
     return grade_completions(problems, prompts, completions, REWARD_FNS[reward_fn])
 
 
@@ -67,8 +75,14 @@ def write_outputs(records: list[dict[str, Any]], output_dir: str, metrics_path: 
 
 
 @task
-def log_evaluation_run(experiment: str, run_name: str, tracking_uri: str, params: dict[str, Any],
-                       records: list[dict[str, Any]], outputs: dict[str, Any]) -> str:
+def log_evaluation_run(
+    experiment: str,
+    run_name: str,
+    tracking_uri: str,
+    params: dict[str, Any],
+    records: list[dict[str, Any]],
+    outputs: dict[str, Any],
+) -> str:
     """One MLflow run: params, summary metrics, the generations as a table, summary and report as artifacts."""
     import mlflow
 

@@ -20,7 +20,6 @@ from typing import Any
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-
 # Ray's switch for a one-machine instance (its default on Windows and macOS): see loopback_only.
 RAY_SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 

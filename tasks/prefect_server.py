@@ -19,8 +19,13 @@ WATCHER = Path(__file__).with_name("_orphan_watch.py")
 
 def stop_with_this_process(pid: int) -> subprocess.Popen:
     """Start a watcher that stops process ``pid`` when this process is gone (see ``_orphan_watch.py``)."""
-    return subprocess.Popen([sys.executable, str(WATCHER), str(os.getpid()), str(pid)], start_new_session=True,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, str(WATCHER), str(os.getpid()), str(pid)],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def stop_temporary_server_with_this_process() -> None:

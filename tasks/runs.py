@@ -37,8 +37,15 @@ from a5core.problem_sets import REWARD_FNS, load_problem_set
 from a5core.prompts import PromptTemplate, load_prompt
 from a5core.rollout import Engine, SamplingSettings
 from tasks.tracking import log_params_flat
-from tasks.training import (RUN_KEY_IGNORED, mlflow_logger, model_path, params_key, start_resumable_run, tracking_rank,
-                            validation_hook)
+from tasks.training import (
+    RUN_KEY_IGNORED,
+    mlflow_logger,
+    model_path,
+    params_key,
+    start_resumable_run,
+    tracking_rank,
+    validation_hook,
+)
 
 # What does not make a run another run: where its results go, how fast it runs, where its engine runs,
 # how a sweep's children are scheduled.
@@ -69,8 +76,9 @@ class Run:
 
     def validation(self, subset: int | None) -> Callable[[torch.nn.Module, int], dict[str, float]]:
         """``evaluate(model, step)`` on the first ``subset`` validation problems (all if None)."""
-        return validation_hook(self.engine, self.tokenizer, self.validation_problems, self.template, self.reward_fn,
-                               self.sampling, subset)
+        return validation_hook(
+            self.engine, self.tokenizer, self.validation_problems, self.template, self.reward_fn, self.sampling, subset
+        )
 
 
 @dataclass
@@ -82,8 +90,15 @@ class Trained:
 
 
 @task(cache_policy=NO_CACHE)
-def training_run(name: str, run_name: str, params: Any, engine: Engine, parent_run_id: str | None,
-                 body: Callable[[Run], Trained], logged: dict[str, Any] | None = None) -> dict:
+def training_run(
+    name: str,
+    run_name: str,
+    params: Any,
+    engine: Engine,
+    parent_run_id: str | None,
+    body: Callable[[Run], Trained],
+    logged: dict[str, Any] | None = None,
+) -> dict:
     """Run ``body`` as run ``name`` of ``params`` (see the module docstring); returns its row.
     ``logged``: more parameters for the MLflow run (a sweep setting's size, say)."""
     folder = Path(params.output_dir) / f"runs-{run_key(params)}" / name
@@ -92,23 +107,43 @@ def training_run(name: str, run_name: str, params: Any, engine: Engine, parent_r
         return json.loads(done.read_text())
     validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
     template, reward_fn = load_prompt(params.prompt), REWARD_FNS[params.grader]
-    sampling = SamplingSettings(temperature=params.temperature, max_tokens=params.max_tokens, stop=template.stop,
-                                seed=params.seed)
+    sampling = SamplingSettings(
+        temperature=params.temperature, max_tokens=params.max_tokens, stop=template.stop, seed=params.seed
+    )
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    with start_resumable_run(folder / "mlflow_run_id", params.experiment, run_name, params.tracking_uri,
-                             parent_run_id) as mlflow_run:
+    with start_resumable_run(
+        folder / "mlflow_run_id", params.experiment, run_name, params.tracking_uri, parent_run_id
+    ) as mlflow_run:
         log_run_params(params, {"setting": name, **(logged or {})})
         model, tokenizer = load_policy(params.model, dtype=getattr(torch, params.policy_dtype), device=device)
-        run = Run(name, folder, mlflow_run.info.run_id, params, engine, model, tokenizer, validation, template, reward_fn,
-                  sampling, mlflow_logger())
+        run = Run(
+            name,
+            folder,
+            mlflow_run.info.run_id,
+            params,
+            engine,
+            model,
+            tokenizer,
+            validation,
+            template,
+            reward_fn,
+            sampling,
+            mlflow_logger(),
+        )
         trained = body(run)
         model.eval()
         final = run.validation(params.val_limit)(model, trained.step)
         run.log({f"final_{k}": v for k, v in final.items()}, trained.step)
         start = _starting_evaluation(mlflow_run.info.run_id)
-        row = {"setting": name, "initial_accuracy": start.get("val_accuracy"),
-               "initial_format_rate": start.get("val_format_rate"), "final_accuracy": final["val_accuracy"],
-               "final_format_rate": final["val_format_rate"], **trained.row, "mlflow_run_id": mlflow_run.info.run_id}
+        row = {
+            "setting": name,
+            "initial_accuracy": start.get("val_accuracy"),
+            "initial_format_rate": start.get("val_format_rate"),
+            "final_accuracy": final["val_accuracy"],
+            "final_format_rate": final["val_format_rate"],
+            **trained.row,
+            "mlflow_run_id": mlflow_run.info.run_id,
+        }
     if tracking_rank():
         write_text_atomic(done, json.dumps(row))
     return row
@@ -136,8 +171,12 @@ def _starting_evaluation(run_id: str | None) -> dict[str, float]:
     if run_id is None:
         return {}
     client = mlflow.MlflowClient()
-    return {key: m.value for key in ("val_accuracy", "val_format_rate")
-            for m in client.get_metric_history(run_id, key) if m.step == 0}
+    return {
+        key: m.value
+        for key in ("val_accuracy", "val_format_rate")
+        for m in client.get_metric_history(run_id, key)
+        if m.step == 0
+    }
 
 
 def curve(run_id: str | None, *keys: str) -> list[dict[str, float]]:
@@ -148,8 +187,10 @@ def curve(run_id: str | None, *keys: str) -> list[dict[str, float]]:
         return []
     client = mlflow.MlflowClient()
     series = {key: {m.step: m.value for m in client.get_metric_history(run_id, key)} for key in ("val_accuracy", *keys)}
-    return [{"step": step, **{key: series[key][step] for key in series if step in series[key]}}
-            for step in sorted(series["val_accuracy"])]
+    return [
+        {"step": step, **{key: series[key][step] for key in series if step in series[key]}}
+        for step in sorted(series["val_accuracy"])
+    ]
 
 
 def accuracy_by_wall_clock(run_id: str) -> Callable[[float, int, float], None]:

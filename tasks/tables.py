@@ -8,8 +8,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 
-def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None,
-                   number: Callable[[float], str] = lambda value: f"{value:.4g}", width: int | None = None) -> str:
+def markdown_table(
+    rows: Sequence[dict[str, Any]],
+    columns: Sequence[str] | None = None,
+    number: Callable[[float], str] = lambda value: f"{value:.4g}",
+    width: int | None = None,
+) -> str:
     """A markdown table of ``rows``: ``columns`` (default: every key, in first-seen order) as its header;
     floats through ``number``, None empty, ``|`` escaped, line breaks flattened, cells cut at ``width``."""
     columns = list(columns or dict.fromkeys(key for row in rows for key in row))

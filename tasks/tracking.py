@@ -55,13 +55,16 @@ def store_problem(error: BaseException) -> str | None:
     for error in exception_chain(error):
         for needle, meaning in _STORE_PROBLEMS.items():
             if needle in str(error):
-                return (f"MLflow store {mlflow.get_tracking_uri()}: {meaning} (SQLite: {needle}); what was logged "
-                        "before is intact: fix the store, or pass another --tracking-uri, and run again")
+                return (
+                    f"MLflow store {mlflow.get_tracking_uri()}: {meaning} (SQLite: {needle}); what was logged "
+                    "before is intact: fix the store, or pass another --tracking-uri, and run again"
+                )
     return None
 
 
-def ui_address(experiment: str, tracking_uri: str = DEFAULT_TRACKING_URI, run_id: str | None = None,
-               root: str = UI_ROOT) -> str:
+def ui_address(
+    experiment: str, tracking_uri: str = DEFAULT_TRACKING_URI, run_id: str | None = None, root: str = UI_ROOT
+) -> str:
     """The MLflow UI's page of ``experiment`` (its runs) or of one of its runs, in the model-training view
     (``workflowType=machine_learning``; without it MLflow 3.17 opens its GenAI view). The experiment list
     if the store has no such experiment."""
@@ -88,11 +91,17 @@ def find_runs(client: Any, params: Any) -> list[Any]:
         experiment = client.get_experiment_by_name(params.experiment)
         if experiment is None:
             raise ValueError(f"no MLflow experiment named {params.experiment!r} in {params.tracking_uri}")
-        experiment_ids, filter_string, order = [experiment.experiment_id], params.filter or "", ["attributes.start_time DESC"]
+        experiment_ids, filter_string, order = (
+            [experiment.experiment_id],
+            params.filter or "",
+            ["attributes.start_time DESC"],
+        )
     from mlflow.exceptions import MlflowException
 
     try:
-        runs = client.search_runs(experiment_ids, filter_string=filter_string, max_results=params.max_runs, order_by=order)
+        runs = client.search_runs(
+            experiment_ids, filter_string=filter_string, max_results=params.max_runs, order_by=order
+        )
     except MlflowException as error:
         raise ValueError(f"--filter {params.filter!r}: {error.message}") from None
     return list(runs)
@@ -119,7 +128,10 @@ def metric_points(client: Any, runs: list[Any], metric: str, labels: list[str] |
     points = []
     for label, run in zip(labels or run_labels(runs), runs):
         if metric in run.data.metrics:
-            points += [{"run": label, "step": m.step, metric: m.value} for m in client.get_metric_history(run.info.run_id, metric)]
+            points += [
+                {"run": label, "step": m.step, metric: m.value}
+                for m in client.get_metric_history(run.info.run_id, metric)
+            ]
     return points
 
 
@@ -155,7 +167,9 @@ def store_lock(tracking_uri: str) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def ensure_experiment(name: str, tracking_uri: str = DEFAULT_TRACKING_URI, artifact_root: str = DEFAULT_ARTIFACT_ROOT) -> str:
+def ensure_experiment(
+    name: str, tracking_uri: str = DEFAULT_TRACKING_URI, artifact_root: str = DEFAULT_ARTIFACT_ROOT
+) -> str:
     """Point MLflow at the store and return the experiment's id, creating it (artifacts under mlruns/,
     tagged as a training experiment) if needed. The store's creation and the lookup-or-create hold
     :func:`store_lock`, so concurrent first runs on a new store all succeed."""
@@ -165,8 +179,9 @@ def ensure_experiment(name: str, tracking_uri: str = DEFAULT_TRACKING_URI, artif
         experiment = client.get_experiment_by_name(name)
         if experiment is None:
             location = (Path(artifact_root).resolve() / name).as_uri()
-            return client.create_experiment(name, artifact_location=location,
-                                            tags={EXPERIMENT_KIND_TAG: TRAINING_EXPERIMENT})
+            return client.create_experiment(
+                name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: TRAINING_EXPERIMENT}
+            )
         if EXPERIMENT_KIND_TAG not in experiment.tags:  # made before the tag was set: open it on its runs too
             client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT)
         return experiment.experiment_id
@@ -188,7 +203,9 @@ def check_store(tracking_uri: str, experiment: str) -> None:
 def mlflow_run(experiment: str, run_name: str, tracking_uri: str = DEFAULT_TRACKING_URI, **tags: Any) -> Iterator[Any]:
     """Start (and end) one MLflow run in ``experiment``."""
     experiment_id = ensure_experiment(experiment, tracking_uri)
-    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags={k: str(v) for k, v in tags.items()}) as run:
+    with mlflow.start_run(
+        experiment_id=experiment_id, run_name=run_name, tags={k: str(v) for k, v in tags.items()}
+    ) as run:
         yield run
 
 

@@ -28,7 +28,6 @@ from a5core.rollout import Engine, SamplingSettings
 from tasks.tables import csv_text, markdown_table
 from tasks.tracking import ensure_experiment, system_metrics_logging
 
-
 # What the ranks that do not track get for an MLflow run: a run id of None.
 UNTRACKED_RUN = SimpleNamespace(info=SimpleNamespace(run_id=None))
 
@@ -55,8 +54,9 @@ def reopen_run(run_id: str, experiment_id: str, **kwargs: Any) -> Any:
     return mlflow.start_run(run_id=run_id, **kwargs)
 
 
-def start_resumable_run(run_id_file: Path, experiment: str, run_name: str, tracking_uri: str,
-                        parent_run_id: str | None = None) -> Any:
+def start_resumable_run(
+    run_id_file: Path, experiment: str, run_name: str, tracking_uri: str, parent_run_id: str | None = None
+) -> Any:
     """Start an MLflow run, or continue the one whose id ``run_id_file`` holds (a resumed training run).
 
     The id is written as soon as the run exists, so a kill at any later point resumes the same run.
@@ -67,17 +67,33 @@ def start_resumable_run(run_id_file: Path, experiment: str, run_name: str, track
     experiment_id = ensure_experiment(experiment, tracking_uri)
     system_metrics = system_metrics_logging()  # system/* metrics (CPU, memory, GPU) where psutil is installed
     if run_id_file.is_file():
-        return reopen_run(run_id_file.read_text().strip(), experiment_id, nested=parent_run_id is not None,
-                          log_system_metrics=system_metrics)
+        return reopen_run(
+            run_id_file.read_text().strip(),
+            experiment_id,
+            nested=parent_run_id is not None,
+            log_system_metrics=system_metrics,
+        )
     tags = {"mlflow.parentRunId": parent_run_id} if parent_run_id else None
-    run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name, nested=parent_run_id is not None, tags=tags,
-                           log_system_metrics=system_metrics)
+    run = mlflow.start_run(
+        experiment_id=experiment_id,
+        run_name=run_name,
+        nested=parent_run_id is not None,
+        tags=tags,
+        log_system_metrics=system_metrics,
+    )
     write_text_atomic(run_id_file, run.info.run_id)
     return run
 
 
 # Where results go and how fast they come, not what runs: changing these keeps a run's folder (and resumes it).
-RUN_KEY_IGNORED = ("output_dir", "metrics_path", "experiment", "tracking_uri", "compile_layers", "fsdp_reshard_after_forward")
+RUN_KEY_IGNORED = (
+    "output_dir",
+    "metrics_path",
+    "experiment",
+    "tracking_uri",
+    "compile_layers",
+    "fsdp_reshard_after_forward",
+)
 
 
 def params_key(params: Any, ignore: tuple[str, ...] = RUN_KEY_IGNORED) -> str:
@@ -122,8 +138,11 @@ def mlflow_logger(prefix: str = "") -> Callable[[dict[str, float], int], None]:
         nonlocal held
         if held is None:
             client, run_id = mlflow.MlflowClient(), mlflow.active_run().info.run_id
-            held = Counter((key, m.step) for key in client.get_run(run_id).data.metrics
-                           for m in client.get_metric_history(run_id, key))
+            held = Counter(
+                (key, m.step)
+                for key in client.get_run(run_id).data.metrics
+                for m in client.get_metric_history(run_id, key)
+            )
         finite = {f"{prefix}{k}": float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and v == v}
         given.update((k, step) for k in finite)
         new = {k: v for k, v in finite.items() if given[(k, step)] > held[(k, step)]}
@@ -164,8 +183,12 @@ def validation_hook(
         rows, generation_metrics = log_generations(model, tokenizer, records, table_samples, seed=step)
         if tracking_rank():
             _log_table(rows, f"{'full' if subset is None else f'subset{subset}'}_step_{step:06d}.json")
-        metrics = {"accuracy": summary["accuracy"], "format_rate": summary["format_rate"], "n_problems": summary["n_problems"],
-                   **generation_metrics}
+        metrics = {
+            "accuracy": summary["accuracy"],
+            "format_rate": summary["format_rate"],
+            "n_problems": summary["n_problems"],
+            **generation_metrics,
+        }
         return {f"val_{k}": v for k, v in metrics.items()}
 
     return run
@@ -254,8 +277,13 @@ def plot_curves(path: Path, rows: Sequence[dict[str, Any]], x: str, y: str, seri
 
 
 def log_comparison(
-    output_dir: Path, curves: list[dict[str, Any]], summary: list[dict[str, Any]], series: str, title: str,
-    *, trends: list[dict[str, Any]] | None = None,
+    output_dir: Path,
+    curves: list[dict[str, Any]],
+    summary: list[dict[str, Any]],
+    series: str,
+    title: str,
+    *,
+    trends: list[dict[str, Any]] | None = None,
 ) -> dict[str, str]:
     """Write curves.csv, summary.md/json and the comparison plot; log them to the active (parent) run.
 
@@ -270,13 +298,20 @@ def log_comparison(
         "plot": plot_curves(output_dir / "accuracy_vs_step.png", curves, "step", "val_accuracy", series, title),
     }
     if "wall_seconds" in curves[0]:
-        paths["plot_wall_clock"] = plot_curves(output_dir / "accuracy_vs_wall_clock.png", curves, "wall_seconds",
-                                               "val_accuracy", series, f"{title} (wall-clock)")
+        paths["plot_wall_clock"] = plot_curves(
+            output_dir / "accuracy_vs_wall_clock.png",
+            curves,
+            "wall_seconds",
+            "val_accuracy",
+            series,
+            f"{title} (wall-clock)",
+        )
     if trends:
         paths["trends"] = write_curves(output_dir / "train_curves.csv", trends)
         for metric in [k for k in trends[0] if k not in (series, "step", "wall_seconds")]:
-            paths[f"plot_{metric}"] = plot_curves(output_dir / f"{metric}_vs_step.png", trends, "step", metric, series,
-                                                  f"{metric} by step")
+            paths[f"plot_{metric}"] = plot_curves(
+                output_dir / f"{metric}_vs_step.png", trends, "step", metric, series, f"{metric} by step"
+            )
     for path in paths.values():
         mlflow.log_artifact(str(path))
     return {k: str(v) for k, v in paths.items()}

@@ -5,8 +5,9 @@ MICROBATCH [CHECKPOINT]`` (or :func:`run` in-process for one rank) runs, on tiny
 micro-batches of MICROBATCH sequences (``whole``: one micro-batch per batch):
 
 - ``sft``: two SFT optimizer steps (batches of 5 sequences: uneven shares, so a rank runs an empty
-  micro-batch); ``sft_gathered`` the same with ``fsdp_reshard_after_forward=False``; then a crash in ``evaluate`` at step 2 after the step-1 checkpoint, a copy of that
-  checkpoint to ``OUT_DIR/sft_crashed`` and a resume from it with other starting weights;
+  micro-batch); ``sft_gathered`` the same with ``fsdp_reshard_after_forward=False``; then a crash in
+  ``evaluate`` at step 2 after the step-1 checkpoint, a copy of that checkpoint to ``OUT_DIR/sft_crashed``
+  and a resume from it with other starting weights;
 - ``sft_foreign``: with CHECKPOINT (a crashed checkpoint written by another number of ranks, with
   ``whole`` micro-batches), the resume from a copy of it;
 - ``grpo``: two GRPO steps (3 questions of 4 rollouts: 1 and 2 questions on 2 ranks; grpo_clip, two
@@ -30,11 +31,13 @@ from a5core import distributed
 from a5core.data import Problem, Trace
 from a5core.grpo import GRPOConfig, grpo
 from a5core.prompts import load_prompt
-from a5core.rollout import Completion, SamplingSettings
+from a5core.rollout import Completion
 from a5core.sft import SFTConfig, train_sft
 
-EXAMPLES = [Trace(f"What is {i} + {i % 3}?", f" {i} + {i % 3} = {i + i % 3}" + " ok" * (i % 5) + " </answer>", "")
-            for i in range(10)]
+EXAMPLES = [
+    Trace(f"What is {i} + {i % 3}?", f" {i} + {i % 3} = {i + i % 3}" + " ok" * (i % 5) + " </answer>", "")
+    for i in range(10)
+]
 PROBLEMS = [Problem(f"p{i}", f"What is {i} + 1?", str(i + 1)) for i in range(6)]
 
 
@@ -43,11 +46,20 @@ def make_model(tokenizer, seed: int = 0):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    return Qwen2ForCausalLM(Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=1,
-        num_key_value_heads=1, max_position_embeddings=256, tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    ))
+    return Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=1,
+            num_key_value_heads=1,
+            max_position_embeddings=256,
+            tie_word_embeddings=True,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
 
 
 def whole_weights(model) -> dict[str, torch.Tensor]:
@@ -96,8 +108,20 @@ def parity_reward(response: str, ground_truth: str) -> dict[str, float]:
 
 
 def sft_config(microbatch: int | None, **overrides) -> SFTConfig:
-    return SFTConfig(**{**dict(learning_rate=1e-2, warmup_steps=0, lr_schedule="constant", batch_size=5,
-                               microbatch_size=microbatch or 5, epochs=1, seed=3), **overrides})
+    return SFTConfig(
+        **{
+            **dict(
+                learning_rate=1e-2,
+                warmup_steps=0,
+                lr_schedule="constant",
+                batch_size=5,
+                microbatch_size=microbatch or 5,
+                epochs=1,
+                seed=3,
+            ),
+            **overrides,
+        }
+    )
 
 
 def crash_at_step_2(model, step: int) -> dict[str, float]:
@@ -138,18 +162,38 @@ def run_sft(tokenizer, out: Path, microbatch: int | None, foreign: str | None) -
         if dist.is_initialized():
             dist.barrier()
         resumed = make_model(tokenizer, seed=2)
-        train_sft(resumed, tokenizer, EXAMPLES, config.model_copy(update={"microbatch_size": sft_config(None).microbatch_size}),
-                  checkpoint_dir=out / "sft_foreign")
+        train_sft(
+            resumed,
+            tokenizer,
+            EXAMPLES,
+            config.model_copy(update={"microbatch_size": sft_config(None).microbatch_size}),
+            checkpoint_dir=out / "sft_foreign",
+        )
         results["sft_foreign"] = {"weights": whole_weights(resumed)}
     return results
 
 
 def grpo_config(microbatch: int | None, **overrides) -> GRPOConfig:
-    return GRPOConfig(**{**dict(
-        n_grpo_steps=2, learning_rate=1e-2, rollout_batch_size=12, group_size=4, train_batch_size=6,
-        gradient_accumulation_steps=6 // (microbatch or 6), epochs_per_rollout_batch=2, loss_type="grpo_clip",
-        cliprange=0.05, temperature=1.0, min_tokens=0, max_tokens=8, checkpoint_every=1,
-    ), **overrides})
+    return GRPOConfig(
+        **{
+            **dict(
+                n_grpo_steps=2,
+                learning_rate=1e-2,
+                rollout_batch_size=12,
+                group_size=4,
+                train_batch_size=6,
+                gradient_accumulation_steps=6 // (microbatch or 6),
+                epochs_per_rollout_batch=2,
+                loss_type="grpo_clip",
+                cliprange=0.05,
+                temperature=1.0,
+                min_tokens=0,
+                max_tokens=8,
+                checkpoint_every=1,
+            ),
+            **overrides,
+        }
+    )
 
 
 def run_grpo(tokenizer, out: Path, microbatch: int | None) -> dict:
@@ -162,11 +206,21 @@ def run_grpo(tokenizer, out: Path, microbatch: int | None) -> dict:
 
     config, ckpt = grpo_config(microbatch), out / "grpo_ckpt"
     stopped = make_model(tokenizer)
-    first = grpo(stopped, tokenizer, FixedEngine(tokenizer), PROBLEMS, template, parity_reward, config,
-                 checkpoint_dir=ckpt, should_stop=lambda step: rank == 0)  # one rank's wish stops them all
+    first = grpo(
+        stopped,
+        tokenizer,
+        FixedEngine(tokenizer),
+        PROBLEMS,
+        template,
+        parity_reward,
+        config,
+        checkpoint_dir=ckpt,
+        should_stop=lambda step: rank == 0,
+    )  # one rank's wish stops them all
     resumed = make_model(tokenizer, seed=1)
-    history = grpo(resumed, tokenizer, FixedEngine(tokenizer), PROBLEMS, template, parity_reward, config,
-                   checkpoint_dir=ckpt)
+    history = grpo(
+        resumed, tokenizer, FixedEngine(tokenizer), PROBLEMS, template, parity_reward, config, checkpoint_dir=ckpt
+    )
     results["grpo_resumed"] = {"weights": whole_weights(resumed), "first": first, "history": history}
     return results
 

@@ -42,8 +42,10 @@ class PromptSeeded:
         self.pushes += 1
 
     def generate(self, prompts, sampling):
-        return [self.engine.generate([prompt], replace(sampling, seed=zlib.crc32(prompt.encode()) + 7919 * self.pushes))[0]
-                for prompt in prompts]
+        return [
+            self.engine.generate([prompt], replace(sampling, seed=zlib.crc32(prompt.encode()) + 7919 * self.pushes))[0]
+            for prompt in prompts
+        ]
 
     def close(self) -> None:
         rank = distributed.rank_and_world()[0]

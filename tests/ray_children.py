@@ -38,16 +38,20 @@ class Rendezvous:
         deadline = time.monotonic() + self.timeout
         while missing := [n for n in self.names if not (self.directory / f"started-{n}").is_file()]:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"child {name!r} waited {self.timeout:.0f} s for {missing} to start: "
-                                   "the children did not run at the same time")
+                raise RuntimeError(
+                    f"child {name!r} waited {self.timeout:.0f} s for {missing} to start: "
+                    "the children did not run at the same time"
+                )
             time.sleep(0.05)
         return self.run_child(name, params)
 
     @staticmethod
     def started(directory: Path) -> dict[str, int]:
         """Each child that started: the pid of the process it ran in."""
-        return {p.name.removeprefix("started-"): json.loads(p.read_text())["pid"]
-                for p in sorted(Path(directory).glob("started-*"))}
+        return {
+            p.name.removeprefix("started-"): json.loads(p.read_text())["pid"]
+            for p in sorted(Path(directory).glob("started-*"))
+        }
 
 
 def ray_listeners(name: str, params: dict) -> list[dict]:

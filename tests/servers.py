@@ -111,13 +111,29 @@ def running_prefect_server(tmp: Path) -> Iterator[dict]:
     with background(cmd, log, env) as proc:
         url = f"http://127.0.0.1:{port}/api"
         wait_http(f"{url}/health", proc, log)
-        yield {"url": url, "ui": f"http://127.0.0.1:{port}", "port": port, "env": {**env, "PREFECT_API_URL": url}, "log": log}
+        yield {
+            "url": url,
+            "ui": f"http://127.0.0.1:{port}",
+            "port": port,
+            "env": {**env, "PREFECT_API_URL": url},
+            "log": log,
+        }
 
 
 def mlflow_ui(tracking_uri: str, artifact_root: Path) -> tuple[list[str], int]:
     port = free_port()
-    return [str(BIN / "mlflow"), "ui", "--backend-store-uri", tracking_uri, "--default-artifact-root", str(artifact_root),
-            "--host", "127.0.0.1", "--port", str(port)], port
+    return [
+        str(BIN / "mlflow"),
+        "ui",
+        "--backend-store-uri",
+        tracking_uri,
+        "--default-artifact-root",
+        str(artifact_root),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ], port
 
 
 def listening_addresses(port: int) -> set[str]:
@@ -134,6 +150,6 @@ def listening_addresses(port: int) -> set[str]:
                 if width == 8:
                     found.add(socket.inet_ntop(socket.AF_INET, raw[::-1]))
                 else:  # four little-endian 32-bit words
-                    words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+                    words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
                     found.add(socket.inet_ntop(socket.AF_INET6, words))
     return found

@@ -1,4 +1,5 @@
-"""A small SFT run for tests/test_sft.py to SIGKILL: ``python tests/sft_kill_target.py TINY_LM_DIR CKPT_DIR MARKER MODE``.
+"""A small SFT run for tests/test_sft.py to SIGKILL:
+``python tests/sft_kill_target.py TINY_LM_DIR CKPT_DIR MARKER MODE``.
 
 ``build_run`` defines the run (tiny model, examples, config); the test imports it for its uninterrupted
 reference. The script trains with checkpoints every 2 steps and, once the first checkpoint exists,
@@ -29,13 +30,24 @@ def build_run(tiny_lm_dir: str | Path):
     tokenizer = AutoTokenizer.from_pretrained(tiny_lm_dir)
     torch.manual_seed(0)
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=1, num_key_value_heads=1, max_position_embeddings=256, tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
     )
     model = Qwen2ForCausalLM(config)
     examples = [
-        Trace(f"What is {a} + {b}?", f" {a} + {b} = {a + b}{' so' * (a % 4)} </think> <answer> {a + b} </answer>", str(a + b))
+        Trace(
+            f"What is {a} + {b}?",
+            f" {a} + {b} = {a + b}{' so' * (a % 4)} </think> <answer> {a + b} </answer>",
+            str(a + b),
+        )
         for a, b in [(i, (3 * i + 1) % 10) for i in range(10)]
     ]
     kwargs = dict(learning_rate=3e-3, warmup_steps=1, batch_size=4, microbatch_size=2, epochs=2, seed=7)

@@ -18,7 +18,9 @@ def test_problems_are_distinct_seeded_and_correct():
 
 def test_splits_differ_and_bad_arguments_fail():
     validation = arithmetic_problems(50, split="validation")
-    assert not {p.problem for p in arithmetic_problems(500, split="train")} & {p.problem for p in arithmetic_problems(500, split="validation")}
+    assert not {p.problem for p in arithmetic_problems(500, split="train")} & {
+        p.problem for p in arithmetic_problems(500, split="validation")
+    }
     assert validation[0].unique_id == "arithmetic/validation/0"
     with pytest.raises(ValueError, match="operations"):
         arithmetic_problems(5, operations="/")

@@ -17,6 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from test_flow_resume import cli_flags, flow_env, steps  # noqa: F401  (flow_env: a fixture)
 
 import flows.baseline_eval
 import flows.expert_iteration
@@ -24,24 +25,36 @@ import flows.grpo
 import flows.sft_experiment
 from a5core.data import Trace, write_jsonl_atomic
 from a5core.prompts import load_prompt
-from test_flow_resume import cli_flags, flow_env, steps  # noqa: F401  (flow_env: a fixture)
 
 REPO = Path(__file__).resolve().parents[1]
-MAINS = {"grpo": flows.grpo.main, "expert_iteration": flows.expert_iteration.main,
-         "sft_experiment": flows.sft_experiment.main, "baseline_eval": flows.baseline_eval.main}
+MAINS = {
+    "grpo": flows.grpo.main,
+    "expert_iteration": flows.expert_iteration.main,
+    "sft_experiment": flows.sft_experiment.main,
+    "baseline_eval": flows.baseline_eval.main,
+}
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def math_record(i: int) -> dict:
-    return {"unique_id": f"test/{i}.json", "problem": f"What is {i} + 1?", "solution": f"It is $\\boxed{{{i + 1}}}$.",
-            "answer": str(i + 1), "level": "Level 1", "type": "Prealgebra"}
+    return {
+        "unique_id": f"test/{i}.json",
+        "problem": f"What is {i} + 1?",
+        "solution": f"It is $\\boxed{{{i + 1}}}$.",
+        "answer": str(i + 1),
+        "level": "Level 1",
+        "type": "Prealgebra",
+    }
 
 
 def trace_record(i: int) -> dict:
     template = load_prompt("r1_zero")
-    return asdict(Trace(template.format(f"What is {i} + 1?"), f" {i} + 1 = {i + 1} </think> <answer> {i + 1} </answer>",
-                        str(i + 1)))
+    return asdict(
+        Trace(
+            template.format(f"What is {i} + 1?"), f" {i} + 1 = {i + 1} </think> <answer> {i + 1} </answer>", str(i + 1)
+        )
+    )
 
 
 @pytest.fixture
@@ -54,17 +67,43 @@ def inputs(tiny_lm_dir, tmp_path) -> dict[str, str]:
 
 def flags(flow: str, inputs: dict[str, str], tmp_path: Path, **overrides) -> list[str]:
     """A small valid command line for ``flow``; ``overrides`` replace (or add) parameters."""
-    common = {"model": inputs["model"], "backend": "hf", "output_dir": str(tmp_path / "out"),
-              "metrics_path": str(tmp_path / "metrics.json"), "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    common = {
+        "model": inputs["model"],
+        "backend": "hf",
+        "output_dir": str(tmp_path / "out"),
+        "metrics_path": str(tmp_path / "metrics.json"),
+        "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+    }
     per_flow = {
-        "grpo": {"train_data": inputs["math"], "validation_data": inputs["math"], "n_grpo_steps": 2,
-                 "rollout_batch_size": 4, "group_size": 2, "train_batch_size": 4, "gradient_accumulation_steps": 2,
-                 "max_tokens": 12},
-        "expert_iteration": {"train_data": inputs["math"], "validation_data": inputs["math"], "n_ei_steps": 1,
-                             "questions_per_step": 2, "rollouts_per_question": 2, "batch_size": 2, "microbatch_size": 2,
-                             "max_tokens": 12},
-        "sft_experiment": {"train_data": inputs["traces"], "filtered_data": None, "sizes": ["full"],
-                           "validation_data": inputs["math"], "batch_size": 2, "microbatch_size": 2, "max_tokens": 12},
+        "grpo": {
+            "train_data": inputs["math"],
+            "validation_data": inputs["math"],
+            "n_grpo_steps": 2,
+            "rollout_batch_size": 4,
+            "group_size": 2,
+            "train_batch_size": 4,
+            "gradient_accumulation_steps": 2,
+            "max_tokens": 12,
+        },
+        "expert_iteration": {
+            "train_data": inputs["math"],
+            "validation_data": inputs["math"],
+            "n_ei_steps": 1,
+            "questions_per_step": 2,
+            "rollouts_per_question": 2,
+            "batch_size": 2,
+            "microbatch_size": 2,
+            "max_tokens": 12,
+        },
+        "sft_experiment": {
+            "train_data": inputs["traces"],
+            "filtered_data": None,
+            "sizes": ["full"],
+            "validation_data": inputs["math"],
+            "batch_size": 2,
+            "microbatch_size": 2,
+            "max_tokens": 12,
+        },
         "baseline_eval": {"data": inputs["math"], "max_tokens": 12},
     }[flow]
     return cli_flags(**{**common, **per_flow, **overrides})
@@ -93,9 +132,12 @@ def parameter_error(flow: str, argv: list[str], capsys) -> str:
 # ----------------------------------------------------------------------------------------- data files
 
 DATA_ARGUMENTS = [  # (flow, the parameter holding the file, its record kind)
-    ("grpo", "train_data", "math"), ("grpo", "validation_data", "math"),
-    ("expert_iteration", "train_data", "math"), ("expert_iteration", "validation_data", "math"),
-    ("sft_experiment", "train_data", "traces"), ("sft_experiment", "filtered_data", "traces"),
+    ("grpo", "train_data", "math"),
+    ("grpo", "validation_data", "math"),
+    ("expert_iteration", "train_data", "math"),
+    ("expert_iteration", "validation_data", "math"),
+    ("sft_experiment", "train_data", "traces"),
+    ("sft_experiment", "filtered_data", "traces"),
     ("sft_experiment", "validation_data", "math"),
     ("baseline_eval", "data", "math"),
 ]
@@ -117,7 +159,9 @@ def test_a_bad_data_file_is_named_with_its_line(flow, argument, kind, mistake, i
         expected = f"{path}: empty data file"
     else:
         del good[REQUIRED_KEY[kind]]
-        path.write_text(json.dumps(math_record(1) if kind == "math" else trace_record(1)) + "\n" + json.dumps(good) + "\n")
+        path.write_text(
+            json.dumps(math_record(1) if kind == "math" else trace_record(1)) + "\n" + json.dumps(good) + "\n"
+        )
         expected = f"{path}:2: missing key(s) '{REQUIRED_KEY[kind]}'"
     assert expected in user_error(flow, flags(flow, inputs, tmp_path, **{argument: str(path)}))
 
@@ -129,8 +173,10 @@ def test_a_bad_arithmetic_spec_is_named(spec, inputs, tmp_path):
 
 
 def test_too_few_problems_for_a_grpo_step(inputs, tmp_path):
-    message = user_error("grpo", flags("grpo", inputs, tmp_path, rollout_batch_size=32, train_batch_size=32,
-                                       gradient_accumulation_steps=16))
+    message = user_error(
+        "grpo",
+        flags("grpo", inputs, tmp_path, rollout_batch_size=32, train_batch_size=32, gradient_accumulation_steps=16),
+    )
     assert f"train_data {inputs['math']}: 8 problems, fewer than the 16 questions a step samples" in message
 
 
@@ -148,11 +194,13 @@ def test_a_prompt_template_without_the_question_placeholder(flow, inputs, tmp_pa
 @pytest.mark.parametrize("flow", ["expert_iteration", "grpo"])
 def test_an_unknown_prompt_and_a_template_file_without_its_grader(flow, inputs, tmp_path, capsys):
     assert "no prompt template 'r2_zero': not a built-in (question_only, r1_zero) and no such file" in parameter_error(
-        flow, flags(flow, inputs, tmp_path, prompt="r2_zero"), capsys)
+        flow, flags(flow, inputs, tmp_path, prompt="r2_zero"), capsys
+    )
     template = tmp_path / "mine.prompt"
     template.write_text("Q: {question}\nA:")
     assert f"prompt '{template}' is a template file: name its grader with reward_fn" in parameter_error(
-        flow, flags(flow, inputs, tmp_path, prompt=str(template)), capsys)
+        flow, flags(flow, inputs, tmp_path, prompt=str(template)), capsys
+    )
 
 
 @pytest.mark.parametrize("flow", list(MAINS))
@@ -173,22 +221,55 @@ def test_a_model_folder_without_config(inputs, tmp_path):
 
 def test_an_unknown_loss_type(inputs, tmp_path, capsys):
     err = parameter_error("grpo", flags("grpo", inputs, tmp_path, loss_type="ppo"), capsys)
-    assert "--loss-type 'ppo': Input should be 'no_baseline', 'reinforce_with_baseline', 'grpo_clip' or 'grpo_no_clip'" in err
+    assert (
+        "--loss-type 'ppo': Input should be 'no_baseline', 'reinforce_with_baseline', 'grpo_clip' or 'grpo_no_clip'"
+        in err
+    )
 
 
-@pytest.mark.parametrize("flow, overrides, expected", [
-    ("grpo", {"train_batch_size": 6, "gradient_accumulation_steps": 4, "rollout_batch_size": 12},
-     "GRPOConfig.train_batch_size must be a multiple of gradient_accumulation_steps (4), got 6"),
-    ("grpo", {"rollout_batch_size": 6, "group_size": 4}, "GRPOConfig.rollout_batch_size must be a multiple of group_size (4)"),
-    ("grpo", {"rollout_batch_size": 4, "train_batch_size": 8, "gradient_accumulation_steps": 2},
-     "GRPOConfig.rollout_batch_size must be a multiple of train_batch_size (8)"),
-    ("grpo", {"ablation": "grpo_off_policy_sweep", "sweep_train_batch_sizes": [3]}, "must be a multiple of"),
-    ("sft_experiment", {"batch_size": 5, "microbatch_size": 2}, "batch_size must be a multiple of microbatch_size (2), got 5"),
-    ("expert_iteration", {"batch_size": 5, "microbatch_size": 2},
-     "batch_size must be a multiple of microbatch_size (2), got 5"),
-    ("expert_iteration", {"sweep": True, "sweep_epochs": [1], "sweep_rollouts_per_question": [2],
-                          "sweep_questions_per_step": [2], "batch_size": 6, "microbatch_size": 4}, "batch_size"),
-])
+@pytest.mark.parametrize(
+    "flow, overrides, expected",
+    [
+        (
+            "grpo",
+            {"train_batch_size": 6, "gradient_accumulation_steps": 4, "rollout_batch_size": 12},
+            "GRPOConfig.train_batch_size must be a multiple of gradient_accumulation_steps (4), got 6",
+        ),
+        (
+            "grpo",
+            {"rollout_batch_size": 6, "group_size": 4},
+            "GRPOConfig.rollout_batch_size must be a multiple of group_size (4)",
+        ),
+        (
+            "grpo",
+            {"rollout_batch_size": 4, "train_batch_size": 8, "gradient_accumulation_steps": 2},
+            "GRPOConfig.rollout_batch_size must be a multiple of train_batch_size (8)",
+        ),
+        ("grpo", {"ablation": "grpo_off_policy_sweep", "sweep_train_batch_sizes": [3]}, "must be a multiple of"),
+        (
+            "sft_experiment",
+            {"batch_size": 5, "microbatch_size": 2},
+            "batch_size must be a multiple of microbatch_size (2), got 5",
+        ),
+        (
+            "expert_iteration",
+            {"batch_size": 5, "microbatch_size": 2},
+            "batch_size must be a multiple of microbatch_size (2), got 5",
+        ),
+        (
+            "expert_iteration",
+            {
+                "sweep": True,
+                "sweep_epochs": [1],
+                "sweep_rollouts_per_question": [2],
+                "sweep_questions_per_step": [2],
+                "batch_size": 6,
+                "microbatch_size": 4,
+            },
+            "batch_size",
+        ),
+    ],
+)
 def test_inconsistent_batch_sizes(flow, overrides, expected, inputs, tmp_path, capsys):
     """Checked when the parameters are read (exit 2, the message on stderr), or for a sweep's settings
     before anything starts (exit 1, the message)."""
@@ -199,13 +280,23 @@ def test_inconsistent_batch_sizes(flow, overrides, expected, inputs, tmp_path, c
     assert expected in text and "Traceback" not in text and text.strip().count("\n") == 0, text
 
 
-@pytest.mark.parametrize("flow, field, value", [
-    ("grpo", "n_grpo_steps", 0), ("grpo", "n_grpo_steps", -3), ("grpo", "max_tokens", 0),
-    ("grpo", "rollout_batch_size", 0), ("grpo", "learning_rate", -1e-5),
-    ("expert_iteration", "n_ei_steps", 0), ("expert_iteration", "questions_per_step", -1),
-    ("sft_experiment", "max_steps", 0), ("sft_experiment", "epochs", -1), ("sft_experiment", "sizes", [0]),
-    ("baseline_eval", "limit", 0), ("baseline_eval", "max_tokens", -2),
-])
+@pytest.mark.parametrize(
+    "flow, field, value",
+    [
+        ("grpo", "n_grpo_steps", 0),
+        ("grpo", "n_grpo_steps", -3),
+        ("grpo", "max_tokens", 0),
+        ("grpo", "rollout_batch_size", 0),
+        ("grpo", "learning_rate", -1e-5),
+        ("expert_iteration", "n_ei_steps", 0),
+        ("expert_iteration", "questions_per_step", -1),
+        ("sft_experiment", "max_steps", 0),
+        ("sft_experiment", "epochs", -1),
+        ("sft_experiment", "sizes", [0]),
+        ("baseline_eval", "limit", 0),
+        ("baseline_eval", "max_tokens", -2),
+    ],
+)
 def test_a_zero_or_negative_budget(flow, field, value, inputs, tmp_path, capsys):
     flag = "--" + field.replace("_", "-")
     argv = [*flags(flow, inputs, tmp_path), f"{flag}={json.dumps(value)}"]  # "=": a value may start with "-"
@@ -219,8 +310,13 @@ def test_a_zero_or_negative_budget(flow, field, value, inputs, tmp_path, capsys)
 def test_the_command_line_prints_one_line_not_a_traceback(inputs, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps(math_record(0)) + "\n{oops\n")
-    result = subprocess.run([sys.executable, "-m", "flows.grpo", *flags("grpo", inputs, tmp_path, train_data=str(bad))],
-                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "flows.grpo", *flags("grpo", inputs, tmp_path, train_data=str(bad))],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith(f"flows.grpo: error: {bad}:2: malformed JSON")
@@ -231,15 +327,24 @@ def test_sft_nan_loss_stops_with_the_step_named_and_the_checkpoint_intact(inputs
     the step named, step 1 is logged and checkpointed, nothing of step 2 is."""
     from mlflow import MlflowClient
 
-    argv = flags("sft_experiment", inputs, tmp_path, learning_rate=1e30, lr_schedule="constant", eval_every=0,
-                 checkpoint_every=1)
-    result = subprocess.run([sys.executable, "-m", "flows.sft_experiment", *argv], cwd=tmp_path, env=flow_env,
-                            capture_output=True, text=True, timeout=300)
+    argv = flags(
+        "sft_experiment", inputs, tmp_path, learning_rate=1e30, lr_schedule="constant", eval_every=0, checkpoint_every=1
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "flows.sft_experiment", *argv],
+        cwd=tmp_path,
+        env=flow_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 1, result.stderr[-3000:]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     (checkpoint,) = (tmp_path / "out").glob("runs-*/full/checkpoint")
-    assert (f"flows.sft_experiment: error: SFT step 2 of 8: loss nan, grad_norm nan; training stopped before the update; "
-            f"{checkpoint / 'latest'}, if written, still holds the last good step") in result.stderr.splitlines()
+    assert (
+        f"flows.sft_experiment: error: SFT step 2 of 8: loss nan, grad_norm nan; training stopped before the update; "
+        f"{checkpoint / 'latest'}, if written, still holds the last good step"
+    ) in result.stderr.splitlines()
     state = json.loads((checkpoint / "latest/state.json").read_text())
     assert state["step"] == 1 and not state["finished"]
     run_id = (checkpoint.parent / "mlflow_run_id").read_text().strip()
@@ -248,12 +353,14 @@ def test_sft_nan_loss_stops_with_the_step_named_and_the_checkpoint_intact(inputs
     assert client.get_run(run_id).info.status == "FAILED"
 
 
-def test_grpo_nan_loss_stops_with_the_step_named_and_the_checkpoint_intact(prefect_harness, inputs, tmp_path,
-                                                                           monkeypatch, capfd):
+def test_grpo_nan_loss_stops_with_the_step_named_and_the_checkpoint_intact(
+    prefect_harness, inputs, tmp_path, monkeypatch, capfd
+):
     """The loss turns NaN in step 2 (a patched train step): the CLI ends with that step named, no
     traceback; step 1 is logged and checkpointed."""
-    import a5core.grpo
     from mlflow import MlflowClient
+
+    import a5core.grpo
 
     real, calls = a5core.grpo.grpo_microbatch_train_step, []
 
@@ -263,12 +370,15 @@ def test_grpo_nan_loss_stops_with_the_step_named_and_the_checkpoint_intact(prefe
         return (loss * float("nan") if len(calls) > 2 else loss), meta
 
     monkeypatch.setattr(a5core.grpo, "grpo_microbatch_train_step", nan_from_step_2)
-    message = user_error("grpo", flags("grpo", inputs, tmp_path, n_grpo_steps=3, eval_every=1, checkpoint_every=1,
-                                       val_subset=2, val_limit=2))
+    message = user_error(
+        "grpo",
+        flags("grpo", inputs, tmp_path, n_grpo_steps=3, eval_every=1, checkpoint_every=1, val_subset=2, val_limit=2),
+    )
     (checkpoint,) = (tmp_path / "out").glob("runs-*/single/checkpoint")
     assert message.startswith("flows.grpo: error: GRPO step 2 of 3 (epoch 0, optimizer step 0): loss nan, grad_norm ")
-    assert message.endswith(f"training stopped before the update; {checkpoint / 'latest'}, if written, still holds "
-                            "the last good step")
+    assert message.endswith(
+        f"training stopped before the update; {checkpoint / 'latest'}, if written, still holds the last good step"
+    )
     assert "Traceback" not in capfd.readouterr().err
     state = json.loads((checkpoint / "latest/state.json").read_text())
     assert state["step"] == 1 and not state["finished"]
@@ -307,8 +417,11 @@ def test_a_full_disk_ends_with_one_message(capsys):
     def main(argv):
         raise OSError(errno.ENOSPC, "No space left on device", "outputs/x/records.jsonl")
 
-    with pytest.raises(SystemExit, match=r"flows.example: error: no space left on the device writing "
-                                         r"outputs/x/records.jsonl; outputs written before are intact"):
+    with pytest.raises(
+        SystemExit,
+        match=r"flows.example: error: no space left on the device writing "
+        r"outputs/x/records.jsonl; outputs written before are intact",
+    ):
         main([])
 
 
@@ -323,8 +436,11 @@ def test_an_engine_that_cannot_start_ends_with_one_message(prefect_harness, monk
     def main(argv):
         return start_engine.with_options(retry_delay_seconds=0)(broken_backend, "some/model", "vllm", dtype="auto")
 
-    with pytest.raises(SystemExit, match=r"flows.example: error: could not start the rollout engine "
-                                         r"\(some/model, vllm, dtype=auto\): RuntimeError: CUDA error: out of memory"):
+    with pytest.raises(
+        SystemExit,
+        match=r"flows.example: error: could not start the rollout engine "
+        r"\(some/model, vllm, dtype=auto\): RuntimeError: CUDA error: out of memory",
+    ):
         main([])
 
 
@@ -341,15 +457,23 @@ def config_error(flow: str, argv: list[str], capsys) -> str:
     return err.strip().splitlines()[-1]
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("baseline_eval:\n  limit: [1, 2\n", r"params.yaml:3:1: malformed YAML"),
-    ("baseline_eval: [1, 2]\n", r"`baseline_eval` must be a mapping of settings, got list"),
-    ("profile: small\nprofiles:\n  small: 3\nbaseline_eval: {limit: 2}\n", r"`profiles.small` must be a mapping"),
-    ("- a\n- b\n", r"expected a mapping of sections"),
-    ("baseline_eval: {limitt: 2}\n", r"section `baseline_eval`: unknown setting\(s\) limitt \(did you mean limit\?\)"),
-    ("profile: p\nprofiles: {p: {baseline_eval: {max_token: 8}}}\nbaseline_eval: {}\n",
-     r"\(with profile p\): unknown setting\(s\) max_token \(did you mean max_tokens\?\)"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("baseline_eval:\n  limit: [1, 2\n", r"params.yaml:3:1: malformed YAML"),
+        ("baseline_eval: [1, 2]\n", r"`baseline_eval` must be a mapping of settings, got list"),
+        ("profile: small\nprofiles:\n  small: 3\nbaseline_eval: {limit: 2}\n", r"`profiles.small` must be a mapping"),
+        ("- a\n- b\n", r"expected a mapping of sections"),
+        (
+            "baseline_eval: {limitt: 2}\n",
+            r"section `baseline_eval`: unknown setting\(s\) limitt \(did you mean limit\?\)",
+        ),
+        (
+            "profile: p\nprofiles: {p: {baseline_eval: {max_token: 8}}}\nbaseline_eval: {}\n",
+            r"\(with profile p\): unknown setting\(s\) max_token \(did you mean max_tokens\?\)",
+        ),
+    ],
+)
 def test_a_bad_config_file_is_one_message_naming_file_and_place(text, expected, tmp_path, capsys):
     import re
 
@@ -365,29 +489,36 @@ def test_a_config_that_is_not_utf8_is_named(tmp_path, capsys):
 
 
 def test_a_flag_value_that_is_not_yaml(capsys):
-    assert "--stop '[\"</answer>\"': not a YAML value" in config_error("baseline_eval", ["--stop", '["</answer>"'], capsys)
+    assert "--stop '[\"</answer>\"': not a YAML value" in config_error(
+        "baseline_eval", ["--stop", '["</answer>"'], capsys
+    )
 
 
 def test_an_empty_sweep_is_refused(capsys):
     assert "--sweep-epochs []: List should have at least 1 item" in parameter_error(
-        "expert_iteration", ["--sweep", "true", "--sweep-epochs", "[]"], capsys)
+        "expert_iteration", ["--sweep", "true", "--sweep-epochs", "[]"], capsys
+    )
 
 
 def test_an_unknown_engine_dtype_is_refused_before_anything_starts(capsys):
     assert "--engine-dtype 'float33': Input should be 'auto', 'float32', 'bfloat16' or 'float16'" in parameter_error(
-        "grpo", ["--engine-dtype", "float33"], capsys)
+        "grpo", ["--engine-dtype", "float33"], capsys
+    )
 
 
 @pytest.mark.parametrize("flow", ["baseline_eval", "sft_experiment"])
 def test_data_and_prompt_files_that_are_not_utf8_are_named(flow, inputs, tmp_path):
     data = tmp_path / "latin1.jsonl"
-    data.write_bytes(json.dumps(math_record(0)).encode() + b"\n" + json.dumps(math_record(1)).encode()[:-2] + b'\xe9"}\n')
+    data.write_bytes(
+        json.dumps(math_record(0)).encode() + b"\n" + json.dumps(math_record(1)).encode()[:-2] + b'\xe9"}\n'
+    )
     argument = "data" if flow == "baseline_eval" else "validation_data"
     assert f"{data}:2: not UTF-8 text" in user_error(flow, flags(flow, inputs, tmp_path, **{argument: str(data)}))
     prompt = tmp_path / "latin1.prompt"
     prompt.write_bytes("Question: {question} Réponse:".encode("latin-1"))
     assert f"prompt template {prompt}: not UTF-8 text" in user_error(
-        flow, flags(flow, inputs, tmp_path, prompt=str(prompt), reward_fn="r1_zero"))
+        flow, flags(flow, inputs, tmp_path, prompt=str(prompt), reward_fn="r1_zero")
+    )
 
 
 # ------------------------------------------------- what an engine would find only after it started

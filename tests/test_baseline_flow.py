@@ -5,18 +5,21 @@ import subprocess
 import sys
 
 
-
 def test_cli_help_lists_every_parameter():
     from flows.baseline_eval import BaselineEvalParams
 
-    out = subprocess.run([sys.executable, "-m", "flows.baseline_eval", "--help"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "flows.baseline_eval", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     for name in BaselineEvalParams.model_fields:
         assert "--" + name.replace("_", "-") in out
     assert "--limit" in out and "--config" in out
 
 
 def test_cli_rejects_bad_parameters():
-    result = subprocess.run([sys.executable, "-m", "flows.baseline_eval", "--temperature", "-1"], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "flows.baseline_eval", "--temperature", "-1"], capture_output=True, text=True
+    )
     assert result.returncode == 2 and "temperature" in result.stderr
 
 
@@ -25,7 +28,9 @@ def test_config_profile_overrides(tmp_path):
     from flows.cli import parse_params
 
     config = tmp_path / "params.yaml"
-    config.write_text("profile: cpu\nbaseline_eval: {limit: 100, max_tokens: 1024}\nprofiles: {cpu: {baseline_eval: {limit: 3}}}\n")
+    config.write_text(
+        "profile: cpu\nbaseline_eval: {limit: 100, max_tokens: 1024}\nprofiles: {cpu: {baseline_eval: {limit: 3}}}\n"
+    )
     params = parse_params(BaselineEvalParams, "baseline_eval", ["--config", str(config), "--max-tokens", "7"])
     assert (params.limit, params.max_tokens, params.temperature) == (3, 7, 1.0)
 
@@ -41,8 +46,14 @@ def test_flow_runs_caches_and_logs_to_mlflow(prefect_harness, tiny_lm_dir, share
     real_make_engine = tasks.evaluation.make_engine
     monkeypatch.setattr(tasks.evaluation, "make_engine", lambda *a, **k: engines.append(a) or real_make_engine(*a, **k))
     params = BaselineEvalParams(
-        model=str(tiny_lm_dir), backend="hf", data=str(shared_data / "math/validation.jsonl"), limit=4, n=2,
-        max_tokens=12, output_dir=str(tmp_path / "out"), metrics_path=str(tmp_path / "metrics.json"),
+        model=str(tiny_lm_dir),
+        backend="hf",
+        data=str(shared_data / "math/validation.jsonl"),
+        limit=4,
+        n=2,
+        max_tokens=12,
+        output_dir=str(tmp_path / "out"),
+        metrics_path=str(tmp_path / "metrics.json"),
         tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
     )
     monkeypatch.chdir(tmp_path)  # artifacts go under ./mlruns

@@ -21,8 +21,10 @@ CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver"
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "outputs" / "screenshots"
 WAIT_S = 60
 
-pytestmark = pytest.mark.skipif(not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
-                                reason="needs Debian's chromium and chromium-driver (.ci/run installs them)")
+pytestmark = pytest.mark.skipif(
+    not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
+    reason="needs Debian's chromium and chromium-driver (.ci/run installs them)",
+)
 
 
 @pytest.fixture(scope="module")
@@ -32,12 +34,19 @@ def uis(tmp_path_factory):
     tracking_uri = f"sqlite:///{tmp / 'mlflow.db'}"
     mlflow_cmd, mlflow_port = mlflow_ui(tracking_uri, tmp / "mlruns")
     with contextlib.ExitStack() as stack:
-        mlflow = stack.enter_context(background([*mlflow_cmd, "--workers", "1"], tmp / "mlflow.log", quiet_env(tmp), cwd=tmp))
+        mlflow = stack.enter_context(
+            background([*mlflow_cmd, "--workers", "1"], tmp / "mlflow.log", quiet_env(tmp), cwd=tmp)
+        )
         prefect = stack.enter_context(running_prefect_server(tmp))  # starts while the MLflow UI starts
         mlflow_url = f"http://127.0.0.1:{mlflow_port}"
         wait_http(f"{mlflow_url}/health", mlflow, tmp / "mlflow.log")
-        yield {"tmp": tmp, "prefect": prefect["ui"], "mlflow": mlflow_url, "tracking_uri": tracking_uri,
-               "ports": (prefect["port"], mlflow_port)}
+        yield {
+            "tmp": tmp,
+            "prefect": prefect["ui"],
+            "mlflow": mlflow_url,
+            "tracking_uri": tracking_uri,
+            "ports": (prefect["port"], mlflow_port),
+        }
 
 
 @pytest.fixture(scope="module")
@@ -47,13 +56,25 @@ def browser(uis):
 
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
-    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
-                "--no-first-run", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-                "--window-size=1400,1000", f"--user-data-dir={uis['tmp'] / 'chromium-profile'}"):
+    for arg in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1000",
+        f"--user-data-dir={uis['tmp'] / 'chromium-profile'}",
+    ):
         options.add_argument(arg)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SE_AVOID_STATS", "true")  # Selenium Manager: no usage statistics (it is not needed: paths are given)
-        driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER), log_output=str(uis["tmp"] / "chromedriver.log")))
+        driver = webdriver.Chrome(
+            options=options, service=Service(str(CHROMEDRIVER), log_output=str(uis["tmp"] / "chromedriver.log"))
+        )
     try:
         driver.set_page_load_timeout(WAIT_S)
         yield driver
@@ -70,11 +91,14 @@ def wait_for_text(driver, text: str, shot: Path) -> None:
 
     try:
         WebDriverWait(driver, WAIT_S, poll_frequency=0.5).until(
-            EC.visibility_of_element_located((By.XPATH, f"//*[contains(normalize-space(text()), '{text}')]")))
+            EC.visibility_of_element_located((By.XPATH, f"//*[contains(normalize-space(text()), '{text}')]"))
+        )
     except TimeoutException:
         driver.save_screenshot(str(shot.with_suffix(".failed.png")))
-        raise AssertionError(f"{text!r} not shown at {driver.current_url} within {WAIT_S} s; page text:\n"
-                             f"{driver.find_element(By.TAG_NAME, 'body').text[:2000]}") from None
+        raise AssertionError(
+            f"{text!r} not shown at {driver.current_url} within {WAIT_S} s; page text:\n"
+            f"{driver.find_element(By.TAG_NAME, 'body').text[:2000]}"
+        ) from None
     driver.save_screenshot(str(shot))
 
 
@@ -86,10 +110,34 @@ def test_a_flow_run_shows_in_the_mlflow_and_prefect_uis(uis, browser, tiny_lm_di
     tmp, api = uis["tmp"], f"{uis['prefect']}/api"
     assert [listening_addresses(port) for port in uis["ports"]] == [{"127.0.0.1"}] * 2
     # the command line a user runs with PREFECT_API_URL pointing at the server; artifacts under tmp/mlruns
-    printed = subprocess.run([sys.executable, "-m", "flows.baseline_eval", "--model", str(tiny_lm_dir), "--backend", "hf",
-                    "--data", str(shared_data / "math/validation.jsonl"), "--limit", "2", "--max-tokens", "8",
-                    "--output-dir", str(tmp / "out"), "--metrics-path", "null", "--tracking-uri", uis["tracking_uri"]],
-                   cwd=tmp, env=quiet_env(tmp, PREFECT_API_URL=api), check=True, timeout=300, capture_output=True)
+    printed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flows.baseline_eval",
+            "--model",
+            str(tiny_lm_dir),
+            "--backend",
+            "hf",
+            "--data",
+            str(shared_data / "math/validation.jsonl"),
+            "--limit",
+            "2",
+            "--max-tokens",
+            "8",
+            "--output-dir",
+            str(tmp / "out"),
+            "--metrics-path",
+            "null",
+            "--tracking-uri",
+            uis["tracking_uri"],
+        ],
+        cwd=tmp,
+        env=quiet_env(tmp, PREFECT_API_URL=api),
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
     assert ui_address("baseline_eval", uis["tracking_uri"]) in printed.stdout.decode()  # where to look, printed
     flow_runs = httpx.post(f"{api}/flow_runs/filter", json={}, timeout=10).json()
     assert [(r["state_type"], r["parameters"]["params"]["limit"]) for r in flow_runs] == [("COMPLETED", 2)]

@@ -29,10 +29,18 @@ def test_compare_an_experiment_table_plots_and_comparison_run(prefect_harness, t
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     mlflow.set_tracking_uri(uri)
-    slow = log_run("toy", "slow", {"learning_rate": "1e-5", "seed": "0"},
-                   {"val_accuracy": [0.1, 0.2, 0.3], "reward_mean": [0.0, 0.5], "loss": [2.0, 1.0]})
-    fast = log_run("toy", "fast", {"learning_rate": "1e-4", "seed": "0"},
-                   {"val_accuracy": [0.1, 0.4, 0.6], "reward_mean": [0.2, 0.9], "loss": [2.0, 0.5]})
+    slow = log_run(
+        "toy",
+        "slow",
+        {"learning_rate": "1e-5", "seed": "0"},
+        {"val_accuracy": [0.1, 0.2, 0.3], "reward_mean": [0.0, 0.5], "loss": [2.0, 1.0]},
+    )
+    fast = log_run(
+        "toy",
+        "fast",
+        {"learning_rate": "1e-4", "seed": "0"},
+        {"val_accuracy": [0.1, 0.4, 0.6], "reward_mean": [0.2, 0.9], "loss": [2.0, 0.5]},
+    )
     log_run("other", "elsewhere", {"learning_rate": "1"}, {"val_accuracy": [1.0]})
 
     result = compare(CompareParams(experiment="toy", output_dir=str(tmp_path / "cmp"), tracking_uri=uri))
@@ -41,7 +49,13 @@ def test_compare_an_experiment_table_plots_and_comparison_run(prefect_harness, t
     assert result["metrics"] == ["val_accuracy", "reward_mean"]
     by_name = {r["run"]: r for r in result["rows"]}
     assert set(by_name) == {"slow", "fast"}
-    assert by_name["fast"] == {"run": "fast", "run_id": fast, "learning_rate": "1e-4", "val_accuracy": 0.6, "reward_mean": 0.9}
+    assert by_name["fast"] == {
+        "run": "fast",
+        "run_id": fast,
+        "learning_rate": "1e-4",
+        "val_accuracy": 0.6,
+        "reward_mean": 0.9,
+    }
     assert by_name["slow"]["val_accuracy"] == 0.3 and by_name["slow"]["run_id"] == slow
 
     out = tmp_path / "cmp"
@@ -61,12 +75,26 @@ def test_compare_an_experiment_table_plots_and_comparison_run(prefect_harness, t
     assert set(logged.data.tags["compared_run_ids"].split(",")) == {slow, fast}
     assert logged.data.tags["compared_experiment"] == "toy"
     artifacts = {a.path for a in client.list_artifacts(logged.info.run_id)}
-    assert {"comparison.md", "comparison.csv", "comparison.json", "val_accuracy_vs_step.png", "reward_mean_vs_step.png"} <= artifacts
+    assert {
+        "comparison.md",
+        "comparison.csv",
+        "comparison.json",
+        "val_accuracy_vs_step.png",
+        "reward_mean_vs_step.png",
+    } <= artifacts
 
     # A filter narrows the search; named metrics replace the defaults; a metric no run holds is reported.
-    narrowed = compare(CompareParams(experiment="toy", filter="params.learning_rate = '1e-4'", metrics=["loss", "nope"],
-                                     plot_metrics=["loss"], output_dir=str(tmp_path / "cmp2"), tracking_uri=uri,
-                                     log_to_mlflow=False))
+    narrowed = compare(
+        CompareParams(
+            experiment="toy",
+            filter="params.learning_rate = '1e-4'",
+            metrics=["loss", "nope"],
+            plot_metrics=["loss"],
+            output_dir=str(tmp_path / "cmp2"),
+            tracking_uri=uri,
+            log_to_mlflow=False,
+        )
+    )
     assert [r["run"] for r in narrowed["rows"]] == ["fast"]
     assert narrowed["rows"][0]["loss"] == 0.5 and narrowed["rows"][0]["nope"] is None
     assert narrowed["missing"] == ["nope"] and narrowed["mlflow_run_id"] is None
@@ -82,10 +110,24 @@ def test_compare_the_children_of_a_real_grpo_ablation(prefect_harness, tiny_lm_d
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     params = GRPOParams(
-        model=str(tiny_lm_dir), backend="hf", train_data="arithmetic:30:1", validation_data="arithmetic:6:1",
-        val_subset=2, val_limit=2, eval_every=1, n_grpo_steps=2, rollout_batch_size=4, group_size=2,
-        train_batch_size=4, gradient_accumulation_steps=2, max_tokens=8, min_tokens=1, checkpoint_every=0,
-        output_dir=str(tmp_path / "grpo"), metrics_path=None, tracking_uri=uri,
+        model=str(tiny_lm_dir),
+        backend="hf",
+        train_data="arithmetic:30:1",
+        validation_data="arithmetic:6:1",
+        val_subset=2,
+        val_limit=2,
+        eval_every=1,
+        n_grpo_steps=2,
+        rollout_batch_size=4,
+        group_size=2,
+        train_batch_size=4,
+        gradient_accumulation_steps=2,
+        max_tokens=8,
+        min_tokens=1,
+        checkpoint_every=0,
+        output_dir=str(tmp_path / "grpo"),
+        metrics_path=None,
+        tracking_uri=uri,
     )
     parent = grpo_baseline_ablation(params)["mlflow_run_id"]
 
@@ -101,13 +143,27 @@ def test_compare_the_children_of_a_real_grpo_ablation(prefect_harness, tiny_lm_d
     assert "grpo-no_baseline" in printed and "mlflow run" in printed
 
     ids = ",".join(r["run_id"] for r in reversed(rows))
-    main(["--runs", ids, "--plot-metrics", "token_entropy", "--output-dir", str(tmp_path / "by_id"), "--tracking-uri", uri])
+    main(
+        [
+            "--runs",
+            ids,
+            "--plot-metrics",
+            "token_entropy",
+            "--output-dir",
+            str(tmp_path / "by_id"),
+            "--tracking-uri",
+            uri,
+        ]
+    )
     again = json.loads((tmp_path / "by_id/comparison.json").read_text())
     assert [r["run"] for r in again] == ["grpo-reinforce_with_baseline", "grpo-no_baseline"]  # the order given
     assert (tmp_path / "by_id/token_entropy_vs_step.png").is_file()
     comparisons = mlflow.MlflowClient(tracking_uri=uri).search_runs(
-        [mlflow.get_experiment_by_name("comparison").experiment_id])
-    assert sorted(r.data.tags["compared_run_ids"] for r in comparisons) == sorted([ids, ",".join(r["run_id"] for r in rows)])
+        [mlflow.get_experiment_by_name("comparison").experiment_id]
+    )
+    assert sorted(r.data.tags["compared_run_ids"] for r in comparisons) == sorted(
+        [ids, ",".join(r["run_id"] for r in rows)]
+    )
 
 
 def test_params_take_comma_lists_and_one_selection():
@@ -120,7 +176,16 @@ def test_params_take_comma_lists_and_one_selection():
 
 def test_cli_says_what_is_wrong(tmp_path, prefect_harness, capsys):
     with pytest.raises(SystemExit, match="no MLflow experiment named 'missing'"):
-        main(["--experiment", "missing", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--log-to-mlflow", "false"])
+        main(
+            [
+                "--experiment",
+                "missing",
+                "--tracking-uri",
+                f"sqlite:///{tmp_path / 'mlflow.db'}",
+                "--log-to-mlflow",
+                "false",
+            ]
+        )
     with pytest.raises(SystemExit):
         main(["--runs", "a", "--parent", "b"])
     assert "give exactly one of runs, experiment or parent" in capsys.readouterr().err

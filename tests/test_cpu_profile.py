@@ -33,7 +33,14 @@ def cpu_profile_run(tmp_path_factory, prefect_harness):
     here = os.getcwd()
     os.chdir(folder)  # the profile's paths (outputs/sft_experiment/best_model) are relative, as under DVC
     try:
-        common = ["--config", str(ROOT / "params.yaml"), "--profile", "cpu", "--tracking-uri", f"sqlite:///{folder / 'mlflow.db'}"]
+        common = [
+            "--config",
+            str(ROOT / "params.yaml"),
+            "--profile",
+            "cpu",
+            "--tracking-uri",
+            f"sqlite:///{folder / 'mlflow.db'}",
+        ]
         flows.sft_experiment.main([*common, "--metrics-path", "metrics/sft_experiment.json"])
         flows.expert_iteration.main([*common, "--metrics-path", "metrics/expert_iteration.json"])
         flows.grpo.main([*common, "--metrics-path", "metrics/grpo.json"])
@@ -50,7 +57,9 @@ def test_sft_teaches_the_format(cpu_profile_run):
 
 
 def test_expert_iteration_starts_from_the_sft_model_and_keeps_correct_rollouts(cpu_profile_run):
-    rounds = sorted((cpu_profile_run / "outputs/expert_iteration").glob("runs-*/single/checkpoint/round-0/rollouts.json"))
+    rounds = sorted(
+        (cpu_profile_run / "outputs/expert_iteration").glob("runs-*/single/checkpoint/round-0/rollouts.json")
+    )
     assert rounds, "EI wrote no round"
     rollouts = json.loads(rounds[0].read_text())
     assert rollouts["kept"] >= 1 and rollouts["rollout_format_rate"] >= 0.5, rollouts

@@ -41,22 +41,37 @@ def write_lines(path, lines):
     return path
 
 
-GOOD = json.dumps({"unique_id": "a", "problem": "1+1?", "solution": "$\\boxed{2}$", "answer": "2", "level": "Level 1", "type": "Algebra"})
+GOOD = json.dumps(
+    {
+        "unique_id": "a",
+        "problem": "1+1?",
+        "solution": "$\\boxed{2}$",
+        "answer": "2",
+        "level": "Level 1",
+        "type": "Algebra",
+    }
+)
 
 
 @pytest.mark.parametrize(
     "lines, message",
     [
         ([GOOD, GOOD, '{"unique_id": "b", "problem": '], r"bad\.jsonl:3: malformed JSON"),
-        ([GOOD, json.dumps({"unique_id": "b", "problem": "p", "solution": "s", "level": 1, "type": "t"})],
-         r"bad\.jsonl:2: missing key\(s\) 'answer'"),
+        (
+            [GOOD, json.dumps({"unique_id": "b", "problem": "p", "solution": "s", "level": 1, "type": "t"})],
+            r"bad\.jsonl:2: missing key\(s\) 'answer'",
+        ),
         ([GOOD, "[1, 2]"], r"bad\.jsonl:2: expected a JSON object, got list"),
         ([], r"bad\.jsonl: empty data file"),
         (["", "   "], r"bad\.jsonl: empty data file"),
-        ([json.dumps({"unique_id": "a", "problem": "p", "solution": "s", "answer": "2", "level": 1})],
-         r"bad\.jsonl:1: missing key 'type' \(or 'subject'\)"),
-        ([json.dumps({"unique_id": "a", "problem": 5, "solution": "s", "answer": "2", "level": 1, "type": "t"})],
-         r"bad\.jsonl:1: key 'problem' must be a string, got int"),
+        (
+            [json.dumps({"unique_id": "a", "problem": "p", "solution": "s", "answer": "2", "level": 1})],
+            r"bad\.jsonl:1: missing key 'type' \(or 'subject'\)",
+        ),
+        (
+            [json.dumps({"unique_id": "a", "problem": 5, "solution": "s", "answer": "2", "level": 1, "type": "t"})],
+            r"bad\.jsonl:1: key 'problem' must be a string, got int",
+        ),
     ],
 )
 def test_bad_math_files_name_file_and_line(tmp_path, lines, message):
@@ -80,7 +95,9 @@ def test_missing_local_file(tmp_path):
 
 def test_hub_source_error_is_clear():
     # HF_HUB_OFFLINE=1 (conftest): the real datasets code path runs and fails fast.
-    with pytest.raises(DataError, match=r"EleutherAI/hendrycks_math: could not load Hugging Face dataset .*local \.jsonl"):
+    with pytest.raises(
+        DataError, match=r"EleutherAI/hendrycks_math: could not load Hugging Face dataset .*local \.jsonl"
+    ):
         load_math("EleutherAI/hendrycks_math", split="test")
 
 

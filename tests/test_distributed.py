@@ -18,13 +18,25 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def torchrun(script: str, *args: str, ranks: int = 2) -> None:
     """Run ``tests/<script> args`` on ``ranks`` gloo processes through torchrun, on a free local port
     (GPUs hidden: init_from_env would pick NCCL, and these models live on the CPU)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "OMP_NUM_THREADS": "1",
-           "CUDA_VISIBLE_DEVICES": ""}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
+        "OMP_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
     with socket.socket() as probe:  # a free port for the rendezvous (port 0 is not accepted there)
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}", "--master-addr=127.0.0.1",
-               f"--master-port={port}", str(REPO / "tests" / script), *args]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={ranks}",
+        "--master-addr=127.0.0.1",
+        f"--master-port={port}",
+        str(REPO / "tests" / script),
+        *args,
+    ]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
@@ -46,7 +58,9 @@ def test_two_ranks_and_any_microbatch_give_the_one_rank_gradient(tmp_path, tiny_
     for ranks, micro in [(1, 3), (2, 4), (2, 1)]:
         other = gradient(tmp_path, tiny_lm_dir, ranks, micro)
         for name, value in single.items():
-            torch.testing.assert_close(other[name], value, rtol=1e-5, atol=1e-7, msg=f"{name} ({ranks} ranks, micro {micro})")
+            torch.testing.assert_close(
+                other[name], value, rtol=1e-5, atol=1e-7, msg=f"{name} ({ranks} ranks, micro {micro})"
+            )
 
 
 def test_per_split_means_would_weigh_tokens_differently():

@@ -16,27 +16,78 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_dvc_repro_then_nothing_to_do(tmp_path, tiny_lm_dir, shared_data):
     repo = tmp_path / "a5"
-    shutil.copytree(ROOT, repo, ignore=shutil.ignore_patterns(
-        ".venv", ".git", "outputs", "mlruns", "mlflow.db", "tmp", "cache", "data", "metrics", "dvc.lock", "__pycache__", ".whl"))
+    shutil.copytree(
+        ROOT,
+        repo,
+        ignore=shutil.ignore_patterns(
+            ".venv",
+            ".git",
+            "outputs",
+            "mlruns",
+            "mlflow.db",
+            "tmp",
+            "cache",
+            "data",
+            "metrics",
+            "dvc.lock",
+            "__pycache__",
+            ".whl",
+        ),
+    )
     (tmp_path / "shared").symlink_to(shared_data.parent, target_is_directory=True)
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["profile"] = "test"
     tiny = {"model": str(tiny_lm_dir), "backend": "hf", "max_tokens": 8}
     params["profiles"]["test"] = {
         "baseline_eval": {**tiny, "limit": 2},
-        "sft_data": params["profiles"]["cpu"]["sft_data"] | {"distill": {**params["profiles"]["cpu"]["sft_data"]["distill"], "model": str(tiny_lm_dir), "max_tokens": 8}},
-        "sft_experiment": {**tiny, "sizes": [4], "max_steps": 1, "batch_size": 2, "microbatch_size": 2, "max_seq_len": 128,
-                           "val_subset": 2, "val_limit": 2, "eval_every": 1},
-        "expert_iteration": {**tiny, "train_data": "arithmetic:20:1", "validation_data": "arithmetic:2:1", "val_subset": 2,
-                             "val_limit": 2, "n_ei_steps": 1, "questions_per_step": 2, "rollouts_per_question": 2,
-                             "batch_size": 2, "microbatch_size": 2, "max_seq_len": 128},
-        "grpo": {**tiny, "train_data": "arithmetic:20:1", "validation_data": "arithmetic:2:1", "val_subset": 2, "val_limit": 2,
-                 "eval_every": 1, "n_grpo_steps": 1, "rollout_batch_size": 4, "group_size": 2, "train_batch_size": 4,
-                 "gradient_accumulation_steps": 2},
+        "sft_data": params["profiles"]["cpu"]["sft_data"]
+        | {"distill": {**params["profiles"]["cpu"]["sft_data"]["distill"], "model": str(tiny_lm_dir), "max_tokens": 8}},
+        "sft_experiment": {
+            **tiny,
+            "sizes": [4],
+            "max_steps": 1,
+            "batch_size": 2,
+            "microbatch_size": 2,
+            "max_seq_len": 128,
+            "val_subset": 2,
+            "val_limit": 2,
+            "eval_every": 1,
+        },
+        "expert_iteration": {
+            **tiny,
+            "train_data": "arithmetic:20:1",
+            "validation_data": "arithmetic:2:1",
+            "val_subset": 2,
+            "val_limit": 2,
+            "n_ei_steps": 1,
+            "questions_per_step": 2,
+            "rollouts_per_question": 2,
+            "batch_size": 2,
+            "microbatch_size": 2,
+            "max_seq_len": 128,
+        },
+        "grpo": {
+            **tiny,
+            "train_data": "arithmetic:20:1",
+            "validation_data": "arithmetic:2:1",
+            "val_subset": 2,
+            "val_limit": 2,
+            "eval_every": 1,
+            "n_grpo_steps": 1,
+            "rollout_batch_size": 4,
+            "group_size": 2,
+            "train_batch_size": 4,
+            "gradient_accumulation_steps": 2,
+        },
     }
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PREFECT_HOME": str(tmp_path / "prefect"),
-           "DVC_NO_ANALYTICS": "1", "PYTHONPATH": str(repo)}
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "PREFECT_HOME": str(tmp_path / "prefect"),
+        "DVC_NO_ANALYTICS": "1",
+        "PYTHONPATH": str(repo),
+    }
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
 
     def repro():
@@ -57,7 +108,10 @@ def test_dvc_repro_then_nothing_to_do(tmp_path, tiny_lm_dir, shared_data):
     assert (repo / "outputs/grpo/accuracy_vs_wall_clock.png").is_file()
     report = (repo / "outputs/report/report.md").read_text()
     assert "| GRPO (best) |" in report and "not run" not in report.split("## GRPO ablations")[0]
-    assert (repo / "outputs/report/figures/grpo_accuracy_vs_step.png").is_file() and (repo / "outputs/report/report.html").is_file()
+    assert (repo / "outputs/report/figures/grpo_accuracy_vs_step.png").is_file() and (
+        repo / "outputs/report/report.html"
+    ).is_file()
+
     def stages_run(output: str) -> list[str]:
         return re.findall(r"Running stage '(\w+)'", output)
 

@@ -24,21 +24,27 @@ class ScriptedEngine:
         out = []
         for _ in prompts:
             texts = [self.responses.pop(0) for _ in range(sampling.n)]
-            out.append([Completion(text=t, token_ids=tuple(range(len(t.split()))), finish_reason="stop") for t in texts])
+            out.append(
+                [Completion(text=t, token_ids=tuple(range(len(t.split()))), finish_reason="stop") for t in texts]
+            )
         return out
 
     def load_weights(self, policy_model):
         raise NotImplementedError
 
 
-PROBLEMS = [Problem("p1", "What is 1+1?", "2"), Problem("p2", "What is half of 1?", "\\frac{1}{2}"), Problem("p3", "3*3?", "9")]
+PROBLEMS = [
+    Problem("p1", "What is 1+1?", "2"),
+    Problem("p2", "What is half of 1?", "\\frac{1}{2}"),
+    Problem("p3", "3*3?", "9"),
+]
 RESPONSES = [
-    "1+1=2 </think> <answer> 2 </answer>",                 # format 1, answer 1
-    "half is 0.5 </think> <answer> 0.5 </answer>",         # format 1, answer 1 (equivalent form)
-    "3*3 is 6 </think> <answer> 6 </answer>",              # format 1, answer 0
-    "the answer is $\\boxed{2}$",                          # format 0: correct answer the format rejected
-    "I think it is 1/3",                                   # format 0: model failure
-    "3*3=9 </think><answer> 9 </answer>",                  # format 0 (no space): correct, format failure
+    "1+1=2 </think> <answer> 2 </answer>",  # format 1, answer 1
+    "half is 0.5 </think> <answer> 0.5 </answer>",  # format 1, answer 1 (equivalent form)
+    "3*3 is 6 </think> <answer> 6 </answer>",  # format 1, answer 0
+    "the answer is $\\boxed{2}$",  # format 0: correct answer the format rejected
+    "I think it is 1/3",  # format 0: model failure
+    "3*3=9 </think><answer> 9 </answer>",  # format 0 (no space): correct, format failure
 ]
 
 
@@ -48,12 +54,27 @@ def test_evaluate_records_and_summary():
     records, summary = evaluate(engine, PROBLEMS, load_prompt("r1_zero"), r1_zero_reward_fn, sampling)
     prompts, used = engine.calls[0]
     assert used is sampling and prompts[0].endswith("User: What is 1+1?\nAssistant: <think>")
-    assert [(r["unique_id"], r["sample"]) for r in records] == [("p1", 0), ("p1", 1), ("p2", 0), ("p2", 1), ("p3", 0), ("p3", 1)]
+    assert [(r["unique_id"], r["sample"]) for r in records] == [
+        ("p1", 0),
+        ("p1", 1),
+        ("p2", 0),
+        ("p2", 1),
+        ("p3", 0),
+        ("p3", 1),
+    ]
     assert [r["reward"] for r in records] == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
     # records pair responses with their own problem: p1 got RESPONSES[0:2], p2 RESPONSES[2:4], p3 RESPONSES[4:6]
     assert records[2]["ground_truth"] == "\\frac{1}{2}" and records[2]["response"] == RESPONSES[2]
-    assert set(records[0]) >= {"prompt", "response", "ground_truth", "format_reward", "answer_reward", "reward",
-                               "response_tokens", "finish_reason"}
+    assert set(records[0]) >= {
+        "prompt",
+        "response",
+        "ground_truth",
+        "format_reward",
+        "answer_reward",
+        "reward",
+        "response_tokens",
+        "finish_reason",
+    }
     assert summary["n_records"] == 6 and summary["n_problems"] == 3
     assert summary["count_format1_answer1"] == 1 and summary["count_format1_answer0"] == 2
     assert summary["count_format0_answer0"] == 3 and summary["finish_stop"] == 6
@@ -81,8 +102,10 @@ ADVERSARIAL = {
     "spaces before the phrase": (lambda n: " " * n + "The answer is 5.", lambda n: "5"),
     "newlines after the phrase": (lambda n: "The answer is" + "\n" * n, lambda n: None),
     "spaces around dollars": (lambda n: "The answer is: " + " " * (n // 2) + "$7$" + " " * (n // 2), lambda n: "7"),
-    "many lines with trailing spaces": (lambda n: ("the answer is 3 " + " " * 50 + "\n") * (n // 67) + "the answer is 4.",
-                                        lambda n: "4"),
+    "many lines with trailing spaces": (
+        lambda n: ("the answer is 3 " + " " * 50 + "\n") * (n // 67) + "the answer is 4.",
+        lambda n: "4",
+    ),
     "blank lines before the answer": (lambda n: "The answer is " + "\t \n" * (n // 3) + "x", lambda n: "x"),
 }
 
@@ -99,23 +122,40 @@ def test_lenient_answer_finishes_on_200k_character_adversarial_responses():
     guard, so that a regression fails instead of hanging the suite."""
     n = 200_000
     texts = [make(n) for make, _ in ADVERSARIAL.values()]
-    child = ("import json, sys, time\n"
-             "from a5core.evaluation import lenient_answer\n"
-             "out = []\n"
-             "for text in json.load(sys.stdin):\n"
-             "    start = time.perf_counter()\n"
-             "    out.append([lenient_answer(text), time.perf_counter() - start])\n"
-             "print(json.dumps(out))\n")
-    done = subprocess.run([sys.executable, "-c", child], input=json.dumps(texts), capture_output=True, text=True,
-                          timeout=240, cwd=Path(__file__).resolve().parents[1], check=True)
+    child = (
+        "import json, sys, time\n"
+        "from a5core.evaluation import lenient_answer\n"
+        "out = []\n"
+        "for text in json.load(sys.stdin):\n"
+        "    start = time.perf_counter()\n"
+        "    out.append([lenient_answer(text), time.perf_counter() - start])\n"
+        "print(json.dumps(out))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", child],
+        input=json.dumps(texts),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=Path(__file__).resolve().parents[1],
+        check=True,
+    )
     results = json.loads(done.stdout.splitlines()[-1])
     assert [answer for answer, _ in results] == [expected(n) for _, expected in ADVERSARIAL.values()]
     assert all(len(text) >= 0.99 * n for text in texts)
 
 
 def test_case_report_separates_format_from_model_failures():
-    engine = ScriptedEngine(["</think> <answer> 2 </answer>", "the answer is $\\boxed{2}$", "nothing useful",
-                             "</think><answer> \\frac12 </answer>", "</think> <answer> 8 </answer>", "9?"])
+    engine = ScriptedEngine(
+        [
+            "</think> <answer> 2 </answer>",
+            "the answer is $\\boxed{2}$",
+            "nothing useful",
+            "</think><answer> \\frac12 </answer>",
+            "</think> <answer> 8 </answer>",
+            "9?",
+        ]
+    )
     records, _ = evaluate(engine, PROBLEMS, load_prompt("r1_zero"), r1_zero_reward_fn, SamplingSettings(n=2))
     report = case_report(records, per_category=5)
     assert "| format0_answer0 | 4 |" in report and "| format1_answer1 | 1 |" in report
@@ -134,8 +174,17 @@ def test_log_generations_rows_and_length_metrics(tiny_model):
             return {"input_ids": [[1 + ord(c) % 60 for c in t] for t in texts]}
 
     records = [
-        {"unique_id": f"p{i}", "prompt": "Q?", "response": "x" * (i + 1), "ground_truth": "1", "format_reward": 1.0,
-         "answer_reward": float(i % 2), "reward": float(i % 2), "response_tokens": i + 1, "finish_reason": "stop"}
+        {
+            "unique_id": f"p{i}",
+            "prompt": "Q?",
+            "response": "x" * (i + 1),
+            "ground_truth": "1",
+            "format_reward": 1.0,
+            "answer_reward": float(i % 2),
+            "reward": float(i % 2),
+            "response_tokens": i + 1,
+            "finish_reason": "stop",
+        }
         for i in range(4)
     ]
     rows, metrics = log_generations(tiny_model, CharTokenizer(), records, sample_size=3, seed=0)

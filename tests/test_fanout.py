@@ -4,7 +4,6 @@ import ipaddress
 import os
 
 import psutil
-
 from ray_children import Rendezvous, ray_listeners
 
 
@@ -23,13 +22,17 @@ def test_a_local_instance_listens_on_loopback_only(prefect_harness, tmp_path):
 
     me = psutil.Process()
     before = [p.pid for p in me.children(recursive=True)]
-    driver_listening = [[c.laddr.ip, c.laddr.port] for c in psutil.net_connections(kind="tcp")
-                        if c.pid == me.pid and c.status == psutil.CONN_LISTEN]
+    driver_listening = [
+        [c.laddr.ip, c.laddr.port]
+        for c in psutil.net_connections(kind="tcp")
+        if c.pid == me.pid and c.status == psutil.CONN_LISTEN
+    ]
     params = {"driver": me.pid, "before": before, "driver_listening": driver_listening}
     env_before = os.environ.get(RAY_SINGLE_MACHINE_ENV)
     names = ["a", "b"]
-    results = run_children_on_ray({name: params for name in names}, Rendezvous(ray_listeners, tmp_path / "rendezvous", names),
-                                  gpus_per_child=0)
+    results = run_children_on_ray(
+        {name: params for name in names}, Rendezvous(ray_listeners, tmp_path / "rendezvous", names), gpus_per_child=0
+    )
     assert os.environ.get(RAY_SINGLE_MACHINE_ENV) == env_before  # restored: a later ray.init(address=...) is unaffected
     workers = Rendezvous.started(tmp_path / "rendezvous")
     assert sorted(workers) == names and me.pid not in workers.values()
@@ -39,6 +42,9 @@ def test_a_local_instance_listens_on_loopback_only(prefect_harness, tmp_path):
             assert server in commands, (server, listeners)
         assert set(workers.values()) <= {entry["pid"] for entry in listeners}, listeners
         assert me.pid in {entry["pid"] for entry in listeners}, listeners  # the driver's core-worker server
-        outside = [f"{entry['ip']}:{entry['port']} {entry['command'].split()[0]}" for entry in listeners
-                   if not is_loopback(entry["ip"])]
+        outside = [
+            f"{entry['ip']}:{entry['port']} {entry['command'].split()[0]}"
+            for entry in listeners
+            if not is_loopback(entry["ip"])
+        ]
         assert not outside, "listening beyond the loopback interface:\n" + "\n".join(outside)

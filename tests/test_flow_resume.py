@@ -56,15 +56,20 @@ def cli_flags(**params) -> list[str]:
     return [arg for name, value in params.items() for arg in ("--" + name.replace("_", "-"), json.dumps(value))]
 
 
-def kill_mid_run(module: str, flags: list[str], key: str, step: int, cwd: Path, env: dict[str, str],
-                 check_mid_run) -> None:
+def kill_mid_run(
+    module: str, flags: list[str], key: str, step: int, cwd: Path, env: dict[str, str], check_mid_run
+) -> None:
     """Run the flow until it has logged ``key`` at ``step``, assert ``check_mid_run()``, then SIGKILL it
     (its whole process group: grading workers included)."""
     marker, log = cwd / "frozen", cwd / "killed_run.log"
     with open(log, "wb") as out:
         child = subprocess.Popen(
             [sys.executable, str(REPO / "tests" / "flow_kill_target.py"), module, str(marker), key, str(step), *flags],
-            cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=cwd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         deadline = time.monotonic() + 300  # a guard against a hung child, not a timing assertion
@@ -84,8 +89,9 @@ def kill_mid_run(module: str, flags: list[str], key: str, step: int, cwd: Path, 
 
 
 def run_to_completion(module: str, flags: list[str], cwd: Path, env: dict[str, str]) -> str:
-    result = subprocess.run([sys.executable, "-m", module, *flags], cwd=cwd, env=env, capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", module, *flags], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
     return result.stdout
 
@@ -108,17 +114,23 @@ def warm_policy_dir(tiny_lm_dir, tmp_path_factory) -> Path:
     """A tiny policy that writes the r1_zero format and gets some of the 8 training sums right at
     temperature 1 (the planted tiny LM never answers, so Expert Iteration would keep nothing and never
     fine-tune): 40 SFT steps on the questions of ``arithmetic:8:1``, ~3 s."""
+    from test_sft import make_model
     from transformers import AutoTokenizer
 
     from a5core.sft import SFTConfig, train_sft
-    from test_sft import make_model
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_lm_dir)
     model = make_model(tokenizer, hidden=64, layers=1)
-    traces = [Trace(TEMPLATE.format(p.problem), f" </think> <answer> {p.answer} </answer>", p.answer)
-              for p in arithmetic_problems(8, digits=1, split="train", seed=0)]
-    train_sft(model, tokenizer, traces, SFTConfig(learning_rate=5e-3, batch_size=8, microbatch_size=8, epochs=40,
-                                                  lr_schedule="constant"))
+    traces = [
+        Trace(TEMPLATE.format(p.problem), f" </think> <answer> {p.answer} </answer>", p.answer)
+        for p in arithmetic_problems(8, digits=1, split="train", seed=0)
+    ]
+    train_sft(
+        model,
+        tokenizer,
+        traces,
+        SFTConfig(learning_rate=5e-3, batch_size=8, microbatch_size=8, epochs=40, lr_schedule="constant"),
+    )
     directory = tmp_path_factory.mktemp("warm_policy")
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
@@ -134,10 +146,25 @@ def test_expert_iteration_resumes_after_kill_9(warm_policy_dir, flow_env, tmp_pa
     n_rounds, batch_size, epochs, val_subset, val_limit = 3, 4, 1, 2, 3
     tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     flags = cli_flags(
-        model=str(warm_policy_dir), backend="hf", train_data="arithmetic:8:1", validation_data="arithmetic:4:1",
-        val_subset=val_subset, val_limit=val_limit, n_ei_steps=n_rounds, questions_per_step=8, rollouts_per_question=4,
-        epochs=epochs, min_tokens=0, max_tokens=24, learning_rate=1e-3, batch_size=batch_size, microbatch_size=2,
-        max_seq_len=160, output_dir="out", metrics_path="metrics.json", tracking_uri=tracking_uri,
+        model=str(warm_policy_dir),
+        backend="hf",
+        train_data="arithmetic:8:1",
+        validation_data="arithmetic:4:1",
+        val_subset=val_subset,
+        val_limit=val_limit,
+        n_ei_steps=n_rounds,
+        questions_per_step=8,
+        rollouts_per_question=4,
+        epochs=epochs,
+        min_tokens=0,
+        max_tokens=24,
+        learning_rate=1e-3,
+        batch_size=batch_size,
+        microbatch_size=2,
+        max_seq_len=160,
+        output_dir="out",
+        metrics_path="metrics.json",
+        tracking_uri=tracking_uri,
     )
 
     def mid_run() -> None:
@@ -151,9 +178,15 @@ def test_expert_iteration_resumes_after_kill_9(warm_policy_dir, flow_env, tmp_pa
     kill_mid_run("flows.expert_iteration", flags, "kept_fraction", 2, tmp_path, flow_env, mid_run)  # round 1: step 2
     (run_dir,) = (tmp_path / "out").glob("runs-*/single")
     checkpoint = run_dir / "checkpoint"
-    before = snapshot(run_dir / "mlflow_run_id", checkpoint / "round-0/kept.jsonl", checkpoint / "round-0/rollouts.json",
-                      checkpoint / "round-1/kept.jsonl", checkpoint / "round-1/rollouts.json",
-                      checkpoint / "round-0/sft/latest/model.pt", checkpoint / "round-1/sft/latest/state.json")
+    before = snapshot(
+        run_dir / "mlflow_run_id",
+        checkpoint / "round-0/kept.jsonl",
+        checkpoint / "round-0/rollouts.json",
+        checkpoint / "round-1/kept.jsonl",
+        checkpoint / "round-1/rollouts.json",
+        checkpoint / "round-0/sft/latest/model.pt",
+        checkpoint / "round-1/sft/latest/state.json",
+    )
     round_0 = json.loads((checkpoint / "state.json").read_text())["rounds"][0]
     run_id = (run_dir / "mlflow_run_id").read_text().strip()
     client = MlflowClient(tracking_uri)
@@ -168,7 +201,11 @@ def test_expert_iteration_resumes_after_kill_9(warm_policy_dir, flow_env, tmp_pa
     done = json.loads((run_dir / "done.json").read_text())
     assert done["mlflow_run_id"] == run_id and [p["step"] for p in done["curve"]] == list(range(1, n_rounds + 1))
     assert json.loads((tmp_path / "metrics.json").read_text()) == [
-        {k: done[k] for k in ("setting", "initial_accuracy", "initial_format_rate", "final_accuracy", "final_format_rate")}]
+        {
+            k: done[k]
+            for k in ("setting", "initial_accuracy", "initial_format_rate", "final_accuracy", "final_format_rate")
+        }
+    ]
     assert done["initial_accuracy"] is not None  # the starting policy, evaluated before round 0 (step 0)
 
     runs = client.search_runs([client.get_experiment_by_name("expert_iteration").experiment_id])
@@ -184,7 +221,8 @@ def test_expert_iteration_resumes_after_kill_9(warm_policy_dir, flow_env, tmp_pa
     assert steps(client, run_id, "sft/loss") == [r + 1 for r, n in enumerate(sft_steps) for _ in range(n)]
     tables = sorted(a.path for a in client.list_artifacts(run_id, "generations"))
     assert tables == [f"generations/subset{val_subset}_step_{r:06d}.json" for r in range(n_rounds + 1)] + [
-        f"generations/subset{val_limit}_step_{n_rounds:06d}.json"]  # the final evaluation's
+        f"generations/subset{val_limit}_step_{n_rounds:06d}.json"
+    ]  # the final evaluation's
     assert [table_rows(client, run_id, t, tmp_path) for t in tables] == [val_subset] * (n_rounds + 1) + [val_limit]
 
 
@@ -194,18 +232,35 @@ def test_sft_experiment_resumes_after_kill_9(tiny_lm_dir, flow_env, tmp_path):
     metric is logged once; the summary, curves and plot cover both settings."""
     from mlflow import MlflowClient
 
-    traces = [Trace(TEMPLATE.format(p.problem), f" {p.solution} </think> <answer> {p.answer} </answer>", p.answer)
-              for p in arithmetic_problems(8, digits=1, split="train")]
+    traces = [
+        Trace(TEMPLATE.format(p.problem), f" {p.solution} </think> <answer> {p.answer} </answer>", p.answer)
+        for p in arithmetic_problems(8, digits=1, split="train")
+    ]
     write_jsonl_atomic(tmp_path / "train.jsonl", [asdict(t) for t in traces])
     validation = [p.__dict__ | {"type": "arithmetic"} for p in arithmetic_problems(4, digits=1, split="validation")]
     write_jsonl_atomic(tmp_path / "val.jsonl", validation)
     val_subset, val_limit = 2, 3
     tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     flags = cli_flags(
-        model=str(tiny_lm_dir), backend="hf", train_data="train.jsonl", filtered_data=None, sizes=[4, 8],
-        validation_data="val.jsonl", val_subset=val_subset, val_limit=val_limit, learning_rate=1e-3, batch_size=2,
-        microbatch_size=2, epochs=1, eval_every=1, checkpoint_every=2, max_tokens=12, max_seq_len=256,
-        output_dir="out", metrics_path="metrics.json", tracking_uri=tracking_uri,
+        model=str(tiny_lm_dir),
+        backend="hf",
+        train_data="train.jsonl",
+        filtered_data=None,
+        sizes=[4, 8],
+        validation_data="val.jsonl",
+        val_subset=val_subset,
+        val_limit=val_limit,
+        learning_rate=1e-3,
+        batch_size=2,
+        microbatch_size=2,
+        epochs=1,
+        eval_every=1,
+        checkpoint_every=2,
+        max_tokens=12,
+        max_seq_len=256,
+        output_dir="out",
+        metrics_path="metrics.json",
+        tracking_uri=tracking_uri,
     )
 
     def mid_run() -> None:
@@ -216,10 +271,16 @@ def test_sft_experiment_resumes_after_kill_9(tiny_lm_dir, flow_env, tmp_path):
 
     kill_mid_run("flows.sft_experiment", flags, "loss", 3, tmp_path, flow_env, mid_run)
     (root,) = (tmp_path / "out").glob("runs-*")
-    before = snapshot(root / "mlflow_run_id", root / "4/mlflow_run_id", root / "8/mlflow_run_id", root / "4/done.json",
-                      root / "4/checkpoint/latest/model.pt")
-    parent_id, small_id, large_id = (p.read_text().strip() for p in (root / "mlflow_run_id", root / "4/mlflow_run_id",
-                                                                        root / "8/mlflow_run_id"))
+    before = snapshot(
+        root / "mlflow_run_id",
+        root / "4/mlflow_run_id",
+        root / "8/mlflow_run_id",
+        root / "4/done.json",
+        root / "4/checkpoint/latest/model.pt",
+    )
+    parent_id, small_id, large_id = (
+        p.read_text().strip() for p in (root / "mlflow_run_id", root / "4/mlflow_run_id", root / "8/mlflow_run_id")
+    )
     client = MlflowClient(tracking_uri)
     assert steps(client, large_id, "loss") == [1, 2, 3]  # the kill point: step 3 logged, checkpoint at 2
 
@@ -232,7 +293,9 @@ def test_sft_experiment_resumes_after_kill_9(tiny_lm_dir, flow_env, tmp_path):
     assert json.loads((tmp_path / "out/summary.json").read_text()) == summary
     assert (tmp_path / "out/accuracy_vs_step.png").stat().st_size > 1000
     curves = (tmp_path / "out/curves.csv").read_text().splitlines()
-    assert [line.split(",")[:2] for line in curves[1:]] == [["4", str(s)] for s in range(3)] + [["8", str(s)] for s in range(5)]
+    assert [line.split(",")[:2] for line in curves[1:]] == [["4", str(s)] for s in range(3)] + [
+        ["8", str(s)] for s in range(5)
+    ]
     assert json.loads((root / "8/done.json").read_text())["steps"] == 4
 
     experiment = client.get_experiment_by_name("sft_experiment").experiment_id
@@ -248,7 +311,8 @@ def test_sft_experiment_resumes_after_kill_9(tiny_lm_dir, flow_env, tmp_path):
         assert steps(client, run_id, "final_val_accuracy") == [n_steps]
         tables = sorted(a.path for a in client.list_artifacts(run_id, "generations"))
         assert tables == [f"generations/subset{val_subset}_step_{s:06d}.json" for s in range(n_steps + 1)] + [
-            f"generations/subset{val_limit}_step_{n_steps:06d}.json"]  # the final evaluation's, at the last step too
+            f"generations/subset{val_limit}_step_{n_steps:06d}.json"
+        ]  # the final evaluation's, at the last step too
         assert [table_rows(client, run_id, t, tmp_path) for t in tables] == [val_subset] * (n_steps + 1) + [val_limit]
     for setting in ("4", "8"):
         assert steps(client, parent_id, f"final_accuracy_{setting}") == [0]
@@ -256,8 +320,9 @@ def test_sft_experiment_resumes_after_kill_9(tiny_lm_dir, flow_env, tmp_path):
 
 def run_to_completion_logged(module: str, flags: list[str], cwd: Path, env: dict[str, str]) -> tuple[str, str]:
     """Like run_to_completion, also returning stderr (the flows' INFO log: resumes and per-step lines)."""
-    result = subprocess.run([sys.executable, "-m", module, *flags], cwd=cwd, env=env, capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", module, *flags], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
     return result.stdout, result.stderr
 
@@ -265,13 +330,30 @@ def run_to_completion_logged(module: str, flags: list[str], cwd: Path, env: dict
 def grpo_flags(tiny_lm_dir: Path, tracking_uri: str, **overrides) -> list[str]:
     """A tiny GRPO run (tests/test_grpo_flows.py's settings): arithmetic data, hf engine, a checkpoint
     and a validation every step."""
-    return cli_flags(**{
-        "model": str(tiny_lm_dir), "backend": "hf", "train_data": "arithmetic:30:1", "validation_data": "arithmetic:6:1",
-        "reward_fn": "arithmetic", "val_subset": 3, "val_limit": 4, "eval_every": 1, "n_grpo_steps": 3,
-        "rollout_batch_size": 4, "group_size": 2, "train_batch_size": 4, "gradient_accumulation_steps": 2,
-        "max_tokens": 12, "min_tokens": 1, "checkpoint_every": 1, "output_dir": "out", "metrics_path": "metrics.json",
-        "tracking_uri": tracking_uri, **overrides,
-    })
+    return cli_flags(
+        **{
+            "model": str(tiny_lm_dir),
+            "backend": "hf",
+            "train_data": "arithmetic:30:1",
+            "validation_data": "arithmetic:6:1",
+            "reward_fn": "arithmetic",
+            "val_subset": 3,
+            "val_limit": 4,
+            "eval_every": 1,
+            "n_grpo_steps": 3,
+            "rollout_batch_size": 4,
+            "group_size": 2,
+            "train_batch_size": 4,
+            "gradient_accumulation_steps": 2,
+            "max_tokens": 12,
+            "min_tokens": 1,
+            "checkpoint_every": 1,
+            "output_dir": "out",
+            "metrics_path": "metrics.json",
+            "tracking_uri": tracking_uri,
+            **overrides,
+        }
+    )
 
 
 def assert_one_point_per_validation(client, run_id: str, n_steps: int) -> None:
@@ -280,7 +362,9 @@ def assert_one_point_per_validation(client, run_id: str, n_steps: int) -> None:
     wall = {m.step: m.value for m in client.get_metric_history(run_id, "wall_seconds")}
     accuracy = {m.step: m.value for m in client.get_metric_history(run_id, "val_accuracy")}
     points = client.get_metric_history(run_id, "val_accuracy_by_wall_seconds")
-    assert Counter((m.step, m.value) for m in points) == Counter((int(wall[s]), accuracy[s]) for s in range(n_steps + 1))
+    assert Counter((m.step, m.value) for m in points) == Counter(
+        (int(wall[s]), accuracy[s]) for s in range(n_steps + 1)
+    )
 
 
 def test_grpo_resumes_after_kill_9(tiny_lm_dir, flow_env, tmp_path):
@@ -322,9 +406,25 @@ def test_grpo_resumes_after_kill_9(tiny_lm_dir, flow_env, tmp_path):
     assert done["mlflow_run_id"] == run_id and [p["step"] for p in done["curve"]] == list(range(n_steps + 1))
     assert [p["step"] for p in done["trends"]] == list(range(1, n_steps + 1))
     assert json.loads((tmp_path / "metrics.json").read_text()) == [
-        {k: done[k] for k in ("setting", "initial_accuracy", "initial_format_rate", "final_accuracy", "final_format_rate",
-                              "wall_seconds")}]
-    for name in ("summary.json", "curves.csv", "train_curves.csv", "accuracy_vs_step.png", "accuracy_vs_wall_clock.png"):
+        {
+            k: done[k]
+            for k in (
+                "setting",
+                "initial_accuracy",
+                "initial_format_rate",
+                "final_accuracy",
+                "final_format_rate",
+                "wall_seconds",
+            )
+        }
+    ]
+    for name in (
+        "summary.json",
+        "curves.csv",
+        "train_curves.csv",
+        "accuracy_vs_step.png",
+        "accuracy_vs_wall_clock.png",
+    ):
         assert (tmp_path / "out" / name).stat().st_size > 0, name
 
     runs = client.search_runs([client.get_experiment_by_name("grpo").experiment_id])
@@ -338,7 +438,8 @@ def test_grpo_resumes_after_kill_9(tiny_lm_dir, flow_env, tmp_path):
     assert_one_point_per_validation(client, run_id, n_steps)
     tables = sorted(a.path for a in client.list_artifacts(run_id, "generations"))
     assert tables == [f"generations/subset{val_subset}_step_{s:06d}.json" for s in range(n_steps + 1)] + [
-        f"generations/subset{val_limit}_step_{n_steps:06d}.json"]
+        f"generations/subset{val_limit}_step_{n_steps:06d}.json"
+    ]
     assert [table_rows(client, run_id, t, tmp_path) for t in tables] == [val_subset] * (n_steps + 1) + [val_limit]
 
 
@@ -350,8 +451,9 @@ def test_grpo_ablation_resumes_after_kill_9(tiny_lm_dir, flow_env, tmp_path):
 
     n_steps = 2
     tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    flags = grpo_flags(tiny_lm_dir, tracking_uri, n_grpo_steps=n_steps, ablation="grpo_baseline_ablation",
-                       checkpoint_every=2)
+    flags = grpo_flags(
+        tiny_lm_dir, tracking_uri, n_grpo_steps=n_steps, ablation="grpo_baseline_ablation", checkpoint_every=2
+    )
 
     out = tmp_path / "out"  # runs-<parent key>/mlflow_run_id, runs-<setting key>/<setting>/...
 
@@ -367,7 +469,9 @@ def test_grpo_ablation_resumes_after_kill_9(tiny_lm_dir, flow_env, tmp_path):
     stdout, _ = run_to_completion_logged("flows.grpo", flags, tmp_path, flow_env)
 
     assert f"mlflow run {parent_id}" in stdout
-    assert list(out.glob("runs-*/mlflow_run_id")) == [parent_id_file] and parent_id_file.read_text().strip() == parent_id
+    assert (
+        list(out.glob("runs-*/mlflow_run_id")) == [parent_id_file] and parent_id_file.read_text().strip() == parent_id
+    )
     assert first_id_file.read_text().strip() == first_id
     (second_id_file,) = out.glob("runs-*/reinforce_with_baseline/mlflow_run_id")
     second_id = second_id_file.read_text().strip()
@@ -384,4 +488,6 @@ def test_grpo_ablation_resumes_after_kill_9(tiny_lm_dir, flow_env, tmp_path):
         assert steps(client, run_id, "val_accuracy") == list(range(n_steps + 1)), run_id
         assert steps(client, run_id, "final_val_accuracy") == [n_steps], run_id
         assert_one_point_per_validation(client, run_id, n_steps)
-    assert {"summary.json", "accuracy_vs_step.png", "train_curves.csv"} <= {a.path for a in client.list_artifacts(parent_id)}
+    assert {"summary.json", "accuracy_vs_step.png", "train_curves.csv"} <= {
+        a.path for a in client.list_artifacts(parent_id)
+    }

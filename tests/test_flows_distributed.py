@@ -17,11 +17,10 @@ import sys
 import uuid
 from pathlib import Path
 
+import flows_distributed_target
 import psutil
 import pytest
 import torch
-
-import flows_distributed_target
 
 REPO = Path(__file__).resolve().parents[1]
 TIMINGS = ("time_", "wall_seconds", "tokens_per_s", "train_tokens", "system/")  # differ between runs by nature
@@ -32,22 +31,53 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def flags(run_dir: Path, model: Path, **overrides) -> list[str]:
     """flows.grpo's flags for a two-step run on the tiny model and arithmetic problems."""
     settings = dict(
-        model=model, backend="hf", train_data="arithmetic:30:1", validation_data="arithmetic:6:1", val_subset=3,
-        val_limit=4, eval_every=1, n_grpo_steps=2, rollout_batch_size=4, group_size=2, train_batch_size=4,
-        gradient_accumulation_steps=2, learning_rate=0.01, max_tokens=12, min_tokens=1, checkpoint_every=1,
-        reward_fn="arithmetic", output_dir=run_dir / "out", metrics_path=run_dir / "metrics.json",
+        model=model,
+        backend="hf",
+        train_data="arithmetic:30:1",
+        validation_data="arithmetic:6:1",
+        val_subset=3,
+        val_limit=4,
+        eval_every=1,
+        n_grpo_steps=2,
+        rollout_batch_size=4,
+        group_size=2,
+        train_batch_size=4,
+        gradient_accumulation_steps=2,
+        learning_rate=0.01,
+        max_tokens=12,
+        min_tokens=1,
+        checkpoint_every=1,
+        reward_fn="arithmetic",
+        output_dir=run_dir / "out",
+        metrics_path=run_dir / "metrics.json",
         tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}",
     )
-    return [part for key, value in {**settings, **overrides}.items() for part in (f"--{key.replace('_', '-')}", str(value))]
+    return [
+        part for key, value in {**settings, **overrides}.items() for part in (f"--{key.replace('_', '-')}", str(value))
+    ]
 
 
 def ei_flags(run_dir: Path, model: Path) -> list[str]:
     """flows.expert_iteration's flags for two rounds (each keeping some rollouts and training on them)."""
     settings = dict(
-        model=model, backend="hf", train_data="arithmetic:30:1", validation_data="arithmetic:6:1", val_subset=3,
-        val_limit=4, n_ei_steps=2, questions_per_step=4, rollouts_per_question=2, max_tokens=12, min_tokens=1,
-        learning_rate=0.01, batch_size=4, microbatch_size=1, reward_fn="arithmetic", output_dir=run_dir / "ei_out",
-        metrics_path=run_dir / "ei_metrics.json", tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}",
+        model=model,
+        backend="hf",
+        train_data="arithmetic:30:1",
+        validation_data="arithmetic:6:1",
+        val_subset=3,
+        val_limit=4,
+        n_ei_steps=2,
+        questions_per_step=4,
+        rollouts_per_question=2,
+        max_tokens=12,
+        min_tokens=1,
+        learning_rate=0.01,
+        batch_size=4,
+        microbatch_size=1,
+        reward_fn="arithmetic",
+        output_dir=run_dir / "ei_out",
+        metrics_path=run_dir / "ei_metrics.json",
+        tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}",
     )
     return [part for key, value in settings.items() for part in (f"--{key.replace('_', '-')}", str(value))]
 
@@ -64,15 +94,36 @@ def run_on_two_ranks(run_dir: Path, runs: list, marker: str) -> None:
     from prefect.settings import PREFECT_API_URL
 
     run_dir.mkdir()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "OMP_NUM_THREADS": "1",
-           "CUDA_VISIBLE_DEVICES": "", "PREFECT_API_URL": PREFECT_API_URL.value(), "A5_TEST_MARKER": marker}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
+        "OMP_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "PREFECT_API_URL": PREFECT_API_URL.value(),
+        "A5_TEST_MARKER": marker,
+    }
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-               f"--master-port={port}", str(REPO / "tests" / "flows_distributed_target.py"), json.dumps(runs)]
-    launch = subprocess.Popen(command, env=env, cwd=run_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              start_new_session=True)
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node=2",
+        "--master-addr=127.0.0.1",
+        f"--master-port={port}",
+        str(REPO / "tests" / "flows_distributed_target.py"),
+        json.dumps(runs),
+    ]
+    launch = subprocess.Popen(
+        command,
+        env=env,
+        cwd=run_dir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         output, _ = launch.communicate(timeout=300)
     except subprocess.TimeoutExpired:
@@ -91,16 +142,27 @@ def logged(run_dir: Path, experiment: str = "grpo") -> dict:
     runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
     assert len(runs) == 1, [r.info.run_name for r in runs]
     run_id = runs[0].info.run_id
-    metrics = {key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
-               for key in runs[0].data.metrics if not any(part in key for part in TIMINGS)}
+    metrics = {
+        key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+        for key in runs[0].data.metrics
+        if not any(part in key for part in TIMINGS)
+    }
     out = run_dir / ("out" if experiment == "grpo" else "ei_out")
     checkpoint = "checkpoint/latest/model.pt" if experiment == "grpo" else "checkpoint/model.pt"
     (weights,) = out.glob(f"runs-*/single/{checkpoint}")
     pushes = {p.name: json.loads(p.read_text()) for p in sorted(out.glob("pushes-*.json"))}
-    kept = {p.parent.name: [(t["prompt"], t["response"]) for t in map(json.loads, p.read_text().splitlines())]
-            for p in sorted(out.glob("runs-*/single/checkpoint/round-*/kept.jsonl"))}  # EI: each round's SFT set
-    return {"metrics": metrics, "weights": torch.load(weights), "pushes": pushes, "params": runs[0].data.params,
-            "tags": runs[0].data.tags, "kept": kept}
+    kept = {
+        p.parent.name: [(t["prompt"], t["response"]) for t in map(json.loads, p.read_text().splitlines())]
+        for p in sorted(out.glob("runs-*/single/checkpoint/round-*/kept.jsonl"))
+    }  # EI: each round's SFT set
+    return {
+        "metrics": metrics,
+        "weights": torch.load(weights),
+        "pushes": pushes,
+        "params": runs[0].data.params,
+        "tags": runs[0].data.tags,
+        "kept": kept,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -109,20 +171,41 @@ def runs(tmp_path_factory, tiny_lm_dir, prefect_harness):
     launch) on two ranks; the EI flow in one process."""
     root = tmp_path_factory.mktemp("flows_distributed")
     marker = uuid.uuid4().hex
-    run_in_process(root / "one", [("flows.grpo", flags(root / "one", tiny_lm_dir)),
-                                  ("flows.expert_iteration", ei_flags(root / "one", tiny_lm_dir))])
+    run_in_process(
+        root / "one",
+        [
+            ("flows.grpo", flags(root / "one", tiny_lm_dir)),
+            ("flows.expert_iteration", ei_flags(root / "one", tiny_lm_dir)),
+        ],
+    )
     children = {p.pid for p in psutil.Process().children(recursive=True)}
     run_in_process(root / "remote", [("flows.grpo", flags(root / "remote", tiny_lm_dir, engine_device="cpu"))])
-    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in children and p.is_running()
-            and "multiprocessing.resource_tracker" not in " ".join(p.cmdline())]  # spawn's helper, one per process
-    run_on_two_ranks(root / "two", [("flows.grpo", flags(root / "two", tiny_lm_dir)),
-                                    ("flows.expert_iteration", ei_flags(root / "two", tiny_lm_dir))], marker)
+    left = [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if p.pid not in children and p.is_running() and "multiprocessing.resource_tracker" not in " ".join(p.cmdline())
+    ]  # spawn's helper, one per process
+    run_on_two_ranks(
+        root / "two",
+        [
+            ("flows.grpo", flags(root / "two", tiny_lm_dir)),
+            ("flows.expert_iteration", ei_flags(root / "two", tiny_lm_dir)),
+        ],
+        marker,
+    )
     from transformers import AutoModelForCausalLM
 
     initial = {k: v.clone() for k, v in AutoModelForCausalLM.from_pretrained(tiny_lm_dir).state_dict().items()}
-    return {"one": logged(root / "one"), "remote": logged(root / "remote"), "two": logged(root / "two"),
-            "one_ei": logged(root / "one", "expert_iteration"), "two_ei": logged(root / "two", "expert_iteration"),
-            "initial": initial, "left_by_remote": left, "marker": marker}
+    return {
+        "one": logged(root / "one"),
+        "remote": logged(root / "remote"),
+        "two": logged(root / "two"),
+        "one_ei": logged(root / "one", "expert_iteration"),
+        "two_ei": logged(root / "two", "expert_iteration"),
+        "initial": initial,
+        "left_by_remote": left,
+        "marker": marker,
+    }
 
 
 def assert_same_metrics(want: dict, got: dict, rel: float) -> None:
@@ -159,7 +242,9 @@ def assert_same_updates(want: dict, got: dict, initial: dict, rel: float = 0.05)
     for name, tensor in want["weights"].items():
         moved = torch.linalg.vector_norm(tensor - initial[name]).item()
         departed = torch.linalg.vector_norm(got["weights"][name] - tensor).item()
-        assert departed <= rel * moved + 1e-6, f"{name}: the runs differ by {departed:.3g}, training moved it by {moved:.3g}"
+        assert departed <= rel * moved + 1e-6, (
+            f"{name}: the runs differ by {departed:.3g}, training moved it by {moved:.3g}"
+        )
 
 
 def test_the_one_process_run_trains_and_logs(runs):
@@ -187,7 +272,10 @@ def test_expert_iteration_on_two_ranks_keeps_trains_and_saves_like_one_process(r
         assert two["kept"][name] == kept, f"{name}: two ranks kept other rollouts (a sampled token differs)"
     assert_same_metrics(one, two, rel=1e-4)
     assert_same_updates(one, two, runs["initial"])
-    assert two["pushes"] == {"pushes-0.json": 6, "pushes-1.json": 6}  # 2 rounds + 3 validations (the start too) + the final one
+    assert two["pushes"] == {
+        "pushes-0.json": 6,
+        "pushes-1.json": 6,
+    }  # 2 rounds + 3 validations (the start too) + the final one
 
 
 def test_two_ranks_leave_no_process_behind(runs):
@@ -207,7 +295,6 @@ def test_an_engine_on_its_own_device_gets_every_push(runs):
     assert runs["remote"]["pushes"] == {"pushes-0.json": 6}
     assert runs["remote"]["tags"]["engine_device"] == "cpu" and "engine_device" not in runs["remote"]["params"]
     assert not runs["left_by_remote"], [p.cmdline() for p in runs["left_by_remote"]]
-
 
 
 def test_engine_device_gives_each_rank_its_device_and_refuses_what_cannot_work(monkeypatch):

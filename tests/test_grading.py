@@ -58,22 +58,50 @@ def test_reward_fns_on_formats():
 
 def test_normalize_answer_hendrycks_rules():
     cases = {
-        "\\dfrac{1}{2}": "\\frac{1}{2}", "\\tfrac12": "\\frac{1}{2}", "1/2": "\\frac{1}{2}", "0.5": "\\frac{1}{2}",
-        "5.0": "5", "2.50": "2.5", "1,000": "1000", "\\$5": "5", "10\\%": "10", "90^\\circ": "90",
-        "5 \\text{ cm}": "5", "\\text{(B)}": "B", "(c)": "C", "x = 3": "x=3", "\\left( 1, 2 \\right)": "(1,2)",
-        "\\sqrt3": "\\sqrt{3}", ".5": "\\frac{1}{2}", "7.": "7", "\\!1\\,000": "1000",
+        "\\dfrac{1}{2}": "\\frac{1}{2}",
+        "\\tfrac12": "\\frac{1}{2}",
+        "1/2": "\\frac{1}{2}",
+        "0.5": "\\frac{1}{2}",
+        "5.0": "5",
+        "2.50": "2.5",
+        "1,000": "1000",
+        "\\$5": "5",
+        "10\\%": "10",
+        "90^\\circ": "90",
+        "5 \\text{ cm}": "5",
+        "\\text{(B)}": "B",
+        "(c)": "C",
+        "x = 3": "x=3",
+        "\\left( 1, 2 \\right)": "(1,2)",
+        "\\sqrt3": "\\sqrt{3}",
+        ".5": "\\frac{1}{2}",
+        "7.": "7",
+        "\\!1\\,000": "1000",
     }
     assert {raw: normalize_answer(raw) for raw in cases} == cases
 
 
 def test_cheap_rules_units_bases_equations_numbers():
-    assert answers_equivalent_batch([("25 \\text{ feet}", "25 \\text{ ft}"), ("25 \\text{ inches}", "25 \\text{ ft}"),
-                                     ("9 \\text{ cm}^2", "9"), ("1011_2", "1011_{2}"), ("1011_3", "1011_2")]) == [
-        True, False, True, True, False]
-    assert answers_equivalent_batch([("x = 3", "3"), ("3", "k=3"), ("x=-\\frac14", "y=-\\frac{1}{4}")]) == [True, True, False]
-    assert answers_equivalent_batch([("0.333333", "\\frac{1}{3}"), ("0.25", "\\frac{1}{4}"), ("\\frac{12}{5525}", "\\frac{12}{5,\\!525}")]) == [
-        False, True, True]
-    assert answers_equivalent_batch([("12", "(-6, 10)"), ("(1,2)", "1"), ("\\frac{2000}{6}", "\\frac{1{,}000}{3}")]) == [False, False, True]
+    assert answers_equivalent_batch(
+        [
+            ("25 \\text{ feet}", "25 \\text{ ft}"),
+            ("25 \\text{ inches}", "25 \\text{ ft}"),
+            ("9 \\text{ cm}^2", "9"),
+            ("1011_2", "1011_{2}"),
+            ("1011_3", "1011_2"),
+        ]
+    ) == [True, False, True, True, False]
+    assert answers_equivalent_batch([("x = 3", "3"), ("3", "k=3"), ("x=-\\frac14", "y=-\\frac{1}{4}")]) == [
+        True,
+        True,
+        False,
+    ]
+    assert answers_equivalent_batch(
+        [("0.333333", "\\frac{1}{3}"), ("0.25", "\\frac{1}{4}"), ("\\frac{12}{5525}", "\\frac{12}{5,\\!525}")]
+    ) == [False, True, True]
+    assert answers_equivalent_batch(
+        [("12", "(-6, 10)"), ("(1,2)", "1"), ("\\frac{2000}{6}", "\\frac{1{,}000}{3}")]
+    ) == [False, False, True]
 
 
 def test_pathological_answers_grade_zero_within_the_deadline():

@@ -74,8 +74,14 @@ def test_worker_dies_when_its_parent_is_killed_mid_comparison(tmp_path):
     script = tmp_path / "parent.py"
     script.write_text(PARENT)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    parent = subprocess.Popen([sys.executable, str(script), HOSTILE], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True)
+    parent = subprocess.Popen(
+        [sys.executable, str(script), HOSTILE],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     worker = None
     try:
         line = _read_line(parent.stdout, 180)
@@ -117,16 +123,26 @@ def test_workers_started_from_a_thread_outlive_that_thread():
 def test_worker_whose_parent_is_already_gone_exits_at_once():
     """Orphaned before it could ask to die with its parent: it must notice, not load sympy and serve."""
     orphan_of = 2**22 + 7  # above the largest pid Linux can give (2**22): not the parent of anything
-    worker = subprocess.run([sys.executable, "-u", str(grading._WORKER_SCRIPT), str(orphan_of), "8"], input="",
-                            capture_output=True, text=True, timeout=120)
+    worker = subprocess.run(
+        [sys.executable, "-u", str(grading._WORKER_SCRIPT), str(orphan_of), "8"],
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert worker.returncode == 0 and worker.stdout == ""  # never said "ready"
 
 
 @linux_only
 def test_worker_caps_its_own_cpu_per_comparison():
     """The second line of defence: with no parent to kill it, a worker stops itself after its CPU budget."""
-    worker = subprocess.Popen([sys.executable, "-u", str(grading._WORKER_SCRIPT), str(os.getpid()), "1"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    worker = subprocess.Popen(
+        [sys.executable, "-u", str(grading._WORKER_SCRIPT), str(os.getpid()), "1"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         assert _read_line(worker.stdout, 180) == "ready\n"
         worker.stdin.write(f'["{HOSTILE}", "3"]\n')
@@ -152,8 +168,11 @@ def test_a_slow_call_does_not_block_another_threads_call(monkeypatch):
     grader = SymbolicGrader(workers=2, deadline_s=600)  # the hostile comparison outlasts the test
     slow_result, cheap_result = [], []
     slow = threading.Thread(target=lambda: slow_result.append(grader.equal([(HOSTILE, "3")])))
-    cheap = threading.Thread(target=lambda: cheap_result.append(
-        grader.equal([("2\\sqrt{2}", "\\sqrt{8}"), ("\\frac{\\pi}{2}", "\\pi/2"), ("x^2", "x^3")])))
+    cheap = threading.Thread(
+        target=lambda: cheap_result.append(
+            grader.equal([("2\\sqrt{2}", "\\sqrt{8}"), ("\\frac{\\pi}{2}", "\\pi/2"), ("x^2", "x^3")])
+        )
+    )
     try:
         slow.start()
         assert sending_hostile.wait(180), "the slow call never started its comparison"
@@ -170,10 +189,18 @@ def test_a_slow_call_does_not_block_another_threads_call(monkeypatch):
 
 
 CASES = [  # (prediction, ground truth, equal?), all decided by sympy
-    ("2\\sqrt{2}", "\\sqrt{8}", True), ("\\sqrt{18}", "3\\sqrt{2}", True), ("x^2", "x^3", False),
-    ("\\frac{\\pi}{2}", "\\pi/2", True), ("(x+1)^2", "x^2+2x+1", True), ("\\sqrt{3}", "1.732", False),
-    ("[1, 2)", "[1,2)", True), ("x > 2", "(2, \\infty)", True), ("\\frac{1}{3}", "0.3", False),
-    ("2^{10}", "1024", True), ("\\{1, 2\\}", "\\{2, 1\\}", True), ("\\sin^2 x + \\cos^2 x", "1", True),
+    ("2\\sqrt{2}", "\\sqrt{8}", True),
+    ("\\sqrt{18}", "3\\sqrt{2}", True),
+    ("x^2", "x^3", False),
+    ("\\frac{\\pi}{2}", "\\pi/2", True),
+    ("(x+1)^2", "x^2+2x+1", True),
+    ("\\sqrt{3}", "1.732", False),
+    ("[1, 2)", "[1,2)", True),
+    ("x > 2", "(2, \\infty)", True),
+    ("\\frac{1}{3}", "0.3", False),
+    ("2^{10}", "1024", True),
+    ("\\{1, 2\\}", "\\{2, 1\\}", True),
+    ("\\sin^2 x + \\cos^2 x", "1", True),
 ]
 
 

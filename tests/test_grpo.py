@@ -8,15 +8,14 @@ import math
 
 import pytest
 import torch
+from test_expert_iteration import TRAIN, warm_start
+from test_sft import Recorder, assert_same_params, make_model, params_of
 
 from a5core.checkpoint import CheckpointMismatchError, NonFiniteLossError
 from a5core.data import Problem
 from a5core.grpo import GRPOConfig, grpo
 from a5core.prompts import load_prompt
-from a5core.rollout import SamplingSettings
 from a5core.rollout.hf import HFEngine
-from test_expert_iteration import TRAIN, warm_start
-from test_sft import Recorder, assert_same_params, make_model, params_of
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -53,8 +52,17 @@ class RecordingEngine:
 
 def small_config(**overrides) -> GRPOConfig:
     settings = dict(
-        n_grpo_steps=1, learning_rate=1e-3, rollout_batch_size=8, group_size=4, train_batch_size=8,
-        gradient_accumulation_steps=4, temperature=1.0, min_tokens=2, max_tokens=12, eval_every=0, checkpoint_every=1,
+        n_grpo_steps=1,
+        learning_rate=1e-3,
+        rollout_batch_size=8,
+        group_size=4,
+        train_batch_size=8,
+        gradient_accumulation_steps=4,
+        temperature=1.0,
+        min_tokens=2,
+        max_tokens=12,
+        eval_every=0,
+        checkpoint_every=1,
     )
     return GRPOConfig(**{**settings, **overrides})
 
@@ -73,7 +81,7 @@ def test_one_step_update_equals_the_hand_computed_one(tokenizer, compile_layers)
     config = small_config(grad_clip=0.05, compile_layers=compile_layers)
     history = grpo(model, tokenizer, engine, PROBLEMS, TEMPLATE, parity_reward, config)
 
-    (prompts, groups, sampling), = engine.calls
+    ((prompts, groups, sampling),) = engine.calls
     assert len(prompts) == 2 and sampling.n == 4 and sampling.seed is not None
     completions = [c for group in groups for c in group]
     rewards = torch.tensor([parity_reward(c.text, None)["reward"] for c in completions]).view(2, 4)
@@ -108,21 +116,39 @@ def test_one_step_update_equals_the_hand_computed_one(tokenizer, compile_layers)
 # ------------------------------------------------------------------------------------------ settings
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(rollout_batch_size=10, group_size=4), "rollout_batch_size must be a multiple of group_size"),
-    (dict(train_batch_size=8, gradient_accumulation_steps=3), "train_batch_size must be a multiple of gradient_accumulation_steps"),
-    (dict(rollout_batch_size=8, train_batch_size=6, gradient_accumulation_steps=2), "rollout_batch_size must be a multiple of train_batch_size"),
-    (dict(group_size=8, rollout_batch_size=16, train_batch_size=4, gradient_accumulation_steps=2), "train_batch_size must be >= group_size"),
-    (dict(loss_type="grpo_clip"), "every ratio is 1"),
-    (dict(loss_type="ppo"), r"loss_type\n  Input should be 'no_baseline', 'reinforce_with_baseline', 'grpo_clip' or"),
-    (dict(length_normalization="sum"), r"length_normalization\n  Input should be 'masked_mean' or 'masked_normalize'"),
-    (dict(learning_rate=-1.0), r"learning_rate\n  Input should be greater than 0"),
-    (dict(cliprange_high=0.3), "cliprange_high must be None, or a number > 0 with loss_type grpo_clip"),
-    (dict(tis_cap=0.0), r"tis_cap\n  Input should be greater than 0"),
-    (dict(n_grpo_steps=0), r"n_grpo_steps\n  Input should be greater than or equal to 1"),
-    (dict(min_tokens=20), r"min_tokens \(20\) must not exceed max_tokens \(12\)"),
-    (dict(compile_layers="yes"), r"compile_layers\n  Input should be a valid boolean"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(rollout_batch_size=10, group_size=4), "rollout_batch_size must be a multiple of group_size"),
+        (
+            dict(train_batch_size=8, gradient_accumulation_steps=3),
+            "train_batch_size must be a multiple of gradient_accumulation_steps",
+        ),
+        (
+            dict(rollout_batch_size=8, train_batch_size=6, gradient_accumulation_steps=2),
+            "rollout_batch_size must be a multiple of train_batch_size",
+        ),
+        (
+            dict(group_size=8, rollout_batch_size=16, train_batch_size=4, gradient_accumulation_steps=2),
+            "train_batch_size must be >= group_size",
+        ),
+        (dict(loss_type="grpo_clip"), "every ratio is 1"),
+        (
+            dict(loss_type="ppo"),
+            r"loss_type\n  Input should be 'no_baseline', 'reinforce_with_baseline', 'grpo_clip' or",
+        ),
+        (
+            dict(length_normalization="sum"),
+            r"length_normalization\n  Input should be 'masked_mean' or 'masked_normalize'",
+        ),
+        (dict(learning_rate=-1.0), r"learning_rate\n  Input should be greater than 0"),
+        (dict(cliprange_high=0.3), "cliprange_high must be None, or a number > 0 with loss_type grpo_clip"),
+        (dict(tis_cap=0.0), r"tis_cap\n  Input should be greater than 0"),
+        (dict(n_grpo_steps=0), r"n_grpo_steps\n  Input should be greater than or equal to 1"),
+        (dict(min_tokens=20), r"min_tokens \(20\) must not exceed max_tokens \(12\)"),
+        (dict(compile_layers="yes"), r"compile_layers\n  Input should be a valid boolean"),
+    ],
+)
 def test_invalid_settings_fail_at_construction(overrides, message):
     with pytest.raises(ValueError, match=message):
         small_config(**overrides)
@@ -130,10 +156,19 @@ def test_invalid_settings_fail_at_construction(overrides, message):
 
 def test_a5_defaults():
     config = GRPOConfig()
-    assert (config.n_grpo_steps, config.learning_rate, config.rollout_batch_size, config.group_size) == (200, 1e-5, 256, 8)
+    assert (config.n_grpo_steps, config.learning_rate, config.rollout_batch_size, config.group_size) == (
+        200,
+        1e-5,
+        256,
+        8,
+    )
     assert (config.train_batch_size, config.gradient_accumulation_steps, config.microbatch_size) == (256, 128, 2)
     assert (config.loss_type, config.use_std_normalization, config.betas, config.cliprange) == (
-        "reinforce_with_baseline", True, (0.9, 0.95), 0.2)
+        "reinforce_with_baseline",
+        True,
+        (0.9, 0.95),
+        0.2,
+    )
     assert (config.temperature, config.min_tokens, config.max_tokens) == (1.0, 4, 1024)
     assert not config.off_policy and not config.needs_old_log_probs
 
@@ -150,26 +185,59 @@ def test_off_policy_grpo_clip_logs_ratios_and_clipping(tokenizer):
     """Two epochs of two optimizer steps per rollout batch: the first step's ratios are exactly 1 (old
     log-probs are the same policy's), later ones move; clip fraction and ratio statistics are logged."""
     model = make_model(tokenizer)
-    config = small_config(n_grpo_steps=2, loss_type="grpo_clip", epochs_per_rollout_batch=2, train_batch_size=4,
-                          gradient_accumulation_steps=2, learning_rate=1e-2, cliprange=0.05, cliprange_high=0.1)
+    config = small_config(
+        n_grpo_steps=2,
+        loss_type="grpo_clip",
+        epochs_per_rollout_batch=2,
+        train_batch_size=4,
+        gradient_accumulation_steps=2,
+        learning_rate=1e-2,
+        cliprange=0.05,
+        cliprange_high=0.1,
+    )
     history = grpo(model, tokenizer, RecordingEngine(model, tokenizer), PROBLEMS, TEMPLATE, parity_reward, config)
     assert [h["optimizer_steps"] for h in history] == [4.0, 4.0]
     assert all(h["ratio_max"] > 1.0 and 0 <= h["clip_fraction"] <= 1 for h in history)
     assert any(h["clip_fraction"] > 0 for h in history)
-    assert {"time_old_log_probs", "time_generate", "time_grade", "time_train", "time_weight_sync", "token_entropy",
-            "response_tokens_mean", "advantage_std", "generate_tokens_per_s", "train_tokens_per_s"} <= set(history[0])
+    assert {
+        "time_old_log_probs",
+        "time_generate",
+        "time_grade",
+        "time_train",
+        "time_weight_sync",
+        "token_entropy",
+        "response_tokens_mean",
+        "advantage_std",
+        "generate_tokens_per_s",
+        "train_tokens_per_s",
+    } <= set(history[0])
 
 
 def test_drop_uniform_groups(tokenizer):
     model = make_model(tokenizer)
     constant = lambda response, truth: {"reward": 1.0, "format_reward": 1.0, "answer_reward": 1.0}  # noqa: E731
     before = params_of(model)
-    history = grpo(model, tokenizer, RecordingEngine(model, tokenizer), PROBLEMS, TEMPLATE, constant,
-                   small_config(drop_uniform_groups=True, loss_type="no_baseline"))
+    history = grpo(
+        model,
+        tokenizer,
+        RecordingEngine(model, tokenizer),
+        PROBLEMS,
+        TEMPLATE,
+        constant,
+        small_config(drop_uniform_groups=True, loss_type="no_baseline"),
+    )
     assert history[0]["dropped_groups"] == 2 and history[0]["optimizer_steps"] == 0
     assert_same_params(params_of(model), before)  # nothing left to train on
     # Without dropping, no_baseline still pushes up every (rewarded) rollout.
-    grpo(model, tokenizer, RecordingEngine(model, tokenizer), PROBLEMS, TEMPLATE, constant, small_config(loss_type="no_baseline"))
+    grpo(
+        model,
+        tokenizer,
+        RecordingEngine(model, tokenizer),
+        PROBLEMS,
+        TEMPLATE,
+        constant,
+        small_config(loss_type="no_baseline"),
+    )
     assert any(not torch.equal(before[k], v) for k, v in params_of(model).items())
 
 
@@ -183,8 +251,13 @@ class ShiftedLogProbEngine(RecordingEngine):
 
     def generate(self, prompts, sampling):
         groups = super().generate(prompts, sampling)
-        return [[c.__class__(c.text, c.token_ids, c.finish_reason, tuple(lp + self.shift for lp in c.log_probs))
-                 for c in group] for group in groups]
+        return [
+            [
+                c.__class__(c.text, c.token_ids, c.finish_reason, tuple(lp + self.shift for lp in c.log_probs))
+                for c in group
+            ]
+            for group in groups
+        ]
 
 
 @pytest.mark.parametrize("cap, factor", [(10.0, 0.5), (0.25, 0.25)])
@@ -194,7 +267,9 @@ def test_truncated_importance_sampling_scales_the_gradient(tokenizer, cap, facto
     for name, engine_cls, extra in [("plain", RecordingEngine, {}), ("tis", ShiftedLogProbEngine, {"tis_cap": cap})]:
         model = make_model(tokenizer)
         engine = engine_cls(model, tokenizer, math.log(2.0)) if name == "tis" else engine_cls(model, tokenizer)
-        history = grpo(model, tokenizer, engine, PROBLEMS, TEMPLATE, parity_reward, small_config(grad_clip=0.0, **extra))
+        history = grpo(
+            model, tokenizer, engine, PROBLEMS, TEMPLATE, parity_reward, small_config(grad_clip=0.0, **extra)
+        )
         norms[name] = history[0]["grad_norm"]
     assert norms["tis"] == pytest.approx(factor * norms["plain"], rel=1e-4)
 
@@ -210,8 +285,16 @@ def test_nan_loss_stops_before_the_update_with_the_checkpoint_intact(tokenizer, 
         return {"reward": value, "format_reward": 1.0, "answer_reward": value}
 
     with pytest.raises(NonFiniteLossError, match=r"GRPO step 2 of 3 .*loss nan"):
-        grpo(model, tokenizer, RecordingEngine(model, tokenizer), PROBLEMS, TEMPLATE, reward_turning_nan, config,
-             checkpoint_dir=tmp_path / "ckpt")
+        grpo(
+            model,
+            tokenizer,
+            RecordingEngine(model, tokenizer),
+            PROBLEMS,
+            TEMPLATE,
+            reward_turning_nan,
+            config,
+            checkpoint_dir=tmp_path / "ckpt",
+        )
     state = json.loads((tmp_path / "ckpt/latest/state.json").read_text())
     assert state["step"] == 1 and not state["finished"]
 
@@ -223,17 +306,45 @@ def test_resume_after_a_crash_equals_the_uninterrupted_run(tokenizer, tmp_path):
     config, ckpt = small_config(n_grpo_steps=3, eval_every=1), tmp_path / "ckpt"
     reference = make_model(tokenizer)
     evaluate = lambda model, step: {"val_probe": float(step)}  # noqa: E731
-    expected = grpo(reference, tokenizer, RecordingEngine(reference, tokenizer), PROBLEMS, TEMPLATE, parity_reward,
-                    small_config(n_grpo_steps=3, eval_every=1), evaluate=evaluate)
+    expected = grpo(
+        reference,
+        tokenizer,
+        RecordingEngine(reference, tokenizer),
+        PROBLEMS,
+        TEMPLATE,
+        parity_reward,
+        small_config(n_grpo_steps=3, eval_every=1),
+        evaluate=evaluate,
+    )
 
     crashed = make_model(tokenizer)
     with pytest.raises(KeyboardInterrupt):
-        grpo(crashed, tokenizer, RecordingEngine(crashed, tokenizer), PROBLEMS, TEMPLATE, parity_reward, config,
-             checkpoint_dir=ckpt, evaluate=evaluate, log=Recorder(crash_at=3))
+        grpo(
+            crashed,
+            tokenizer,
+            RecordingEngine(crashed, tokenizer),
+            PROBLEMS,
+            TEMPLATE,
+            parity_reward,
+            config,
+            checkpoint_dir=ckpt,
+            evaluate=evaluate,
+            log=Recorder(crash_at=3),
+        )
     resumed = make_model(tokenizer, seed=1)  # other starting weights: the checkpoint must replace them
     recorder = Recorder()
-    history = grpo(resumed, tokenizer, RecordingEngine(resumed, tokenizer), PROBLEMS, TEMPLATE, parity_reward, config,
-                   checkpoint_dir=ckpt, evaluate=evaluate, log=recorder)
+    history = grpo(
+        resumed,
+        tokenizer,
+        RecordingEngine(resumed, tokenizer),
+        PROBLEMS,
+        TEMPLATE,
+        parity_reward,
+        config,
+        checkpoint_dir=ckpt,
+        evaluate=evaluate,
+        log=recorder,
+    )
     assert recorder.steps == [3]  # steps 0-2 came from the checkpoint
     assert_same_params(params_of(resumed), params_of(reference), atol=1e-6)
     assert [h["step"] for h in history] == [0, 1, 2, 3]
@@ -242,8 +353,16 @@ def test_resume_after_a_crash_equals_the_uninterrupted_run(tokenizer, tmp_path):
     # A finished run is not trained again; another configuration is refused.
     assert grpo(resumed, tokenizer, None, PROBLEMS, TEMPLATE, parity_reward, config, checkpoint_dir=ckpt) == history
     with pytest.raises(CheckpointMismatchError, match="learning_rate: 0.001 in the checkpoint, 0.01 now"):
-        grpo(resumed, tokenizer, None, PROBLEMS, TEMPLATE, parity_reward,
-             small_config(n_grpo_steps=3, learning_rate=1e-2), checkpoint_dir=ckpt)
+        grpo(
+            resumed,
+            tokenizer,
+            None,
+            PROBLEMS,
+            TEMPLATE,
+            parity_reward,
+            small_config(n_grpo_steps=3, learning_rate=1e-2),
+            checkpoint_dir=ckpt,
+        )
 
 
 def test_wall_clock_after_a_resume_includes_the_killed_attempts_time(tokenizer, tmp_path):
@@ -260,12 +379,32 @@ def test_wall_clock_after_a_resume_includes_the_killed_attempts_time(tokenizer, 
 
     killed, killed_log = make_model(tokenizer), Recorder(crash_at=4)
     with pytest.raises(KeyboardInterrupt):
-        grpo(killed, tokenizer, RecordingEngine(killed, tokenizer), PROBLEMS, TEMPLATE, parity_reward, config,
-             checkpoint_dir=ckpt, evaluate=slow_step_3, log=killed_log)
+        grpo(
+            killed,
+            tokenizer,
+            RecordingEngine(killed, tokenizer),
+            PROBLEMS,
+            TEMPLATE,
+            parity_reward,
+            config,
+            checkpoint_dir=ckpt,
+            evaluate=slow_step_3,
+            log=killed_log,
+        )
     last_killed = max(m["wall_seconds"] for step, m in killed_log.calls if step == 3)
     resumed, resumed_log = make_model(tokenizer), Recorder()
-    grpo(resumed, tokenizer, RecordingEngine(resumed, tokenizer), PROBLEMS, TEMPLATE, parity_reward, config,
-         checkpoint_dir=ckpt, evaluate=lambda model, step: {}, log=resumed_log)
+    grpo(
+        resumed,
+        tokenizer,
+        RecordingEngine(resumed, tokenizer),
+        PROBLEMS,
+        TEMPLATE,
+        parity_reward,
+        config,
+        checkpoint_dir=ckpt,
+        evaluate=lambda model, step: {},
+        log=resumed_log,
+    )
     assert resumed_log.steps == [3, 4]
     assert all(m["wall_seconds"] > last_killed for _, m in resumed_log.calls), (last_killed, resumed_log.calls)
 
@@ -292,8 +431,17 @@ def run_toy_grpo(policy, tokenizer, loss_type: str) -> list[float]:
     """Eight GRPO steps on the brevity task; each step's mean short-answer rate."""
     model = copy.deepcopy(policy)
     config = GRPOConfig(
-        n_grpo_steps=8, learning_rate=3e-4, rollout_batch_size=64, group_size=8, train_batch_size=64,
-        gradient_accumulation_steps=2, loss_type=loss_type, seed=0, temperature=1.0, min_tokens=4, max_tokens=32,
+        n_grpo_steps=8,
+        learning_rate=3e-4,
+        rollout_batch_size=64,
+        group_size=8,
+        train_batch_size=64,
+        gradient_accumulation_steps=2,
+        loss_type=loss_type,
+        seed=0,
+        temperature=1.0,
+        min_tokens=4,
+        max_tokens=32,
         eval_every=0,
     )
     history = grpo(model, tokenizer, HFEngine(model, tokenizer), TRAIN, TEMPLATE, brevity_reward, config)
@@ -310,11 +458,28 @@ def test_grpo_raises_reward_and_the_baseline_helps(formatted_policy, tokenizer):
 def test_should_stop_ends_the_run_early_with_a_resumable_checkpoint(tokenizer, tmp_path):
     model = make_model(tokenizer)
     config = small_config(n_grpo_steps=4, checkpoint_every=0)
-    history = grpo(model, tokenizer, RecordingEngine(model, tokenizer), PROBLEMS, TEMPLATE, parity_reward, config,
-                   checkpoint_dir=tmp_path / "ckpt", should_stop=lambda step: step >= 2)
+    history = grpo(
+        model,
+        tokenizer,
+        RecordingEngine(model, tokenizer),
+        PROBLEMS,
+        TEMPLATE,
+        parity_reward,
+        config,
+        checkpoint_dir=tmp_path / "ckpt",
+        should_stop=lambda step: step >= 2,
+    )
     assert [h["step"] for h in history] == [1, 2]
     state = json.loads((tmp_path / "ckpt/latest/state.json").read_text())
     assert state["step"] == 2 and not state["finished"]
-    resumed = grpo(model, tokenizer, RecordingEngine(model, tokenizer), PROBLEMS, TEMPLATE, parity_reward, config,
-                   checkpoint_dir=tmp_path / "ckpt")
+    resumed = grpo(
+        model,
+        tokenizer,
+        RecordingEngine(model, tokenizer),
+        PROBLEMS,
+        TEMPLATE,
+        parity_reward,
+        config,
+        checkpoint_dir=tmp_path / "ckpt",
+    )
     assert [h["step"] for h in resumed] == [1, 2, 3, 4]

@@ -12,10 +12,23 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def tiny_params(tmp_path, model, **overrides) -> GRPOParams:
     settings = dict(
-        model=str(model), backend="hf", train_data="arithmetic:30:1", validation_data="arithmetic:6:1",
-        val_subset=3, val_limit=4, eval_every=1, n_grpo_steps=2, rollout_batch_size=4, group_size=2,
-        train_batch_size=4, gradient_accumulation_steps=2, max_tokens=12, min_tokens=1, checkpoint_every=1,
-        output_dir=str(tmp_path / "out"), metrics_path=str(tmp_path / "metrics.json"),
+        model=str(model),
+        backend="hf",
+        train_data="arithmetic:30:1",
+        validation_data="arithmetic:6:1",
+        val_subset=3,
+        val_limit=4,
+        eval_every=1,
+        n_grpo_steps=2,
+        rollout_batch_size=4,
+        group_size=2,
+        train_batch_size=4,
+        gradient_accumulation_steps=2,
+        max_tokens=12,
+        min_tokens=1,
+        checkpoint_every=1,
+        output_dir=str(tmp_path / "out"),
+        metrics_path=str(tmp_path / "metrics.json"),
         tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
     )
     return GRPOParams(**{**settings, **overrides})
@@ -29,9 +42,25 @@ def test_single_run_logs_every_step_and_the_validation_curves(prefect_harness, t
     assert [r["setting"] for r in result["summary"]] == ["single"]
     client = mlflow.MlflowClient(tracking_uri=params.tracking_uri)
     run = client.get_run(result["mlflow_run_id"])
-    per_step = {"reward_mean", "format_reward_mean", "answer_reward_mean", "advantage_mean", "advantage_std",
-                "token_entropy", "response_tokens_mean", "loss", "grad_norm", "lr", "time_generate", "time_grade",
-                "time_train", "time_weight_sync", "generate_tokens_per_s", "train_tokens_per_s", "wall_seconds"}
+    per_step = {
+        "reward_mean",
+        "format_reward_mean",
+        "answer_reward_mean",
+        "advantage_mean",
+        "advantage_std",
+        "token_entropy",
+        "response_tokens_mean",
+        "loss",
+        "grad_norm",
+        "lr",
+        "time_generate",
+        "time_grade",
+        "time_train",
+        "time_weight_sync",
+        "generate_tokens_per_s",
+        "train_tokens_per_s",
+        "wall_seconds",
+    }
     assert per_step <= set(run.data.metrics)
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "reward_mean")) == [1, 2]
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "val_accuracy")) == [0, 1, 2]
@@ -46,7 +75,9 @@ def test_single_run_logs_every_step_and_the_validation_curves(prefect_harness, t
     assert json.loads((tmp_path / "metrics.json").read_text()) == result["summary"]
 
 
-def test_an_ablation_is_a_parent_with_a_child_per_setting_and_resumes(prefect_harness, tiny_lm_dir, tmp_path, monkeypatch):
+def test_an_ablation_is_a_parent_with_a_child_per_setting_and_resumes(
+    prefect_harness, tiny_lm_dir, tmp_path, monkeypatch
+):
     import mlflow
 
     import flows.grpo as flow_module
@@ -59,8 +90,13 @@ def test_an_ablation_is_a_parent_with_a_child_per_setting_and_resumes(prefect_ha
     children = runs[runs["tags.mlflow.parentRunId"] == result["mlflow_run_id"]]
     assert sorted(children["params.loss_type"]) == ["no_baseline", "reinforce_with_baseline"]
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(result["mlflow_run_id"])}
-    assert {"accuracy_vs_step.png", "accuracy_vs_wall_clock.png", "summary.md", "train_curves.csv",
-            "response_tokens_mean_vs_step.png"} <= artifacts
+    assert {
+        "accuracy_vs_step.png",
+        "accuracy_vs_wall_clock.png",
+        "summary.md",
+        "train_curves.csv",
+        "response_tokens_mean_vs_step.png",
+    } <= artifacts
     # Again: nothing is trained, the same parent run is continued.
     monkeypatch.setattr(flow_module, "grpo", lambda *a, **k: pytest.fail("a finished child was trained again"))
     again = grpo_baseline_ablation(params)
@@ -74,16 +110,22 @@ def test_every_ablation_builds_valid_settings():
     assert names["grpo_prompt_ablation"] == ["r1_zero", "question_only"]
     off_policy = ablation_settings("grpo_off_policy_sweep", params)
     assert {p.train_batch_size // p.gradient_accumulation_steps for p in off_policy.values()} == {2}  # micro-batch kept
-    assert off_policy["E4_tb64"].loss_type == "grpo_clip" and off_policy["on_policy"].loss_type == "reinforce_with_baseline"
+    assert (
+        off_policy["E4_tb64"].loss_type == "grpo_clip"
+        and off_policy["on_policy"].loss_type == "reinforce_with_baseline"
+    )
     clip = ablation_settings("grpo_clip_ablation", params)
     assert [p.loss_type for p in clip.values()] == ["grpo_clip", "grpo_no_clip"]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--loss-type", "grpo_clip"], "every ratio is 1"),
-    (["--rollout-batch-size", "264"], "rollout_batch_size must be a multiple of train_batch_size"),
-    (["--ablation", "grpo_off_policy_sweep", "--sweep-train-batch-sizes", "[100]"], "a multiple of"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--loss-type", "grpo_clip"], "every ratio is 1"),
+        (["--rollout-batch-size", "264"], "rollout_batch_size must be a multiple of train_batch_size"),
+        (["--ablation", "grpo_off_policy_sweep", "--sweep-train-batch-sizes", "[100]"], "a multiple of"),
+    ],
+)
 def test_cli_refuses_a_bad_combination_before_starting(argv, message, capsys):
     with pytest.raises(SystemExit) as stopped:
         main(argv)
@@ -99,9 +141,9 @@ def test_an_ablation_fans_its_children_out_over_ray(prefect_harness, tiny_lm_dir
     child runner in a rendezvous (tests/ray_children.py) where each child, once started, waits until both
     have started, so children run one after another would fail after 120 s instead of passing."""
     import mlflow
+    from ray_children import Rendezvous
 
     import flows.grpo as flow_module
-    from ray_children import Rendezvous
     from tasks import fanout
 
     rendezvous = tmp_path / "rendezvous"

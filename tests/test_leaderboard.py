@@ -23,11 +23,23 @@ def test_budget_stops_training_and_the_run_still_reports(prefect_harness, tiny_l
 
     monkeypatch.setitem(module.REWARD_FNS, "arithmetic", recording_grader)
     params = LeaderboardParams(
-        model=str(tiny_lm_dir), backend="hf", train_data="arithmetic:40:1", validation_data="arithmetic:6:1",
+        model=str(tiny_lm_dir),
+        backend="hf",
+        train_data="arithmetic:40:1",
+        validation_data="arithmetic:6:1",
         reward_fn="arithmetic",
-        val_subset=3, final_eval_limit=6, eval_every=1, rollout_batch_size=4, group_size=2, train_batch_size=4,
-        gradient_accumulation_steps=2, max_tokens=12, budget_hours=25 / 3600, final_eval_reserve_s=2.0,
-        output_dir=str(tmp_path / "out"), metrics_path=str(tmp_path / "metrics.json"),
+        val_subset=3,
+        final_eval_limit=6,
+        eval_every=1,
+        rollout_batch_size=4,
+        group_size=2,
+        train_batch_size=4,
+        gradient_accumulation_steps=2,
+        max_tokens=12,
+        budget_hours=25 / 3600,
+        final_eval_reserve_s=2.0,
+        output_dir=str(tmp_path / "out"),
+        metrics_path=str(tmp_path / "metrics.json"),
         tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
     )
     summary = leaderboard(params)
@@ -47,7 +59,11 @@ def test_budget_stops_training_and_the_run_still_reports(prefect_harness, tiny_l
 
 def test_the_rules_are_fixed():
     assert (FINAL_SAMPLING.temperature, FINAL_SAMPLING.top_p, FINAL_SAMPLING.max_tokens, FINAL_SAMPLING.stop) == (
-        1.0, 1.0, 1024, ("</answer>",))
+        1.0,
+        1.0,
+        1024,
+        ("</answer>",),
+    )
     with pytest.raises(ValueError, match="prompt"):
         LeaderboardParams(prompt="question_only")
     with pytest.raises(ValueError, match="reward_fn arithmetic grades only the generated arithmetic task"):
@@ -57,7 +73,11 @@ def test_the_rules_are_fixed():
     LeaderboardParams(reward_fn="arithmetic", train_data="arithmetic:40:2", validation_data="arithmetic:8:2")
     defaults = LeaderboardParams()
     assert (defaults.budget_hours, defaults.learning_rate, defaults.group_size, defaults.length_normalization) == (
-        4.0, 3e-5, 8, "masked_normalize")
+        4.0,
+        3e-5,
+        8,
+        "masked_normalize",
+    )
 
 
 def test_the_engines_first_call_does_not_count_as_evaluation_cost(prefect_harness, tiny_lm_dir, tmp_path, monkeypatch):
@@ -85,10 +105,23 @@ def test_the_engines_first_call_does_not_count_as_evaluation_cost(prefect_harnes
 
     monkeypatch.setattr(module, "engine_for", lambda params: SlowFirstCall(real_engine_for(params)))
     params = LeaderboardParams(
-        model=str(tiny_lm_dir), backend="hf", train_data="arithmetic:40:1", validation_data="arithmetic:6:1",
-        val_subset=3, final_eval_limit=2, eval_every=1, rollout_batch_size=4, group_size=2, train_batch_size=4,
-        gradient_accumulation_steps=2, max_tokens=12, n_grpo_steps=2, budget_hours=120 / 3600,
-        final_eval_reserve_s=2.0, output_dir=str(tmp_path / "out"), metrics_path=None,
+        model=str(tiny_lm_dir),
+        backend="hf",
+        train_data="arithmetic:40:1",
+        validation_data="arithmetic:6:1",
+        val_subset=3,
+        final_eval_limit=2,
+        eval_every=1,
+        rollout_batch_size=4,
+        group_size=2,
+        train_batch_size=4,
+        gradient_accumulation_steps=2,
+        max_tokens=12,
+        n_grpo_steps=2,
+        budget_hours=120 / 3600,
+        final_eval_reserve_s=2.0,
+        output_dir=str(tmp_path / "out"),
+        metrics_path=None,
         tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
     )
     summary = leaderboard(params)
@@ -102,9 +135,20 @@ def test_the_command_line_checks_its_input_before_an_engine_starts(tiny_lm_dir, 
 
     for where in ("tasks.engines", "tasks.evaluation"):  # where the flows' engine starts look it up
         monkeypatch.setattr(f"{where}.make_engine", lambda *a, **k: pytest.fail("an engine started"))
-    argv = ["--model", str(tiny_lm_dir), "--backend", "hf", "--train-data", "arithmetic:40:1",
-            "--validation-data", "arithmetic:6:1", "--output-dir", str(tmp_path / "out"),
-            "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
+    argv = [
+        "--model",
+        str(tiny_lm_dir),
+        "--backend",
+        "hf",
+        "--train-data",
+        "arithmetic:40:1",
+        "--validation-data",
+        "arithmetic:6:1",
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--tracking-uri",
+        f"sqlite:///{tmp_path / 'mlflow.db'}",
+    ]
     with pytest.raises(SystemExit, match=rf"^flows.leaderboard: error: {tmp_path}/missing.jsonl: no such data file$"):
         main([*argv, "--sft-data", str(tmp_path / "missing.jsonl"), "--sft-max-steps", "2"])
     with pytest.raises(SystemExit) as stopped:  # a bad parameter: exit 2, one line on stderr
@@ -118,13 +162,30 @@ def test_changed_settings_start_a_new_run_instead_of_reopening_the_last(prefect_
     import mlflow
 
     settings = dict(
-        model=str(tiny_lm_dir), backend="hf", train_data="arithmetic:40:1", validation_data="arithmetic:6:1",
-        val_subset=3, final_eval_limit=2, eval_every=0, rollout_batch_size=4, group_size=2, train_batch_size=4,
-        gradient_accumulation_steps=2, max_tokens=12, n_grpo_steps=1, budget_hours=1.0, final_eval_reserve_s=1.0,
-        output_dir=str(tmp_path / "out"), metrics_path=None, tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+        model=str(tiny_lm_dir),
+        backend="hf",
+        train_data="arithmetic:40:1",
+        validation_data="arithmetic:6:1",
+        val_subset=3,
+        final_eval_limit=2,
+        eval_every=0,
+        rollout_batch_size=4,
+        group_size=2,
+        train_batch_size=4,
+        gradient_accumulation_steps=2,
+        max_tokens=12,
+        n_grpo_steps=1,
+        budget_hours=1.0,
+        final_eval_reserve_s=1.0,
+        output_dir=str(tmp_path / "out"),
+        metrics_path=None,
+        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
     )
     first = leaderboard(LeaderboardParams(**settings))
     second = leaderboard(LeaderboardParams(**{**settings, "learning_rate": 1e-4}))
     client = mlflow.MlflowClient(tracking_uri=settings["tracking_uri"])
     assert first["mlflow_run_id"] != second["mlflow_run_id"]
-    assert [client.get_run(s["mlflow_run_id"]).data.params["learning_rate"] for s in (first, second)] == ["3e-05", "0.0001"]
+    assert [client.get_run(s["mlflow_run_id"]).data.params["learning_rate"] for s in (first, second)] == [
+        "3e-05",
+        "0.0001",
+    ]

@@ -59,8 +59,16 @@ def _tiny(model_type: str, tied: bool):
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    kwargs = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=tied)
+    kwargs = dict(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=tied,
+    )
     if model_type == "qwen2":
         return Qwen2ForCausalLM(Qwen2Config(**kwargs))
     return LlamaForCausalLM(LlamaConfig(**kwargs))

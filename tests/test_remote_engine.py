@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_lm import plant_eos_after_stop
 
 from a5core.policy import get_response_log_probs, load_policy
 from a5core.rollout import Completion, Engine, SamplingSettings
 from a5core.rollout.remote import RemoteEngine, RemoteEngineError
 from a5core.weight_sync import WeightSpec, plan_buckets
-from tiny_lm import plant_eos_after_stop
 
 REPO = Path(__file__).resolve().parents[1]
 GREEDY = SamplingSettings(temperature=0, max_tokens=30, stop=(), logprobs=True)
@@ -91,8 +91,9 @@ def follows(engine: Engine, model, tokenizer) -> list[Completion]:
     completions = [group[0] for group in engine.generate(PROMPTS, GREEDY)]
     for prompt, completion in zip(PROMPTS, completions):
         ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
-        reference = model.generate(ids, max_new_tokens=GREEDY.max_tokens, do_sample=False,
-                                   pad_token_id=tokenizer.eos_token_id)
+        reference = model.generate(
+            ids, max_new_tokens=GREEDY.max_tokens, do_sample=False, pad_token_id=tokenizer.eos_token_id
+        )
         assert completion.token_ids == tuple(reference[0, ids.shape[1] :].tolist())
         expected = policy_log_probs(model, tokenizer, prompt, completion)
         assert torch.allclose(torch.tensor(completion.log_probs), expected, atol=LOG_PROB_TOL)
@@ -112,8 +113,13 @@ def perturb(model, tokenizer, seed: int = 0) -> None:
 
 
 def test_bucket_plan_keeps_order_dtype_runs_and_the_limit():
-    specs = [WeightSpec("a", (4,), "float32"), WeightSpec("b", (4,), "float32"), WeightSpec("c", (2,), "int64"),
-             WeightSpec("d", (100,), "int64"), WeightSpec("e", (1,), "int64")]
+    specs = [
+        WeightSpec("a", (4,), "float32"),
+        WeightSpec("b", (4,), "float32"),
+        WeightSpec("c", (2,), "int64"),
+        WeightSpec("d", (100,), "int64"),
+        WeightSpec("e", (1,), "int64"),
+    ]
     assert plan_buckets(specs, 32) == [range(0, 2), range(2, 3), range(3, 4), range(4, 5)]
     assert plan_buckets(specs, 0) == [range(i, i + 1) for i in range(5)]
     assert plan_buckets(specs, 1 << 30) == [range(0, 2), range(2, 5)]
@@ -190,8 +196,17 @@ def test_fsdp_rank_pushes_gathered_weights(tmp_path, tiny_lm_dir):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-               f"--master-port={port}", __file__, str(tiny_lm_dir), str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node=2",
+        "--master-addr=127.0.0.1",
+        f"--master-port={port}",
+        __file__,
+        str(tiny_lm_dir),
+        str(out),
+    ]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(out.read_text())  # rank 0 asserted that the engine follows the gathered policy

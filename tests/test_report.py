@@ -13,18 +13,46 @@ import yaml
 from flows.report import ReportParams, _inline_html, main, report
 from tasks.training import plot_curves
 
-BASELINE = {"n_records": 8, "n_problems": 8, "accuracy": 0.25, "format_rate": 0.5, "mean_response_tokens": 41.5,
-            "count_format1_answer1": 2, "count_format1_answer0": 2, "count_format0_answer0": 4,
-            "finish_length": 3, "finish_stop": 5}
-CASES = ("# Evaluation case analysis\n\n8 responses to 8 problems: accuracy 0.250.\n\n"
-         "Of the 4 format-0 responses, 1 contain a correct answer that the r1_zero format rules rejected "
-         "(format/parser failures); the rest hold no correct answer (model failures).\n\n## format1_answer1 (2)\n")
-SFT = [{"setting": "128", "n_examples": 128, "steps": 8, "final_accuracy": 0.1, "final_format_rate": 0.9},
-       {"setting": "filtered", "n_examples": 60, "steps": 4, "initial_accuracy": 0.0, "initial_format_rate": 0.1,
-        "final_accuracy": 0.3, "final_format_rate": 0.95}]
+BASELINE = {
+    "n_records": 8,
+    "n_problems": 8,
+    "accuracy": 0.25,
+    "format_rate": 0.5,
+    "mean_response_tokens": 41.5,
+    "count_format1_answer1": 2,
+    "count_format1_answer0": 2,
+    "count_format0_answer0": 4,
+    "finish_length": 3,
+    "finish_stop": 5,
+}
+CASES = (
+    "# Evaluation case analysis\n\n8 responses to 8 problems: accuracy 0.250.\n\n"
+    "Of the 4 format-0 responses, 1 contain a correct answer that the r1_zero format rules rejected "
+    "(format/parser failures); the rest hold no correct answer (model failures).\n\n## format1_answer1 (2)\n"
+)
+SFT = [
+    {"setting": "128", "n_examples": 128, "steps": 8, "final_accuracy": 0.1, "final_format_rate": 0.9},
+    {
+        "setting": "filtered",
+        "n_examples": 60,
+        "steps": 4,
+        "initial_accuracy": 0.0,
+        "initial_format_rate": 0.1,
+        "final_accuracy": 0.3,
+        "final_format_rate": 0.95,
+    },
+]
 EI = [{"setting": "single", "final_accuracy": 0.35, "final_format_rate": 0.97}]
-GRPO = [{"setting": "single", "initial_accuracy": 0.2, "initial_format_rate": 0.5, "final_accuracy": 0.45,
-         "final_format_rate": 0.99, "wall_seconds": 321.0}]
+GRPO = [
+    {
+        "setting": "single",
+        "initial_accuracy": 0.2,
+        "initial_format_rate": 0.5,
+        "final_accuracy": 0.45,
+        "final_format_rate": 0.99,
+        "wall_seconds": 321.0,
+    }
+]
 
 
 def write(path, text):
@@ -38,18 +66,23 @@ def plot(path):
 
 def project(root, stages=("baseline", "sft", "ei", "grpo")):
     """A project folder holding what the named stages write."""
-    params = {"profile": "cpu", "baseline_eval": {"model": "Qwen/Qwen2.5-Math-1.5B"},
-              "grpo": {"n_grpo_steps": 200, "validation_data": "../shared/data/math/validation.jsonl"},
-              "report": {"title": "Test report"},
-              "profiles": {"cpu": {"baseline_eval": {"model": "smollm2-135m-instruct"}, "grpo": {"n_grpo_steps": 2}}}}
+    params = {
+        "profile": "cpu",
+        "baseline_eval": {"model": "Qwen/Qwen2.5-Math-1.5B"},
+        "grpo": {"n_grpo_steps": 200, "validation_data": "../shared/data/math/validation.jsonl"},
+        "report": {"title": "Test report"},
+        "profiles": {"cpu": {"baseline_eval": {"model": "smollm2-135m-instruct"}, "grpo": {"n_grpo_steps": 2}}},
+    }
     write(root / "params.yaml", yaml.safe_dump(params))
     if "baseline" in stages:
         write(root / "metrics/baseline_eval.json", BASELINE)
         write(root / "outputs/baseline_eval/summary.json", BASELINE)
         write(root / "outputs/baseline_eval/report.md", CASES)
     if "sft" in stages:
-        write(root / "metrics/sft_data.json", {"teacher": {"raw": 10, "duplicates": 0, "filtered": 6, "kept_fraction": 0.6,
-                                                           "format_rate": 0.8}})
+        write(
+            root / "metrics/sft_data.json",
+            {"teacher": {"raw": 10, "duplicates": 0, "filtered": 6, "kept_fraction": 0.6, "format_rate": 0.8}},
+        )
         write(root / "metrics/sft_experiment.json", SFT)
         plot(root / "outputs/sft_experiment/accuracy_vs_step.png")
     if "ei" in stages:
@@ -107,8 +140,13 @@ def test_full_report_with_plots_ablations_and_mlflow_run(prefect_harness, tmp_pa
     assert "Settings: n_grpo_steps `2`. One run." in md and "Final validation accuracy: **0.450**." in md
     assert "not run" not in md
     figures = re.findall(r"!\[[^\]]*\]\(figures/([^)]+)\)", md)
-    assert figures == ["sft_experiment_accuracy_vs_step.png", "grpo_accuracy_vs_step.png", "grpo_accuracy_vs_wall_clock.png",
-                       "grpo_token_entropy_vs_step.png", "ablation_grpo_baseline_ablation_val_accuracy.png"]
+    assert figures == [
+        "sft_experiment_accuracy_vs_step.png",
+        "grpo_accuracy_vs_step.png",
+        "grpo_accuracy_vs_wall_clock.png",
+        "grpo_token_entropy_vs_step.png",
+        "ablation_grpo_baseline_ablation_val_accuracy.png",
+    ]
     for name in figures:
         assert (out / "figures" / name).stat().st_size > 1000
     # The ablation: its newest run only, one row per child.
@@ -125,11 +163,19 @@ def test_full_report_with_plots_ablations_and_mlflow_run(prefect_harness, tmp_pa
     run = client.get_run(result["mlflow_run_id"])
     assert client.get_experiment(run.info.experiment_id).name == "report"
     assert run.data.metrics == {
-        "baseline_accuracy": 0.25, "baseline_format_rate": 0.5,
-        "sft_best_accuracy": 0.3, "sft_best_format_rate": 0.95, "sft_best_initial_accuracy": 0.0,
-        "sft_best_initial_format_rate": 0.1, "ei_best_accuracy": 0.35, "ei_best_format_rate": 0.97,
-        "grpo_best_accuracy": 0.45, "grpo_best_format_rate": 0.99, "grpo_best_initial_accuracy": 0.2,
-        "grpo_best_initial_format_rate": 0.5}
+        "baseline_accuracy": 0.25,
+        "baseline_format_rate": 0.5,
+        "sft_best_accuracy": 0.3,
+        "sft_best_format_rate": 0.95,
+        "sft_best_initial_accuracy": 0.0,
+        "sft_best_initial_format_rate": 0.1,
+        "ei_best_accuracy": 0.35,
+        "ei_best_format_rate": 0.97,
+        "grpo_best_accuracy": 0.45,
+        "grpo_best_format_rate": 0.99,
+        "grpo_best_initial_accuracy": 0.2,
+        "grpo_best_initial_format_rate": 0.5,
+    }
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"report.md", "report.html", "figures", "baseline_cases.md"} <= artifacts
 
@@ -141,8 +187,13 @@ def test_missing_stages_say_not_run_and_a_rerun_replaces_the_folder(prefect_harn
     assert (tmp_path / "outputs/report/figures/grpo_accuracy_vs_step.png").is_file()
     assert (tmp_path / "outputs/report").stat().st_mode & 0o777 == (tmp_path / "outputs/grpo").stat().st_mode & 0o777
 
-    for stale in ("metrics/sft_experiment.json", "metrics/sft_data.json", "metrics/grpo.json", "outputs/grpo/accuracy_vs_step.png",
-                  "outputs/baseline_eval/report.md"):
+    for stale in (
+        "metrics/sft_experiment.json",
+        "metrics/sft_data.json",
+        "metrics/grpo.json",
+        "outputs/grpo/accuracy_vs_step.png",
+        "outputs/baseline_eval/report.md",
+    ):
         (tmp_path / stale).unlink()
     result = report(ReportParams(log_to_mlflow=False))
     md = (tmp_path / "outputs/report/report.md").read_text()
@@ -153,13 +204,25 @@ def test_missing_stages_say_not_run_and_a_rerun_replaces_the_folder(prefect_harn
     assert not (tmp_path / "outputs/report/figures/grpo_accuracy_vs_step.png").exists()  # the whole folder was replaced
     assert not (tmp_path / "outputs/report/baseline_cases.md").exists()
     assert result["sections"]["sft"] is False and result["mlflow_run_id"] is None
-    assert sorted(p.name for p in (tmp_path / "outputs").iterdir()) == ["baseline_eval", "grpo", "report", "sft_experiment"]
+    assert sorted(p.name for p in (tmp_path / "outputs").iterdir()) == [
+        "baseline_eval",
+        "grpo",
+        "report",
+        "sft_experiment",
+    ]
 
 
 def test_nothing_run_yet(prefect_harness, tmp_path):
     (tmp_path / "metrics").mkdir()  # a pipeline begun, no stage finished
-    report(ReportParams(root=str(tmp_path), output_dir=str(tmp_path / "r"), params_file=None, ablations_from_mlflow=False,
-                        log_to_mlflow=False))
+    report(
+        ReportParams(
+            root=str(tmp_path),
+            output_dir=str(tmp_path / "r"),
+            params_file=None,
+            ablations_from_mlflow=False,
+            log_to_mlflow=False,
+        )
+    )
     md = (tmp_path / "r/report.md").read_text()
     assert md.count("| not run |") == 4 and "Baseline evaluation: not run." in md and "figures/" not in md
     assert "Not read (`ablations_from_mlflow: false`)." in md
@@ -170,7 +233,10 @@ def test_cli_reads_its_section_and_refuses_to_replace_a_foreign_folder(prefect_h
     project(tmp_path, stages=("baseline",))
     main(["--config", "params.yaml", "--log-to-mlflow", "false"])
     printed = capsys.readouterr().out
-    assert "Zero-shot baseline: accuracy 0.250, format rate 0.500" in printed and "GRPO (best): accuracy not run" in printed
+    assert (
+        "Zero-shot baseline: accuracy 0.250, format rate 0.500" in printed
+        and "GRPO (best): accuracy not run" in printed
+    )
     assert (tmp_path / "outputs/report/report.md").read_text().startswith("# Test report")
 
     (tmp_path / "elsewhere").mkdir()
@@ -196,8 +262,9 @@ def test_cli_replaces_only_a_folder_a_report_made(prefect_harness, tmp_path, mon
     with pytest.raises(SystemExit) as refused:
         main(["--config", "params.yaml", "--log-to-mlflow", "false", "--output-dir", "outputs/baseline_eval"])
     message = str(refused.value)
-    assert message.startswith("flows.report: error: --output-dir outputs/baseline_eval exists and is not a report "
-                              "folder")
+    assert message.startswith(
+        "flows.report: error: --output-dir outputs/baseline_eval exists and is not a report folder"
+    )
     assert "records.jsonl, summary.json" in message and "pick another --output-dir" in message
     assert files_under(tmp_path / "outputs/baseline_eval") == stage
     assert sorted(p.name for p in (tmp_path / "outputs").iterdir()) == ["baseline_eval"]  # no temporary folder left
@@ -222,17 +289,29 @@ def test_cli_replaces_only_a_folder_a_report_made(prefect_harness, tmp_path, mon
     assert files_under(tmp_path / "outputs/baseline_eval") == stage
 
 
-def test_html_escapes_what_settings_and_files_hold_and_links_only_http_and_relative(prefect_harness, tmp_path,
-                                                                                    monkeypatch):
+def test_html_escapes_what_settings_and_files_hold_and_links_only_http_and_relative(
+    prefect_harness, tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     project(tmp_path, stages=("baseline",))
-    write(tmp_path / "params.yaml", yaml.safe_dump({"baseline_eval": {
-        "model": "[x](javascript:alert(1))",  # in a code span: literal text
-        "prompt": "<script>alert(2)</script>",
-        "max_tokens": "a` [y](javascript:alert(3)) `b",  # closes the code span: the link stands outside it
-        "temperature": "[z](JaVaScRiPt:alert(4))"}, "report": {}}))
-    write(tmp_path / "metrics/grpo.json", [{"setting": "[w](data:text/html,<script>alert(5)</script>)",
-                                            "final_accuracy": 0.5}])
+    write(
+        tmp_path / "params.yaml",
+        yaml.safe_dump(
+            {
+                "baseline_eval": {
+                    "model": "[x](javascript:alert(1))",  # in a code span: literal text
+                    "prompt": "<script>alert(2)</script>",
+                    "max_tokens": "a` [y](javascript:alert(3)) `b",  # closes the code span: the link stands outside it
+                    "temperature": "[z](JaVaScRiPt:alert(4))",
+                },
+                "report": {},
+            }
+        ),
+    )
+    write(
+        tmp_path / "metrics/grpo.json",
+        [{"setting": "[w](data:text/html,<script>alert(5)</script>)", "final_accuracy": 0.5}],
+    )
     main(["--config", "params.yaml", "--log-to-mlflow", "false", "--title", "<script>alert(6)</script>"])
 
     page = (tmp_path / "outputs/report/report.html").read_text()
@@ -244,10 +323,13 @@ def test_html_escapes_what_settings_and_files_hold_and_links_only_http_and_relat
     assert "<td>[w](data:text/html,&lt;script&gt;alert(5)&lt;/script&gt;)</td>" in page
     assert "<h1>&lt;script&gt;alert(6)&lt;/script&gt;</h1>" in page
 
-    assert _inline_html("[docs](https://example.com/a?b=1&c=2)") == \
-        '<a href="https://example.com/a?b=1&amp;c=2">docs</a>'
-    assert _inline_html("see [**cases**](baseline_cases.md#top)") == \
-        'see <a href="baseline_cases.md#top"><strong>cases</strong></a>'
+    assert (
+        _inline_html("[docs](https://example.com/a?b=1&c=2)") == '<a href="https://example.com/a?b=1&amp;c=2">docs</a>'
+    )
+    assert (
+        _inline_html("see [**cases**](baseline_cases.md#top)")
+        == 'see <a href="baseline_cases.md#top"><strong>cases</strong></a>'
+    )
     for link in ("\x01javascript:alert(1)", "vbscript:x", "file:///etc/passwd", "http:evil"):
         assert "href" not in _inline_html(f"[a]({link})")
 
@@ -261,8 +343,13 @@ def test_a_root_without_pipeline_outputs_is_an_error(prefect_harness, tmp_path, 
     empty = tmp_path / "fresh-clone"
     write(empty / "params.yaml", yaml.safe_dump({"profile": "cpu"}))
     (empty / "outputs/report").mkdir(parents=True)  # a report's folder is not a stage's output
-    with pytest.raises(SystemExit, match=re.escape(f"flows.report: error: {empty} holds no pipeline outputs (metrics/, "
-                                                   "outputs/): run `make pipeline` first or pass --root")):
+    with pytest.raises(
+        SystemExit,
+        match=re.escape(
+            f"flows.report: error: {empty} holds no pipeline outputs (metrics/, "
+            "outputs/): run `make pipeline` first or pass --root"
+        ),
+    ):
         main(["--root", str(empty), "--log-to-mlflow", "false"])
     assert not (tmp_path / "outputs").exists()  # nothing written
 
@@ -292,16 +379,26 @@ def test_plots_of_0_1_metrics_span_0_to_1_and_steps_get_integer_ticks(tmp_path, 
     flat = axes([{"run": "a", "step": s, "val_accuracy": 0.0} for s in range(3)], "step", "val_accuracy")
     assert flat.get_ylim() == pytest.approx((-0.02, 1.02)) and integer_ticks(flat)
     for y in ("format_rate", "reward_mean", "clip_fraction", "val/accuracy"):
-        assert axes([{"run": "a", "step": s, y: 0.9 + s / 100} for s in range(2)], "step", y).get_ylim() == \
-            pytest.approx((-0.02, 1.02))
+        assert axes(
+            [{"run": "a", "step": s, y: 0.9 + s / 100} for s in range(2)], "step", y
+        ).get_ylim() == pytest.approx((-0.02, 1.02))
     rounds = axes([{"run": "a", "round": float(r), "train_accuracy": 1.0} for r in range(3)], "round", "train_accuracy")
     assert integer_ticks(rounds)
 
     # Anything else is autoscaled: other metrics, a learning rate, a "reward" outside [0, 1], wall-clock seconds.
-    entropy = axes([{"run": "a", "wall_seconds": s * 0.7, "token_entropy": 2.0 + s} for s in range(3)],
-                   "wall_seconds", "token_entropy")
+    entropy = axes(
+        [{"run": "a", "wall_seconds": s * 0.7, "token_entropy": 2.0 + s} for s in range(3)],
+        "wall_seconds",
+        "token_entropy",
+    )
     assert entropy.get_ylim()[0] > 1.5 and not integer_ticks(entropy)
-    assert axes([{"run": "a", "step": s, "learning_rate": 1e-5 * (s + 1)} for s in range(3)], "step",
-                "learning_rate").get_ylim()[1] < 1e-3
-    assert axes([{"run": "a", "step": s, "reward_total": 3.0 * s} for s in range(3)], "step",
-                "reward_total").get_ylim()[1] > 5
+    assert (
+        axes(
+            [{"run": "a", "step": s, "learning_rate": 1e-5 * (s + 1)} for s in range(3)], "step", "learning_rate"
+        ).get_ylim()[1]
+        < 1e-3
+    )
+    assert (
+        axes([{"run": "a", "step": s, "reward_total": 3.0 * s} for s in range(3)], "step", "reward_total").get_ylim()[1]
+        > 5
+    )

@@ -13,11 +13,11 @@ import sys
 
 import pytest
 import torch
+from tiny_lm import LOOP_TEXT, STOP, loop_token_ids, plant_eos_after_stop
 
 from a5core.policy import get_response_log_probs, load_policy
 from a5core.rollout import BACKENDS, Completion, Engine, SamplingSettings, make_engine
 from a5core.rollout.hf import HFEngine, stop_candidates
-from tiny_lm import LOOP_TEXT, STOP, loop_token_ids, plant_eos_after_stop
 
 GREEDY = SamplingSettings(temperature=0, max_tokens=40)
 LOG_PROB_TOL = 1e-4  # fp32 on CPU: engine and policy agree to ~1e-6
@@ -185,7 +185,10 @@ def test_stop_string_inside_a_token_and_earliest_stop(engine, prompts, policy, s
 
 
 def test_max_tokens_gives_length(engine, prompts):
-    for settings in (SamplingSettings(temperature=0, max_tokens=4), SamplingSettings(temperature=0, max_tokens=7, stop=())):
+    for settings in (
+        SamplingSettings(temperature=0, max_tokens=4),
+        SamplingSettings(temperature=0, max_tokens=7, stop=()),
+    ):
         for (completion,) in engine.generate(prompts[:2], settings):
             assert completion.finish_reason == "length"
             assert len(completion.token_ids) == settings.max_tokens
@@ -225,8 +228,10 @@ def test_stop_candidates_flag_last_characters_and_byte_fragments():
 
 def test_hf_candidate_filter_changes_no_output(hf_engine, prompts, monkeypatch):
     """Decoding only the flagged rows gives exactly what decoding every row each step gives."""
-    cases = [SamplingSettings(n=6, temperature=1.0, max_tokens=48, min_tokens=3, seed=5, stop=stop)
-             for stop in (("</answer>",), ("ans", "is </"))]
+    cases = [
+        SamplingSettings(n=6, temperature=1.0, max_tokens=48, min_tokens=3, seed=5, stop=stop)
+        for stop in (("</answer>",), ("ans", "is </"))
+    ]
     filtered = [hf_engine.generate(prompts, s) for s in cases]
     monkeypatch.setattr(hf_engine, "_stop_candidates", lambda stops: None)
     assert [hf_engine.generate(prompts, s) for s in cases] == filtered
@@ -271,7 +276,9 @@ def test_load_weights_makes_the_engine_follow_the_policy(engine, prompts, policy
             expected = _policy_log_probs(pushed, tokenizer, prompt, completion)
             assert torch.allclose(torch.tensor(completion.log_probs), expected, atol=LOG_PROB_TOL)
         # min_tokens holds EOS back
-        for (completion,) in engine.generate(prompts[:2], SamplingSettings(temperature=0, max_tokens=30, min_tokens=12, stop=())):
+        for (completion,) in engine.generate(
+            prompts[:2], SamplingSettings(temperature=0, max_tokens=30, min_tokens=12, stop=())
+        ):
             assert len(completion.token_ids) > 12 and tokenizer.eos_token_id not in completion.token_ids[:12]
     finally:
         engine.load_weights(model)
@@ -284,7 +291,10 @@ def test_load_weights_makes_the_engine_follow_the_policy(engine, prompts, policy
 
 
 def test_hf_and_vllm_agree_on_greedy_output(hf_engine, vllm_engine, prompts):
-    for settings in (SamplingSettings(temperature=0, max_tokens=40, min_tokens=10), SamplingSettings(temperature=0, max_tokens=25, stop=(), logprobs=True)):
+    for settings in (
+        SamplingSettings(temperature=0, max_tokens=40, min_tokens=10),
+        SamplingSettings(temperature=0, max_tokens=25, stop=(), logprobs=True),
+    ):
         hf_out, vllm_out = hf_engine.generate(prompts, settings), vllm_engine.generate(prompts, settings)
         for (a,), (b,) in zip(hf_out, vllm_out):
             assert (a.text, a.token_ids, a.finish_reason) == (b.text, b.token_ids, b.finish_reason)

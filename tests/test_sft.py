@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from sft_kill_target import CHECKPOINT_EVERY, build_run
 
 from a5core.data import Trace
 from a5core.grading import r1_zero_reward_fn
@@ -29,7 +30,6 @@ from a5core.prompts import load_prompt
 from a5core.rollout import SamplingSettings
 from a5core.rollout.hf import HFEngine
 from a5core.sft import CheckpointMismatchError, NonFiniteLossError, SFTConfig, lr_multiplier, train_sft
-from sft_kill_target import CHECKPOINT_EVERY, build_run
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,9 +48,16 @@ def make_model(tokenizer, hidden: int = 32, layers: int = 1, seed: int = 0):
 
     torch.manual_seed(seed)
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=hidden // 32, num_key_value_heads=1, max_position_embeddings=512,
-        tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 32,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
     )
     model = Qwen2ForCausalLM(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -61,7 +68,9 @@ def make_model(tokenizer, hidden: int = 32, layers: int = 1, seed: int = 0):
 def short_examples(n: int) -> list[Trace]:
     """Short pairs whose responses differ in length (so micro-batches pad differently)."""
     return [
-        Trace(f"What is {i} + {i % 3}?", f" {i} + {i % 3} = {i + i % 3}" + " ok" * (i % 5) + " </answer>", str(i + i % 3))
+        Trace(
+            f"What is {i} + {i % 3}?", f" {i} + {i % 3} = {i + i % 3}" + " ok" * (i % 5) + " </answer>", str(i + i % 3)
+        )
         for i in range(n)
     ]
 
@@ -154,11 +163,20 @@ def make_llama(tokenizer, seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    return LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=1,
-        num_key_value_heads=1, max_position_embeddings=256, tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    ))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=1,
+            num_key_value_heads=1,
+            max_position_embeddings=256,
+            tie_word_embeddings=True,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
 
 
 @pytest.mark.parametrize("n_examples", [8, 6])  # 6: one incomplete batch, micro-batches of unequal size
@@ -173,10 +191,17 @@ def test_gradient_accumulation_equals_one_big_batch(tokenizer, n_examples):
     results = {}
     for micro, checkpointing in [(8, False), (4, False), (2, False), (1, False), (2, True)]:
         model, log = copy.deepcopy(base), Recorder()
-        config = SFTConfig(learning_rate=1e-3, batch_size=8, microbatch_size=micro, epochs=1, normalize_constant=1e-3,
-                           grad_clip=0.0, gradient_checkpointing=checkpointing)
+        config = SFTConfig(
+            learning_rate=1e-3,
+            batch_size=8,
+            microbatch_size=micro,
+            epochs=1,
+            normalize_constant=1e-3,
+            grad_clip=0.0,
+            gradient_checkpointing=checkpointing,
+        )
         train_sft(model, tokenizer, examples, config, log=log)
-        (step, metrics), = log.calls
+        ((step, metrics),) = log.calls
         assert step == 1
         assert metrics["loss"] == pytest.approx(ref_loss, rel=1e-5)
         assert metrics["grad_norm"] == pytest.approx(ref_norm, rel=1e-4)
@@ -189,11 +214,17 @@ def test_gradient_accumulation_equals_one_big_batch(tokenizer, n_examples):
 def test_max_seq_len_cuts_the_response_end(tokenizer):
     examples = short_examples(8)
     log = Recorder()
-    train_sft(make_model(tokenizer), tokenizer, examples, SFTConfig(batch_size=8, microbatch_size=4, epochs=1, max_seq_len=14), log=log)
+    train_sft(
+        make_model(tokenizer),
+        tokenizer,
+        examples,
+        SFTConfig(batch_size=8, microbatch_size=4, epochs=1, max_seq_len=14),
+        log=log,
+    )
     prompt_lens = [len(tokenizer(t.prompt, add_special_tokens=False)["input_ids"]) for t in examples]
     response_lens = [len(tokenizer(t.response, add_special_tokens=False)["input_ids"]) for t in examples]
     kept = [max(0, min(p + r, 14) - p) for p, r in zip(prompt_lens, response_lens)]
-    (_, metrics), = log.calls
+    ((_, metrics),) = log.calls
     assert metrics["tokens"] == sum(kept) < sum(response_lens)
     assert metrics["truncated"] == sum(k < r for k, r in zip(kept, response_lens)) > 0
 
@@ -215,7 +246,9 @@ def test_lr_multiplier_values():
 def test_logged_learning_rates_follow_the_schedule(tokenizer, schedule):
     """The lr each step used, as logged: warmup over 2 steps, then cosine or constant, 6 steps."""
     log = Recorder()
-    config = SFTConfig(learning_rate=1e-3, lr_schedule=schedule, warmup_steps=2, batch_size=2, microbatch_size=2, max_steps=6)
+    config = SFTConfig(
+        learning_rate=1e-3, lr_schedule=schedule, warmup_steps=2, batch_size=2, microbatch_size=2, max_steps=6
+    )
     train_sft(make_model(tokenizer), tokenizer, short_examples(20), config, log=log)
     decay = [1.0, 0.5 * (1 + math.cos(math.pi / 4)), 0.5, 0.5 * (1 + math.cos(3 * math.pi / 4))]
     expected = [0.5, 1.0] + (decay if schedule == "cosine" else [1.0] * 4)
@@ -267,8 +300,17 @@ def rng_probe(model, step) -> dict[str, float]:
 
 
 def run_config(**kwargs) -> SFTConfig:
-    return SFTConfig(learning_rate=3e-3, warmup_steps=1, batch_size=4, microbatch_size=2, epochs=2, seed=7,
-                     eval_every=3, checkpoint_every=2, **kwargs)
+    return SFTConfig(
+        learning_rate=3e-3,
+        warmup_steps=1,
+        batch_size=4,
+        microbatch_size=2,
+        epochs=2,
+        seed=7,
+        eval_every=3,
+        checkpoint_every=2,
+        **kwargs,
+    )
 
 
 def optimizer_state(checkpoint_dir: Path) -> dict:
@@ -289,20 +331,35 @@ def test_resume_after_a_crash_is_exact_and_a_finished_run_is_not_repeated(tokeni
     same logged metrics (RNG draws included) from step 3 on, same weights, same optimizer state."""
     examples = short_examples(10)  # 3 steps per epoch: the resume starts mid-epoch and crosses an epoch
     straight_model, straight = make_model(tokenizer), Recorder()
-    straight_final = train_sft(straight_model, tokenizer, examples, run_config(), checkpoint_dir=tmp_path / "straight",
-                               evaluate=rng_probe, log=straight)
+    straight_final = train_sft(
+        straight_model,
+        tokenizer,
+        examples,
+        run_config(),
+        checkpoint_dir=tmp_path / "straight",
+        evaluate=rng_probe,
+        log=straight,
+    )
     assert straight.steps == [0, 1, 2, 3, 4, 5, 6]  # step 0: the starting model's evaluation
 
     config, crashed = run_config(), tmp_path / "crashed"
     with pytest.raises(KeyboardInterrupt):
-        train_sft(make_model(tokenizer), tokenizer, examples, config, checkpoint_dir=crashed, evaluate=rng_probe,
-                  log=Recorder(crash_at=3))
+        train_sft(
+            make_model(tokenizer),
+            tokenizer,
+            examples,
+            config,
+            checkpoint_dir=crashed,
+            evaluate=rng_probe,
+            log=Recorder(crash_at=3),
+        )
     assert json.loads((tmp_path / "crashed" / "latest" / "state.json").read_text())["step"] == 2
 
     torch.manual_seed(1234), random.seed(1234), np.random.seed(1234)  # the RNGs must come from the checkpoint
     resumed_model, resumed = make_model(tokenizer, seed=99), Recorder()  # and the weights too
-    resumed_final = train_sft(resumed_model, tokenizer, examples, config, checkpoint_dir=crashed, evaluate=rng_probe,
-                              log=resumed)
+    resumed_final = train_sft(
+        resumed_model, tokenizer, examples, config, checkpoint_dir=crashed, evaluate=rng_probe, log=resumed
+    )
     assert resumed.steps == [3, 4, 5, 6]
     assert resumed.calls == straight.calls[3:]  # exact: losses, lrs, grad norms, eval RNG draws
     assert resumed_final == straight_final
@@ -311,8 +368,10 @@ def test_resume_after_a_crash_is_exact_and_a_finished_run_is_not_repeated(tokeni
 
     # Finished: no training, no logging; the final weights are loaded into the model given.
     again_model, again = make_model(tokenizer, seed=5), Recorder()
-    assert train_sft(again_model, tokenizer, examples, config, checkpoint_dir=crashed, evaluate=rng_probe,
-                     log=again) == straight_final
+    assert (
+        train_sft(again_model, tokenizer, examples, config, checkpoint_dir=crashed, evaluate=rng_probe, log=again)
+        == straight_final
+    )
     assert again.calls == []
     assert_same_params(params_of(again_model), params_of(straight_model))
 
@@ -332,9 +391,17 @@ def test_resume_after_kill_9(tiny_lm_dir, tmp_path, uninterrupted_kill_run, mode
     checkpoint_dir, marker = tmp_path / "ckpt", tmp_path / "frozen"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     child = subprocess.Popen(
-        [sys.executable, str(REPO / "tests" / "sft_kill_target.py"),
-         str(tiny_lm_dir), str(checkpoint_dir), str(marker), mode],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            str(REPO / "tests" / "sft_kill_target.py"),
+            str(tiny_lm_dir),
+            str(checkpoint_dir),
+            str(marker),
+            mode,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     try:
         deadline = time.monotonic() + 300  # a guard against a hung child, not a timing assertion
@@ -374,8 +441,13 @@ def test_a_checkpoint_of_another_run_is_refused(tokenizer, tmp_path):
     first = train_sft(make_model(tokenizer), tokenizer, examples, config, checkpoint_dir=ckpt)
 
     with pytest.raises(CheckpointMismatchError, match=r"learning_rate: 1e-05 in the checkpoint, 0\.0001 now"):
-        train_sft(make_model(tokenizer), tokenizer, examples, SFTConfig(**{**vars(config), "learning_rate": 1e-4}),
-                  checkpoint_dir=ckpt)
+        train_sft(
+            make_model(tokenizer),
+            tokenizer,
+            examples,
+            SFTConfig(**{**vars(config), "learning_rate": 1e-4}),
+            checkpoint_dir=ckpt,
+        )
     with pytest.raises(CheckpointMismatchError, match="examples: 8 in the checkpoint, 7 now"):
         train_sft(make_model(tokenizer), tokenizer, examples[:7], config, checkpoint_dir=ckpt)
     changed = [*examples[:-1], Trace(examples[-1].prompt, examples[-1].response + "!", examples[-1].ground_truth)]
@@ -411,15 +483,32 @@ def test_a_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(tokenizer,
 @pytest.mark.parametrize(
     "field, value",
     [
-        ("learning_rate", 0.0), ("learning_rate", -1e-5), ("learning_rate", float("nan")),
-        ("lr_schedule", "linear"), ("warmup_steps", -1), ("batch_size", 0), ("microbatch_size", 0),
-        ("batch_size", 6), ("epochs", 0), ("max_steps", 0), ("weight_decay", -0.1), ("beta2", 1.0),
-        ("beta1", -0.5), ("grad_clip", -1.0), ("normalize_constant", 0.0), ("max_seq_len", 1),
-        ("seed", -1), ("eval_every", -1), ("checkpoint_every", 2.5), ("gradient_checkpointing", "yes"),
+        ("learning_rate", 0.0),
+        ("learning_rate", -1e-5),
+        ("learning_rate", float("nan")),
+        ("lr_schedule", "linear"),
+        ("warmup_steps", -1),
+        ("batch_size", 0),
+        ("microbatch_size", 0),
+        ("batch_size", 6),
+        ("epochs", 0),
+        ("max_steps", 0),
+        ("weight_decay", -0.1),
+        ("beta2", 1.0),
+        ("beta1", -0.5),
+        ("grad_clip", -1.0),
+        ("normalize_constant", 0.0),
+        ("max_seq_len", 1),
+        ("seed", -1),
+        ("eval_every", -1),
+        ("checkpoint_every", 2.5),
+        ("gradient_checkpointing", "yes"),
     ],
 )
 def test_bad_settings_raise_naming_the_field(field, value):
-    with pytest.raises(ValueError, match=rf"(\n{field}\n|Value error, {field} must be)"):  # pydantic's, or a cross-field check
+    with pytest.raises(
+        ValueError, match=rf"(\n{field}\n|Value error, {field} must be)"
+    ):  # pydantic's, or a cross-field check
         SFTConfig(**{"microbatch_size": 4, field: value})
 
 

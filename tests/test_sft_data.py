@@ -51,15 +51,23 @@ def test_every_math_train_solution_becomes_a_trace_that_grades_one(math_train):
     for problem, trace in zip(kept, traces):
         assert trace.prompt == R1.format(problem.problem) and trace.prompt.endswith("Assistant: <think>")
         assert trace.response.startswith(" " + problem.solution.strip() + " </think> <answer> ")
-        assert trace.response.endswith(f" <answer> {problem.answer.strip()} </answer>") and trace.ground_truth == problem.answer
+        assert (
+            trace.response.endswith(f" <answer> {problem.answer.strip()} </answer>")
+            and trace.ground_truth == problem.answer
+        )
     rewards = r1_zero_reward_fn.batch([t.response for t in traces], [t.ground_truth for t in traces])
     assert all(r == {"format_reward": 1.0, "answer_reward": 1.0, "reward": 1.0} for r in rewards)
 
 
 def test_the_response_convention_matches_the_teacher_traces(teacher_file):
     teacher = load_sft_traces(teacher_file)
-    accepted = [t for t, r in zip(teacher, r1_zero_reward_fn.batch([t.response for t in teacher], [t.ground_truth for t in teacher]))
-                if r["format_reward"]]
+    accepted = [
+        t
+        for t, r in zip(
+            teacher, r1_zero_reward_fn.batch([t.response for t in teacher], [t.ground_truth for t in teacher])
+        )
+        if r["format_reward"]
+    ]
     # The teacher's graded responses continue "<think>" with a space and end with "</answer>", as ours do.
     assert sum(t.response.startswith(" ") for t in accepted) / len(accepted) > 0.95
     assert all(t.response.endswith("</answer>") for t in accepted)
@@ -67,11 +75,27 @@ def test_the_response_convention_matches_the_teacher_traces(teacher_file):
 
 
 def test_solutions_without_a_usable_box_are_skipped_and_named():
-    problems = [Problem(str(i), f"q{i}", "", solution) for i, solution in enumerate(
-        ["no box at all", "empty \\boxed{}", "blank \\boxed{ }", "unclosed \\boxed{3", "so \\boxed 5.", "\\fbox{7}", "\\boxed{1} then \\boxed{\\frac{1}{2}}"])]
+    problems = [
+        Problem(str(i), f"q{i}", "", solution)
+        for i, solution in enumerate(
+            [
+                "no box at all",
+                "empty \\boxed{}",
+                "blank \\boxed{ }",
+                "unclosed \\boxed{3",
+                "so \\boxed 5.",
+                "\\fbox{7}",
+                "\\boxed{1} then \\boxed{\\frac{1}{2}}",
+            ]
+        )
+    ]
     traces, skipped = math_solution_traces(problems, R1)
     assert skipped == ["0", "1", "2", "3"]
-    assert [t.response.split("<answer> ")[1] for t in traces] == ["5. </answer>", "7 </answer>", "\\frac{1}{2} </answer>"]
+    assert [t.response.split("<answer> ")[1] for t in traces] == [
+        "5. </answer>",
+        "7 </answer>",
+        "\\frac{1}{2} </answer>",
+    ]
 
 
 # ----------------------------------------------------------------------- imported traces, filter
@@ -102,8 +126,12 @@ def test_import_can_rerender_prompts_with_the_project_template(teacher_file, mat
         question = after.prompt[len(R1.text.split("{question}")[0]) : -len("\nAssistant: <think>")]
         assert after.prompt == R1.format(question) and question in questions
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"prompt": raw[0].prompt, "response": " a", "ground_truth": "1"}) + "\n"
-                   + json.dumps({"prompt": "Q: 1+1?", "response": " a", "ground_truth": "2"}) + "\n")
+    bad.write_text(
+        json.dumps({"prompt": raw[0].prompt, "response": " a", "ground_truth": "1"})
+        + "\n"
+        + json.dumps({"prompt": "Q: 1+1?", "response": " a", "ground_truth": "2"})
+        + "\n"
+    )
     with pytest.raises(DataError, match=r"bad\.jsonl: record 2: prompt is not r1_zero-style"):
         import_traces(bad, R1)
     bad.write_text(json.dumps({"prompt": "p", "response": " a"}) + "\n")
@@ -174,8 +202,16 @@ class FakeServer:
     def echo(self, body):
         """Choices in reverse index order; text names prompt and sample; vLLM's stop_reason set, stop string cut."""
         prompts, n = body["prompt"], body["n"]
-        choices = [{"index": i * n + j, "text": f" {p[-12:]} #{j} </think> <answer> {self.answer} ", "finish_reason": "stop",
-                    "stop_reason": "</answer>"} for i, p in enumerate(prompts) for j in range(n)]
+        choices = [
+            {
+                "index": i * n + j,
+                "text": f" {p[-12:]} #{j} </think> <answer> {self.answer} ",
+                "finish_reason": "stop",
+                "stop_reason": "</answer>",
+            }
+            for i, p in enumerate(prompts)
+            for j in range(n)
+        ]
         return {"object": "text_completion", "choices": choices[::-1]}
 
     def close(self):
@@ -198,24 +234,60 @@ def test_openai_teacher_request_and_parsed_traces(server):
     assert len(server.requests) == 2  # 3 prompts in batches of 2, sent concurrently
     first = next(r for r in server.requests if len(r["body"]["prompt"]) == 2)
     assert first["path"] == "/v1/completions" and first["headers"]["Authorization"] == "Bearer k3y"
-    assert first["body"] == {"model": "teacher-7b", "prompt": [R1.format(p.problem) for p in problems[:2]], "n": 2,
-                             "temperature": 0.7, "top_p": 0.9, "max_tokens": 321, "stop": ["</answer>"], "seed": 5}
+    assert first["body"] == {
+        "model": "teacher-7b",
+        "prompt": [R1.format(p.problem) for p in problems[:2]],
+        "n": 2,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "max_tokens": 321,
+        "stop": ["</answer>"],
+        "seed": 5,
+    }
     # grouped by prompt in sample order despite the shuffled choices; the cut stop string is put back
     tail = [R1.format(p.problem)[-12:] for p in problems]
-    assert [t.response for t in traces] == [f" {tail[i]} #{j} </think> <answer> 4 </answer>" for i in range(3) for j in range(2)]
+    assert [t.response for t in traces] == [
+        f" {tail[i]} #{j} </think> <answer> 4 </answer>" for i in range(3) for j in range(2)
+    ]
     assert [t.ground_truth for t in traces] == ["0", "0", "2", "2", "4", "4"]
-    assert [r["reward"] for r in r1_zero_reward_fn.batch([t.response for t in traces], [t.ground_truth for t in traces])] == [0, 0, 0, 0, 1, 1]
+    assert [
+        r["reward"] for r in r1_zero_reward_fn.batch([t.response for t in traces], [t.ground_truth for t in traces])
+    ] == [0, 0, 0, 0, 1, 1]
 
 
 def test_openai_teacher_completion_fields(server):
-    server.script = [(200, {"choices": [
-        {"index": 0, "text": " a </answer>", "finish_reason": "stop", "stop_reason": "</answer>"},  # stop string kept by the server
-        {"index": 1, "text": " b", "finish_reason": "stop", "matched_stop": "</answer>"},  # sglang's field
-        {"index": 2, "text": " c", "finish_reason": "stop", "stop_reason": None},  # EOS: nothing to put back
-        {"index": 3, "text": " d", "finish_reason": "length"}]})]
+    server.script = [
+        (
+            200,
+            {
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": " a </answer>",
+                        "finish_reason": "stop",
+                        "stop_reason": "</answer>",
+                    },  # stop string kept by the server
+                    {"index": 1, "text": " b", "finish_reason": "stop", "matched_stop": "</answer>"},  # sglang's field
+                    {
+                        "index": 2,
+                        "text": " c",
+                        "finish_reason": "stop",
+                        "stop_reason": None,
+                    },  # EOS: nothing to put back
+                    {"index": 3, "text": " d", "finish_reason": "length"},
+                ]
+            },
+        )
+    ]
     groups = OpenAICompletionsTeacher(server.base_url, "m").generate(["p"], SamplingSettings(n=4))
-    assert groups == [[Completion(" a </answer>", (), "stop"), Completion(" b</answer>", (), "stop"),
-                       Completion(" c", (), "stop"), Completion(" d", (), "length")]]
+    assert groups == [
+        [
+            Completion(" a </answer>", (), "stop"),
+            Completion(" b</answer>", (), "stop"),
+            Completion(" c", (), "stop"),
+            Completion(" d", (), "length"),
+        ]
+    ]
     assert "Authorization" not in server.requests[0]["headers"] and "seed" not in server.requests[0]["body"]
 
 
@@ -223,10 +295,14 @@ def test_openai_teacher_retries_a_500_then_succeeds(server):
     server.script = [(500, {"error": "overloaded"}), (503, "busy")]
     teacher = OpenAICompletionsTeacher(server.base_url, "m", backoff_s=0.01)
     groups = teacher.generate(["p1", "p2"], SamplingSettings(n=1))
-    assert len(server.requests) == 3 and [g[0].text for g in groups] == [" p1 #0 </think> <answer> 4 </answer>",
-                                                                         " p2 #0 </think> <answer> 4 </answer>"]
+    assert len(server.requests) == 3 and [g[0].text for g in groups] == [
+        " p1 #0 </think> <answer> 4 </answer>",
+        " p2 #0 </think> <answer> 4 </answer>",
+    ]
     server.script = [(500, "down")] * 3
-    with pytest.raises(TeacherError, match=r"POST http://127\.0\.0\.1:\d+/v1/completions failed after 3 attempt\(s\): HTTP 500 .*down"):
+    with pytest.raises(
+        TeacherError, match=r"POST http://127\.0\.0\.1:\d+/v1/completions failed after 3 attempt\(s\): HTTP 500 .*down"
+    ):
         OpenAICompletionsTeacher(server.base_url, "m", max_retries=2, backoff_s=0).generate(["p"], SamplingSettings())
 
 
@@ -250,7 +326,10 @@ def test_openai_teacher_unreachable_or_slow_server(server):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     dead = OpenAICompletionsTeacher(f"http://127.0.0.1:{port}/v1", "m", max_retries=1, backoff_s=0.01)
-    with pytest.raises(TeacherError, match=rf"POST http://127\.0\.0\.1:{port}/v1/completions failed after 2 attempt\(s\): connection failed"):
+    with pytest.raises(
+        TeacherError,
+        match=rf"POST http://127\.0\.0\.1:{port}/v1/completions failed after 2 attempt\(s\): connection failed",
+    ):
         dead.generate(["p"], SamplingSettings())
     server.delay_s = 1.0
     slow = OpenAICompletionsTeacher(server.base_url, "m", timeout_s=0.2, max_retries=0)
@@ -279,8 +358,18 @@ def test_credentials_in_the_teacher_url_go_in_a_header_and_never_into_a_message(
     with socket.socket() as s:  # the command line, against a port nobody listens on
         s.bind(("127.0.0.1", 0))
         dead = f"http://alice:s3cret@127.0.0.1:{s.getsockname()[1]}/v1"
-    config = _config(tmp_path, shared_data, distill={"enabled": True, "base_url": dead, "model": "m", "max_retries": 0,
-                                                     "problems": str(shared_data / "math/train.jsonl"), "limit": 1})
+    config = _config(
+        tmp_path,
+        shared_data,
+        distill={
+            "enabled": True,
+            "base_url": dead,
+            "model": "m",
+            "max_retries": 0,
+            "problems": str(shared_data / "math/train.jsonl"),
+            "limit": 1,
+        },
+    )
     with pytest.raises(SystemExit) as stopped:
         flow.main(["distill", "--config", str(config), "--out", str(tmp_path / "d.jsonl")])
     assert "connection failed" in str(stopped.value.code) and "s3cret" not in str(stopped.value.code)
@@ -290,15 +379,29 @@ def test_credentials_in_the_teacher_url_go_in_a_header_and_never_into_a_message(
 
 
 def _config(tmp_path, shared_data, **sft) -> Path:
-    section = {"math": str(shared_data / "math/train.jsonl"), "traces": str(shared_data / "sft/teacher_traces_sample.jsonl"), **sft}
+    section = {
+        "math": str(shared_data / "math/train.jsonl"),
+        "traces": str(shared_data / "sft/teacher_traces_sample.jsonl"),
+        **sft,
+    }
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump({"profile": "a5", "sft_data": section}))
     return path
 
 
 def test_cli_writes_every_set_and_the_metrics(tmp_path, shared_data, server, capsys):
-    config = _config(tmp_path, shared_data, distill={"enabled": True, "base_url": server.base_url, "model": "m",
-                                                     "problems": str(shared_data / "math/train.jsonl"), "limit": 3, "n": 2})
+    config = _config(
+        tmp_path,
+        shared_data,
+        distill={
+            "enabled": True,
+            "base_url": server.base_url,
+            "model": "m",
+            "problems": str(shared_data / "math/train.jsonl"),
+            "limit": 3,
+            "n": 2,
+        },
+    )
     server.answer = "36"  # the third problem's answer
     out = tmp_path / "sft"
     sets = {"math_solutions": out / "m.jsonl", "teacher": out / "t.jsonl", "distilled": out / "d.jsonl"}
@@ -308,19 +411,52 @@ def test_cli_writes_every_set_and_the_metrics(tmp_path, shared_data, server, cap
     flow.main(["distill", "--config", str(config), "--out", str(sets["distilled"])])
     assert server.requests[0]["body"]["n"] == 2 and len(server.requests[0]["body"]["prompt"]) == 3
     metrics_path = tmp_path / "metrics" / "sft_data.json"
-    flow.main(["filter", "--config", str(config), "--out-dir", str(out), "--metrics", str(metrics_path),
-               *[f"--set={k}={v}" for k, v in sets.items()]])
+    flow.main(
+        [
+            "filter",
+            "--config",
+            str(config),
+            "--out-dir",
+            str(out),
+            "--metrics",
+            str(metrics_path),
+            *[f"--set={k}={v}" for k, v in sets.items()],
+        ]
+    )
     metrics = json.loads(metrics_path.read_text())
-    assert metrics["math_solutions"] == {"raw": 7498, "duplicates": 0, "filtered": 7498, "kept_fraction": 1.0, "format_rate": 1.0}
+    assert metrics["math_solutions"] == {
+        "raw": 7498,
+        "duplicates": 0,
+        "filtered": 7498,
+        "kept_fraction": 1.0,
+        "format_rate": 1.0,
+    }
     teacher = metrics["teacher"]
     assert teacher["raw"] == 1767 and teacher["duplicates"] == 57 and teacher["format_rate"] > 0.8
-    assert teacher["filtered"] == len(load_sft_traces(out / "teacher_filtered.jsonl")) and 0.7 < teacher["kept_fraction"] < 0.85
+    assert (
+        teacher["filtered"] == len(load_sft_traces(out / "teacher_filtered.jsonl"))
+        and 0.7 < teacher["kept_fraction"] < 0.85
+    )
     # right for the third problem's two samples only
-    assert metrics["distilled"] == {"raw": 6, "duplicates": 0, "filtered": 2, "kept_fraction": 2 / 6, "format_rate": 1.0}
-    assert {p.name for p in out.iterdir()} == {"m.jsonl", "t.jsonl", "d.jsonl", "math_solutions_filtered.jsonl",
-                                               "teacher_filtered.jsonl", "distilled_filtered.jsonl"}  # no temporaries left
+    assert metrics["distilled"] == {
+        "raw": 6,
+        "duplicates": 0,
+        "filtered": 2,
+        "kept_fraction": 2 / 6,
+        "format_rate": 1.0,
+    }
+    assert {p.name for p in out.iterdir()} == {
+        "m.jsonl",
+        "t.jsonl",
+        "d.jsonl",
+        "math_solutions_filtered.jsonl",
+        "teacher_filtered.jsonl",
+        "distilled_filtered.jsonl",
+    }  # no temporaries left
     teacher_raw = load_sft_traces(sets["teacher"])
-    assert teacher_raw[0].prompt == R1.format(teacher_raw[0].prompt.split("\nUser: ", 1)[1][: -len("\nAssistant: <think>")])
+    assert teacher_raw[0].prompt == R1.format(
+        teacher_raw[0].prompt.split("\nUser: ", 1)[1][: -len("\nAssistant: <think>")]
+    )
 
 
 def test_cli_distill_disabled_writes_an_empty_set(tmp_path, shared_data):
@@ -329,16 +465,32 @@ def test_cli_distill_disabled_writes_an_empty_set(tmp_path, shared_data):
     flow.main(["distill", "--config", str(config), "--out", str(raw)])
     assert raw.read_text() == ""
     metrics = flow.write_filtered({"distilled": raw}, out, None)
-    assert metrics == {"distilled": {"raw": 0, "duplicates": 0, "filtered": 0, "kept_fraction": None, "format_rate": None}}
+    assert metrics == {
+        "distilled": {"raw": 0, "duplicates": 0, "filtered": 0, "kept_fraction": None, "format_rate": None}
+    }
     assert (out / "distilled_filtered.jsonl").read_text() == ""
 
 
 def test_cli_distill_with_a_local_engine(tmp_path, shared_data, tiny_lm_dir):
-    config = _config(tmp_path, shared_data, distill={"enabled": True, "teacher": "engine", "model": str(tiny_lm_dir), "backend": "hf",
-                                                     "problems": str(shared_data / "math/train.jsonl"), "limit": 2, "n": 2, "max_tokens": 8})
+    config = _config(
+        tmp_path,
+        shared_data,
+        distill={
+            "enabled": True,
+            "teacher": "engine",
+            "model": str(tiny_lm_dir),
+            "backend": "hf",
+            "problems": str(shared_data / "math/train.jsonl"),
+            "limit": 2,
+            "n": 2,
+            "max_tokens": 8,
+        },
+    )
     flow.main(["distill", "--config", str(config), "--out", str(tmp_path / "d.jsonl")])
     traces = load_sft_traces(tmp_path / "d.jsonl")
-    assert len(traces) == 4 and [t.ground_truth for t in traces] == [p.answer for p in load_math(shared_data / "math/train.jsonl")[:2] for _ in range(2)]
+    assert len(traces) == 4 and [t.ground_truth for t in traces] == [
+        p.answer for p in load_math(shared_data / "math/train.jsonl")[:2] for _ in range(2)
+    ]
 
 
 def test_cli_bad_input_keeps_the_previous_output_and_names_the_problem(tmp_path, shared_data):
@@ -349,20 +501,42 @@ def test_cli_bad_input_keeps_the_previous_output_and_names_the_problem(tmp_path,
     config = _config(tmp_path, shared_data, traces=str(broken), reprompt_traces=False)
     with pytest.raises(SystemExit, match=r"sft_data traces: .*broken\.jsonl:2: malformed JSON"):
         flow.main(["traces", "--config", str(config), "--out", str(out)])
-    assert out.read_text() == "previous\n" and sorted(p.name for p in tmp_path.iterdir()) == ["broken.jsonl", "params.yaml", "t.jsonl"]
+    assert out.read_text() == "previous\n" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "broken.jsonl",
+        "params.yaml",
+        "t.jsonl",
+    ]
     config.write_text(yaml.safe_dump({"sft_data": {"distill": {"enabeld": True}}}))
     with pytest.raises(SystemExit, match=r"(?s)invalid `sft_data`.*distill.enabeld"):
         flow.main(["distill", "--config", str(config), "--out", str(out)])
-    config.write_text(yaml.safe_dump({"sft_data": {"distill": {"enabled": True, "api_key_env": "A5_TEST_UNSET_KEY",
-                                                                "problems": str(shared_data / "math/train.jsonl")}}}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "sft_data": {
+                    "distill": {
+                        "enabled": True,
+                        "api_key_env": "A5_TEST_UNSET_KEY",
+                        "problems": str(shared_data / "math/train.jsonl"),
+                    }
+                }
+            }
+        )
+    )
     with pytest.raises(SystemExit, match="environment variable A5_TEST_UNSET_KEY is not set"):
         flow.main(["distill", "--config", str(config), "--out", str(out)])
 
 
 def test_profile_overrides_merge_into_nested_distill_settings(tmp_path):
     config = tmp_path / "params.yaml"
-    config.write_text(yaml.safe_dump({"profile": "cpu", "sft_data": {"dedup": False, "distill": {"n": 8, "max_tokens": 500}},
-                                      "profiles": {"cpu": {"sft_data": {"distill": {"enabled": True, "max_tokens": 64}}}}}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "profile": "cpu",
+                "sft_data": {"dedup": False, "distill": {"n": 8, "max_tokens": 500}},
+                "profiles": {"cpu": {"sft_data": {"distill": {"enabled": True, "max_tokens": 64}}}},
+            }
+        )
+    )
     params = flow.load_params(config)
     assert (params.dedup, params.distill.enabled, params.distill.n, params.distill.max_tokens) == (False, True, 8, 64)
     real = flow.load_params(ROOT / "params.yaml")  # the project's own params validate

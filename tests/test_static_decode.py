@@ -12,13 +12,30 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _tiny(model_type: str):
-    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     torch.manual_seed(0)
-    kwargs = dict(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=64)
-    classes = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM),
-               "mistral": (MistralConfig, MistralForCausalLM)}
+    kwargs = dict(
+        vocab_size=61,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    classes = {
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "mistral": (MistralConfig, MistralForCausalLM),
+    }
     config_class, model_class = classes[model_type]
     extra = {"sliding_window": None} if model_type == "mistral" else {}
     return model_class(config_class(**kwargs, **extra)).eval()
@@ -87,7 +104,9 @@ def test_static_loop_equals_transformers_generate(tiny_policy, prompts, monkeypa
     plain = HFEngine(model, tokenizer, batch_size=3, static_cache=False)
     assert static.static_cache and not plain.static_cache and not static.compile
     calls = []
-    monkeypatch.setattr(StaticKVDecoder, "prefill", lambda self, *a, _f=StaticKVDecoder.prefill: calls.append(1) or _f(self, *a))
+    monkeypatch.setattr(
+        StaticKVDecoder, "prefill", lambda self, *a, _f=StaticKVDecoder.prefill: calls.append(1) or _f(self, *a)
+    )
     for settings in CASES:
         assert static.generate(prompts, settings) == plain.generate(prompts, settings)
     assert calls  # the static loop really ran

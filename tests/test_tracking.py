@@ -29,9 +29,17 @@ def test_runs_started_together_on_a_new_store_all_land(tmp_path):
     import mlflow
 
     uri, go = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "go"
-    processes = [subprocess.Popen([sys.executable, "-c", FIRST_RUN, uri, str(go), str(i)], cwd=tmp_path,
-                                  env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "MLFLOW_DISABLE_TELEMETRY": "true"},
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(8)]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", FIRST_RUN, uri, str(go), str(i)],
+            cwd=tmp_path,
+            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "MLFLOW_DISABLE_TELEMETRY": "true"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(8)
+    ]
     time.sleep(5)  # let them import; the go-file releases them together (the lock, not this wait, makes it pass)
     go.touch()
     outputs = [p.communicate(timeout=300)[0] for p in processes]

@@ -9,14 +9,15 @@ from a5core.arithmetic import arithmetic_problems
 from a5core.data import Trace, write_jsonl_atomic
 from a5core.prompts import load_prompt
 
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def arithmetic_traces(n, split="train"):
     template = load_prompt("r1_zero")
-    return [Trace(template.format(p.problem), f" {p.solution} </think> <answer> {p.answer} </answer>", p.answer)
-            for p in arithmetic_problems(n, digits=1, split=split)]
+    return [
+        Trace(template.format(p.problem), f" {p.solution} </think> <answer> {p.answer} </answer>", p.answer)
+        for p in arithmetic_problems(n, digits=1, split=split)
+    ]
 
 
 def children_of(parent_run_id, experiment):
@@ -38,9 +39,23 @@ def test_sft_experiment_parent_children_plot_and_resume(prefect_harness, tiny_lm
     write_jsonl_atomic(tmp_path / "val.jsonl", validation)
     monkeypatch.chdir(tmp_path)
     params = SFTExperimentParams(
-        model=str(tiny_lm_dir), backend="hf", train_data="train.jsonl", filtered_data="filtered.jsonl", sizes=[8, "full"],
-        validation_data="val.jsonl", val_subset=3, val_limit=6, learning_rate=1e-3, batch_size=4, microbatch_size=2,
-        epochs=1, eval_every=2, checkpoint_every=2, max_tokens=12, output_dir="out", metrics_path="metrics.json",
+        model=str(tiny_lm_dir),
+        backend="hf",
+        train_data="train.jsonl",
+        filtered_data="filtered.jsonl",
+        sizes=[8, "full"],
+        validation_data="val.jsonl",
+        val_subset=3,
+        val_limit=6,
+        learning_rate=1e-3,
+        batch_size=4,
+        microbatch_size=2,
+        epochs=1,
+        eval_every=2,
+        checkpoint_every=2,
+        max_tokens=12,
+        output_dir="out",
+        metrics_path="metrics.json",
         tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
     )
     result = sft_experiment(params)
@@ -49,7 +64,9 @@ def test_sft_experiment_parent_children_plot_and_resume(prefect_harness, tiny_lm
     assert (tmp_path / "out/accuracy_vs_step.png").stat().st_size > 1000
     assert json.loads((tmp_path / "metrics.json").read_text()) == result["summary"]
     curves = (tmp_path / "out/curves.csv").read_text().splitlines()
-    assert curves[0] == "setting,step,val_accuracy" and len(curves) == 1 + 2 + 4 + 2  # evals at steps 0,2 | 0,2,4,6 | 0,2
+    assert (
+        curves[0] == "setting,step,val_accuracy" and len(curves) == 1 + 2 + 4 + 2
+    )  # evals at steps 0,2 | 0,2,4,6 | 0,2
     # each row holds its starting model's evaluation (step 0) beside the final one
     assert all(r["initial_accuracy"] is not None and r["initial_format_rate"] is not None for r in result["summary"])
 
@@ -75,10 +92,24 @@ def test_expert_iteration_sweep_as_children(prefect_harness, tiny_lm_dir, tmp_pa
 
     monkeypatch.chdir(tmp_path)
     params = EIParams(
-        model=str(tiny_lm_dir), backend="hf", train_data="arithmetic:30:1", validation_data="arithmetic:6:1",
-        val_subset=3, val_limit=6, n_ei_steps=2, questions_per_step=4, max_tokens=12, min_tokens=0,
-        batch_size=4, microbatch_size=2, sweep=True, sweep_rollouts_per_question=[2], sweep_epochs=[1],
-        sweep_questions_per_step=[4, 6], output_dir="out", metrics_path="metrics.json",
+        model=str(tiny_lm_dir),
+        backend="hf",
+        train_data="arithmetic:30:1",
+        validation_data="arithmetic:6:1",
+        val_subset=3,
+        val_limit=6,
+        n_ei_steps=2,
+        questions_per_step=4,
+        max_tokens=12,
+        min_tokens=0,
+        batch_size=4,
+        microbatch_size=2,
+        sweep=True,
+        sweep_rollouts_per_question=[2],
+        sweep_epochs=[1],
+        sweep_questions_per_step=[4, 6],
+        output_dir="out",
+        metrics_path="metrics.json",
         tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
     )
     result = expert_iteration_flow(params)
@@ -88,27 +119,44 @@ def test_expert_iteration_sweep_as_children(prefect_harness, tiny_lm_dir, tmp_pa
     children = children_of(result["mlflow_run_id"], "expert_iteration")
     assert len(children) == 2
     child = mlflow.MlflowClient().get_run(children["run_id"].iloc[0])
-    assert {"kept_fraction", "rollout_mean_token_entropy", "val_accuracy", "final_val_accuracy"} <= set(child.data.metrics)
+    assert {"kept_fraction", "rollout_mean_token_entropy", "val_accuracy", "final_val_accuracy"} <= set(
+        child.data.metrics
+    )
     history = mlflow.MlflowClient().get_metric_history(child.info.run_id, "val_accuracy")
     assert sorted(m.step for m in history) == [0, 1, 2]  # the starting policy, then after each of 2 rounds
     assert all(r["initial_accuracy"] is not None for r in result["summary"])
 
 
-def test_sft_on_generated_arithmetic_hands_its_best_model_to_the_next_stage(prefect_harness, tiny_lm_dir, tmp_path,
-                                                                             monkeypatch):
+def test_sft_on_generated_arithmetic_hands_its_best_model_to_the_next_stage(
+    prefect_harness, tiny_lm_dir, tmp_path, monkeypatch
+):
     """The cpu profile's chain: SFT on arithmetic:N:D traces, validated with the arithmetic grader, saves its
     best setting's model as output_dir/best_model; a stage starting from it is keyed by its files, so a
     retrained model is not mistaken for the one an earlier run finished with."""
     from flows.params import GRPOParams
-    from tasks.runs import run_key
     from flows.sft_experiment import SFTExperimentParams, sft_experiment
+    from tasks.runs import run_key
 
     monkeypatch.chdir(tmp_path)
     params = SFTExperimentParams(
-        model=str(tiny_lm_dir), backend="hf", train_data="arithmetic:12:1", filtered_data=None, sizes=["full"],
-        validation_data="arithmetic:4:1", reward_fn="arithmetic", val_subset=4, val_limit=4, batch_size=4,
-        microbatch_size=4, max_steps=1, eval_every=1, max_tokens=12, save_models=True, output_dir="out",
-        metrics_path=None, tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+        model=str(tiny_lm_dir),
+        backend="hf",
+        train_data="arithmetic:12:1",
+        filtered_data=None,
+        sizes=["full"],
+        validation_data="arithmetic:4:1",
+        reward_fn="arithmetic",
+        val_subset=4,
+        val_limit=4,
+        batch_size=4,
+        microbatch_size=4,
+        max_steps=1,
+        eval_every=1,
+        max_tokens=12,
+        save_models=True,
+        output_dir="out",
+        metrics_path=None,
+        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
     )
     result = sft_experiment(params)
     assert [(r["setting"], r["n_examples"], r["steps"]) for r in result["summary"]] == [("full", 12, 1)]

@@ -61,6 +61,7 @@ def load_prompt(name_or_path: str | os.PathLike) -> PromptTemplate:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise PromptTemplateError(f"prompt template {path}: not UTF-8 text (byte {e.start + 1} is "
-                                  f"{e.object[e.start:e.start + 1]!r})") from None
+        raise PromptTemplateError(
+            f"prompt template {path}: not UTF-8 text (byte {e.start + 1} is {e.object[e.start : e.start + 1]!r})"
+        ) from None
     return PromptTemplate(name=path.stem if path == builtin else str(path), text=text)

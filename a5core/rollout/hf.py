@@ -65,7 +65,9 @@ class _StopOnStrings:
     device; ids past its end count as flagged); ``candidates`` None: every row.
     """
 
-    def __init__(self, decode, stops: Sequence[str], prompt_len: int, min_tokens: int, candidates: torch.Tensor | None = None):
+    def __init__(
+        self, decode, stops: Sequence[str], prompt_len: int, min_tokens: int, candidates: torch.Tensor | None = None
+    ):
         self.decode, self.stops, self.prompt_len, self.min_tokens = decode, tuple(stops), prompt_len, min_tokens
         self.candidates = candidates
         # tokens to decode: each decodes to >= 1 character, except byte fragments of a multi-byte one
@@ -119,8 +121,15 @@ class HFEngine:
     architecture is supported); ``compile``: capture its decode step as a CUDA graph (default: on CUDA).
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, batch_size: int = 64, static_cache: bool | None = None,
-                 compile: bool | None = None):
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        batch_size: int = 64,
+        static_cache: bool | None = None,
+        compile: bool | None = None,
+    ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
         if static_cache and not supports(model):
@@ -142,8 +151,14 @@ class HFEngine:
 
     @classmethod
     def from_pretrained(
-        cls, model: str, *, dtype: str | torch.dtype = "auto", device: str | None = None, batch_size: int = 64,
-        static_cache: bool | None = None, compile: bool | None = None,
+        cls,
+        model: str,
+        *,
+        dtype: str | torch.dtype = "auto",
+        device: str | None = None,
+        batch_size: int = 64,
+        static_cache: bool | None = None,
+        compile: bool | None = None,
     ) -> HFEngine:
         """Load model and tokenizer from a local directory or hub id (no remote code)."""
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -165,7 +180,9 @@ class HFEngine:
                     ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
                 )
             flags = stop_candidates(self._token_texts, stops)
-            self._candidates[stops] = None if flags is None else torch.tensor(flags, dtype=torch.bool, device=self.model.device)
+            self._candidates[stops] = (
+                None if flags is None else torch.tensor(flags, dtype=torch.bool, device=self.model.device)
+            )
         return self._candidates[stops]
 
     def generate(self, prompts: Sequence[str], sampling: SamplingSettings) -> list[list[Completion]]:
@@ -211,7 +228,9 @@ class HFEngine:
             self._decoder = StaticKVDecoder(self.model, self.batch_size, capacity, compile=True)
         return self._decoder
 
-    def _decode_static(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, s: SamplingSettings) -> list[list[int]]:
+    def _decode_static(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, s: SamplingSettings
+    ) -> list[list[int]]:
         """Token ids generated for each row of left-padded prompts (B, P), trailing padding included."""
         real, prompt_len = input_ids.shape
         decoder = self._static_decoder(real, prompt_len + s.max_tokens)
@@ -237,7 +256,9 @@ class HFEngine:
             if s.stop:
                 flagged |= self._may_stop(token, candidates)
             steps = step + 1
-            if steps == s.max_tokens or (steps % STOP_CHECK_EVERY == 0 and self._all_done(generated, steps, finished, flagged, s)):
+            if steps == s.max_tokens or (
+                steps % STOP_CHECK_EVERY == 0 and self._all_done(generated, steps, finished, flagged, s)
+            ):
                 break
             attend[:, prompt_len + step] = True
             logits = decoder.decode(token, positions + step, prompt_len + step, attend)
@@ -264,8 +285,9 @@ class HFEngine:
         size = candidates.shape[0]
         return candidates[token.clamp(max=size - 1)] | (token >= size)
 
-    def _all_done(self, generated: torch.Tensor, steps: int, finished: torch.Tensor, flagged: torch.Tensor,
-                  s: SamplingSettings) -> bool:
+    def _all_done(
+        self, generated: torch.Tensor, steps: int, finished: torch.Tensor, flagged: torch.Tensor, s: SamplingSettings
+    ) -> bool:
         """Mark rows whose text now holds a stop string finished (decoding only ``flagged`` rows, then
         clearing the flags); True when every row is finished. One device read-back."""
         rows = (flagged & ~finished).nonzero().flatten().tolist()
@@ -277,8 +299,9 @@ class HFEngine:
 
     # ------------------------------------------------------------------ transformers' generate
 
-    def _decode_with_generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                              s: SamplingSettings) -> list[list[int]]:
+    def _decode_with_generate(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, s: SamplingSettings
+    ) -> list[list[int]]:
         """Token ids generated for each row by ``model.generate``, trailing padding included."""
         from transformers import GenerationConfig, StoppingCriteriaList
 
@@ -295,7 +318,9 @@ class HFEngine:
         )
         criteria = StoppingCriteriaList()
         if s.stop:
-            criteria.append(_StopOnStrings(self._decode, s.stop, prompt_len, s.min_tokens, self._stop_candidates(tuple(s.stop))))
+            criteria.append(
+                _StopOnStrings(self._decode, s.stop, prompt_len, s.min_tokens, self._stop_candidates(tuple(s.stop)))
+            )
         # Swap in a neutral generation config so the model's sampling defaults are not merged in.
         saved, self.model.generation_config = self.model.generation_config, GenerationConfig()
         try:
@@ -318,7 +343,9 @@ class HFEngine:
         if cut is not None:
             return cut[0], cut[1], "stop"
         if finish == "length" and len(ids) < s.max_tokens:  # the stopping criterion and this cut disagree
-            raise RuntimeError(f"bug: generation ended after {len(ids)} of {s.max_tokens} tokens without EOS or stop string")
+            raise RuntimeError(
+                f"bug: generation ended after {len(ids)} of {s.max_tokens} tokens without EOS or stop string"
+            )
         return text, ids, finish
 
     def _stop_cut(self, ids: list[int], text: str, s: SamplingSettings) -> tuple[str, list[int]] | None:
@@ -361,7 +388,9 @@ class HFEngine:
         for r in range(0, len(completions), rows_per_chunk):
             rows = slice(r, r + rows_per_chunk)
             logits = self.model(
-                input_ids=input_ids[rows], attention_mask=attention_mask[rows], position_ids=position_ids[rows],
+                input_ids=input_ids[rows],
+                attention_mask=attention_mask[rows],
+                position_ids=position_ids[rows],
                 logits_to_keep=width + 1,
             ).logits[:, :-1]
             pieces.append(token_log_probs(logits, response[rows]))

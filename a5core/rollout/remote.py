@@ -59,8 +59,18 @@ from a5core.weight_sync import (
 __all__ = ["RemoteEngine", "RemoteEngineError", "VLLMWeightReceiver"]
 
 # torchrun's variables: a server spawned by a rank is no rank itself (vLLM would read them)
-_LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-                 "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+_LAUNCHER_ENV = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+)
 _CLOSE_TIMEOUT_S = 30.0
 
 
@@ -126,8 +136,9 @@ class RemoteEngine:
         self._lock = threading.Lock()
         self._sent_specs: list[WeightSpec] | None = None
         store, port = open_store(timeout_s)
-        config = _ServerConfig(str(model), backend, self.device, dtype, backend_kwargs, port, timeout_s, threads,
-                               os.getpid())
+        config = _ServerConfig(
+            str(model), backend, self.device, dtype, backend_kwargs, port, timeout_s, threads, os.getpid()
+        )
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe()
         self._process = context.Process(target=_serve, args=(child_conn, config), name="a5-remote-engine")
@@ -161,9 +172,9 @@ class RemoteEngine:
 
         The names, shapes and dtypes go over the pipe when they differ from the last push; the tensors
         are broadcast. An error on this side in the middle of the broadcasts closes the engine (the
-        server would wait for the rest of the push). An FSDP2-sharded policy (DTensor parameters) is all-gathered tensor by tensor
-        with ``full_tensor()``, a collective: call this on the rank that owns the engine while every
-        other rank calls ``a5core.weight_sync.gather_for_push(policy_model)``.
+        server would wait for the rest of the push). An FSDP2-sharded policy (DTensor parameters) is
+        all-gathered tensor by tensor with ``full_tensor()``, a collective: call this on the rank that owns
+        the engine while every other rank calls ``a5core.weight_sync.gather_for_push(policy_model)``.
         """
         bucket_bytes = self.bucket_bytes
         plan_buckets([], bucket_bytes)  # validates it (an attribute: it may change between pushes)
@@ -227,7 +238,9 @@ class RemoteEngine:
 
     def _exited(self, what: str) -> RemoteEngineError:
         self._process.join(1)  # its exit code, if it is exiting
-        return RemoteEngineError(f"{self.name}: the server process exited (code {self._process.exitcode}) during {what}")
+        return RemoteEngineError(
+            f"{self.name}: the server process exited (code {self._process.exitcode}) during {what}"
+        )
 
 
 def _stop_server(process: multiprocessing.Process, conn: Any) -> None:
@@ -329,8 +342,9 @@ class _HFReceiver:
             if target is None:
                 raise KeyError(f"the engine's model has no tensor {spec.name!r}")
             if tuple(target.shape) != tuple(spec.shape):
-                raise ValueError(f"{spec.name}: the policy's shape {tuple(spec.shape)} "
-                                 f"is not the engine's {tuple(target.shape)}")
+                raise ValueError(
+                    f"{spec.name}: the policy's shape {tuple(spec.shape)} is not the engine's {tuple(target.shape)}"
+                )
             covered.add(id(target))
         missing = [name for name, t in self._targets.items() if id(t) not in covered]
         if missing:
@@ -368,7 +382,10 @@ class _VLLMReceiver:
         if device.type == "cuda":
             _show_only_gpu(0 if device.index is None else device.index)
         self.engine = make_engine(
-            config.model, "vllm", dtype=config.dtype, worker_extension_cls=f"{__name__}.VLLMWeightReceiver",
+            config.model,
+            "vllm",
+            dtype=config.dtype,
+            worker_extension_cls=f"{__name__}.VLLMWeightReceiver",
             **config.backend_kwargs,
         )
         self._specs: list[tuple[str, list[int], str]] | None = None

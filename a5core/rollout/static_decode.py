@@ -50,8 +50,10 @@ class StaticKVDecoder:
 
     def __init__(self, model: Any, batch_size: int, capacity: int, *, compile: bool = False):
         if not supports(model):
-            raise ValueError(f"StaticKVDecoder supports {', '.join(SUPPORTED_MODEL_TYPES)} models without sliding "
-                             f"windows, not {getattr(model.config, 'model_type', type(model).__name__)!r}")
+            raise ValueError(
+                f"StaticKVDecoder supports {', '.join(SUPPORTED_MODEL_TYPES)} models without sliding "
+                f"windows, not {getattr(model.config, 'model_type', type(model).__name__)!r}"
+            )
         self.model, self.inner = model, model.model
         self.batch_size, self.capacity = batch_size, capacity
         config = model.config
@@ -75,8 +77,9 @@ class StaticKVDecoder:
 
     # ------------------------------------------------------------------------------------ steps
 
-    def _layer(self, index: int, layer: Any, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-               attend) -> torch.Tensor:
+    def _layer(
+        self, index: int, layer: Any, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend
+    ) -> torch.Tensor:
         """Decoder layer ``index`` on hidden (B, T, H). ``attend(index, scaling, q, k, v)`` with q (B, heads, T, D)
         and k, v (B, K, T, D) after the rotary embedding stores k, v in the cache and returns (B, T, heads·D)."""
         attn = layer.self_attn
@@ -121,8 +124,9 @@ class StaticKVDecoder:
             hidden = self._layer(index, layer, hidden, cos, sin, attend)
         return self._logits(hidden[:, -1])
 
-    def _decode_step(self, tokens: torch.Tensor, positions: torch.Tensor, slot: torch.Tensor,
-                     attend_mask: torch.Tensor) -> torch.Tensor:
+    def _decode_step(
+        self, tokens: torch.Tensor, positions: torch.Tensor, slot: torch.Tensor, attend_mask: torch.Tensor
+    ) -> torch.Tensor:
         b = tokens.shape[0]
 
         def attend(index, scaling, q, k, v):
@@ -141,8 +145,9 @@ class StaticKVDecoder:
         return self._logits(hidden[:, -1])
 
     @torch.no_grad()
-    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, slot: int | torch.Tensor,
-               attend_mask: torch.Tensor) -> torch.Tensor:
+    def decode(
+        self, tokens: torch.Tensor, positions: torch.Tensor, slot: int | torch.Tensor, attend_mask: torch.Tensor
+    ) -> torch.Tensor:
         """One new token per row: tokens (B,) at rotary ``positions`` (B,) written to cache column
         ``slot``; ``attend_mask`` (B, C) bool: the cache columns each row attends to (its own ``slot``
         included). Returns fp32 logits (B, V), valid until the next call."""
