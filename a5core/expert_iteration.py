@@ -182,7 +182,7 @@ def _rollout_round(
 ) -> tuple[list[Trace], dict[str, float]]:
     """Sample D_b questions, G rollouts each, grade; return the correct ones as traces and round stats.
     Under several ranks each samples and grades its block of the questions; all get every record."""
-    rng = random.Random(config.seed * 1_000_003 + step)
+    rng = random.Random(config.step_seed(step))
     questions = rng.sample(list(problems), min(config.questions_per_step, len(problems)))
     rank, world = distributed.rank_and_world()
     mine = questions[distributed.rank_slice(len(questions))]

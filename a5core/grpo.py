@@ -400,7 +400,7 @@ class _Trainer:
     ) -> dict[str, float]:
         config, self.times = self.config, {}
         start = time.perf_counter()
-        rng = random.Random(config.seed * 1_000_003 + step)
+        rng = random.Random(config.step_seed(step))
         questions = rng.sample(problems, config.prompts_per_step)
         prompts = [template.format(q.problem) for q in questions]
         rank, world = distributed.rank_and_world()
@@ -412,7 +412,7 @@ class _Trainer:
                 template.stop,
                 n=config.group_size,
                 logprobs=config.tis_cap is not None,
-                seed=(config.seed * 1_000_003 + step) * world + rank,
+                seed=config.step_seed(step) * world + rank,
             )
             groups = engine.generate(prompts[distributed.rank_slice(len(prompts))], sampling)
             completions = distributed.gather_lists([c for group in groups for c in group])  # question order
@@ -487,7 +487,7 @@ class _Trainer:
         sums: dict[str, float] = {"loss": 0.0, "grad_norm": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0}
         ratio_max, entropy_sum, entropy_tokens, tokens, optimizer_steps = 0.0, 0.0, 0.0, 0.0, 0
         for epoch in range(config.epochs_per_rollout_batch):
-            generator = torch.Generator().manual_seed((config.seed * 1_000_003 + step) * 1_000 + epoch)
+            generator = torch.Generator().manual_seed(config.step_seed(step) * 1_000 + epoch)
             order = torch.randperm(len(batch), generator=generator).tolist()
             for start in range(0, len(batch), config.train_batch_size):
                 train_batch = order[start : start + config.train_batch_size]

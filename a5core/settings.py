@@ -160,3 +160,8 @@ class PeriodicSettings(Settings):
 
 class SeedSettings(Settings):
     seed: int = Field(0, ge=0, description="seed of data order, sampling and initialisation")
+
+    def step_seed(self, step: int) -> int:
+        """The seed of step ``step``'s draws (its questions, its sampling): distinct for every (seed, step)
+        pair with step < 1,000,003, so two runs with different seeds never share a step's draws."""
+        return self.seed * 1_000_003 + step

@@ -164,7 +164,7 @@ def run_flow(flow: Any, params: BaseModel) -> Any:
     Joins the process group torchrun describes (:func:`a5core.distributed.init_from_env`, before any
     model is loaded; left at the process's exit, so several flows can run in one launch); then rank 0
     calls the flow (a Prefect flow run, tracked as usual) and every other rank its plain function
-    (``flow.fn``: the same training, untracked; see :func:`tasks.training.tracking_rank`). Returns the
+    (``flow.fn``: the same training, untracked; see :func:`tasks.tracking.tracking_rank`). Returns the
     flow's result on rank 0 and None on the others. Prefect's temporary API server, when one starts, is
     stopped with this process even if it is killed (:mod:`tasks.prefect_server`).
     """

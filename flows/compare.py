@@ -33,9 +33,9 @@ from a5core.data import write_text_atomic
 from a5core.settings import defaults
 from flows.cli import flow_main, print_paths
 from flows.params import MLflowLogging, OutputDir, TrackingStore
+from tasks.plots import plot_curves
 from tasks.tables import csv_text, markdown_table
-from tasks.tracking import find_runs, metric_points, run_labels
-from tasks.training import plot_curves
+from tasks.tracking import find_runs, log_files_run, metric_points, run_labels, store_client
 
 # Final values shown when no metrics are named (those that some run holds), and metrics plotted by step.
 DEFAULT_METRICS = (
@@ -185,10 +185,6 @@ def write_comparison(
 
 def log_comparison_run(params: CompareParams, runs: list[Any], result: dict[str, Any]) -> str:
     """A run in ``params.comparison_experiment`` holding the table and plots, tagged with the compared ids."""
-    import mlflow
-
-    from tasks.tracking import mlflow_run
-
     ids = [r.info.run_id for r in runs]
     tags = {"compared_run_ids": ",".join(ids)[:5000], "compared_runs": len(ids)}
     tags.update(
@@ -198,27 +194,25 @@ def log_comparison_run(params: CompareParams, runs: list[Any], result: dict[str,
             if v
         }
     )
-    with mlflow_run(params.comparison_experiment, f"compare-{len(ids)}-runs", params.tracking_uri, **tags) as run:
-        mlflow.log_params(
-            {
-                "metrics": ",".join(result["metrics"])[:6000],
-                "plot_metrics": ",".join(params.plot_metrics),
-                "differing_params": ",".join(result["params"])[:6000],
-            }
-        )
-        for path in result["paths"].values():
-            mlflow.log_artifact(path)
-        return run.info.run_id
+    return log_files_run(
+        params.comparison_experiment,
+        f"compare-{len(ids)}-runs",
+        params.tracking_uri,
+        list(result["paths"].values()),
+        tags=tags,
+        params={
+            "metrics": ",".join(result["metrics"])[:6000],
+            "plot_metrics": ",".join(params.plot_metrics),
+            "differing_params": ",".join(result["params"])[:6000],
+        },
+    )
 
 
 @flow(name="compare")
 def compare(params: CompareParams) -> dict:
     """Compare MLflow runs: table (md/csv/json) and plots into output_dir, logged as a comparison run."""
-    import mlflow
-
-    mlflow.set_tracking_uri(params.tracking_uri)
-    client = mlflow.MlflowClient(tracking_uri=params.tracking_uri)
-    runs = find_runs(client, params)
+    reader = store_client(params.tracking_uri)
+    runs = find_runs(reader, params)
     if not runs:
         raise ValueError(
             "no runs matched: "
@@ -228,7 +222,7 @@ def compare(params: CompareParams) -> dict:
                 else f"children of {params.parent}"
             )
         )
-    result = write_comparison(client, runs, Path(params.output_dir), params.metrics, params.plot_metrics)
+    result = write_comparison(reader, runs, Path(params.output_dir), params.metrics, params.plot_metrics)
     result["mlflow_run_id"] = log_comparison_run(params, runs, result) if params.log_to_mlflow else None
     return result
 

@@ -36,8 +36,9 @@ from flows.cli import flow_main, print_paths
 from flows.params import EIParams
 from tasks.checks import check_outputs, check_prompts_fit
 from tasks.engines import closing_engine, engine_for
+from tasks.plots import log_comparison
 from tasks.runs import Run, Trained, log_run_params, run_key, training_run
-from tasks.training import log_comparison, start_resumable_run, tracked, tracking_rank
+from tasks.tracking import start_resumable_run, tracked, tracking_rank
 
 
 def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | None) -> dict:

@@ -52,13 +52,13 @@ from a5core.problem_sets import load_problem_set
 from a5core.rollout import Engine
 from a5core.settings import describe
 from flows.cli import flow_main, print_paths
+from flows.fanout import run_children_on_ray
 from flows.params import GRPOParams
 from tasks.checks import check_grpo_run
 from tasks.engines import closing_engine, engine_for
-from tasks.fanout import run_children_on_ray
+from tasks.plots import log_comparison
 from tasks.runs import Run, Trained, accuracy_by_wall_clock, log_run_params, run_key, training_run
-from tasks.tracking import ensure_experiment, tag_active_run
-from tasks.training import log_comparison, reopen_run, start_resumable_run, tracked, tracking_rank
+from tasks.tracking import ensure_experiment, reopen_run, start_resumable_run, tag_active_run, tracked, tracking_rank
 
 TREND_METRICS = ("reward_mean", "token_entropy", "response_tokens_mean")
 

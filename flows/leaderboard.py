@@ -30,13 +30,16 @@ The default GRPO settings follow the public leaderboard's best entries: GRPO at 
 Under torchrun every rank trains and evaluates its share with its own engine (see :mod:`flows.grpo`);
 rank 0 alone logs to MLflow, saves the best checkpoint and writes the summary.
 
-A run's MLflow run id and checkpoints live in ``output_dir/runs-<key>/``, the key a hash of its settings
-(as in the other training flows): a killed run resumes when started again with the same settings, and
-changed settings start a new run rather than reopen the old one (MLflow refuses a parameter's second value).
+The run is a :func:`tasks.runs.training_run` like the other training flows': its MLflow run id,
+checkpoints and ``done.json`` live in ``output_dir/runs-<key>/leaderboard/``, the key a hash of its
+settings; a killed run resumes when started again with the same settings, a finished one returns its
+summary without training again, and changed settings start a new run rather than reopen the old one
+(MLflow refuses a parameter's second value).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -49,7 +52,7 @@ from a5core.data import Trace, load_sft_traces, write_text_atomic
 from a5core.grading import r1_zero_reward_fn
 from a5core.grpo import grpo
 from a5core.policy import load_policy
-from a5core.problem_sets import REWARD_FNS, load_problem_set
+from a5core.problem_sets import load_problem_set
 from a5core.prompts import load_prompt
 from a5core.rollout import SamplingSettings
 from a5core.sft import SFTConfig, train_sft
@@ -57,10 +60,25 @@ from flows.cli import flow_main
 from flows.params import LeaderboardParams
 from tasks.checks import check_grpo_run, check_prompts_fit
 from tasks.engines import closing_engine, engine_for
-from tasks.runs import run_key
-from tasks.tracking import log_params_flat
-from tasks.training import mlflow_logger, save_model_folder, start_resumable_run, tracking_rank, validation_hook
+from tasks.evaluation import validation_hook
+from tasks.runs import Run, Trained, save_model_folder, training_run
+from tasks.tracking import tracking_rank
 
+# What the flow returns and writes to summary.json (the run's row holds these and the skeleton's columns).
+SUMMARY_KEYS = (
+    "final_score",
+    "final_format_rate",
+    "n_final_problems",
+    "official",
+    "best_step",
+    "best_subset_accuracy",
+    "grpo_steps",
+    "stopped_by_budget",
+    "wall_seconds",
+    "budget_seconds",
+    "within_budget",
+    "mlflow_run_id",
+)
 # The leaderboard's evaluation, not a parameter.
 FINAL_SAMPLING = SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=1024, stop=load_prompt("r1_zero").stop, seed=0)
 OFFICIAL_VALIDATION_SIZE = 5000
@@ -74,7 +92,8 @@ def leaderboard(params: LeaderboardParams = LeaderboardParams()) -> dict:
     if Path(params.train_data).resolve() == Path(params.validation_data).resolve():
         raise ValueError("leaderboard: train_data and validation_data are the same file; train on MATH train only")
     with closing_engine(engine_for(params)) as engine:
-        summary = _run(params, engine, start)
+        row = training_run("leaderboard", "leaderboard", params, engine, None, functools.partial(_budgeted, start))
+    summary = {k: row[k] for k in SUMMARY_KEYS}
     if tracking_rank():
         write_text_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
         if params.metrics_path:
@@ -82,14 +101,14 @@ def leaderboard(params: LeaderboardParams = LeaderboardParams()) -> dict:
     return summary
 
 
-def _run(params: LeaderboardParams, engine, start: float) -> dict:
-    """The budgeted training and the final score (see the module docstring); returns the summary."""
+def _budgeted(start: float, run: Run) -> Trained:
+    """The budgeted training and the final score (see the module docstring), as a run's body."""
+    params, model, tokenizer, engine, template = run.params, run.model, run.tokenizer, run.engine, run.template
     budget = params.budget_hours * 3600
-    out, folder = Path(params.output_dir), run_folder(params)
+    out = Path(params.output_dir)
     train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
-    validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
+    validation = run.validation_problems
     final_problems = validation[: params.final_eval_limit]
-    template, reward_fn = load_prompt(params.prompt), REWARD_FNS[params.grader]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     best = {"val_accuracy": -1.0, "step": None}
     seconds_per_problem: list[float] = []
@@ -99,109 +118,96 @@ def _run(params: LeaderboardParams, engine, start: float) -> dict:
         estimate = 1.25 * max(seconds_per_problem, default=0.0) * len(final_problems)
         return max(params.final_eval_reserve_s, estimate)
 
-    with start_resumable_run(folder / "mlflow_run_id", params.experiment, "leaderboard", params.tracking_uri) as run:
-        if tracking_rank():
-            log_params_flat(params.model_dump(exclude={"ablation", "engine_device"}))
-        model, tokenizer = load_policy(params.model, dtype=getattr(torch, params.policy_dtype), device=device)
-        log = mlflow_logger()
-        if params.sft_max_steps and params.sft_data:
-            traces: list[Trace] = load_sft_traces(params.sft_data)
-            train_sft(
-                model,
-                tokenizer,
-                traces,
-                SFTConfig(
-                    learning_rate=params.sft_learning_rate,
-                    batch_size=params.sft_batch_size,
-                    microbatch_size=params.sft_microbatch_size,
-                    epochs=1,
-                    max_steps=params.sft_max_steps,
-                    seed=params.seed,
-                    checkpoint_every=50,
-                    compile_layers=params.compile_layers,
-                    fsdp_reshard_after_forward=params.fsdp_reshard_after_forward,
-                ),
-                checkpoint_dir=folder / "sft_checkpoint",
-                log=lambda m, s: log({f"sft/{k}": v for k, v in m.items()}, s),
-            )
-        # The curve's evaluations sample like training (max_tokens of the run); their cost per problem,
-        # scaled to the final evaluation's 1,024 tokens, sizes the final evaluation's reserve.
-        curve_sampling = SamplingSettings(
-            temperature=1.0, top_p=1.0, max_tokens=params.max_tokens, stop=template.stop, seed=0
-        )
-        subset_eval = validation_hook(
-            engine, tokenizer, validation, template, reward_fn, curve_sampling, params.val_subset
-        )
-        token_ratio = FINAL_SAMPLING.max_tokens / params.max_tokens
-        # An engine's first call compiles (the hf engine: ~45 s on an H200); made here, it stays out of
-        # the evaluations' cost per problem, which would otherwise inflate the reserve and end the run early.
-        engine.generate([template.format(validation[0].problem)], curve_sampling)
-
-        def evaluate(model, step: int) -> dict[str, float]:
-            began = time.monotonic()
-            metrics = subset_eval(model, step)
-            per_problem = (time.monotonic() - began) / max(1, min(params.val_subset, len(validation)))
-            seconds_per_problem.append(per_problem * max(1.0, token_ratio))
-            if metrics["val_accuracy"] > best["val_accuracy"]:
-                best.update(val_accuracy=metrics["val_accuracy"], step=step)
-                save_model_folder(model, tokenizer, out / "best")
-            elapsed = time.monotonic() - start
-            log({"val_accuracy_by_wall_seconds": metrics["val_accuracy"]}, int(elapsed))
-            return {**metrics, "budget_used": elapsed / budget, "final_eval_reserve_s": reserve()}
-
-        def should_stop(step: int) -> bool:
-            now = time.monotonic()
-            clock["step_seconds"], clock["last"] = now - clock["last"], now
-            return now - start + reserve() + clock["step_seconds"] >= budget
-
-        clock["last"] = time.monotonic()
-        history = grpo(
+    if params.sft_max_steps and params.sft_data:
+        traces: list[Trace] = load_sft_traces(params.sft_data)
+        train_sft(
             model,
             tokenizer,
-            engine,
-            train,
-            template,
-            reward_fn,
-            params,
-            checkpoint_dir=folder / "grpo_checkpoint",
-            evaluate=evaluate,
-            log=log,
-            should_stop=should_stop,
+            traces,
+            SFTConfig(
+                learning_rate=params.sft_learning_rate,
+                batch_size=params.sft_batch_size,
+                microbatch_size=params.sft_microbatch_size,
+                epochs=1,
+                max_steps=params.sft_max_steps,
+                seed=params.seed,
+                checkpoint_every=50,
+                compile_layers=params.compile_layers,
+                fsdp_reshard_after_forward=params.fsdp_reshard_after_forward,
+            ),
+            checkpoint_dir=run.folder / "sft_checkpoint",
+            log=lambda m, s: run.log({f"sft/{k}": v for k, v in m.items()}, s),
         )
-        stopped_by_budget = history[-1]["step"] < params.n_grpo_steps
-        if best["step"] is not None and best["step"] != history[-1]["step"]:
-            model, _ = load_policy(out / "best", dtype=getattr(torch, params.policy_dtype), device=device)
-        final = validation_hook(engine, tokenizer, final_problems, template, reward_fn, FINAL_SAMPLING, None)(
-            model, history[-1]["step"]
-        )
-        wall = time.monotonic() - start
-        summary = {
-            "final_score": final["val_accuracy"],
-            "final_format_rate": final["val_format_rate"],
-            "n_final_problems": len(final_problems),
-            "official": params.final_eval_limit is None
-            and len(final_problems) == OFFICIAL_VALIDATION_SIZE
-            and reward_fn is r1_zero_reward_fn
-            and not params.validation_data.startswith("arithmetic:"),
-            "best_step": best["step"],
-            "best_subset_accuracy": best["val_accuracy"],
-            "grpo_steps": history[-1]["step"],
-            "stopped_by_budget": stopped_by_budget,
-            "wall_seconds": wall,
-            "budget_seconds": budget,
-            "within_budget": wall <= budget,
-            "mlflow_run_id": run.info.run_id,
-        }
-        log(
-            {k: float(v) for k, v in summary.items() if isinstance(v, (int, float)) and v is not None},
-            history[-1]["step"],
-        )
-    return summary
+    # The curve's evaluations sample like the final one (temperature and top_p 1.0) with the run's
+    # max_tokens; their cost per problem, scaled to the final evaluation's 1,024 tokens, sizes its reserve.
+    curve_sampling = SamplingSettings(
+        temperature=1.0, top_p=1.0, max_tokens=params.max_tokens, stop=template.stop, seed=0
+    )
+    subset_eval = validation_hook(
+        engine, tokenizer, validation, template, run.reward_fn, curve_sampling, params.val_subset
+    )
+    token_ratio = FINAL_SAMPLING.max_tokens / params.max_tokens
+    # An engine's first call compiles (the hf engine: ~45 s on an H200); made here, it stays out of
+    # the evaluations' cost per problem, which would otherwise inflate the reserve and end the run early.
+    engine.generate([template.format(validation[0].problem)], curve_sampling)
 
+    def evaluate(model, step: int) -> dict[str, float]:
+        began = time.monotonic()
+        metrics = subset_eval(model, step)
+        per_problem = (time.monotonic() - began) / max(1, min(params.val_subset, len(validation)))
+        seconds_per_problem.append(per_problem * max(1.0, token_ratio))
+        if metrics["val_accuracy"] > best["val_accuracy"]:
+            best.update(val_accuracy=metrics["val_accuracy"], step=step)
+            save_model_folder(model, tokenizer, out / "best")
+        elapsed = time.monotonic() - start
+        run.log({"val_accuracy_by_wall_seconds": metrics["val_accuracy"]}, int(elapsed))
+        return {**metrics, "budget_used": elapsed / budget, "final_eval_reserve_s": reserve()}
 
-def run_folder(params: LeaderboardParams) -> Path:
-    """Where this run's MLflow run id and checkpoints live: ``output_dir/runs-<hash of its settings>``."""
-    return Path(params.output_dir) / f"runs-{run_key(params)}"
+    def should_stop(step: int) -> bool:
+        now = time.monotonic()
+        clock["step_seconds"], clock["last"] = now - clock["last"], now
+        return now - start + reserve() + clock["step_seconds"] >= budget
+
+    clock["last"] = time.monotonic()
+    history = grpo(
+        model,
+        tokenizer,
+        engine,
+        train,
+        template,
+        run.reward_fn,
+        params,
+        checkpoint_dir=run.folder / "grpo_checkpoint",
+        evaluate=evaluate,
+        log=run.log,
+        should_stop=should_stop,
+    )
+    last_step = history[-1]["step"]
+    if best["step"] is not None and best["step"] != last_step:
+        model, _ = load_policy(out / "best", dtype=getattr(torch, params.policy_dtype), device=device)
+    model.eval()
+    final = validation_hook(engine, tokenizer, final_problems, template, run.reward_fn, FINAL_SAMPLING, None)(
+        model, last_step
+    )
+    wall = time.monotonic() - start
+    summary = {
+        "final_score": final["val_accuracy"],
+        "final_format_rate": final["val_format_rate"],
+        "n_final_problems": len(final_problems),
+        "official": params.final_eval_limit is None
+        and len(final_problems) == OFFICIAL_VALIDATION_SIZE
+        and run.reward_fn is r1_zero_reward_fn
+        and not params.validation_data.startswith("arithmetic:"),
+        "best_step": best["step"],
+        "best_subset_accuracy": best["val_accuracy"],
+        "grpo_steps": last_step,
+        "stopped_by_budget": last_step < params.n_grpo_steps,
+        "wall_seconds": wall,
+        "budget_seconds": budget,
+        "within_budget": wall <= budget,
+    }
+    run.log({k: float(v) for k, v in summary.items() if isinstance(v, (int, float)) and v is not None}, last_step)
+    return Trained(last_step, summary, final=final)
 
 
 def check_inputs(params: LeaderboardParams) -> None:

@@ -36,13 +36,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import yaml
 from prefect import flow
 from pydantic import Field
 
 from a5core.data import write_text_atomic
 from a5core.settings import defaults
-from flows.cli import flow_main, print_paths
+from flows.cli import flow_main, print_paths, profile_name, read_config, section_settings
 from flows.params import Experiment, MLflowLogging, OutputDir, TrackingStore
 from tasks.tables import markdown_table
 
@@ -214,13 +213,12 @@ def stage_settings(params_file: Path | None) -> dict[str, dict[str, Any]]:
     """Each stage's section of params.yaml with its profile's overrides applied (as the flows see them)."""
     if params_file is None or not params_file.is_file():
         return {}
-    document = yaml.safe_load(params_file.read_text()) or {}
-    overrides = (document.get("profiles") or {}).get(document.get("profile")) or {}
+    document = read_config(params_file)
+    profile = profile_name(document, None, params_file)
     settings = {
-        stage: {**(document.get(section) or {}), **(overrides.get(section) or {})}
-        for stage, section in STAGE_SECTIONS.items()
+        stage: section_settings(document, section, profile, params_file) for stage, section in STAGE_SECTIONS.items()
     }
-    settings["_profile"] = {"profile": document.get("profile")}
+    settings["_profile"] = {"profile": profile}
     return settings
 
 
@@ -380,42 +378,10 @@ def grpo_section(page: Page, root: Path, settings: dict[str, Any]) -> dict[str, 
     return _before_after("grpo_best", best)
 
 
-def latest_ablations(tracking_uri: str, experiment: str) -> dict[str, tuple[Any, list[Any]]]:
-    """For each ablation name: its newest parent run (tag ``ablation``, set once all children finished)
-    and that run's children, oldest first. Empty when the store or the experiment does not exist."""
-    import mlflow
-
-    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).is_file():
-        return {}  # do not create an empty store just to find nothing in it
-    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
-    found = client.get_experiment_by_name(experiment)
-    if found is None:
-        return {}
-    parents = client.search_runs(
-        [found.experiment_id],
-        filter_string="tags.ablation != ''",
-        order_by=["attributes.start_time DESC"],
-        max_results=500,
-    )
-    latest: dict[str, tuple[Any, list[Any]]] = {}
-    for parent in parents:
-        name = parent.data.tags["ablation"]
-        if name not in latest:
-            children = client.search_runs(
-                [found.experiment_id],
-                filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
-                order_by=["attributes.start_time ASC"],
-            )
-            latest[name] = (parent, list(children))
-    return latest
-
-
 def ablations_section(page: Page, params: ReportParams, figure_sources: Path) -> int:
     """The GRPO ablations in MLflow: a table and a validation-accuracy plot each. Returns how many."""
-    import mlflow
-
-    from tasks.tracking import metric_points
-    from tasks.training import plot_curves
+    from tasks.plots import plot_curves
+    from tasks.tracking import latest_ablations, metric_points, store_client
 
     page.h(1, "GRPO ablations")
     if not params.ablations_from_mlflow:
@@ -428,7 +394,7 @@ def ablations_section(page: Page, params: ReportParams, figure_sources: Path) ->
             f"`{params.grpo_experiment}`). Run one with `python -m flows.grpo --config params.yaml --ablation NAME`."
         )
         return 0
-    client = mlflow.MlflowClient(tracking_uri=params.tracking_uri)
+    reader = store_client(params.tracking_uri)
     page.p("The newest finished run of each ablation in MLflow (compare any runs with `python -m flows.compare`).")
     for name, (parent, children) in sorted(ablations.items()):
         page.h(2, f"{name}")
@@ -445,7 +411,7 @@ def ablations_section(page: Page, params: ReportParams, figure_sources: Path) ->
             ]
         )
         labels = [c.data.params.get("setting", c.info.run_name) for c in children]
-        points = metric_points(client, children, "val_accuracy", labels)
+        points = metric_points(reader, children, "val_accuracy", labels)
         if points:
             file = f"ablation_{name}_val_accuracy.png"
             plot_curves(figure_sources / file, points, "step", "val_accuracy", "run", f"{name}: validation accuracy")
@@ -640,16 +606,12 @@ def build_report(params: ReportParams) -> dict[str, Any]:
 
 
 def log_report_run(params: ReportParams, result: dict[str, Any]) -> str:
-    import mlflow
-
-    from tasks.tracking import mlflow_run
+    from tasks.tracking import log_files_run
 
     tags = {f"section_{k}": v for k, v in result["sections"].items()}
-    with mlflow_run(params.experiment, "report", params.tracking_uri, **tags) as run:
-        if result["metrics"]:
-            mlflow.log_metrics(result["metrics"])
-        mlflow.log_artifacts(params.output_dir)
-        return run.info.run_id
+    return log_files_run(
+        params.experiment, "report", params.tracking_uri, [params.output_dir], tags=tags, metrics=result["metrics"]
+    )
 
 
 @flow(name="report")

@@ -44,9 +44,9 @@ from flows.cli import flow_main, print_paths
 from flows.params import SFTExperimentParams
 from tasks.checks import check_outputs, check_prompts_fit
 from tasks.engines import closing_engine, engine_for
-from tasks.runs import Run, Trained, curve, log_run_params, run_key, training_run
-from tasks.tracking import tag_active_run
-from tasks.training import log_comparison, mlflow_logger, save_model_folder, start_resumable_run, tracked, tracking_rank
+from tasks.plots import log_comparison
+from tasks.runs import Run, Trained, curve, log_run_params, run_key, save_model_folder, training_run
+from tasks.tracking import mlflow_logger, start_resumable_run, tag_active_run, tracked, tracking_rank
 
 
 def subsets(traces: list[Trace], sizes: list[int | str], seed: int) -> dict[str, list[Trace]]:

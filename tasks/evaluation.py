@@ -1,21 +1,28 @@
-"""Prefect tasks of the shared generate → grade → record path."""
+"""Evaluation as the flows run it: the Prefect tasks of the shared generate → grade → record path (the
+baseline evaluation), and :func:`validation_hook`, the training loops' ``evaluate(model, step)``."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import mlflow
+import torch
 from prefect import task
 from prefect.cache_policies import INPUTS, TASK_SOURCE
 
+from a5core import distributed
 from a5core.data import PROBLEM_LOADERS, Problem, write_jsonl_atomic, write_text_atomic
-from a5core.evaluation import case_report, grade_completions, summarize
+from a5core.evaluation import case_report, evaluate, grade_completions, log_generations, summarize
 from a5core.models import resolve_model
 from a5core.problem_sets import REWARD_FNS
-from a5core.rollout import Completion, SamplingSettings, make_engine
+from a5core.prompts import PromptTemplate
+from a5core.rollout import Completion, Engine, SamplingSettings, make_engine
 from tasks.engines import retry_unless_deterministic, start_engine
+from tasks.tracking import tracking_rank
 
 
 def model_fingerprint(model: str) -> str:
@@ -95,3 +102,58 @@ def log_evaluation_run(
         mlflow.log_artifact(outputs["paths"]["summary"])
         mlflow.log_artifact(outputs["paths"]["report"])
         return run.info.run_id
+
+
+def validation_hook(
+    engine: Engine,
+    tokenizer: Any,
+    problems: Sequence[Problem],
+    template: PromptTemplate,
+    reward_fn: Callable[[str, Any], dict[str, float]],
+    sampling: SamplingSettings,
+    subset: int | None,
+    table_samples: int = 16,
+) -> Callable[[torch.nn.Module, int], dict[str, float]]:
+    """``evaluate(model, step)`` for the loops: push weights, evaluate, log a generations table.
+
+    Evaluates the first ``subset`` problems (all if None); returns ``val_*`` metrics (accuracy,
+    format rate, lengths of correct/incorrect responses, token entropy).
+
+    Under several ranks every rank calls it (as the loops do): each pushes the whole weights
+    (:func:`a5core.distributed.full_weights`, a collective) into its own engine, evaluates its block
+    of the problems, and all get every record (gathered in problem order), so all return the same
+    metrics; the entropies of the table's sample are a forward pass of the (sharded) model on every
+    rank. The tracking rank alone logs the table.
+    """
+
+    def run(model: torch.nn.Module, step: int) -> dict[str, float]:
+        engine.load_weights(distributed.full_weights(model))
+        chosen = list(problems[:subset])
+        mine = chosen[distributed.rank_slice(len(chosen))]
+        records = distributed.gather_lists(evaluate(engine, mine, template, reward_fn, sampling)[0] if mine else [])
+        summary = summarize(records)
+        rows, generation_metrics = log_generations(model, tokenizer, records, table_samples, seed=step)
+        if tracking_rank():
+            _log_table(rows, f"{'full' if subset is None else f'subset{subset}'}_step_{step:06d}.json")
+        metrics = {
+            "accuracy": summary["accuracy"],
+            "format_rate": summary["format_rate"],
+            "n_problems": summary["n_problems"],
+            **generation_metrics,
+        }
+        return {f"val_{k}": v for k, v in metrics.items()}
+
+    return run
+
+
+def _log_table(rows: list[dict[str, Any]], name: str) -> None:
+    """The generations table ``generations/<name>`` of the active run, unless it holds one already.
+
+    Named by the problems evaluated: the last subset evaluation of a run and its final evaluation share
+    a step. log_table appends to an existing table, so a step evaluated again (a resumed run repeating
+    it) keeps its first table.
+    """
+    table = f"generations/{name}"
+    run_id = mlflow.active_run().info.run_id
+    if table not in {a.path for a in mlflow.MlflowClient().list_artifacts(run_id, "generations")}:
+        mlflow.log_table({k: [r[k] for r in rows] for k in rows[0]}, artifact_file=table)

@@ -1,4 +1,5 @@
-"""One training run, as every training flow runs it: GRPO, Expert Iteration, a setting of the SFT sweep.
+"""One training run, as every training flow runs it: GRPO, Expert Iteration, a setting of the SFT sweep,
+the leaderboard run.
 
 :func:`training_run` is the skeleton they share; a flow gives it the body that trains. Around the body:
 
@@ -10,7 +11,8 @@
 - the policy loaded on the GPU if there is one, in ``policy_dtype``;
 - the validation set, prompt template, grader and evaluation sampling (``temperature``, ``max_tokens``,
   the prompt's stop strings, ``seed``), and :meth:`Run.validation`, the loops' ``evaluate`` hook;
-- after the body: the final evaluation on ``val_limit`` problems (``final_*`` metrics at the last step)
+- after the body: the final evaluation on ``val_limit`` problems, unless the body made its own
+  (:attr:`Trained.final`); its metrics logged as ``final_*`` at the last step;
   and the row: ``setting``, accuracy and format rate before (``initial_*``: the starting model's
   evaluation, logged at step 0 by the loops) and after (``final_*``), the MLflow run id, and what the
   body added; written to ``done.json`` on the tracking rank.
@@ -20,7 +22,9 @@ Under torchrun every rank runs all of it (the loops are collective); only rank 0
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,21 +35,44 @@ import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from a5core import distributed
 from a5core.data import Problem, write_text_atomic
 from a5core.policy import load_policy
 from a5core.problem_sets import REWARD_FNS, load_problem_set
 from a5core.prompts import PromptTemplate, load_prompt
 from a5core.rollout import Engine, SamplingSettings
-from tasks.tracking import log_params_flat
-from tasks.training import (
-    RUN_KEY_IGNORED,
-    mlflow_logger,
-    model_path,
-    params_key,
-    start_resumable_run,
-    tracking_rank,
-    validation_hook,
+from tasks.evaluation import model_fingerprint, validation_hook
+from tasks.tracking import log_params_flat, mlflow_logger, start_resumable_run, tracking_rank
+
+# Where results go and how fast they come, not what runs: changing these keeps a run's folder (and resumes it).
+RUN_KEY_IGNORED = (
+    "output_dir",
+    "metrics_path",
+    "experiment",
+    "tracking_uri",
+    "compile_layers",
+    "fsdp_reshard_after_forward",
 )
+
+
+def params_key(params: Any, ignore: tuple[str, ...] = RUN_KEY_IGNORED) -> str:
+    """A short hash of a flow's parameters: runs with other settings get other folders (and MLflow runs),
+    so a resumed run never picks up a checkpoint or a 'done' marker written under different settings.
+    A ``model`` that is a local folder counts by its files too (:func:`tasks.evaluation.model_fingerprint`):
+    a stage that starts from another stage's saved model runs again when that model was trained again."""
+    values = params.model_dump(exclude=set(ignore))
+    if isinstance(values.get("model"), str) and Path(values["model"]).expanduser().is_dir():
+        values["model_files"] = model_fingerprint(values["model"])
+    dump = json.dumps(values, sort_keys=True, default=str)
+    return hashlib.sha256(dump.encode()).hexdigest()[:10]
+
+
+def model_path(model: str | None) -> str:
+    """A starting model as a run records it (tag ``model_path``): a local folder by its real path (a link
+    such as the SFT stage's ``best_model`` resolved to the setting it points at), a hub id as it is."""
+    path = Path(str(model)).expanduser()
+    return str(path.resolve()) if path.is_dir() else str(model)
+
 
 # What does not make a run another run: where its results go, how fast it runs, where its engine runs,
 # how a sweep's children are scheduled.
@@ -83,10 +110,14 @@ class Run:
 
 @dataclass
 class Trained:
-    """What a body returns: the step its final evaluation is logged at, and the row's own fields."""
+    """What a body returns: the step its final evaluation is logged at, and the row's own fields.
+    ``final``: the final evaluation's metrics (``val_accuracy``, ``val_format_rate``) when the body made
+    its own (the leaderboard scores its best checkpoint under the rules' sampling); None: the skeleton
+    evaluates the trained model on ``val_limit`` validation problems."""
 
     step: int
     row: dict[str, Any]
+    final: dict[str, float] | None = None
 
 
 @task(cache_policy=NO_CACHE)
@@ -131,8 +162,10 @@ def training_run(
             mlflow_logger(),
         )
         trained = body(run)
-        model.eval()
-        final = run.validation(params.val_limit)(model, trained.step)
+        final = trained.final
+        if final is None:
+            model.eval()
+            final = run.validation(params.val_limit)(model, trained.step)
         run.log({f"final_{k}": v for k, v in final.items()}, trained.step)
         start = _starting_evaluation(mlflow_run.info.run_id)
         row = {
@@ -222,3 +255,22 @@ def accuracy_by_wall_clock(run_id: str) -> Callable[[float, int, float], None]:
             held[second] += 1
 
     return log
+
+
+def save_model_folder(model: torch.nn.Module, tokenizer: Any, directory: Path) -> None:
+    """Replace ``directory`` with a Hugging Face folder of ``model`` and ``tokenizer`` (written beside it,
+    then renamed: never half a folder). Every rank calls it (:func:`a5core.distributed.write_whole`: the
+    weights are gathered whole, rank 0 writes, the others wait)."""
+
+    def write(state: dict[str, torch.Tensor]) -> None:
+        partial = directory.with_name(directory.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        model.save_pretrained(partial, state_dict=state)
+        tokenizer.save_pretrained(partial)
+        old = directory.with_name(directory.name + ".old")
+        if directory.exists():
+            directory.rename(old)
+        partial.rename(directory)
+        shutil.rmtree(old, ignore_errors=True)
+
+    distributed.write_whole(model, write)

@@ -7,21 +7,33 @@ chose in the browser (GenAI at first) unless the address says ``workflowType=mac
 addresses the flows print (:func:`ui_address`) say so, and land on the runs. A new store is created, and an
 experiment looked up or created, under a file lock: runs started together on a new ``mlflow.db`` each
 race to create its tables (and the same experiment) otherwise, and all but one failed.
+
+Training runs are resumable (:func:`start_resumable_run`, :func:`mlflow_logger`). Under torchrun every rank
+runs a training flow's code (see :func:`flows.cli.run_flow`), and one of them tracks: rank 0
+(:func:`tracking_rank`). On the other ranks :func:`start_resumable_run` and :func:`reopen_run` open no
+MLflow run (``run.info.run_id`` is None) and :func:`mlflow_logger` logs nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
 import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from types import SimpleNamespace
+from typing import Any
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 import mlflow  # noqa: E402
+
+from a5core import distributed  # noqa: E402
+from a5core.data import write_text_atomic  # noqa: E402
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 DEFAULT_ARTIFACT_ROOT = "mlruns"
@@ -209,6 +221,62 @@ def mlflow_run(experiment: str, run_name: str, tracking_uri: str = DEFAULT_TRACK
         yield run
 
 
+def log_files_run(
+    experiment: str,
+    run_name: str,
+    tracking_uri: str,
+    files: list[str | Path],
+    *,
+    tags: dict[str, Any] | None = None,
+    params: dict[str, Any] | None = None,
+    metrics: dict[str, float] | None = None,
+) -> str:
+    """One finished MLflow run holding ``files`` (a file, or a folder's contents) as artifacts, with its
+    tags, parameters and metrics; returns its id. The comparison and the report are logged so."""
+    with mlflow_run(experiment, run_name, tracking_uri, **(tags or {})) as run:
+        if params:
+            mlflow.log_params(params)
+        if metrics:
+            mlflow.log_metrics(metrics)
+        for path in map(Path, files):
+            (mlflow.log_artifacts if path.is_dir() else mlflow.log_artifact)(str(path))
+        return run.info.run_id
+
+
+def store_client(tracking_uri: str) -> Any:
+    """A client reading ``tracking_uri`` (and the fluent API pointed there too)."""
+    mlflow.set_tracking_uri(tracking_uri)
+    return mlflow.MlflowClient(tracking_uri=tracking_uri)
+
+
+def latest_ablations(tracking_uri: str, experiment: str) -> dict[str, tuple[Any, list[Any]]]:
+    """For each ablation name: its newest parent run (tag ``ablation``, set once all children finished)
+    and that run's children, oldest first. Empty when the store or the experiment does not exist."""
+    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).is_file():
+        return {}  # do not create an empty store just to find nothing in it
+    reader = mlflow.MlflowClient(tracking_uri=tracking_uri)
+    found = reader.get_experiment_by_name(experiment)
+    if found is None:
+        return {}
+    parents = reader.search_runs(
+        [found.experiment_id],
+        filter_string="tags.ablation != ''",
+        order_by=["attributes.start_time DESC"],
+        max_results=500,
+    )
+    latest: dict[str, tuple[Any, list[Any]]] = {}
+    for parent in parents:
+        name = parent.data.tags["ablation"]
+        if name not in latest:
+            children = reader.search_runs(
+                [found.experiment_id],
+                filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
+                order_by=["attributes.start_time ASC"],
+            )
+            latest[name] = (parent, list(children))
+    return latest
+
+
 def tag_active_run(**tags: Any) -> None:
     """Set tags on the active MLflow run (values as strings)."""
     mlflow.set_tags({k: str(v) for k, v in tags.items()})
@@ -227,3 +295,93 @@ def log_params_flat(params: dict[str, Any]) -> None:
 
     walk("", params)
     mlflow.log_params(flat)
+
+
+# What the ranks that do not track get for an MLflow run: a run id of None.
+UNTRACKED_RUN = SimpleNamespace(info=SimpleNamespace(run_id=None))
+
+
+def tracking_rank() -> bool:
+    """Whether this process tracks (MLflow runs, output and metrics files, Prefect runs): a plain
+    process does, and of a torchrun launch rank 0; the other ranks train alongside, untracked."""
+    return distributed.rank_and_world()[0] == 0
+
+
+def tracked(prefect_object: Any) -> Any:
+    """A Prefect task or flow as this rank calls it: itself on the tracking rank (a task or flow run),
+    its plain function (``.fn``) on the other ranks, which run the same code without Prefect."""
+    return prefect_object if tracking_rank() else prefect_object.fn
+
+
+def reopen_run(run_id: str, experiment_id: str, **kwargs: Any) -> Any:
+    """Continue run ``run_id`` of experiment ``experiment_id``. MLflow refuses to reopen a run while
+    another experiment is the process's active one (a long-lived process, e.g. a Prefect worker,
+    that ran other flows), so that experiment is made active first. Off the tracking rank: no run."""
+    if not tracking_rank():
+        return contextlib.nullcontext(UNTRACKED_RUN)
+    mlflow.set_experiment(experiment_id=experiment_id)
+    return mlflow.start_run(run_id=run_id, **kwargs)
+
+
+def start_resumable_run(
+    run_id_file: Path, experiment: str, run_name: str, tracking_uri: str, parent_run_id: str | None = None
+) -> Any:
+    """Start an MLflow run, or continue the one whose id ``run_id_file`` holds (a resumed training run).
+
+    The id is written as soon as the run exists, so a kill at any later point resumes the same run.
+    Off the tracking rank (torchrun rank > 0): no run, ``run.info.run_id`` is None.
+    """
+    if not tracking_rank():
+        return contextlib.nullcontext(UNTRACKED_RUN)
+    experiment_id = ensure_experiment(experiment, tracking_uri)
+    system_metrics = system_metrics_logging()  # system/* metrics (CPU, memory, GPU) where psutil is installed
+    if run_id_file.is_file():
+        return reopen_run(
+            run_id_file.read_text().strip(),
+            experiment_id,
+            nested=parent_run_id is not None,
+            log_system_metrics=system_metrics,
+        )
+    tags = {"mlflow.parentRunId": parent_run_id} if parent_run_id else None
+    run = mlflow.start_run(
+        experiment_id=experiment_id,
+        run_name=run_name,
+        nested=parent_run_id is not None,
+        tags=tags,
+        log_system_metrics=system_metrics,
+    )
+    write_text_atomic(run_id_file, run.info.run_id)
+    return run
+
+
+def mlflow_logger(prefix: str = "") -> Callable[[dict[str, float], int], None]:
+    """A ``log(metrics, step)`` callback for the a5core loops that writes to the active MLflow run.
+
+    Resume-safe: a resumed run repeats what it did between its last checkpoint and the kill, and MLflow
+    keeps every value logged (a step logged twice is in the history, the curves and the plots twice).
+    So the first call counts the values the run already holds per (metric, step), and the n-th value
+    this logger is given for a (metric, step) is only written if the run held fewer than n: a replayed
+    step is dropped, the rest of the run is logged. A new run holds nothing, so nothing is dropped.
+    Off the tracking rank it logs nothing.
+    """
+    if not tracking_rank():
+        return lambda metrics, step: None
+    held: Counter[tuple[str, int]] | None = None
+    given: Counter[tuple[str, int]] = Counter()
+
+    def log(metrics: dict[str, float], step: int) -> None:
+        nonlocal held
+        if held is None:
+            client, run_id = mlflow.MlflowClient(), mlflow.active_run().info.run_id
+            held = Counter(
+                (key, m.step)
+                for key in client.get_run(run_id).data.metrics
+                for m in client.get_metric_history(run_id, key)
+            )
+        finite = {f"{prefix}{k}": float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and v == v}
+        given.update((k, step) for k in finite)
+        new = {k: v for k, v in finite.items() if given[(k, step)] > held[(k, step)]}
+        if new:
+            mlflow.log_metrics(new, step=step)
+
+    return log

@@ -1,4 +1,4 @@
-"""What the tests hand to :func:`tasks.fanout.run_children_on_ray` as children.
+"""What the tests hand to :func:`flows.fanout.run_children_on_ray` as children.
 
 A child runs in a Ray worker process, where a test's monkeypatch does not reach; these are plain objects
 the workers unpickle by importing this module (a local instance's workers get the driver's ``sys.path``,

@@ -1,4 +1,4 @@
-"""tasks.fanout on a local Ray instance: every server of the instance listens on the loopback interface only."""
+"""flows.fanout on a local Ray instance: every server of the instance listens on the loopback interface only."""
 
 import ipaddress
 import os
@@ -18,7 +18,8 @@ def test_a_local_instance_listens_on_loopback_only(prefect_harness, tmp_path):
     workers and agents listened on ``::``, ``0.0.0.0`` or that address. Two children, both up at once
     (a rendezvous), list the listening sockets of every process of the session: the GCS, the raylet, the
     agents, both workers, and the driver's own gRPC server."""
-    from tasks.fanout import RAY_SINGLE_MACHINE_ENV, run_children_on_ray
+    from flows.fanout import run_children_on_ray
+    from tasks.fanout import RAY_SINGLE_MACHINE_ENV
 
     me = psutil.Process()
     before = [p.pid for p in me.children(recursive=True)]

@@ -144,7 +144,7 @@ def test_an_ablation_fans_its_children_out_over_ray(prefect_harness, tiny_lm_dir
     from ray_children import Rendezvous
 
     import flows.grpo as flow_module
-    from tasks import fanout
+    from flows import fanout
 
     rendezvous = tmp_path / "rendezvous"
     handed = []

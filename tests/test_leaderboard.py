@@ -12,7 +12,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def test_budget_stops_training_and_the_run_still_reports(prefect_harness, tiny_lm_dir, tmp_path, monkeypatch):
     import mlflow
 
-    import flows.leaderboard as module
+    from a5core import problem_sets
     from a5core.arithmetic import arithmetic_reward_fn
 
     graded = []  # the arithmetic grader, asked for, grades the rollouts and every evaluation
@@ -21,7 +21,7 @@ def test_budget_stops_training_and_the_run_still_reports(prefect_harness, tiny_l
         graded.append(response)
         return arithmetic_reward_fn(response, ground_truth)
 
-    monkeypatch.setitem(module.REWARD_FNS, "arithmetic", recording_grader)
+    monkeypatch.setitem(problem_sets.REWARD_FNS, "arithmetic", recording_grader)
     params = LeaderboardParams(
         model=str(tiny_lm_dir),
         backend="hf",
@@ -156,10 +156,15 @@ def test_the_command_line_checks_its_input_before_an_engine_starts(tiny_lm_dir, 
     assert stopped.value.code == 2 and "rollout_batch_size must be a multiple of group_size" in capsys.readouterr().err
 
 
-def test_changed_settings_start_a_new_run_instead_of_reopening_the_last(prefect_harness, tiny_lm_dir, tmp_path):
+def test_changed_settings_start_a_new_run_instead_of_reopening_the_last(
+    prefect_harness, tiny_lm_dir, tmp_path, monkeypatch
+):
     """The MLflow run is keyed by the settings: after a run, one with another learning rate is a run of its
-    own (reopening the first, MLflow refused the changed parameter: "Changing param values is not allowed")."""
+    own (reopening the first, MLflow refused the changed parameter: "Changing param values is not allowed").
+    The first settings again: the finished run's summary, nothing trained or evaluated again."""
     import mlflow
+
+    import flows.leaderboard as module
 
     settings = dict(
         model=str(tiny_lm_dir),
@@ -189,3 +194,6 @@ def test_changed_settings_start_a_new_run_instead_of_reopening_the_last(prefect_
         "3e-05",
         "0.0001",
     ]
+    monkeypatch.setattr(module, "grpo", lambda *a, **k: pytest.fail("a finished run trained again"))
+    monkeypatch.setattr(module, "validation_hook", lambda *a, **k: pytest.fail("a finished run evaluated again"))
+    assert leaderboard(LeaderboardParams(**settings)) == first

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from flows.report import ReportParams, _inline_html, main, report
-from tasks.training import plot_curves
+from tasks.plots import plot_curves
 
 BASELINE = {
     "n_records": 8,

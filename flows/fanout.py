@@ -1,0 +1,55 @@
+"""Fan a sweep's child runs out over Ray: a sub-flow on Prefect's Ray task runner, one GPU (or what is
+asked) per child.
+
+``run_children_on_ray(children, run_child, ...)`` runs ``run_child(name, params)`` for every child as a
+Prefect task on a Ray worker, all at once as far as the cluster's resources allow, and returns their
+results in the children's order. ``address`` None starts a local Ray instance (this machine's CPUs and
+GPUs, no dashboard, every server of it listening on 127.0.0.1 only: see :func:`tasks.fanout.loopback_only`);
+``"ray://host:10001"`` uses a user's cluster, whose workers must be able to import this project
+(install it there, or pass ``runtime_env={"working_dir": "."}``). Each child builds its own engine: an
+engine is a process-local object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from prefect import flow
+
+from tasks.fanout import loopback_only, run_child_task
+
+
+def run_children_on_ray(
+    children: dict[str, Any],
+    run_child: Callable[[str, Any], dict],
+    *,
+    address: str | None = None,
+    gpus_per_child: float = 1.0,
+    cpus_per_child: float = 1.0,
+    runtime_env: dict[str, Any] | None = None,
+) -> list[dict]:
+    """Run every child on Ray in parallel; results in the order of ``children``."""
+    from prefect_ray import RayTaskRunner
+    from prefect_ray.context import remote_options
+
+    if runtime_env is None:  # a local instance: the workers import what this process imports
+        runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}}
+    init_kwargs: dict[str, Any] = {"runtime_env": runtime_env}
+    if address is None:
+        init_kwargs |= {"include_dashboard": False, "log_to_driver": False, "_node_ip_address": "127.0.0.1"}
+    runner = RayTaskRunner(address=address, init_kwargs=init_kwargs)
+
+    @flow(name="children_on_ray", task_runner=runner)
+    def fan_out() -> list[dict]:
+        futures = []
+        for name, params in children.items():
+            with remote_options(num_gpus=gpus_per_child, num_cpus=cpus_per_child):
+                futures.append(run_child_task.submit(run_child, name, params))
+        return [future.result() for future in futures]
+
+    with loopback_only() if address is None else contextlib.nullcontext():
+        return fan_out()

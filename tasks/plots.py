@@ -1,0 +1,104 @@
+"""A sweep's curves and plots: learning-curve csv files (DVC plots read them), PNG plots with axes that
+read the same from plot to plot, and :func:`log_comparison`, the files a sweep's parent run holds."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import mlflow
+
+from a5core.data import write_text_atomic
+from tasks.tables import csv_text, markdown_table
+
+
+def write_curves(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
+    """A csv of learning-curve points (DVC plots read it), written atomically."""
+    return write_text_atomic(path, csv_text(rows))
+
+
+def plot_curves(path: Path, rows: Sequence[dict[str, Any]], x: str, y: str, series: str, title: str) -> Path:
+    """One line per ``series`` value of ``y`` against ``x``, saved as a PNG.
+
+    Axes that read the same from plot to plot:
+
+    - y is a 0–1 metric when a word of its name (split at ``_``, ``/``, ...) is ``accuracy``, ``rate``,
+      ``reward`` or ``fraction`` (``val_accuracy``, ``format_rate``, ``reward_mean``, ``clip_fraction``;
+      not ``learning_rate``, not ``generated_tokens``) and every value lies in [0, 1] (rewards here do):
+      its axis is fixed to -0.02..1.02, so points at 0 and 1 show and an all-zero curve sits at the
+      bottom instead of mid-plot. Any other y (or one with a value outside [0, 1]) is autoscaled.
+    - x gets integer ticks when it is ``step`` or ``round`` or every value is an integer (steps, rounds):
+      no tick at step 0.25.
+    """
+    import numbers
+    import re
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for name in dict.fromkeys(str(r[series]) for r in rows):
+        points = sorted((r[x], r[y]) for r in rows if str(r[series]) == name)
+        axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+    axes.set(xlabel=x, ylabel=y, title=title)
+    ys = [r[y] for r in rows if isinstance(r[y], numbers.Real)]
+    words = re.split(r"[^a-z0-9]+", y.lower())
+    unit_metric = bool({"accuracy", "rate", "reward", "fraction"} & set(words)) and "learning_rate" not in y.lower()
+    if unit_metric and all(0 <= v <= 1 for v in ys):
+        axes.set_ylim(-0.02, 1.02)
+    integer_x = all(isinstance(r[x], numbers.Integral) and not isinstance(r[x], bool) for r in rows)
+    if x in ("step", "round") or integer_x:
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.grid(alpha=0.3)
+    axes.legend(title=series)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+def log_comparison(
+    output_dir: Path,
+    curves: list[dict[str, Any]],
+    summary: list[dict[str, Any]],
+    series: str,
+    title: str,
+    *,
+    trends: list[dict[str, Any]] | None = None,
+) -> dict[str, str]:
+    """Write curves.csv, summary.md/json and the comparison plot; log them to the active (parent) run.
+
+    curves: validation points (``series``, step, val_accuracy[, wall_seconds]); with wall_seconds a
+    second plot shows accuracy against wall-clock time. trends: per-step training points (``series``,
+    step, then any metrics), written as train_curves.csv with one plot per metric against step.
+    """
+    paths = {
+        "curves": write_curves(output_dir / "curves.csv", curves),
+        "summary_md": write_text_atomic(output_dir / "summary.md", markdown_table(summary)),
+        "summary_json": write_text_atomic(output_dir / "summary.json", json.dumps(summary, indent=2) + "\n"),
+        "plot": plot_curves(output_dir / "accuracy_vs_step.png", curves, "step", "val_accuracy", series, title),
+    }
+    if "wall_seconds" in curves[0]:
+        paths["plot_wall_clock"] = plot_curves(
+            output_dir / "accuracy_vs_wall_clock.png",
+            curves,
+            "wall_seconds",
+            "val_accuracy",
+            series,
+            f"{title} (wall-clock)",
+        )
+    if trends:
+        paths["trends"] = write_curves(output_dir / "train_curves.csv", trends)
+        for metric in [k for k in trends[0] if k not in (series, "step", "wall_seconds")]:
+            paths[f"plot_{metric}"] = plot_curves(
+                output_dir / f"{metric}_vs_step.png", trends, "step", metric, series, f"{metric} by step"
+            )
+    for path in paths.values():
+        mlflow.log_artifact(str(path))
+    return {k: str(v) for k, v in paths.items()}
