@@ -276,13 +276,7 @@ def grpo(
     rank, world = distributed.setup_model(model, config.fsdp_reshard_after_forward)
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(
-        params,
-        lr=config.learning_rate,
-        betas=config.betas,
-        weight_decay=config.weight_decay,
-        fused=device.type == "cuda",
-    )
+    optimizer = config.adamw(params)
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if config.compile_layers:

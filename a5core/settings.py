@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, create_model, model_validator
 from pydantic.fields import FieldInfo
 
@@ -84,6 +85,16 @@ class OptimizerSettings(Settings):
     @property
     def betas(self) -> tuple[float, float]:
         return (self.beta1, self.beta2)
+
+    def adamw(self, params: list[torch.nn.Parameter]) -> torch.optim.AdamW:
+        """The loops' optimizer over ``params`` (fused where they are on CUDA)."""
+        return torch.optim.AdamW(
+            params,
+            lr=self.learning_rate,
+            betas=self.betas,
+            weight_decay=self.weight_decay,
+            fused=params[0].device.type == "cuda",
+        )
 
 
 class SpeedSettings(Settings):

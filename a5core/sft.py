@@ -156,13 +156,7 @@ def train_sft(
     rank, world = distributed.setup_model(model, config.fsdp_reshard_after_forward)
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(
-        params,
-        lr=config.learning_rate,
-        betas=config.betas,
-        weight_decay=config.weight_decay,
-        fused=device.type == "cuda",
-    )
+    optimizer = config.adamw(params)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda t: lr_multiplier(t, config.warmup_steps, total_steps, config.lr_schedule)
     )
