@@ -44,14 +44,19 @@ AblationName = Literal[
 # ------------------------------------------------------------------------------------- the groups
 
 
-class EngineSettings(Settings):
-    """The model a run starts from and the engine that samples from it."""
+class ModelChoice(Settings):
+    """The model a run samples from (and, training, starts from), and the engine that samples."""
 
     model: str = Field(
         "Qwen/Qwen2.5-Math-1.5B",
-        description="starting policy: hub id, local folder (e.g. an SFT stage's best_model), or smollm2-135m-instruct",
+        description="the model: hub id, local folder (e.g. an SFT stage's best_model), or smollm2-135m-instruct",
     )
     backend: Backend = Field("auto", description="rollout engine (auto: vllm where installed, else hf)")
+
+
+class EngineSettings(ModelChoice):
+    """The model a run starts from and the engine that samples from it."""
+
     engine_dtype: EngineDtype = Field("auto", description="engine dtype (auto: bf16 on GPU, fp32 on CPU)")
     engine_memory_fraction: float = Field(0.3, gt=0, le=1, description="vLLM gpu_memory_utilization beside the policy")
     policy_dtype: Literal["float32", "bfloat16"] = Field("float32", description="policy weights (bf16 autocast on GPU)")
@@ -113,12 +118,10 @@ class PromptSettings(Prompt):
         return self.reward_fn or self.prompt
 
 
-class Generation(SamplingFields):
+class Generation(ModelChoice, SamplingFields):
     """How an evaluation or a teacher samples: the model, and n samples a problem (the stop strings: the
     prompt's, unless ``stop`` says otherwise)."""
 
-    model: str = Field("Qwen/Qwen2.5-Math-1.5B", description="hub id, local folder, or smollm2-135m-instruct")
-    backend: Backend = Field("auto", description="rollout engine (auto: vllm if installed)")
     dtype: EngineDtype = Field("auto", description="engine dtype: auto (bf16 on GPU, fp32 on CPU), bfloat16, float32")
     limit: int | None = Field(None, ge=1, description="only the first N problems")
     n: int = Field(1, ge=1, description="samples per problem")
