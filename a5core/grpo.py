@@ -59,7 +59,9 @@ stops when any rank says so).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import copy
 import json
 import logging
 import math
@@ -77,7 +79,14 @@ from pydantic import Field, StrictBool, model_validator
 from a5core import distributed, progress
 from a5core.checkpoint import NonFiniteLossError, fingerprint
 from a5core.data import Problem, write_text_atomic
-from a5core.losses import RATIO_LOSS_TYPES, LengthNormalization, LossType, compute_group_normalized_rewards
+from a5core.losses import (
+    RATIO_LOSS_TYPES,
+    KLEstimator,
+    LengthNormalization,
+    LossType,
+    compute_group_normalized_rewards,
+    overlong_penalty,
+)
 from a5core.policy import (
     COMPILED_ACTIVATION_BUDGET,
     compile_decoder_layers,
@@ -87,7 +96,7 @@ from a5core.policy import (
     pad_id_of,
 )
 from a5core.prompts import PromptTemplate
-from a5core.rollout import Engine
+from a5core.rollout import Completion, Engine
 from a5core.settings import OptimizerSettings, PeriodicSettings, RolloutSamplingFields, SeedSettings, SpeedSettings
 
 logger = logging.getLogger(__name__)
@@ -95,7 +104,10 @@ logger = logging.getLogger(__name__)
 # Fields that say how often side effects happen and how fast a step runs, not what is trained (see a5core.checkpoint).
 UNFINGERPRINTED_FIELDS = ("checkpoint_every", "eval_every", "compile_layers", "fsdp_reshard_after_forward")
 # What one optimizer step accumulates over its micro-batches (summed over ranks when read).
-_STEP_SUMS = ("loss", "clipped", "ratio_sum", "entropy_sum", "response_tokens", "entropy_tokens", "tokens")
+_STEP_SUMS = ("loss", "clipped", "ratio_sum", "entropy_sum", "kl_sum", "response_tokens", "entropy_tokens", "tokens")
+# Dynamic sampling's draw d > 0 of a step samples with seed + d × this: its own stream, distinct from any
+# (step, rank) stream of draw 0 for steps below it.
+_DRAW_SEED_STRIDE = 1_000_000_007
 STATUS_KEYS = (
     "reward_mean",
     "format_reward_mean",
@@ -136,6 +148,31 @@ class GRPOConfig(OptimizerSettings, RolloutSamplingFields, SpeedSettings, Period
         None, gt=0, allow_inf_nan=False, description="truncated importance-sampling cap (engine vs policy); None: off"
     )
     drop_uniform_groups: StrictBool = Field(False, description="drop groups whose rewards are all equal")
+    # DAPO (Yu et al. 2025), each off by default.
+    dynamic_sampling: StrictBool = Field(
+        False, description="DAPO: draw more questions until the batch is full of groups whose rewards differ"
+    )
+    max_extra_draws: int = Field(3, ge=0, description="dynamic sampling: extra draws a step may make at most")
+    overlong_buffer: int = Field(
+        0, ge=0, description="DAPO: the last N tokens before max_tokens cost up to overlong_penalty (0: off)"
+    )
+    overlong_penalty: float = Field(1.0, ge=0, allow_inf_nan=False, description="reward lost at max_tokens")
+    mask_truncated: StrictBool = Field(False, description="DAPO: rollouts cut at max_tokens give no gradient")
+    # GSPO (Zheng et al. 2025): loss_type gspo.
+    gspo_cliprange: float = Field(3e-4, gt=0, allow_inf_nan=False, description="gspo's clip range (sequence ratio)")
+    gspo_cliprange_high: float | None = Field(
+        4e-4, gt=0, allow_inf_nan=False, description="gspo's upper clip range; None: symmetric"
+    )
+    # A KL penalty to the starting weights, frozen.
+    kl_coef: float = Field(0.0, ge=0, allow_inf_nan=False, description="KL penalty to the starting policy (0: off)")
+    kl_estimator: KLEstimator = Field("k3", description="per-token KL estimator: k1, k2 or k3")
+    # One-step-off asynchronous GRPO.
+    pipeline_depth: int = Field(
+        0,
+        ge=0,
+        le=1,
+        description="1: generate step k+1's rollouts (from weights one step older) while step k trains; 0: synchronous",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> "GRPOConfig":
@@ -158,6 +195,18 @@ class GRPOConfig(OptimizerSettings, RolloutSamplingFields, SpeedSettings, Period
             )
         if self.cliprange_high is not None and self.loss_type != "grpo_clip":
             fail("cliprange_high", "None, or a number > 0 with loss_type grpo_clip")
+        if self.overlong_buffer >= self.max_tokens:
+            fail("overlong_buffer", f"below max_tokens ({self.max_tokens})")
+        if self.dynamic_sampling and self.drop_uniform_groups:
+            fail("drop_uniform_groups", "false with dynamic_sampling (which drops uniform groups and draws more)")
+        if self.pipeline_depth and self.tis_cap is None:
+            fail(
+                "tis_cap",
+                "set (e.g. 2.0) with pipeline_depth 1: the rollouts come from weights one step older, and the "
+                "truncated importance weight against the engine's log-probs corrects for that",
+            )
+        if self.pipeline_depth and self.dynamic_sampling:
+            fail("dynamic_sampling", "false with pipeline_depth 1 (its extra draws need the current weights)")
         return self
 
     @property
@@ -176,13 +225,21 @@ class GRPOConfig(OptimizerSettings, RolloutSamplingFields, SpeedSettings, Period
     def needs_old_log_probs(self) -> bool:
         return self.loss_type in RATIO_LOSS_TYPES or self.tis_cap is not None
 
+    @property
+    def clip_ranges(self) -> tuple[float, float | None]:
+        """The loss's clip range and upper clip range (gspo has its own)."""
+        if self.loss_type == "gspo":
+            return self.gspo_cliprange, self.gspo_cliprange_high
+        return self.cliprange, self.cliprange_high
+
 
 @dataclass
 class RolloutBatch:
     """One step's graded rollouts, N of them, groups consecutive.
 
-    prompt_ids, response_ids: N token-id lists; raw_rewards, advantages: (N,); correct: (N,) bool;
-    old_log_probs, engine_log_probs: None or N 1-D fp32 tensors of the response's length.
+    prompt_ids, response_ids: N token-id lists; raw_rewards, advantages: (N,); correct, truncated: (N,)
+    bool (truncated: cut at max_tokens); old_log_probs, engine_log_probs, ref_log_probs: None or N 1-D
+    fp32 tensors of the response's length.
     """
 
     prompt_ids: list[list[int]]
@@ -190,8 +247,10 @@ class RolloutBatch:
     raw_rewards: torch.Tensor
     advantages: torch.Tensor
     correct: torch.Tensor
+    truncated: torch.Tensor
     old_log_probs: list[torch.Tensor] | None = None
     engine_log_probs: list[torch.Tensor] | None = None
+    ref_log_probs: list[torch.Tensor] | None = None
 
     def __len__(self) -> int:
         return len(self.response_ids)
@@ -204,12 +263,15 @@ class RolloutBatch:
             self.raw_rewards[pick],
             self.advantages[pick],
             self.correct[pick],
-            None if self.old_log_probs is None else [self.old_log_probs[i] for i in index],
-            None if self.engine_log_probs is None else [self.engine_log_probs[i] for i in index],
+            self.truncated[pick],
+            *(None if values is None else [values[i] for i in index] for values in self._per_token()),
         )
 
+    def _per_token(self) -> tuple[list[torch.Tensor] | None, ...]:
+        return self.old_log_probs, self.engine_log_probs, self.ref_log_probs
+
     def tensors(self, pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
-        """input_ids, labels, response_mask (b, T); raw_rewards, advantages (b, 1); and old/engine
+        """input_ids, labels, response_mask (b, T); raw_rewards, advantages (b, 1); and old/engine/ref
         log-probs (b, T), zero outside the response, when present."""
         packed = pack_prompt_and_output_ids(self.prompt_ids, self.response_ids, pad_id)
         mask = packed["response_mask"]
@@ -222,10 +284,9 @@ class RolloutBatch:
         result = {k: v.to(device) for k, v in packed.items()}
         result["raw_rewards"] = self.raw_rewards.view(-1, 1).to(device)
         result["advantages"] = self.advantages.view(-1, 1).to(device)
-        if self.old_log_probs is not None:
-            result["old_log_probs"] = per_token(self.old_log_probs)
-        if self.engine_log_probs is not None:
-            result["engine_log_probs"] = per_token(self.engine_log_probs)
+        for name, values in zip(("old_log_probs", "engine_log_probs", "ref_log_probs"), self._per_token()):
+            if values is not None:
+                result[name] = per_token(values)
         return result
 
 
@@ -273,7 +334,15 @@ def grpo(
         )
     if world > 1 and getattr(engine, "model", None) is model:
         raise ValueError("GRPO on several ranks needs an engine with its own copy of the model (the policy is sharded)")
+    if config.pipeline_depth and getattr(engine, "model", None) is model:
+        raise ValueError(
+            "GRPOConfig.pipeline_depth 1 generates while the policy trains: the engine needs its own copy of the "
+            "weights (an engine in its own process: engine_device), not the policy itself"
+        )
+    reference = _frozen_copy(model) if config.kl_coef else None
     rank, world = distributed.setup_model(model, config.fsdp_reshard_after_forward)
+    if reference is not None:
+        distributed.setup_model(reference, config.fsdp_reshard_after_forward)
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = config.adamw(params)
@@ -299,12 +368,16 @@ def grpo(
         if spent.get("fingerprint") == expected:
             elapsed = max(elapsed, spent["wall_seconds"])
     started = time.monotonic() - elapsed
-    trainer = _Trainer(model, tokenizer, optimizer, params, config, device, checkpoint)
+    pool = concurrent.futures.ThreadPoolExecutor(1, "a5-rollouts") if config.pipeline_depth else None
+    trainer = _Trainer(
+        model, tokenizer, optimizer, params, config, device, checkpoint, problems, template, reference, pool
+    )
 
     def finish_step(metrics: dict[str, float], step: int) -> None:
         if evaluate is not None and (
             step == config.n_grpo_steps or (config.eval_every and step % config.eval_every == 0)
         ):
+            trainer.settle()  # the engine is free (rollouts generating in the background finish first)
             model.eval()
             metrics.update(evaluate(model, step))
         metrics["wall_seconds"] = time.monotonic() - started
@@ -321,40 +394,101 @@ def grpo(
     if step == 0 and evaluate is not None and config.eval_every:
         finish_step({}, 0)  # the starting policy: the first point of every curve
     steps_bar = progress.bar(desc="GRPO", total=config.n_grpo_steps, initial=step, unit="step", leave=True)
-    while step < config.n_grpo_steps:
-        metrics = trainer.step(engine, problems, template, reward_fn, step)
-        step += 1
-        finish_step(metrics, step)
-        steps_bar.update(1)
-        steps_bar.set_postfix(reward=f"{metrics['reward_mean']:.3g}", refresh=False)
-        stopping = should_stop is not None and step < config.n_grpo_steps and distributed.any_rank(should_stop(step))
-        if checkpoint and (
-            stopping or step == config.n_grpo_steps or (config.checkpoint_every and step % config.checkpoint_every == 0)
-        ):
-            distributed.save_checkpoint(
-                checkpoint,
-                model,
-                optimizer,
-                None,
-                {
-                    "step": step,
-                    "finished": step == config.n_grpo_steps,
-                    "wall_seconds": time.monotonic() - started,
-                    "history": history,
-                    "fingerprint": expected,
-                },
+    try:
+        while step < config.n_grpo_steps:
+            metrics = trainer.step(engine, reward_fn, step)
+            step += 1
+            finish_step(metrics, step)
+            steps_bar.update(1)
+            steps_bar.set_postfix(reward=f"{metrics['reward_mean']:.3g}", refresh=False)
+            stopping = (
+                should_stop is not None and step < config.n_grpo_steps and distributed.any_rank(should_stop(step))
             )
-        if stopping:
-            logger.info("GRPO: stopped after step %d of %d (should_stop)", step, config.n_grpo_steps)
-            break
+            if checkpoint and (
+                stopping
+                or step == config.n_grpo_steps
+                or (config.checkpoint_every and step % config.checkpoint_every == 0)
+            ):
+                distributed.save_checkpoint(
+                    checkpoint,
+                    model,
+                    optimizer,
+                    None,
+                    {
+                        "step": step,
+                        "finished": step == config.n_grpo_steps,
+                        "wall_seconds": time.monotonic() - started,
+                        "history": history,
+                        "fingerprint": expected,
+                    },
+                )
+            if stopping:
+                logger.info("GRPO: stopped after step %d of %d (should_stop)", step, config.n_grpo_steps)
+                break
+    finally:
+        trainer.settle()  # rollouts still generating in the background (a stopped or failed run) end first
+        if pool is not None:
+            pool.shutdown()
     steps_bar.close()
     optimizer.zero_grad(set_to_none=True)
     model.train(was_training)
     return history
 
 
+def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A frozen copy of ``model`` (the KL penalty's reference), in eval mode, without gradients."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        raise ValueError(
+            "GRPOConfig.kl_coef > 0 with a policy already sharded (FSDP2): the reference is copied from the "
+            "starting weights before sharding; start GRPO from an unsharded model"
+        )
+    reference = copy.deepcopy(model).eval()
+    reference.requires_grad_(False)
+    return reference
+
+
+@dataclass
+class _Draw:
+    """One draw of a step's rollouts, graded: its questions, their group_size rollouts each (question
+    order), the (shaped) rewards, advantages, correctness, response lengths (N,), which groups' rewards
+    differ (one bool a question), and the rollout metrics."""
+
+    questions: list[Problem]
+    completions: list[Completion]
+    raw_rewards: torch.Tensor
+    advantages: torch.Tensor
+    correct: torch.Tensor
+    lengths: torch.Tensor
+    varied: list[bool]
+    metrics: dict[str, float]
+
+
+def _merged_metrics(draws: list[_Draw], group_size: int) -> dict[str, float]:
+    """The rollout metrics of several draws (dynamic sampling), over all their rollouts."""
+    rewards = torch.cat([d.raw_rewards for d in draws])
+    advantages = torch.cat([d.advantages for d in draws])
+    grouped = rewards.view(-1, group_size)
+    merged = {key: sum(d.metrics[key] for d in draws) / len(draws) for key in draws[0].metrics}  # equal-size draws
+    merged.update(
+        {
+            "reward_mean": rewards.mean().item(),
+            "reward_std": rewards.std().item(),
+            "reward_max": rewards.max().item(),
+            "reward_min": rewards.min().item(),
+            "advantage_mean": advantages.mean().item(),
+            "advantage_std": advantages.std().item(),
+            "frac_groups_all_equal": (grouped.max(dim=1).values == grouped.min(dim=1).values).float().mean().item(),
+        }
+    )
+    return merged
+
+
 class _Trainer:
-    """The body of one GRPO step, phase by phase (each timed)."""
+    """The body of one GRPO step, phase by phase (each timed). ``reference``: the frozen starting policy
+    (``kl_coef`` > 0), else None; ``pool``: the thread that generates the next step's rollouts
+    (``pipeline_depth`` 1), else None."""
 
     def __init__(
         self,
@@ -365,9 +499,16 @@ class _Trainer:
         config: GRPOConfig,
         device: torch.device,
         checkpoint: Path | None,
+        problems: list[Problem],
+        template: PromptTemplate,
+        reference: torch.nn.Module | None,
+        pool: concurrent.futures.ThreadPoolExecutor | None,
     ):
         self.model, self.tokenizer, self.optimizer, self.params = model, tokenizer, optimizer, params
         self.config, self.device, self.checkpoint = config, device, checkpoint
+        self.problems, self.template, self.reference, self.pool = problems, template, reference, pool
+        # The next step's rollouts being generated: (step, the policy version sampling them, future).
+        self.in_flight: tuple[int, int, concurrent.futures.Future] | None = None
         self.pad_id = pad_id_of(tokenizer)
         self.autocast = (
             torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
@@ -382,34 +523,118 @@ class _Trainer:
         yield
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        self.times[f"time_{phase}"] = time.perf_counter() - start
+        key = f"time_{phase}"
+        self.times[key] = self.times.get(key, 0.0) + time.perf_counter() - start
 
-    def step(
-        self,
-        engine: Engine,
-        problems: list[Problem],
-        template: PromptTemplate,
-        reward_fn: Callable[[str, Any], dict[str, float]],
-        step: int,
-    ) -> dict[str, float]:
-        config, self.times = self.config, {}
+    def step(self, engine: Engine, reward_fn: Callable[[str, Any], dict[str, float]], step: int) -> dict[str, float]:
+        """GRPO step ``step`` + 1: rollouts, rewards, the optional log-prob pass, the optimizer steps."""
+        config, problems, template, self.times = self.config, self.problems, self.template, {}
         start = time.perf_counter()
         rng = random.Random(config.step_seed(step))
         questions = rng.sample(problems, config.prompts_per_step)
-        prompts = [template.format(q.problem) for q in questions]
+        completions, version = self.rollouts(engine, questions, template, step)
+        draws = [self.grade(questions, completions, reward_fn)]
+        while (
+            config.dynamic_sampling
+            and sum(d.varied.count(True) for d in draws) < config.prompts_per_step
+            and len(draws) <= config.max_extra_draws
+        ):  # DAPO: more questions until the batch is full of groups that teach something
+            questions = rng.sample(problems, config.prompts_per_step)
+            with self.timed("generate"):
+                completions = self.generate(engine, questions, template, step, len(draws))
+            draws.append(self.grade(questions, completions, reward_fn))
+        batch, metrics = self.batch(draws)
+        metrics.update({"rollout_policy_version": float(version), "policy_lag": float(step - version)})
+        if len(batch) and (config.needs_old_log_probs or config.kl_coef):
+            with self.timed("old_log_probs"):
+                self.log_probs_pass(batch)
+        with self.timed("train"):
+            metrics.update(self.train(batch, step) if len(batch) else {"optimizer_steps": 0.0})
+        generated = sum(float(d.lengths.sum()) for d in draws)
+        metrics.update(self.times)
+        metrics["time_step"] = time.perf_counter() - start
+        metrics["generate_tokens_per_s"] = generated / max(self.times["time_generate"], 1e-9)
+        metrics["train_tokens_per_s"] = metrics.get("train_tokens", 0.0) / max(self.times["time_train"], 1e-9)
+        return metrics
+
+    def generate(
+        self, engine: Engine, questions: list[Problem], template: PromptTemplate, step: int, draw: int = 0
+    ) -> list[Completion]:
+        """Rollouts of ``questions`` (group_size each, in question order) from the weights the engine holds:
+        this rank samples its block of the questions with its own random stream, then all ranks get all."""
+        return distributed.gather_lists(self.local_rollouts(engine, questions, template, step, draw)[0])
+
+    def local_rollouts(
+        self, engine: Engine, questions: list[Problem], template: PromptTemplate, step: int, draw: int = 0
+    ) -> tuple[list[Completion], float]:
+        """This rank's block of :meth:`generate` (no collective: it may run in a background thread) and
+        the seconds it took. Draw d > 0 (dynamic sampling's extra draws) has a random stream of its own."""
+        began = time.perf_counter()
         rank, world = distributed.rank_and_world()
-        with self.timed("weight_sync"):
-            engine.load_weights(distributed.full_weights(self.model))
-        with self.timed("generate"):
-            # This rank's block of questions, whole groups; each rank draws its own random stream.
-            sampling = config.sampling(
-                template.stop,
-                n=config.group_size,
-                logprobs=config.tis_cap is not None,
-                seed=config.step_seed(step) * world + rank,
+        config = self.config
+        prompts = [template.format(q.problem) for q in questions]
+        sampling = config.sampling(
+            template.stop,
+            n=config.group_size,
+            logprobs=config.tis_cap is not None,
+            seed=config.step_seed(step) * world + rank + draw * _DRAW_SEED_STRIDE,
+        )
+        groups = engine.generate(prompts[distributed.rank_slice(len(prompts))], sampling)
+        return [c for group in groups for c in group], time.perf_counter() - began
+
+    def rollouts(
+        self, engine: Engine, questions: list[Problem], template: PromptTemplate, step: int
+    ) -> tuple[list[Completion], int]:
+        """Step ``step``'s rollouts and the policy version (steps trained) that sampled them.
+
+        Synchronous (``pipeline_depth`` 0): push the weights, generate now; the version is ``step``. One step
+        off (1): the rollouts the engine generated in the background during the previous step's training,
+        from the weights of one version before (this step's are generated now, synchronously, only at the
+        run's first step and the first step after a resume); then the current weights are pushed and the
+        next step's rollouts started in the background, to be generated while this step trains.
+        """
+        config = self.config
+        if self.in_flight is not None and self.in_flight[0] == step:
+            _, version, future = self.in_flight
+            self.in_flight = None
+            with self.timed("wait_rollouts"):
+                local, self.times["time_generate"] = future.result()
+            completions = distributed.gather_lists(local)
+        else:
+            with self.timed("weight_sync"):
+                engine.load_weights(distributed.full_weights(self.model))
+            version = step
+            with self.timed("generate"):
+                completions = self.generate(engine, questions, template, step)
+        if config.pipeline_depth and step + 1 < config.n_grpo_steps:
+            if version != step:
+                with self.timed("weight_sync"):
+                    engine.load_weights(distributed.full_weights(self.model))
+            following = random.Random(config.step_seed(step + 1)).sample(self.problems, config.prompts_per_step)
+            self.in_flight = (
+                step + 1,
+                step,
+                self.pool.submit(self.local_rollouts, engine, following, template, step + 1),
             )
-            groups = engine.generate(prompts[distributed.rank_slice(len(prompts))], sampling)
-            completions = distributed.gather_lists([c for group in groups for c in group])  # question order
+        return completions, version
+
+    def settle(self) -> None:
+        """Wait until rollouts being generated in the background are done (kept for their step), so the
+        engine is free: before an evaluation uses it, and before the run returns or raises."""
+        if self.in_flight is not None:
+            concurrent.futures.wait([self.in_flight[2]])
+
+    def grade(
+        self, questions: list[Problem], completions: list[Completion], reward_fn: Callable[[str, Any], dict[str, float]]
+    ) -> _Draw:
+        """Reward (with DAPO's overlong penalty, if set) and normalise one draw of rollouts."""
+        config = self.config
+        lengths = torch.tensor([len(c.token_ids) for c in completions], dtype=torch.float32)
+        penalty = (
+            overlong_penalty(lengths, config.max_tokens, config.overlong_buffer, config.overlong_penalty)
+            if config.overlong_buffer
+            else None
+        )
         with self.timed("grade"):
             advantages, raw_rewards, metrics = compute_group_normalized_rewards(
                 reward_fn,
@@ -418,67 +643,98 @@ class _Trainer:
                 config.group_size,
                 config.advantage_eps,
                 config.use_std_normalization,
+                reward_offsets=penalty,
             )
-        prompt_ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
-        batch = RolloutBatch(
-            [prompt_ids[i // config.group_size] for i in range(len(completions))],
-            [list(c.token_ids) for c in completions],
+        graded = raw_rewards if penalty is None else raw_rewards - penalty
+        if penalty is not None:
+            metrics["overlong_penalty_mean"] = penalty.mean().item()
+        grouped = raw_rewards.view(-1, config.group_size)
+        return _Draw(
+            questions,
+            completions,
             raw_rewards,
             advantages,
-            raw_rewards == 1.0,
-            engine_log_probs=[torch.tensor(c.log_probs, dtype=torch.float32) for c in completions]
-            if config.tis_cap is not None
-            else None,
+            graded == 1.0,
+            lengths,
+            (grouped.max(dim=1).values != grouped.min(dim=1).values).tolist(),
+            metrics,
         )
-        lengths = torch.tensor([len(ids) for ids in batch.response_ids], dtype=torch.float32)
+
+    def batch(self, draws: list[_Draw]) -> tuple[RolloutBatch, dict[str, float]]:
+        """The rollouts a step trains on, and its rollout metrics (over every rollout drawn). With
+        ``drop_uniform_groups`` or ``dynamic_sampling`` only the groups whose rewards differ are kept (at
+        most rollout_batch_size rollouts, in draw order)."""
+        config, group = self.config, self.config.group_size
+        metrics = dict(draws[0].metrics) if len(draws) == 1 else _merged_metrics(draws, group)
+        lengths = torch.cat([d.lengths for d in draws])
+        correct = torch.cat([d.correct for d in draws])
+        completions = [c for d in draws for c in d.completions]
         metrics.update(
             {
                 "response_tokens_mean": lengths.mean().item(),
-                "response_tokens_correct": lengths[batch.correct].mean().item() if batch.correct.any() else math.nan,
-                "response_tokens_incorrect": lengths[~batch.correct].mean().item()
-                if (~batch.correct).any()
-                else math.nan,
+                "response_tokens_correct": lengths[correct].mean().item() if correct.any() else math.nan,
+                "response_tokens_incorrect": lengths[~correct].mean().item() if (~correct).any() else math.nan,
                 "truncated_fraction": sum(c.finish_reason == "length" for c in completions) / len(completions),
             }
         )
-        if config.drop_uniform_groups:
-            grouped = raw_rewards.view(-1, config.group_size)
-            varied = (grouped.max(dim=1).values != grouped.min(dim=1).values).tolist()
-            keep = [i for i in range(len(batch)) if varied[i // config.group_size]]
-            metrics["dropped_groups"] = float(varied.count(False))
-            batch = batch.select(keep)
-        if len(batch) and config.needs_old_log_probs:
-            with self.timed("old_log_probs"):
-                batch.old_log_probs = self.response_log_probs(batch)
-        with self.timed("train"):
-            metrics.update(self.train(batch, step) if len(batch) else {"optimizer_steps": 0.0})
-        generated = float(lengths.sum())
-        metrics.update(self.times)
-        metrics["time_step"] = time.perf_counter() - start
-        metrics["generate_tokens_per_s"] = generated / max(self.times["time_generate"], 1e-9)
-        metrics["train_tokens_per_s"] = metrics.get("train_tokens", 0.0) / max(self.times["time_train"], 1e-9)
-        return metrics
+        keep = list(range(len(completions)))
+        if config.drop_uniform_groups or config.dynamic_sampling:
+            varied = [v for d in draws for v in d.varied]
+            kept_groups = [g for g, v in enumerate(varied) if v][: config.prompts_per_step]
+            keep = [g * group + i for g in kept_groups for i in range(group)]
+            metrics["dropped_groups"] = float(len(varied) - len(kept_groups))
+        if config.dynamic_sampling:
+            metrics["sampling_draws"] = float(len(draws))
+            metrics["kept_groups"] = float(len(keep) // group)
+        questions = [q for d in draws for q in d.questions]
+        prompt_ids = self.tokenizer([self.template.format(q.problem) for q in questions], add_special_tokens=False)[
+            "input_ids"
+        ]
+        batch = RolloutBatch(
+            [prompt_ids[i // group] for i in keep],
+            [list(completions[i].token_ids) for i in keep],
+            torch.cat([d.raw_rewards for d in draws])[keep],
+            torch.cat([d.advantages for d in draws])[keep],
+            correct[keep],
+            torch.tensor([completions[i].finish_reason == "length" for i in keep], dtype=torch.bool),
+            engine_log_probs=[torch.tensor(completions[i].log_probs, dtype=torch.float32) for i in keep]
+            if config.tis_cap is not None
+            else None,
+        )
+        return batch, metrics
 
     @torch.no_grad()
-    def response_log_probs(self, batch: RolloutBatch) -> list[torch.Tensor]:
-        """Each rollout's response-token log-probs under the current policy, no graph: N tensors (each
-        rank computes its share, then all ranks get all)."""
+    def log_probs_pass(self, batch: RolloutBatch) -> None:
+        """One pass over the rollouts without gradients: their response-token log-probs under the current
+        policy (``old_log_probs``, when the loss or the importance weights need them) and under the frozen
+        reference (``ref_log_probs``, with a KL penalty). Each rank computes its share, all get all."""
         self.model.eval()
-        mine: list[tuple[int, torch.Tensor]] = []
+        models = {}
+        if self.config.needs_old_log_probs:
+            models["old_log_probs"] = self.model
+        if self.reference is not None:
+            models["ref_log_probs"] = self.reference
+        mine: dict[str, list[tuple[int, torch.Tensor]]] = {name: [] for name in models}
         for index in distributed.rank_microbatches(range(len(batch)), self.config.microbatch_size):
             t = batch.select(index or [0]).tensors(self.pad_id, self.device)  # an empty share still runs a pass (FSDP2)
-            with self.autocast:
-                log_probs = get_response_log_probs(self.model, t["input_ids"], t["labels"])["log_probs"]
             mask = t["response_mask"]
-            if index:
-                mine += zip(index, log_probs[mask].float().cpu().split(mask.sum(dim=1).tolist()))
-        return [log_probs for _, log_probs in sorted(distributed.gather_lists(mine), key=lambda pair: pair[0])]
+            for name, model in models.items():
+                with self.autocast:
+                    log_probs = get_response_log_probs(model, t["input_ids"], t["labels"])["log_probs"]
+                if index:
+                    mine[name] += zip(index, log_probs[mask].float().cpu().split(mask.sum(dim=1).tolist()))
+        for name, pairs in mine.items():
+            setattr(batch, name, [values for _, values in sorted(distributed.gather_lists(pairs), key=lambda p: p[0])])
+
+    def masked(self, batch: RolloutBatch, i: int) -> bool:
+        """Whether rollout ``i`` gives no policy gradient (``mask_truncated`` and cut at max_tokens)."""
+        return self.config.mask_truncated and bool(batch.truncated[i])
 
     def train(self, batch: RolloutBatch, step: int) -> dict[str, float]:
         """``epochs_per_rollout_batch`` passes over ``batch`` in optimizer steps of ``train_batch_size``."""
         config, world = self.config, distributed.rank_and_world()[1]
         self.model.train()
-        sums: dict[str, float] = {"loss": 0.0, "grad_norm": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0}
+        sums = {"loss": 0.0, "grad_norm": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0, "kl": 0.0}
         ratio_max, entropy_sum, entropy_tokens, tokens, optimizer_steps = 0.0, 0.0, 0.0, 0.0, 0
         for epoch in range(config.epochs_per_rollout_batch):
             generator = torch.Generator().manual_seed(config.step_seed(step) * 1_000 + epoch)
@@ -490,6 +746,11 @@ class _Trainer:
                 acc = {k: torch.zeros((), dtype=torch.float64, device=self.device) for k in _STEP_SUMS}
                 ratio_peak = torch.zeros((), dtype=torch.float64, device=self.device)
                 microbatches = distributed.rank_microbatches(train_batch, config.microbatch_size)
+                normalize_constant = float(config.max_tokens)
+                if config.length_normalization == "token_mean":  # the train batch's trained tokens per sequence
+                    trained = sum(len(batch.response_ids[i]) for i in train_batch if not self.masked(batch, i))
+                    normalize_constant = max(trained, 1) / len(train_batch)
+                cliprange, cliprange_high = config.clip_ranges
                 for index in distributed.accumulating(self.model, microbatches):
                     t = batch.select(index or train_batch[:1]).tensors(self.pad_id, self.device)
                     if not index:  # an empty share still runs a pass (FSDP2), at zero weight
@@ -502,6 +763,10 @@ class _Trainer:
                     weights = None
                     if config.tis_cap is not None:
                         weights = torch.exp(t["old_log_probs"] - t["engine_log_probs"]).clamp(max=config.tis_cap)
+                    if config.mask_truncated:
+                        kept = torch.tensor([not self.masked(batch, i) for i in index or train_batch[:1]])
+                        kept = kept.to(self.device, torch.float32).view(-1, 1)
+                        weights = kept if weights is None else weights * kept
                     # Dividing each micro-batch mean by len(train_batch) / (len(micro) · world) makes the sum
                     # over micro-batches the batch mean (× world: FSDP2 averages the ranks' gradients).
                     micro_loss, meta = grpo_microbatch_train_step(
@@ -512,11 +777,14 @@ class _Trainer:
                         raw_rewards=t["raw_rewards"],
                         advantages=t["advantages"],
                         old_log_probs=t.get("old_log_probs"),
-                        cliprange=config.cliprange,
+                        cliprange=cliprange,
                         length_normalization=config.length_normalization,
-                        normalize_constant=float(config.max_tokens),
-                        cliprange_high=config.cliprange_high,
+                        normalize_constant=normalize_constant,
+                        cliprange_high=cliprange_high,
                         token_weights=weights,
+                        ref_log_probs=t.get("ref_log_probs"),
+                        kl_coef=config.kl_coef if index else 0.0,
+                        kl_estimator=config.kl_estimator,
                     )
                     if not index:
                         continue
@@ -527,6 +795,8 @@ class _Trainer:
                     acc["tokens"] += t["input_ids"].numel()
                     if "clip_fraction" in meta:
                         acc["clipped"] += meta["clip_fraction"].double() * n_tokens
+                    if "kl" in meta:
+                        acc["kl_sum"] += meta["kl"].double() * n_tokens
                     if "old_log_probs" in t:
                         ratio = torch.where(mask, torch.exp(out["log_probs"].detach() - t["old_log_probs"]), 0.0)
                         acc["ratio_sum"] += ratio.sum()
@@ -562,14 +832,17 @@ class _Trainer:
                 sums["grad_norm"] += got["grad_norm"]
                 sums["clip_fraction"] += got["clipped"] / max(got["response_tokens"], 1)
                 sums["ratio_mean"] += got["ratio_sum"] / max(got["response_tokens"], 1)
+                sums["kl"] += got["kl_sum"] / max(got["response_tokens"], 1)
                 ratio_max = max(ratio_max, got["ratio_max"])
                 entropy_sum += got["entropy_sum"]
                 entropy_tokens += got["entropy_tokens"]
                 tokens += got["tokens"]
         self.optimizer.zero_grad(set_to_none=True)
         metrics = {k: v / optimizer_steps for k, v in sums.items()}
-        if config.loss_type != "grpo_clip":
+        if config.loss_type not in ("grpo_clip", "gspo"):
             del metrics["clip_fraction"]
+        if not config.kl_coef:
+            del metrics["kl"]
         if not config.needs_old_log_probs:
             del metrics["ratio_mean"]
         else:

@@ -11,12 +11,15 @@ from typing import Any, Literal, get_args
 
 import torch
 
-LossType = Literal["no_baseline", "reinforce_with_baseline", "grpo_clip", "grpo_no_clip"]
+LossType = Literal["no_baseline", "reinforce_with_baseline", "grpo_clip", "grpo_no_clip", "gspo"]
 LOSS_TYPES: tuple[str, ...] = get_args(LossType)
-RATIO_LOSS_TYPES = ("grpo_clip", "grpo_no_clip")  # losses that need the old policy's log-probs
-# Per-sequence mean over response tokens, or their sum over a constant (see docs/length_normalization.md).
-LengthNormalization = Literal["masked_mean", "masked_normalize"]
+RATIO_LOSS_TYPES = ("grpo_clip", "grpo_no_clip", "gspo")  # losses that need the old policy's log-probs
+# Per-sequence mean over response tokens, their sum over a constant, or (DAPO) every response token of the
+# train batch weighted alike (see docs/length_normalization.md).
+LengthNormalization = Literal["masked_mean", "masked_normalize", "token_mean"]
 LENGTH_NORMALIZATIONS: tuple[str, ...] = get_args(LengthNormalization)
+# Estimators of KL(π ‖ π_ref) per sampled token (Schulman 2020, "Approximating KL divergence").
+KLEstimator = Literal["k1", "k2", "k3"]
 
 
 def masked_mean(tensor: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -63,12 +66,16 @@ def compute_group_normalized_rewards(
     group_size: int,
     advantage_eps: float,
     normalize_by_std: bool,
+    *,
+    reward_offsets: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Reward each rollout and normalise within its group of ``group_size`` consecutive rollouts.
 
     rollout_responses, repeated_ground_truths: length N = n_groups · group_size, grouped consecutively.
     Returns (advantages (N,), raw_rewards (N,), metadata) with advantage = r − mean(group), divided by
-    (unbiased std(group) + advantage_eps) when ``normalize_by_std``.
+    (unbiased std(group) + advantage_eps) when ``normalize_by_std``. ``reward_offsets`` (N,), if given,
+    are added to the graded rewards first (e.g. DAPO's :func:`overlong_penalty`): raw_rewards and the
+    reward statistics are then of the shaped rewards.
     """
     from a5core.grading import grade_batch  # grading spawns worker processes; import only when used
 
@@ -79,6 +86,8 @@ def compute_group_normalized_rewards(
         raise ValueError(f"group_size {group_size} does not divide the {n} rollout responses")
     scores = grade_batch(reward_fn, rollout_responses, repeated_ground_truths)
     raw_rewards = torch.tensor([s["reward"] for s in scores], dtype=torch.float32)
+    if reward_offsets is not None:
+        raw_rewards = raw_rewards + reward_offsets.to(torch.float32)
     grouped = raw_rewards.view(-1, group_size)
     advantages = grouped - grouped.mean(dim=1, keepdim=True)
     if normalize_by_std:
@@ -141,6 +150,63 @@ def compute_grpo_no_clip_loss(
     return -ratio * advantages, {"ratio": ratio.detach()}
 
 
+def compute_gspo_loss(
+    advantages: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    response_mask: torch.Tensor,
+    cliprange: float,
+    cliprange_high: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GSPO (Zheng et al. 2025): the clipped objective on the sequence-level importance ratio
+    s = exp(mean_t(log π(o_t) − log π_old(o_t))), the length-normalised sum of token log-ratios.
+
+    advantages: (B, 1); policy_log_probs, old_log_probs, response_mask: (B, T) → loss (B, T), in the
+    paper's GSPO-token form: token t of sequence i carries −min(s_{i,t}·A, clip(s_{i,t}, 1−ε, 1+ε_high)·A)
+    with s_{i,t} = sg[s_i] · π(o_t)/sg[π(o_t)], whose value is s_i and whose gradient is s_i·∇log π(o_t);
+    reduced by the per-sequence mean (``masked_mean``) it is exactly the sequence-level objective and its
+    gradient. Metadata: "clipped" (B, T) bool (a whole sequence is clipped or not), "ratio" (B, T): s_i.
+    """
+    high = cliprange if cliprange_high is None else cliprange_high
+    sequence_log_ratio = masked_mean(policy_log_probs - old_log_probs, response_mask, dim=-1).unsqueeze(-1)
+    ratio = torch.exp(policy_log_probs - policy_log_probs.detach() + sequence_log_ratio.detach())
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - cliprange, 1.0 + high) * advantages
+    loss = -torch.minimum(unclipped, clipped)
+    return loss, {"clipped": clipped < unclipped, "ratio": ratio.detach()}
+
+
+def compute_kl_penalty(
+    policy_log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: str = "k3"
+) -> torch.Tensor:
+    """Per-token estimate of KL(π ‖ π_ref) at the sampled tokens, differentiable through π.
+
+    policy_log_probs, ref_log_probs: (B, T) → (B, T). With r = log π_ref − log π: ``k1`` = −r (unbiased,
+    can be negative), ``k2`` = r²/2, ``k3`` = exp(r) − r − 1 (unbiased, never negative: GRPO's and
+    DeepSeekMath's choice).
+    """
+    r = ref_log_probs - policy_log_probs
+    if estimator == "k1":
+        return -r
+    if estimator == "k2":
+        return 0.5 * r * r
+    if estimator == "k3":
+        return torch.exp(r) - r - 1.0
+    raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {', '.join(get_args(KLEstimator))}")
+
+
+def overlong_penalty(lengths: torch.Tensor, max_tokens: int, buffer: int, factor: float = 1.0) -> torch.Tensor:
+    """DAPO's soft overlong punishment: 0 up to ``max_tokens − buffer`` response tokens, then falling
+    linearly to −``factor`` at ``max_tokens`` (and −``factor`` beyond).
+
+    lengths: (N,) response token counts → (N,) rewards to add.
+    """
+    if buffer <= 0:
+        return torch.zeros_like(lengths, dtype=torch.float32)
+    over = (lengths.float() - (max_tokens - buffer)).clamp(min=0.0, max=float(buffer))
+    return -factor * over / buffer
+
+
 def compute_policy_gradient_loss(
     policy_log_probs: torch.Tensor,
     loss_type: str,
@@ -149,13 +215,16 @@ def compute_policy_gradient_loss(
     old_log_probs: torch.Tensor | None = None,
     cliprange: float | None = None,
     cliprange_high: float | None = None,
+    response_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Dispatch to the per-token loss of ``loss_type``.
 
-    policy_log_probs: (B, T); raw_rewards, advantages: (B, 1); old_log_probs: (B, T) → loss (B, T).
-    ``no_baseline`` needs raw_rewards; ``reinforce_with_baseline`` needs advantages; ``grpo_clip``
-    needs advantages, old_log_probs and cliprange (cliprange_high optional); ``grpo_no_clip`` needs
-    advantages and old_log_probs. A missing argument raises ValueError naming it.
+    policy_log_probs: (B, T); raw_rewards, advantages: (B, 1); old_log_probs, response_mask: (B, T) →
+    loss (B, T). ``no_baseline`` needs raw_rewards; ``reinforce_with_baseline`` needs advantages;
+    ``grpo_clip`` needs advantages, old_log_probs and cliprange (cliprange_high optional);
+    ``grpo_no_clip`` needs advantages and old_log_probs; ``gspo`` needs advantages, old_log_probs,
+    response_mask and cliprange (its own, far smaller than grpo_clip's; cliprange_high optional).
+    A missing argument raises ValueError naming it.
     """
 
     def need(**arguments: Any) -> None:
@@ -175,4 +244,7 @@ def compute_policy_gradient_loss(
     if loss_type == "grpo_no_clip":
         need(advantages=advantages, old_log_probs=old_log_probs)
         return compute_grpo_no_clip_loss(advantages, policy_log_probs, old_log_probs)
+    if loss_type == "gspo":
+        need(advantages=advantages, old_log_probs=old_log_probs, response_mask=response_mask, cliprange=cliprange)
+        return compute_gspo_loss(advantages, policy_log_probs, old_log_probs, response_mask, cliprange, cliprange_high)
     raise ValueError(f"unknown loss_type {loss_type!r}; expected one of {', '.join(LOSS_TYPES)}")

@@ -16,6 +16,7 @@ from a5core.lm_head_log_probs import FUSABLE_MODEL_TYPES, linear_log_probs
 from a5core.losses import (
     LENGTH_NORMALIZATIONS,
     compute_entropy,
+    compute_kl_penalty,
     compute_policy_gradient_loss,
     masked_mean,
     masked_normalize,
@@ -246,27 +247,49 @@ def grpo_microbatch_train_step(
     normalize_constant: float | None = None,
     cliprange_high: float | None = None,
     token_weights: torch.Tensor | None = None,
+    ref_log_probs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One policy-gradient micro-batch: per-token loss → per-sequence reduction → batch mean → backward.
 
-    policy_log_probs, response_mask, old_log_probs, token_weights: (B, T); raw_rewards, advantages: (B, 1).
-    ``length_normalization``: ``masked_mean`` divides each sequence's summed loss by its own response
-    length; ``masked_normalize`` divides by ``normalize_constant`` (e.g. max_tokens) for every sequence.
-    ``token_weights`` (no gradient), if given, multiply the per-token loss first (e.g. truncated
-    importance weights). The batch mean is divided by gradient_accumulation_steps before ``backward``.
-    Metadata carries the scaled loss and, for grpo_clip, the fraction of response tokens whose ratio
-    was clipped.
+    policy_log_probs, response_mask, old_log_probs, token_weights, ref_log_probs: (B, T); raw_rewards,
+    advantages: (B, 1). ``length_normalization``: ``masked_mean`` divides each sequence's summed loss by
+    its own response length; ``masked_normalize`` divides by ``normalize_constant`` (e.g. max_tokens) for
+    every sequence; ``token_mean`` (DAPO's token-level loss: the sum over every response token of the
+    train batch divided by their count) is computed as ``masked_normalize`` with ``normalize_constant``
+    the train batch's response tokens per sequence (its token count / its sequence count), which the
+    caller knows. ``token_weights`` (no gradient), if given, multiply the policy-gradient loss per token
+    (e.g. truncated importance weights; 0 masks a token out). ``kl_coef`` > 0 adds
+    ``kl_coef`` · KL estimate (:func:`a5core.losses.compute_kl_penalty`, ``kl_estimator``) to every
+    response token's loss, which needs ``ref_log_probs``. The batch mean is divided by
+    gradient_accumulation_steps before ``backward``. Metadata carries the scaled loss, for grpo_clip and
+    gspo the fraction of response tokens whose ratio was clipped, and with a KL term its mean per token.
     """
     per_token, loss_metadata = compute_policy_gradient_loss(
-        policy_log_probs, loss_type, raw_rewards, advantages, old_log_probs, cliprange, cliprange_high
+        policy_log_probs,
+        loss_type,
+        raw_rewards,
+        advantages,
+        old_log_probs,
+        cliprange,
+        cliprange_high,
+        response_mask if loss_type == "gspo" else None,
     )
     if token_weights is not None:
         per_token = per_token * token_weights.detach()
+    kl = None
+    if kl_coef:
+        if ref_log_probs is None:
+            raise ValueError("kl_coef > 0 needs ref_log_probs (the frozen reference policy's log-probs)")
+        kl = compute_kl_penalty(policy_log_probs, ref_log_probs, kl_estimator)
+        per_token = per_token + kl_coef * kl
     if length_normalization == "masked_mean":
         per_sequence = masked_mean(per_token, response_mask, dim=-1)
-    elif length_normalization == "masked_normalize":
+    elif length_normalization in ("masked_normalize", "token_mean"):
         if normalize_constant is None:
-            raise ValueError("length_normalization 'masked_normalize' needs normalize_constant (e.g. max_tokens)")
+            need = "e.g. max_tokens" if length_normalization == "masked_normalize" else "tokens per sequence"
+            raise ValueError(f"length_normalization {length_normalization!r} needs normalize_constant ({need})")
         per_sequence = masked_normalize(per_token, response_mask, normalize_constant, dim=-1)
     else:
         raise ValueError(
@@ -277,4 +300,6 @@ def grpo_microbatch_train_step(
     metadata = {"loss": loss.detach()}
     if "clipped" in loss_metadata:
         metadata["clip_fraction"] = masked_mean(loss_metadata["clipped"].float(), response_mask)
+    if kl is not None:
+        metadata["kl"] = masked_mean(kl.detach(), response_mask)
     return loss.detach(), metadata

@@ -135,11 +135,11 @@ def test_one_step_update_equals_the_hand_computed_one(tokenizer, compile_layers)
         (dict(loss_type="grpo_clip"), "every ratio is 1"),
         (
             dict(loss_type="ppo"),
-            r"loss_type\n  Input should be 'no_baseline', 'reinforce_with_baseline', 'grpo_clip' or",
+            r"loss_type\n  Input should be 'no_baseline', 'reinforce_with_baseline', 'grpo_clip', 'grpo_no_clip' or",
         ),
         (
             dict(length_normalization="sum"),
-            r"length_normalization\n  Input should be 'masked_mean' or 'masked_normalize'",
+            r"length_normalization\n  Input should be 'masked_mean', 'masked_normalize' or 'token_mean'",
         ),
         (dict(learning_rate=-1.0), r"learning_rate\n  Input should be greater than 0"),
         (dict(cliprange_high=0.3), "cliprange_high must be None, or a number > 0 with loss_type grpo_clip"),

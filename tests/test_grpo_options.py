@@ -1,0 +1,347 @@
+"""The GRPO options beyond the handout (DAPO, GSPO, a KL penalty): each loss checked against its formula
+written out here, each loop option against a whole step computed by hand, and the invalid combinations."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from test_grpo import PROBLEMS, TEMPLATE, RecordingEngine, parity_reward, small_config
+from test_sft import make_model
+
+from a5core.data import Problem
+from a5core.grpo import grpo
+from a5core.losses import compute_kl_penalty, overlong_penalty
+from a5core.policy import grpo_microbatch_train_step
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_tokenizer):
+    return tiny_tokenizer
+
+
+# ---------------------------------------------------------------------------------------- the losses
+
+
+def ragged(seed: int = 0, rows: int = 4, width: int = 6):
+    """Log-probs (rows, width) with gradients, old log-probs near them, a mask of rows of lengths 6, 4, 2, 5."""
+    generator = torch.Generator().manual_seed(seed)
+    log_probs = (-torch.rand(rows, width, generator=generator) * 2).requires_grad_()
+    old = log_probs.detach() + 0.3 * torch.randn(rows, width, generator=generator)
+    lengths = torch.tensor([6, 4, 2, 5])[:rows]
+    mask = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
+    advantages = torch.tensor([[1.0], [-0.5], [2.0], [-1.5]])[:rows]
+    return log_probs, old, mask, advantages
+
+
+@pytest.mark.parametrize("cliprange, cliprange_high", [(10.0, None), (0.05, 0.08), (0.05, None)])
+def test_gspo_loss_is_the_sequence_level_objective(cliprange, cliprange_high):
+    """GSPO: s_i = exp(mean over the response of log π − log π_old), loss mean_i −min(s_i·A_i, clip(s_i)·A_i);
+    the loop's per-token form with the per-sequence mean has this value and gradient (clipped or not)."""
+    log_probs, old, mask, advantages = ragged()
+    loss, meta = grpo_microbatch_train_step(
+        log_probs, mask, 1.0, "gspo", advantages=advantages, old_log_probs=old, cliprange=cliprange,
+        cliprange_high=cliprange_high,
+    )  # fmt: skip
+    got = log_probs.grad.clone()
+
+    direct = log_probs.detach().clone().requires_grad_()
+    high = cliprange if cliprange_high is None else cliprange_high
+    terms = []
+    for i in range(4):
+        n = int(mask[i].sum())
+        s = torch.exp((direct[i, :n] - old[i, :n]).sum() / n)
+        a = advantages[i, 0]
+        terms.append(-torch.minimum(s * a, torch.clamp(s, 1 - cliprange, 1 + high) * a))
+    expected = torch.stack(terms).mean()
+    expected.backward()
+    torch.testing.assert_close(loss, expected.detach(), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(got, direct.grad, atol=1e-6, rtol=1e-6)
+    # A sequence whose clipped term is the smaller one gets no gradient at all; the others do.
+    ratios = torch.exp(((log_probs.detach() - old) * mask).sum(1) / mask.sum(1))
+    a = advantages[:, 0]
+    chose_clipped = torch.clamp(ratios, 1 - cliprange, 1 + high) * a < ratios * a
+    assert chose_clipped.any() == (cliprange < 1), "the test needs a clipped sequence (and none at a wide range)"
+    assert (got.abs().sum(1) == 0).tolist() == chose_clipped.tolist()
+    assert meta["clip_fraction"].item() == pytest.approx(
+        (chose_clipped.unsqueeze(1) & mask).sum().item() / mask.sum().item()
+    )
+
+
+def test_kl_estimators_are_their_formulas():
+    """With r = log π_ref − log π: k1 = −r, k2 = r²/2, k3 = e^r − r − 1 ≥ 0; all 0 where π = π_ref."""
+    policy = torch.tensor([[-1.0, -2.0, -0.5]])
+    ref = torch.tensor([[-1.5, -2.0, -0.1]])
+    r = ref - policy
+    torch.testing.assert_close(compute_kl_penalty(policy, ref, "k1"), -r)
+    torch.testing.assert_close(compute_kl_penalty(policy, ref, "k2"), r * r / 2)
+    k3 = compute_kl_penalty(policy, ref, "k3")
+    torch.testing.assert_close(k3, torch.exp(r) - r - 1)
+    assert (k3 >= 0).all() and k3[0, 1] == 0
+    with pytest.raises(ValueError, match="unknown KL estimator 'k4'; expected one of k1, k2, k3"):
+        compute_kl_penalty(policy, ref, "k4")
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k3"])
+def test_kl_penalty_adds_to_each_tokens_loss(estimator):
+    log_probs, _, mask, advantages = ragged(1)
+    ref = log_probs.detach() - 0.2
+    loss, meta = grpo_microbatch_train_step(
+        log_probs, mask, 2.0, "reinforce_with_baseline", advantages=advantages, ref_log_probs=ref, kl_coef=0.1,
+        kl_estimator=estimator,
+    )  # fmt: skip
+    direct = log_probs.detach().clone().requires_grad_()
+    r = ref - direct
+    kl = -r if estimator == "k1" else torch.exp(r) - r - 1
+    per_token = -advantages * direct + 0.1 * kl
+    expected = ((per_token * mask).sum(1) / mask.sum(1)).mean() / 2.0
+    expected.backward()
+    torch.testing.assert_close(loss, expected.detach())
+    torch.testing.assert_close(log_probs.grad, direct.grad)
+    torch.testing.assert_close(meta["kl"], (kl.detach() * mask).sum() / mask.sum())
+    with pytest.raises(ValueError, match="kl_coef > 0 needs ref_log_probs"):
+        grpo_microbatch_train_step(log_probs, mask, 1.0, "no_baseline", raw_rewards=advantages, kl_coef=0.1)
+
+
+def test_token_mean_weighs_every_token_of_the_batch_alike_however_it_is_cut():
+    """DAPO's token-level loss: Σ over every response token of the batch / their count. Cut into
+    micro-batches of 1, 2 or 4 rows (each divided as the loop divides it), the gradient is the same."""
+    log_probs, _, mask, advantages = ragged(2)
+    direct = log_probs.detach().clone().requires_grad_()
+    expected = -(advantages * direct * mask).sum() / mask.sum()
+    expected.backward()
+    per_sequence = mask.sum().item() / 4  # the train batch's tokens per sequence
+    for micro in (1, 2, 4):
+        log_probs.grad = None
+        total = 0.0
+        for start in range(0, 4, micro):
+            rows = slice(start, start + micro)
+            loss, _ = grpo_microbatch_train_step(
+                log_probs[rows], mask[rows], 4 / micro, "reinforce_with_baseline", advantages=advantages[rows],
+                length_normalization="token_mean", normalize_constant=per_sequence,
+            )  # fmt: skip
+            total += loss.item()
+        assert total == pytest.approx(expected.item(), abs=1e-6)
+        torch.testing.assert_close(log_probs.grad, direct.grad)
+
+
+def test_overlong_penalty_is_dapos_soft_punishment():
+    """0 up to max_tokens − buffer, then linear to −factor at max_tokens."""
+    lengths = torch.tensor([10, 16, 17, 18, 20, 24])
+    assert overlong_penalty(lengths, 20, 4, 1.0).tolist() == [0.0, 0.0, -0.25, -0.5, -1.0, -1.0]
+    assert overlong_penalty(lengths, 20, 4, 0.5).tolist() == [0.0, 0.0, -0.125, -0.25, -0.5, -0.5]
+    assert overlong_penalty(lengths, 20, 0).tolist() == [0.0] * 6
+
+
+# ------------------------------------------------------------------------------- one step, by hand
+
+
+class VariedLengthEngine(RecordingEngine):
+    """Cuts rollout j of each call to 2 + 5j mod 11 tokens (a random tiny model rarely stops by itself):
+    responses of many lengths, the full-length ones cut at max_tokens (finish_reason "length")."""
+
+    def __init__(self, model, tokenizer):
+        super().__init__(model, tokenizer)
+        self.tokenizer = tokenizer
+
+    def generate(self, prompts, sampling):
+        groups, j = self.inner.generate(prompts, sampling), 0
+        varied = []
+        for group in groups:
+            cut = []
+            for c in group:
+                n = min(len(c.token_ids), 2 + (5 * j) % 11)
+                j += 1
+                ids = c.token_ids[:n]
+                reason = "length" if n == sampling.max_tokens else "stop"
+                cut.append(c.__class__(self.tokenizer.decode(ids), ids, reason, None))
+            varied.append(cut)
+        self.calls.append((list(prompts), varied, sampling))
+        return varied
+
+
+def hand_step(start, tokenizer, engine, config, reward_fn, answers) -> tuple[torch.nn.Module, list, list]:
+    """One GRPO step written out from the rollouts the engine returned: rewards (+ overlong penalty),
+    group-normalised advantages, per-token loss (REINFORCE, GSPO's sequence ratio, + KL to the starting
+    weights), the length normalisation, truncation masking, the shuffled optimizer steps of each epoch
+    (torch's AdamW, clipped gradients). Returns the updated copy of ``start``, and each optimizer step's
+    loss and gradient norm (before clipping)."""
+    model = copy.deepcopy(start)
+    reference = copy.deepcopy(start)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, betas=config.betas, weight_decay=0.0)
+    losses, norms = [], []
+    ((prompts, groups, _),) = engine.calls
+    completions = [c for group in groups for c in group]
+    G = config.group_size
+    lengths = torch.tensor([len(c.token_ids) for c in completions], dtype=torch.float32)
+    rewards = torch.tensor([reward_fn(c.text, answers[i // G])["reward"] for i, c in enumerate(completions)])
+    rewards = rewards + overlong_penalty(lengths, config.max_tokens, config.overlong_buffer, config.overlong_penalty)
+    grouped = rewards.view(-1, G)
+    advantages = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-6)).flatten()
+    masked = [config.mask_truncated and c.finish_reason == "length" for c in completions]
+    sequences = []
+    for i, c in enumerate(completions):
+        prompt = tokenizer(prompts[i // G], add_special_tokens=False)["input_ids"]
+        sequences.append((torch.tensor([prompt + list(c.token_ids)]), len(prompt)))
+
+    def token_log_probs(net, i):
+        sequence, n_prompt = sequences[i]
+        log_probs = torch.log_softmax(net(sequence).logits[0, :-1].float(), dim=-1)
+        return log_probs[torch.arange(sequence.shape[1] - 1), sequence[0, 1:]][n_prompt - 1 :]
+
+    with torch.no_grad():
+        old = [token_log_probs(model, i) for i in range(len(completions))]
+        ref = [token_log_probs(reference, i) for i in range(len(completions))]
+    for epoch in range(config.epochs_per_rollout_batch):
+        order = torch.randperm(len(completions), generator=torch.Generator().manual_seed(epoch)).tolist()
+        for begin in range(0, len(order), config.train_batch_size):
+            batch = order[begin : begin + config.train_batch_size]
+            tokens = sum(len(completions[i].token_ids) for i in batch if not masked[i])
+            optimizer.zero_grad()
+            loss = torch.zeros(())
+            for i in batch:
+                new = token_log_probs(model, i)
+                if config.loss_type == "gspo":
+                    s = torch.exp((new - old[i]).mean())
+                    low, high = config.gspo_cliprange, config.gspo_cliprange_high
+                    seq = -torch.minimum(s * advantages[i], torch.clamp(s, 1 - low, 1 + high) * advantages[i])
+                    per_token = seq.expand_as(new)
+                else:
+                    per_token = -advantages[i] * new
+                if masked[i]:
+                    per_token = per_token * 0.0
+                if config.kl_coef:
+                    r = ref[i] - new
+                    per_token = (
+                        per_token
+                        + config.kl_coef * {"k1": -r, "k2": r * r / 2, "k3": torch.exp(r) - r - 1}[config.kl_estimator]
+                    )
+                if config.length_normalization == "token_mean":
+                    loss = loss + per_token.sum() / max(tokens, 1)
+                else:
+                    loss = loss + per_token.mean() / len(batch)
+            loss.backward()
+            norms.append(torch.nn.utils.clip_grad_norm_(list(model.parameters()), config.grad_clip).item())
+            losses.append(loss.item())
+            optimizer.step()
+    return model, losses, norms
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(length_normalization="token_mean"),
+        dict(kl_coef=0.5, kl_estimator="k1"),
+        dict(kl_coef=0.5, kl_estimator="k2", learning_rate=1e-3),
+        dict(overlong_buffer=6, mask_truncated=True),
+        dict(loss_type="gspo", train_batch_size=4, gradient_accumulation_steps=2, gspo_cliprange=0.02),
+    ],
+    ids=["token_mean", "kl_k1", "kl_k2", "overlong_and_truncation", "gspo_two_optimizer_steps"],
+)
+def test_one_step_with_each_option_equals_the_hand_computed_one(tokenizer, options, monkeypatch):
+    """The loop's step against :func:`hand_step`. GSPO runs off-policy (two optimizer steps on halves of
+    the batch): the second step's sequence ratios are not 1, and some are clipped."""
+    import a5core.grpo as module
+
+    monkeypatch.setattr(module.GRPOConfig, "step_seed", lambda self, step: 0)  # epoch e's order: seed e
+    model = make_model(tokenizer)
+    start = copy.deepcopy(model)
+    engine = VariedLengthEngine(model, tokenizer)
+    config = small_config(grad_clip=1.0, **options)
+    history = grpo(model, tokenizer, engine, PROBLEMS, TEMPLATE, parity_reward, config)
+    ((prompts, groups, _),) = engine.calls
+    answers = [next(p.answer for p in PROBLEMS if TEMPLATE.format(p.problem) == prompt) for prompt in prompts]
+    expected, losses, norms = hand_step(start, tokenizer, engine, config, parity_reward, answers)
+    assert history[-1]["loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-4, abs=1e-7)
+    assert history[-1]["grad_norm"] == pytest.approx(sum(norms) / len(norms), rel=1e-4)
+    for name, value in expected.named_parameters():
+        torch.testing.assert_close(dict(model.named_parameters())[name].detach(), value.detach(), atol=5e-6, rtol=0)
+    if "overlong_buffer" in options:
+        completions = [c for g in groups for c in g]
+        truncated = [c.finish_reason == "length" for c in completions]
+        assert any(truncated) and not all(truncated), "the test needs truncated and finished rollouts"
+        assert history[-1]["overlong_penalty_mean"] < 0
+    if "kl_coef" in options:
+        assert history[-1]["kl"] == pytest.approx(0.0, abs=1e-6)  # the first step starts at the reference
+    if options.get("loss_type") == "gspo":
+        assert history[-1]["optimizer_steps"] == 2 and history[-1]["clip_fraction"] > 0
+
+
+# ---------------------------------------------------------------------------------- dynamic sampling
+
+
+def half_uniform_reward(response: str, ground_truth: str) -> dict[str, float]:
+    """Questions with an even answer reward every rollout alike (their groups teach nothing); the others
+    reward responses of even length."""
+    reward = 1.0 if int(ground_truth) % 2 == 0 else float(len(response) % 2 == 0)
+    return {"reward": reward, "format_reward": reward, "answer_reward": reward}
+
+
+def test_dynamic_sampling_fills_the_batch_with_groups_that_differ(tokenizer):
+    problems = [*PROBLEMS, *[Problem(f"q{i}", f"What is {i} + 1?", str(i + 1)) for i in range(8, 24)]]
+    options = dict(rollout_batch_size=16, group_size=4, train_batch_size=16, gradient_accumulation_steps=4)
+
+    def run(**extra):
+        model = make_model(tokenizer)
+        engine = RecordingEngine(model, tokenizer)
+        return grpo(
+            model, tokenizer, engine, problems, TEMPLATE, half_uniform_reward, small_config(**options, **extra)
+        )[-1], engine
+
+    dropped, _ = run(drop_uniform_groups=True)
+    assert dropped["dropped_groups"] > 0  # without more draws the batch shrinks
+    full, engine = run(dynamic_sampling=True, max_extra_draws=6)
+    assert full["kept_groups"] == 4 and full["sampling_draws"] == len(engine.calls) > 1
+    assert full["optimizer_steps"] == 1
+    # Every group kept has rewards that differ: the constant-reward questions (even answers) are gone.
+    assert full["frac_groups_all_equal"] > 0 and full["dropped_groups"] >= 1
+
+    constant = lambda response, truth: {"reward": 1.0, "format_reward": 1.0, "answer_reward": 1.0}  # noqa: E731
+    model = make_model(tokenizer)
+    engine = RecordingEngine(model, tokenizer)
+    capped = grpo(
+        model, tokenizer, engine, PROBLEMS, TEMPLATE, constant, small_config(dynamic_sampling=True, max_extra_draws=2)
+    )[-1]
+    assert len(engine.calls) == 3 and capped["sampling_draws"] == 3  # the first draw and at most 2 more
+    assert capped["kept_groups"] == 0 and capped["optimizer_steps"] == 0
+
+
+# ------------------------------------------------------------------------------------- bad settings
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(loss_type="gspo"), "gspo' weighs each token by π/π_old"),
+        (dict(overlong_buffer=12), r"overlong_buffer must be below max_tokens \(12\)"),
+        (dict(dynamic_sampling=True, drop_uniform_groups=True), "drop_uniform_groups must be false with dynamic"),
+        (dict(pipeline_depth=1), "tis_cap must be set .* with pipeline_depth 1"),
+        (dict(pipeline_depth=1, tis_cap=2.0, dynamic_sampling=True), "dynamic_sampling must be false with pipeline"),
+        (dict(pipeline_depth=2, tis_cap=2.0), r"pipeline_depth\n  Input should be less than or equal to 1"),
+        (dict(kl_estimator="k4"), r"kl_estimator\n  Input should be 'k1', 'k2' or 'k3'"),
+        (dict(kl_coef=-0.1), r"kl_coef\n  Input should be greater than or equal to 0"),
+    ],
+)
+def test_invalid_combinations_are_refused_naming_the_field(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        small_config(**overrides)
+
+
+def test_kl_needs_an_unsharded_start_and_pipelining_an_engine_of_its_own(tokenizer):
+    model = make_model(tokenizer)
+
+    class SharingEngine(RecordingEngine):
+        def __init__(self, model, tokenizer):
+            super().__init__(model, tokenizer)
+            self.model = model  # the policy itself, as a colocated engine holds it
+
+    with pytest.raises(ValueError, match="pipeline_depth 1 generates while the policy trains"):
+        grpo(
+            model, tokenizer, SharingEngine(model, tokenizer), PROBLEMS, TEMPLATE, parity_reward,
+            small_config(pipeline_depth=1, tis_cap=2.0),
+        )  # fmt: skip
+    assert math.isfinite(small_config(kl_coef=0.1).kl_coef)
