@@ -345,3 +345,140 @@ def test_kl_needs_an_unsharded_start_and_pipelining_an_engine_of_its_own(tokeniz
             small_config(pipeline_depth=1, tis_cap=2.0),
         )  # fmt: skip
     assert math.isfinite(small_config(kl_coef=0.1).kl_coef)
+
+
+# --------------------------------------------------------------------------- one-step-off asynchronous
+
+
+class RendezvousEngine(RecordingEngine):
+    """An engine of its own (a copy of the weights) that proves overlap without a clock: generate call i
+    (i ≥ 1: the rollouts of step i, started in the background during step i − 1) waits until step i − 1's
+    training has begun. Were generation and training one after another, it would wait in vain (60 s, then
+    the test fails). It also records any two generate calls that ran at once (they must not)."""
+
+    def __init__(self, model, tokenizer, training_started):
+        super().__init__(model, tokenizer)
+        self.training_started, self.busy, self.overlapping_calls, self.rollout_calls = training_started, False, 0, 0
+
+    def generate(self, prompts, sampling):
+        self.overlapping_calls += self.busy
+        self.busy = True
+        try:
+            if sampling.n > 1:  # a step's rollouts (the evaluation samples once a problem)
+                self.rollout_calls += 1
+                i = self.rollout_calls - 1
+                if i >= 1 and not self.training_started[i - 1].wait(timeout=60):
+                    raise AssertionError(f"step {i}'s rollouts waited for step {i - 1}'s training, which never began")
+            return super().generate(prompts, sampling)
+        finally:
+            self.busy = False
+
+
+def test_one_step_off_overlaps_generation_with_training_and_records_versions(tokenizer, monkeypatch):
+    """pipeline_depth 1: step k's rollouts are generated while step k − 1 trains (shown by the rendezvous),
+    from the weights of one version before (0, 0, 1, 2); an evaluation after every step waits for the engine."""
+    import threading
+
+    import a5core.grpo as module
+
+    started = [threading.Event() for _ in range(4)]
+    real_train = module._Trainer.train
+
+    def train(self, batch, step):
+        started[step].set()
+        return real_train(self, batch, step)
+
+    monkeypatch.setattr(module._Trainer, "train", train)
+    model = make_model(tokenizer)
+    engine = RendezvousEngine(model, tokenizer, started)
+    from a5core.rollout import SamplingSettings
+
+    def evaluate(net, step):
+        engine.generate([TEMPLATE.format("What is 1 + 1?")], SamplingSettings(max_tokens=4, seed=0))
+        return {"val_probe": float(step)}
+
+    config = small_config(n_grpo_steps=4, pipeline_depth=1, tis_cap=2.0, eval_every=1)
+    history = grpo(model, tokenizer, engine, PROBLEMS, TEMPLATE, parity_reward, config, evaluate=evaluate)
+    steps = [h for h in history if h["step"] > 0]
+    assert [h["rollout_policy_version"] for h in steps] == [0, 0, 1, 2]
+    assert [h["policy_lag"] for h in steps] == [0, 1, 1, 1]
+    assert engine.rollout_calls == 4 and engine.overlapping_calls == 0
+    assert all("time_wait_rollouts" in h for h in steps[1:]) and "time_wait_rollouts" not in steps[0]
+    assert all(math.isfinite(h["loss"]) and h["optimizer_steps"] == 1 for h in steps)
+
+
+def test_depth_zero_is_the_synchronous_loop(tokenizer):
+    """pipeline_depth 0 (the default): every step's rollouts come from its own starting weights, and the
+    engine is asked for them at the start of the step, nothing in the background."""
+    model = make_model(tokenizer)
+    engine = RecordingEngine(model, tokenizer)
+    history = grpo(model, tokenizer, engine, PROBLEMS, TEMPLATE, parity_reward, small_config(n_grpo_steps=3))
+    assert [h["rollout_policy_version"] for h in history] == [0, 1, 2]
+    assert all(h["policy_lag"] == 0 and "time_wait_rollouts" not in h for h in history)
+
+
+def test_one_step_off_resumes_after_kill_9(tiny_lm_dir, tokenizer, tmp_path):
+    """SIGKILL a pipelined run in step 2's log call (checkpoint 1 written, step 3's rollouts generating in
+    the background). The resumed run redoes step 2 with rollouts of its own weights (the background
+    ones died with the process), then pipelines again: versions 0 | 1, 1, 2; each step logged once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from grpo_kill_target import ASYNC_SETTINGS
+    from test_sft import Recorder
+
+    repo = Path(__file__).resolve().parents[1]
+    checkpoint_dir, marker = tmp_path / "ckpt", tmp_path / "frozen"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(repo), str(repo / "tests"), os.environ.get("PYTHONPATH", "")]),
+    }
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            str(repo / "tests" / "grpo_kill_target.py"),
+            str(tiny_lm_dir),
+            str(checkpoint_dir),
+            str(marker),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 300  # a guard against a hung child, not a timing assertion
+        while not marker.exists():
+            if child.poll() is not None:
+                pytest.fail(f"child exited ({child.returncode}) before freezing:\n{child.stdout.read().decode()}")
+            if time.monotonic() > deadline:
+                pytest.fail("child never reached its freezing point")
+            time.sleep(0.05)
+        os.kill(child.pid, signal.SIGKILL)
+        assert child.wait() == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        child.stdout.close()
+
+    model = make_model(tokenizer, seed=1)  # other starting weights: the checkpoint replaces them
+    log = Recorder()
+    history = grpo(
+        model,
+        tokenizer,
+        RecordingEngine(model, tokenizer),
+        PROBLEMS,
+        TEMPLATE,
+        parity_reward,
+        small_config(**ASYNC_SETTINGS),
+        checkpoint_dir=checkpoint_dir,
+        log=log,
+    )
+    assert log.steps == [2, 3, 4]
+    assert [h["step"] for h in history] == [1, 2, 3, 4]
+    assert [h["rollout_policy_version"] for h in history] == [0, 1, 1, 2]
+    assert all(math.isfinite(h["loss"]) for h in history)
