@@ -1,0 +1,192 @@
+"""experiments/results_writeup.py: docs/results.md generated from record archives of MLflow stores.
+
+Each test packs a tiny MLflow store (a GRPO baseline ablation: a parent run tagged ``ablation`` and children
+with validation curves, finals and params, one setting with two seeds) into a ``.tar.gz`` like the device
+calls' record archives, runs the generator's ``main`` on it and reads the page it wrote.
+"""
+
+import importlib.util
+import math
+import shutil
+import struct
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+N = 300  # validation problems of the final evaluation
+
+
+def _load_module():
+    spec = importlib.util.spec_from_file_location("results_writeup", ROOT / "experiments" / "results_writeup.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+writeup = _load_module()
+
+
+@pytest.fixture(scope="module")
+def empty_store(tmp_path_factory) -> Path:
+    """An MLflow SQLite store with its tables made (the slow part), copied by each test."""
+    from mlflow import MlflowClient
+
+    path = tmp_path_factory.mktemp("template") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    return path
+
+
+def _child(client, experiment_id, parent_id, setting, seed, final, finish=True):
+    """A child run: a validation curve rising to ``final`` (or no finals when not ``finish``), wall seconds,
+    rewards and the final evaluation on N problems."""
+    from mlflow.entities import Metric, Param
+
+    run = client.create_run(experiment_id, run_name=f"grpo-{setting}", tags={"mlflow.parentRunId": parent_id})
+    run_id = run.info.run_id
+    params = {"setting": setting, "loss_type": setting, "seed": str(seed), "learning_rate": "2e-05", "group_size": "8"}
+    metrics = [Metric("val_accuracy", final * s / 10, 0, s) for s in (0, 5, 10)]
+    metrics += [Metric("wall_seconds", 2.0 * s, 0, s) for s in range(11)]
+    metrics += [Metric("reward_mean", final * s / 10, 0, s) for s in range(1, 11)]
+    if finish:
+        metrics += [Metric("final_val_accuracy", final, 0, 10), Metric("final_val_n_problems", N, 0, 10)]
+        metrics += [Metric("final_val_format_rate", 0.9, 0, 10), Metric("final_val_mean_response_tokens", 23.0, 0, 10)]
+    client.log_batch(run_id, metrics=metrics, params=[Param(k, v) for k, v in params.items()])
+    if finish:
+        client.set_terminated(run_id)
+    return run_id
+
+
+def _pack(store: Path, archive: Path) -> Path:
+    """A record archive like the device calls': mlflow.db and outputs/.devrun/walls.txt."""
+    walls = store.parent / "walls.txt"
+    walls.write_text("grpo_baseline_ablation call=3 rc=0 wall_s=269\n")
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(store, arcname="mlflow.db")
+        tar.add(walls, arcname="outputs/.devrun/walls.txt")
+    return archive
+
+
+def _records(tmp_path: Path, empty_store: Path, no_baseline: float) -> Path:
+    """A runs folder holding one archive: no_baseline (seed 0) ends at ``no_baseline``; reinforce_with_baseline
+    at 0.6 (seed 0) and 0.5 (seed 1)."""
+    from mlflow import MlflowClient
+
+    store = tmp_path / "store" / "mlflow.db"
+    store.parent.mkdir()
+    shutil.copy(empty_store, store)
+    client = MlflowClient(tracking_uri=f"sqlite:///{store}")
+    experiment_id = client.create_experiment("grpo", artifact_location=str(tmp_path / "mlruns"))
+    parent = client.create_run(experiment_id, run_name="grpo_baseline_ablation")
+    parent_id = parent.info.run_id
+    client.set_tag(parent_id, "ablation", "grpo_baseline_ablation")
+    _child(client, experiment_id, parent_id, "no_baseline", 0, no_baseline)
+    _child(client, experiment_id, parent_id, "reinforce_with_baseline", 0, 0.6)
+    _child(client, experiment_id, parent_id, "reinforce_with_baseline", 1, 0.5)
+    client.set_terminated(parent_id)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    _pack(store, runs / "records_call1.tar.gz")
+    (runs / "call0_setup.log").write_text("setup\n")
+    return runs
+
+
+def _generate(tmp_path: Path, runs: Path) -> str:
+    """Run the generator's main on ``runs`` with a context file; the page it wrote."""
+    (tmp_path / "figures").mkdir(exist_ok=True)
+    (tmp_path / "figures" / "context.md").write_text("# Results\n\nHand-kept: how the runs were made.\n")
+    out = tmp_path / "results.md"
+    argv = ["--runs", str(runs), "--out", str(out), "--figures", str(tmp_path / "figures")]
+    assert writeup.main(argv) == out
+    return out.read_text()
+
+
+def _pm(p: float, n: int = N) -> str:
+    return f"{p:.3f} ± {math.sqrt(p * (1 - p) / n):.3f}"
+
+
+def _line(text: str, start: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith(start))
+
+
+def test_section_table_seeds_and_plots(tmp_path, empty_store):
+    text = _generate(tmp_path, _records(tmp_path, empty_store, no_baseline=0.3))
+
+    assert text.startswith("> Generated by `python experiments/results_writeup.py`")
+    assert "# Results\n\nHand-kept: how the runs were made.\n" in text  # the context, verbatim, on top
+    assert "## `grpo_baseline_ablation` (MLflow experiment `grpo`)" in text
+    assert "`learning_rate=2e-05`" in text and "`group_size=8`" in text  # shared settings
+    row = _line(text, "| no_baseline |")
+    assert f"| {_pm(0.3)} (90 / 300) |" in row
+    assert f"| {_pm(0.9)} (270 / 300) |" in row  # the format rate
+    assert "| 20.0 |" in row  # wall_seconds at the last step
+    # Two seeds of reinforce_with_baseline: each run's row, then their mean (s.e. from both runs) and spread.
+    assert f"| {_pm(0.6)} (180 / 300) |" in _line(text, "| reinforce_with_baseline (seed 0,")
+    assert f"| {_pm(0.5)} (150 / 300) |" in _line(text, "| reinforce_with_baseline (seed 1,")
+    mean_se = math.sqrt(0.6 * 0.4 / N + 0.5 * 0.5 / N) / 2
+    mean_row = _line(text, "| reinforce_with_baseline | 2 | 0, 1 |")
+    assert f"| {0.55:.3f} ± {mean_se:.3f} |" in mean_row and "| 0.1000 |" in mean_row
+    # The curve table: the subset evaluations by step.
+    assert _line(text, "| setting | 0 | 5 | 10 |")
+    assert "| 0.000 | 0.150 | 0.300 |" in _line(text.split("by step")[1], "| no_baseline |")
+    # The summary at the top names the best setting by its mean over seeds.
+    assert "| `grpo_baseline_ablation` | 1 | 3 | reinforce_with_baseline |" in text
+    # Records: the archive, its walls and the logs beside it.
+    assert "grpo_baseline_ablation (call 3, rc 0): 269 s" in text and "`call0_setup.log`" in text
+
+    for name in ("val_accuracy_vs_step", "reward_mean_vs_step", "val_accuracy_vs_wall_seconds"):
+        png = tmp_path / "figures" / f"grpo_baseline_ablation_{name}.png"
+        header = png.read_bytes()[:24]
+        assert header[:8] == b"\x89PNG\r\n\x1a\n"
+        assert struct.unpack(">I", header[16:20])[0] <= 6.4 * 100  # width: at most 100 dpi
+        assert f"]({png.relative_to(tmp_path)})" in text  # linked relative to the page
+
+
+@pytest.mark.parametrize(
+    ("no_baseline", "verdict"),
+    [(0.3, "Measured: agrees:"), (0.8, "Measured: **disagrees**:"), (0.55, "Measured: within noise:")],
+)
+def test_direction_follows_the_numbers(tmp_path, empty_store, no_baseline, verdict):
+    """reinforce_with_baseline ≥ no_baseline is the expectation; its mean over seeds is 0.55 ± 0.020."""
+    text = _generate(tmp_path, _records(tmp_path, empty_store, no_baseline))
+    sentence = _line(text, "- Expectation: the handout expects a baseline to help")
+    assert verdict in sentence
+    assert f"= {0.55 - no_baseline:+.3f} ±" in sentence
+
+
+def test_newer_copy_of_a_run_wins_and_runs_count_once(tmp_path, empty_store):
+    """An archive packed before a child finished and one packed after: the copy with more points is kept,
+    whichever archive comes first; the ablation is found once."""
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
+    runs = _records(tmp_path, empty_store, no_baseline=0.3)
+    (runs / "records_call1.tar.gz").rename(runs / "records_call2_later.tar.gz")
+    store = tmp_path / "store" / "mlflow.db"
+    client = MlflowClient(tracking_uri=f"sqlite:///{store}")
+    run_id = client.search_runs(client.get_experiment_by_name("grpo").experiment_id, "params.seed = '1'")[0].info.run_id
+    client.log_batch(run_id, metrics=[Metric("final_val_accuracy", 0.7, 0, 11), Metric("val_accuracy", 0.7, 0, 11)])
+    _pack(store, runs / "records_call1_first.tar.gz")  # sorts first, holds the newer copy
+
+    text = _generate(tmp_path, runs)
+    assert "| `grpo_baseline_ablation` | 1 | 3 |" in text
+    assert f"| {_pm(0.7)} (210 / 300) |" in _line(text, "| reinforce_with_baseline (seed 1,")
+
+
+def test_write_is_atomic(tmp_path, empty_store, monkeypatch):
+    """A failed write leaves the old page in place and no temporary file beside it."""
+    runs = _records(tmp_path, empty_store, no_baseline=0.3)
+    out = tmp_path / "results.md"
+    out.write_text("old page\n")
+
+    def broken_replace(source, target):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(writeup.os, "replace", broken_replace)
+    with pytest.raises(OSError, match="disk full"):
+        writeup.main(["--runs", str(runs), "--out", str(out), "--figures", str(tmp_path / "figures")])
+    assert out.read_text() == "old page\n"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".results.md")) == []
