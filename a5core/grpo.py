@@ -25,7 +25,24 @@ importance weight min(π_old(o_t)/π_engine(o_t), tis_cap), correcting for the e
 slightly different distribution than the policy computes (bf16 engine, other kernels);
 ``drop_uniform_groups`` removes the groups whose rewards are all equal (their advantages are all 0:
 they only dilute the batch; with ``no_baseline`` they would not be 0, and are dropped too);
-``cliprange_high`` is DAPO's asymmetric "clip-higher" upper bound 1 + cliprange_high.
+``cliprange_high`` is DAPO's asymmetric "clip-higher" upper bound 1 + cliprange_high. Also from DAPO:
+``dynamic_sampling`` draws up to ``max_extra_draws`` more question sets (seeded per step and draw) until
+the batch holds ``rollout_batch_size`` rollouts of groups whose rewards differ (fewer if the cap is hit);
+``overlong_buffer`` adds :func:`a5core.losses.overlong_penalty` to the rewards before normalisation;
+``mask_truncated`` zeroes the policy-gradient loss of rollouts cut at max_tokens (a KL term still
+applies to them); ``length_normalization`` ``token_mean`` weighs every response token of a train batch
+alike. ``loss_type`` ``gspo`` is GSPO's sequence-level ratio with its own clip range
+(``gspo_cliprange``, ``gspo_cliprange_high``). ``kl_coef`` > 0 adds a KL penalty to a frozen copy of the
+starting weights (``kl_estimator``); its log-probs come from the pass that computes the old log-probs.
+
+``pipeline_depth`` 1 is one-step-off asynchronous GRPO: right after step k's rollouts are in, the
+current weights are pushed and step k+1's rollouts are started in a background thread (this rank's
+share; the gathering stays on the main thread), so the engine generates them while step k trains.
+They come from weights one step older, which the truncated importance weight (``tis_cap``, required)
+corrects. Each step logs the version (steps trained) of the weights that sampled it
+(``rollout_policy_version``) and ``policy_lag``. An evaluation first waits for the background rollouts
+(the engine is free again); the first step, and the first after a resume (the background rollouts of a
+killed run are lost), generate synchronously. The engine needs its own copy of the weights.
 
 Tokens: the policy trains on exactly the token ids the engine sampled (the prompt tokenised without
 special tokens, as the engines do), so an EOS that ended a rollout is trained on and no re-tokenised

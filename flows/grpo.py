@@ -20,6 +20,15 @@ The ablations (each also a flow of that name, for the Prefect UI; ``--ablation N
   ``clip_train_batch_size`` (set them to the off-policy sweep's best);
 - ``grpo_prompt_ablation``: r1_zero vs question_only, each with its own reward function.
 
+Beyond the handout, the same way:
+
+- ``grpo_dapo_ablation``: today's GRPO, DAPO's dynamic sampling, token-level loss (``token_mean``) and
+  overlong shaping with truncation masking, each alone, and all three;
+- ``grpo_gspo_ablation``: grpo_clip vs GSPO's sequence-level ratio at the clip ablation's off-policy setting;
+- ``grpo_kl_ablation``: no KL penalty and each of ``sweep_kl_coefs``;
+- ``grpo_async_ablation``: synchronous vs one-step-off (``pipeline_depth`` 1, the engine on
+  ``engine_device``), both with truncated importance sampling (``tis_cap``, 2.0 unless set).
+
 Each writes accuracy-by-step and by-wall-clock plots, entropy/length/reward trend plots, curves as
 csv and a summary table (setting → final accuracy, format rate, wall seconds) into the parent run.
 
@@ -39,102 +48,26 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from prefect import flow
-from pydantic import ValidationError
 
 from a5core.data import write_text_atomic
 from a5core.grpo import grpo
 from a5core.problem_sets import load_problem_set
 from a5core.rollout import Engine
-from a5core.settings import describe
+from flows.ablations import ABLATIONS, ablation_settings
 from flows.cli import flow_main, print_paths
 from flows.fanout import run_children_on_ray
 from flows.params import GRPOParams
-from tasks.checks import check_grpo_run
+from tasks.checks import check_grpo_run, check_placement
 from tasks.engines import closing_engine, engine_for
 from tasks.plots import log_comparison
 from tasks.runs import Run, Trained, accuracy_by_wall_clock, log_run_params, run_key, training_run
 from tasks.tracking import ensure_experiment, reopen_run, start_resumable_run, tag_active_run, tracked, tracking_rank
 
 TREND_METRICS = ("reward_mean", "token_entropy", "response_tokens_mean")
-
-
-def with_overrides(params: GRPOParams, overrides: dict[str, Any]) -> GRPOParams:
-    """``params`` with ``overrides``, validated: ValueError in one line for an invalid combination."""
-    try:
-        return type(params)(**{**params.model_dump(), **overrides})
-    except ValidationError as error:
-        raise ValueError(describe(error)) from None
-
-
-# ---------------------------------------------------------------------------------- the ablations
-
-
-def _off_policy(params: GRPOParams, epochs: int, train_batch_size: int, loss_type: str) -> dict[str, Any]:
-    """An off-policy setting that keeps the micro-batch size (so memory per forward stays the same)."""
-    micro = params.train_batch_size // params.gradient_accumulation_steps
-    return {
-        "epochs_per_rollout_batch": epochs,
-        "train_batch_size": train_batch_size,
-        "gradient_accumulation_steps": max(1, train_batch_size // micro),
-        "loss_type": loss_type,
-    }
-
-
-def _off_policy_sweep(p: GRPOParams) -> dict[str, dict[str, Any]]:
-    settings = {"on_policy": {**_off_policy(p, 1, p.rollout_batch_size, "reinforce_with_baseline")}}
-    for epochs in p.sweep_epochs_per_rollout_batch:
-        for size in p.sweep_train_batch_sizes:
-            settings[f"E{epochs}_tb{size}"] = _off_policy(p, epochs, size, "grpo_clip")
-    return settings
-
-
-ABLATIONS: dict[str, tuple[str, Callable[[GRPOParams], dict[str, dict[str, Any]]]]] = {
-    "grpo_lr_sweep": (
-        "learning rate",
-        lambda p: {f"lr_{lr:g}": {"learning_rate": lr} for lr in p.sweep_learning_rates},
-    ),
-    "grpo_baseline_ablation": (
-        "baseline",
-        lambda p: {t: {"loss_type": t} for t in ("no_baseline", "reinforce_with_baseline")},
-    ),
-    "grpo_length_norm_ablation": (
-        "length normalisation",
-        lambda p: {n: {"length_normalization": n} for n in ("masked_mean", "masked_normalize")},
-    ),
-    "grpo_std_norm_ablation": (
-        "std normalisation",
-        lambda p: {
-            "std_normalization": {"use_std_normalization": True},
-            "no_std_normalization": {"use_std_normalization": False},
-        },
-    ),
-    "grpo_off_policy_sweep": ("off-policy", _off_policy_sweep),
-    "grpo_clip_ablation": (
-        "clipping",
-        lambda p: {
-            t: _off_policy(p, p.clip_epochs_per_rollout_batch, p.clip_train_batch_size, t)
-            for t in ("grpo_clip", "grpo_no_clip")
-        },
-    ),
-    "grpo_prompt_ablation": (
-        "prompt",
-        lambda p: {name: {"prompt": name, "reward_fn": None} for name in ("r1_zero", "question_only")},
-    ),
-}
-
-
-def ablation_settings(name: str, params: GRPOParams) -> dict[str, GRPOParams]:
-    """The children of ablation ``name``: setting name → validated parameters (an invalid one fails
-    before anything runs)."""
-    _, build = ABLATIONS[name]
-    return {
-        setting: with_overrides(params, {**overrides, "ablation": None}) for setting, overrides in build(params).items()
-    }
 
 
 # ----------------------------------------------------------------------------------------- a run
@@ -270,16 +203,24 @@ grpo_std_norm_ablation = _ablation_flow("grpo_std_norm_ablation")
 grpo_off_policy_sweep = _ablation_flow("grpo_off_policy_sweep")
 grpo_clip_ablation = _ablation_flow("grpo_clip_ablation")
 grpo_prompt_ablation = _ablation_flow("grpo_prompt_ablation")
+grpo_dapo_ablation = _ablation_flow("grpo_dapo_ablation")
+grpo_gspo_ablation = _ablation_flow("grpo_gspo_ablation")
+grpo_kl_ablation = _ablation_flow("grpo_kl_ablation")
+grpo_async_ablation = _ablation_flow("grpo_async_ablation")
 
 
 def check_inputs(params: GRPOParams) -> None:
     """Fail on bad input before an engine starts, with the error naming what and where: each ablation
     setting, and a GRPO run's problems, placement, context and outputs (:func:`tasks.checks.check_grpo_run`)."""
     try:
-        if params.ablation is not None:
-            ablation_settings(params.ablation, params)
+        children = ablation_settings(params.ablation, params) if params.ablation is not None else {}
     except ValueError as error:
         raise ValueError(f"invalid GRPO settings: {error}") from None
+    for setting, child in children.items():
+        try:
+            check_placement(child)
+        except ValueError as error:
+            raise ValueError(f"{params.ablation}, setting {setting}: {error}") from None
     check_grpo_run(params)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, StrictBool, field_validator, model_validator
+from pydantic import ConfigDict, Field, PositiveFloat, StrictBool, field_validator, model_validator
 
 from a5core.expert_iteration import EIConfig
 from a5core.grpo import GRPOConfig
@@ -24,21 +24,13 @@ from a5core.prompts import builtin_prompt_names
 from a5core.rollout import BACKENDS, DTYPES
 from a5core.settings import RolloutSamplingFields, SamplingFields, Settings, defaults
 from a5core.sft import SFTConfig
+from flows.ablations import AblationName
 from tasks.engines import parse_engine_devices
 from tasks.tracking import DEFAULT_TRACKING_URI
 
 Backend = Literal[BACKENDS]
 EngineDtype = Literal[DTYPES]
 DataFormat = Literal["math", "gsm8k"]
-AblationName = Literal[
-    "grpo_lr_sweep",
-    "grpo_baseline_ablation",
-    "grpo_length_norm_ablation",
-    "grpo_std_norm_ablation",
-    "grpo_off_policy_sweep",
-    "grpo_clip_ablation",
-    "grpo_prompt_ablation",
-]
 
 
 # ------------------------------------------------------------------------------------- the groups
@@ -247,6 +239,7 @@ class GRPOParams(GRPOConfig, EngineSettings, TrainProblems, Validation, PromptSe
     sweep_train_batch_sizes: list[int] = Field([128, 64], min_length=1, description="grpo_off_policy_sweep")
     clip_epochs_per_rollout_batch: int = Field(2, ge=1, description="grpo_clip_ablation's off-policy setting")
     clip_train_batch_size: int = Field(128, ge=1, description="grpo_clip_ablation's off-policy setting")
+    sweep_kl_coefs: list[PositiveFloat] = Field([0.001, 0.01], description="grpo_kl_ablation's KL coefficients")
 
     @field_validator("engine_device")
     @classmethod

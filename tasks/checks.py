@@ -50,7 +50,8 @@ def check_outputs(params: Any) -> None:
 def check_placement(params: Any) -> None:
     """Refuse what cannot run under torchrun's ranks (read from the environment, before the process
     group exists): Ray children (each would be a training job of its own), engines on Ray with an
-    ``engine_device``, and an ``engine_device`` list that does not give each rank one device."""
+    ``engine_device``, and an ``engine_device`` list that does not give each rank one device. And a
+    pipelined GRPO run (``pipeline_depth`` 1) without an engine in a process of its own."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if (
         getattr(params, "ablation", None) is not None
@@ -60,6 +61,11 @@ def check_placement(params: Any) -> None:
         raise ValueError(
             "runner ray: the children run on Ray workers, each with an engine of its own; it does not "
             "combine with torchrun or engine_device (use runner local)"
+        )
+    if getattr(params, "pipeline_depth", 0) and params.engine_device is None:
+        raise ValueError(
+            "pipeline_depth 1 generates the next step's rollouts while this one trains: give the engine a "
+            "process of its own with engine_device (a GPU of its own, e.g. cuda:1, or cpu)"
         )
     if params.engine_device is not None:
         devices, local_world = parse_engine_devices(params.engine_device), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))

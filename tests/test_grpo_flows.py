@@ -166,3 +166,90 @@ def test_an_ablation_fans_its_children_out_over_ray(prefect_harness, tiny_lm_dir
     assert sorted(children["params.loss_type"]) == ["no_baseline", "reinforce_with_baseline"]
     assert set(children["status"]) == {"FINISHED"}
     assert (tmp_path / "out/accuracy_vs_step.png").is_file()
+
+
+# ------------------------------------------------------------------ the options beyond the handout
+
+
+def test_every_grpo_setting_is_in_params_yaml_and_the_new_ones_read_from_flags():
+    """``dvc exp run -S grpo.<field>=...`` and the Prefect form start from params.yaml's `grpo` section: it
+    holds every setting of the loop. The command line sets the new options like any other."""
+    from pathlib import Path
+
+    import yaml
+
+    from a5core.grpo import GRPOConfig
+    from flows.cli import parse_params
+
+    section = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())["grpo"]
+    speed = {"compile_layers", "fsdp_reshard_after_forward"}  # how fast, not what: left to the GPU profiles
+    assert {name for name in GRPOConfig.model_fields if name not in section} == speed
+    flags = [
+        "--dynamic-sampling", "true", "--max-extra-draws", "2", "--overlong-buffer", "64", "--overlong-penalty", "0.5",
+        "--mask-truncated", "true", "--length-normalization", "token_mean", "--kl-coef", "0.01",
+        "--kl-estimator", "k2", "--gspo-cliprange", "0.001",
+    ]  # fmt: skip
+    params = parse_params(GRPOParams, "grpo", flags)
+    assert (params.dynamic_sampling, params.max_extra_draws, params.overlong_buffer, params.overlong_penalty) == (
+        True,
+        2,
+        64,
+        0.5,
+    )
+    assert (params.mask_truncated, params.length_normalization, params.kl_coef, params.kl_estimator) == (
+        True,
+        "token_mean",
+        0.01,
+        "k2",
+    )
+    assert params.gspo_cliprange == 0.001 and params.pipeline_depth == 0
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--pipeline-depth", "1", "--tis-cap", "2"], "pipeline_depth 1 generates the next step's rollouts while"),
+        (["--ablation", "grpo_async_ablation"], "grpo_async_ablation, setting one_step_off: pipeline_depth 1"),
+        (["--pipeline-depth", "1"], "tis_cap must be set"),
+        (["--loss-type", "gspo"], "every ratio is 1"),
+    ],
+)
+def test_the_new_options_refuse_what_cannot_run_before_starting(argv, message, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    code = stopped.value.code
+    text = code if isinstance(code, str) else capsys.readouterr().err
+    assert message in text, text
+
+
+def test_a_dapo_and_kl_run_through_the_flow(prefect_harness, tiny_lm_dir, tmp_path):
+    import mlflow
+
+    params = tiny_params(
+        tmp_path,
+        tiny_lm_dir,
+        dynamic_sampling=True,
+        length_normalization="token_mean",
+        overlong_buffer=4,
+        mask_truncated=True,
+        kl_coef=0.05,
+    )
+    result = grpo_flow(params)
+    client = mlflow.MlflowClient(tracking_uri=params.tracking_uri)
+    run = client.get_run(result["summary"] and result["mlflow_run_id"])
+    assert {"kl", "sampling_draws", "kept_groups", "overlong_penalty_mean"} <= set(run.data.metrics)
+    assert run.data.params["kl_coef"] == "0.05" and run.data.params["length_normalization"] == "token_mean"
+    assert len(client.get_metric_history(run.info.run_id, "kl")) == params.n_grpo_steps
+
+
+def test_one_step_off_through_the_flow_with_the_engine_in_its_own_process(prefect_harness, tiny_lm_dir, tmp_path):
+    """pipeline_depth 1 as users run it: the engine a RemoteEngine on the CPU (``engine_device: cpu``),
+    weights pushed over gloo, the next step's rollouts generated in that process during training."""
+    import mlflow
+
+    params = tiny_params(tmp_path, tiny_lm_dir, n_grpo_steps=3, pipeline_depth=1, tis_cap=2.0, engine_device="cpu")
+    result = grpo_flow(params)
+    client = mlflow.MlflowClient(tracking_uri=params.tracking_uri)
+    versions = client.get_metric_history(result["mlflow_run_id"], "rollout_policy_version")
+    assert [m.value for m in sorted(versions, key=lambda m: m.step)] == [0, 0, 1]
+    assert len(client.get_metric_history(result["mlflow_run_id"], "time_wait_rollouts")) == 2

@@ -27,6 +27,10 @@ EXPECTED_FLOWS = {
     "grpo_off_policy_sweep",
     "grpo_clip_ablation",
     "grpo_prompt_ablation",
+    "grpo_dapo_ablation",
+    "grpo_gspo_ablation",
+    "grpo_kl_ablation",
+    "grpo_async_ablation",
 }
 
 

@@ -1,0 +1,123 @@
+"""The GRPO ablations: each a name, a title and the settings of its children, built from a run's
+parameters (see :mod:`flows.grpo` for what each compares). The names are the choices of ``grpo.ablation``
+(:data:`AblationName`), declared here once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import ValidationError
+
+from a5core.settings import describe
+
+if TYPE_CHECKING:
+    from flows.params import GRPOParams
+
+
+def with_overrides(params: GRPOParams, overrides: dict[str, Any]) -> GRPOParams:
+    """``params`` with ``overrides``, validated: ValueError in one line for an invalid combination."""
+    try:
+        return type(params)(**{**params.model_dump(), **overrides})
+    except ValidationError as error:
+        raise ValueError(describe(error)) from None
+
+
+def _off_policy(params: GRPOParams, epochs: int, train_batch_size: int, loss_type: str) -> dict[str, Any]:
+    """An off-policy setting that keeps the micro-batch size (so memory per forward stays the same)."""
+    micro = params.train_batch_size // params.gradient_accumulation_steps
+    return {
+        "epochs_per_rollout_batch": epochs,
+        "train_batch_size": train_batch_size,
+        "gradient_accumulation_steps": max(1, train_batch_size // micro),
+        "loss_type": loss_type,
+    }
+
+
+_RATIO_PAIR = ("grpo_clip", "gspo")  # the GSPO ablation compares token and sequence ratios
+
+
+def _off_policy_sweep(p: GRPOParams) -> dict[str, dict[str, Any]]:
+    settings = {"on_policy": {**_off_policy(p, 1, p.rollout_batch_size, "reinforce_with_baseline")}}
+    for epochs in p.sweep_epochs_per_rollout_batch:
+        for size in p.sweep_train_batch_sizes:
+            settings[f"E{epochs}_tb{size}"] = _off_policy(p, epochs, size, "grpo_clip")
+    return settings
+
+
+ABLATIONS: dict[str, tuple[str, Callable[[GRPOParams], dict[str, dict[str, Any]]]]] = {
+    "grpo_lr_sweep": (
+        "learning rate",
+        lambda p: {f"lr_{lr:g}": {"learning_rate": lr} for lr in p.sweep_learning_rates},
+    ),
+    "grpo_baseline_ablation": (
+        "baseline",
+        lambda p: {t: {"loss_type": t} for t in ("no_baseline", "reinforce_with_baseline")},
+    ),
+    "grpo_length_norm_ablation": (
+        "length normalisation",
+        lambda p: {n: {"length_normalization": n} for n in ("masked_mean", "masked_normalize")},
+    ),
+    "grpo_std_norm_ablation": (
+        "std normalisation",
+        lambda p: {
+            "std_normalization": {"use_std_normalization": True},
+            "no_std_normalization": {"use_std_normalization": False},
+        },
+    ),
+    "grpo_off_policy_sweep": ("off-policy", _off_policy_sweep),
+    "grpo_clip_ablation": (
+        "clipping",
+        lambda p: {
+            t: _off_policy(p, p.clip_epochs_per_rollout_batch, p.clip_train_batch_size, t)
+            for t in ("grpo_clip", "grpo_no_clip")
+        },
+    ),
+    "grpo_prompt_ablation": (
+        "prompt",
+        lambda p: {name: {"prompt": name, "reward_fn": None} for name in ("r1_zero", "question_only")},
+    ),
+    "grpo_dapo_ablation": ("DAPO", lambda p: _dapo(p)),
+    "grpo_gspo_ablation": (
+        "GSPO",
+        lambda p: {t: _off_policy(p, p.clip_epochs_per_rollout_batch, p.clip_train_batch_size, t) for t in _RATIO_PAIR},
+    ),
+    "grpo_kl_ablation": (
+        "KL penalty",
+        lambda p: {f"kl_{coef:g}": {"kl_coef": coef} for coef in (0.0, *p.sweep_kl_coefs)},
+    ),
+    "grpo_async_ablation": (
+        "one-step-off",
+        lambda p: {
+            name: {"pipeline_depth": depth, "tis_cap": p.tis_cap or 2.0}
+            for name, depth in (("synchronous", 0), ("one_step_off", 1))
+        },
+    ),
+}
+
+
+def _dapo(p: GRPOParams) -> dict[str, dict[str, Any]]:
+    """Today's GRPO, each DAPO technique alone, and all of them (clip-higher aside: it needs an
+    off-policy ratio loss; see grpo_clip_ablation)."""
+    overlong = {"overlong_buffer": max(1, p.max_tokens // 4), "mask_truncated": True}
+    dynamic = {"dynamic_sampling": True, "drop_uniform_groups": False}
+    token_mean = {"length_normalization": "token_mean"}
+    return {
+        "grpo": {},
+        "dynamic_sampling": dynamic,
+        "token_mean": token_mean,
+        "overlong": overlong,
+        "dapo": {**dynamic, **token_mean, **overlong},
+    }
+
+
+def ablation_settings(name: str, params: GRPOParams) -> dict[str, GRPOParams]:
+    """The children of ablation ``name``: setting name → validated parameters (an invalid one fails
+    before anything runs)."""
+    _, build = ABLATIONS[name]
+    return {
+        setting: with_overrides(params, {**overrides, "ablation": None}) for setting, overrides in build(params).items()
+    }
+
+
+AblationName = Literal[tuple(ABLATIONS)]  # type: ignore[valid-type]
