@@ -62,24 +62,26 @@ def even_length_reward(response: str, ground_truth: str) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def patched(module, output_dir: Path) -> Iterator[None]:
-    """The two patches above on flow ``module``, undone on exit."""
+def patched(output_dir: Path) -> Iterator[None]:
+    """The two patches above (on :func:`tasks.engines.rollout_engine`, which every training flow's
+    engine comes from, and on the ``arithmetic`` grader), undone on exit."""
     from a5core.problem_sets import REWARD_FNS
+    from tasks import engines
 
-    start, reward = module.rollout_engine, REWARD_FNS["arithmetic"]
-    module.rollout_engine = lambda *args, **kwargs: PromptSeeded(start(*args, **kwargs), output_dir)
+    start, reward = engines.rollout_engine, REWARD_FNS["arithmetic"]
+    engines.rollout_engine = lambda *args, **kwargs: PromptSeeded(start(*args, **kwargs), output_dir)
     REWARD_FNS["arithmetic"] = even_length_reward
     try:
         yield
     finally:
-        module.rollout_engine, REWARD_FNS["arithmetic"] = start, reward
+        engines.rollout_engine, REWARD_FNS["arithmetic"] = start, reward
 
 
 def main(runs: list[tuple[str, list[str]]]) -> None:
     """Each flow module's ``main(flags)``, patched."""
     for name, flags in runs:
         module = importlib.import_module(name)
-        with patched(module, Path(flags[flags.index("--output-dir") + 1])):
+        with patched(Path(flags[flags.index("--output-dir") + 1])):
             module.main(flags)
 
 
