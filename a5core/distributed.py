@@ -123,16 +123,62 @@ def accumulating(model: torch.nn.Module, microbatches: list[list[int]]) -> Itera
         yield microbatch
 
 
-def rank_microbatches(items: Sequence[int], microbatch_size: int) -> list[list[int]]:
-    """This rank's micro-batches of a batch: rank r takes ``items[r::world]``, cut into lists of
-    ``microbatch_size``. Every rank gets the same number of micro-batches (FSDP2 pairs each forward and
-    backward with the other ranks'), so a rank with a shorter share ends with empty lists: it must
-    still run a pass, at zero weight. One process: ``items`` cut into micro-batches."""
+def rank_microbatches(
+    items: Sequence[int],
+    microbatch_size: int,
+    lengths: Sequence[int] | None = None,
+    max_tokens: int | None = None,
+) -> list[list[int]]:
+    """This rank's micro-batches of a batch. Every rank gets the same number of micro-batches (FSDP2 pairs
+    each forward and backward with the other ranks'), so a rank with a smaller share ends with empty
+    lists: it must still run a pass, at zero weight. One process: all of ``items``.
+
+    By count (``max_tokens`` None): rank r takes ``items[r::world]``, cut into lists of ``microbatch_size``.
+
+    By token budget (``max_tokens``; ``lengths[i]``: item i's sequence length in tokens): the items,
+    longest first, are dealt to the rank with the fewest tokens so far, and each rank fills micro-batches
+    in that order while rows × the first (longest) row's :func:`padded_length` stays within
+    ``max_tokens`` (an item longer than the budget gets a micro-batch of its own). Every rank computes
+    every rank's packing from the same lengths, so all agree on the count without communicating.
+    """
     rank, world = rank_and_world()
-    share = list(items[rank::world])
-    longest_share = -(-len(items) // world)  # ceil
-    count = -(-longest_share // microbatch_size)
-    return [share[i * microbatch_size : (i + 1) * microbatch_size] for i in range(count)]
+    if max_tokens is None:
+        share = list(items[rank::world])
+        longest_share = -(-len(items) // world)  # ceil
+        count = -(-longest_share // microbatch_size)
+        return [share[i * microbatch_size : (i + 1) * microbatch_size] for i in range(count)]
+    if lengths is None:
+        raise ValueError("micro-batches by token budget need the items' lengths")
+    shares: list[list[int]] = [[] for _ in range(world)]
+    loads = [0] * world
+    for item in sorted(items, key=lambda i: (-lengths[i], i)):
+        lightest = loads.index(min(loads))
+        shares[lightest].append(item)
+        loads[lightest] += lengths[item]
+    packed = [_fill(share, lengths, max_tokens) for share in shares]
+    count = max(len(p) for p in packed)
+    return packed[rank] + [[] for _ in range(count - len(packed[rank]))]
+
+
+# Sequence lengths are padded up to a multiple of this under token budgets: the compiled layers see a
+# bounded set of shapes (rows × a multiple of 64 up to the longest sequence) instead of every length.
+PAD_MULTIPLE = 64
+
+
+def padded_length(length: int, multiple: int = PAD_MULTIPLE) -> int:
+    """``length`` rounded up to a multiple of ``multiple``."""
+    return -(-length // multiple) * multiple
+
+
+def _fill(share: list[int], lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """``share`` (longest first) cut into micro-batches of at most ``max_tokens`` padded tokens each."""
+    out: list[list[int]] = []
+    for item in share:
+        if out and (len(out[-1]) + 1) * padded_length(lengths[out[-1][0]]) <= max_tokens:
+            out[-1].append(item)
+        else:
+            out.append([item])
+    return out
 
 
 def rank_slice(n: int) -> slice:

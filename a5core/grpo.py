@@ -107,6 +107,7 @@ from a5core.losses import (
 from a5core.policy import (
     COMPILED_ACTIVATION_BUDGET,
     compile_decoder_layers,
+    compiled_graphs,
     get_response_log_probs,
     grpo_microbatch_train_step,
     pack_prompt_and_output_ids,
@@ -114,12 +115,19 @@ from a5core.policy import (
 )
 from a5core.prompts import PromptTemplate
 from a5core.rollout import Completion, Engine
-from a5core.settings import OptimizerSettings, PeriodicSettings, RolloutSamplingFields, SeedSettings, SpeedSettings
+from a5core.settings import (
+    HOW_FAST_FIELDS,
+    OptimizerSettings,
+    PeriodicSettings,
+    RolloutSamplingFields,
+    SeedSettings,
+    SpeedSettings,
+)
 
 logger = logging.getLogger(__name__)
 
 # Fields that say how often side effects happen and how fast a step runs, not what is trained (see a5core.checkpoint).
-UNFINGERPRINTED_FIELDS = ("checkpoint_every", "eval_every", "compile_layers", "fsdp_reshard_after_forward")
+UNFINGERPRINTED_FIELDS = ("checkpoint_every", "eval_every", *HOW_FAST_FIELDS)
 # What one optimizer step accumulates over its micro-batches (summed over ranks when read).
 _STEP_SUMS = ("loss", "clipped", "ratio_sum", "entropy_sum", "kl_sum", "response_tokens", "entropy_tokens", "tokens")
 # Dynamic sampling's draw d > 0 of a step samples with seed + d × this: its own stream, distinct from any
@@ -272,6 +280,11 @@ class RolloutBatch:
     def __len__(self) -> int:
         return len(self.response_ids)
 
+    @property
+    def lengths(self) -> list[int]:
+        """Each rollout's trained positions, prompt and response (T before padding)."""
+        return [len(p) + len(r) - 1 for p, r in zip(self.prompt_ids, self.response_ids)]
+
     def select(self, index: Sequence[int]) -> RolloutBatch:
         pick = torch.as_tensor(list(index), dtype=torch.long)
         return RolloutBatch(
@@ -287,10 +300,11 @@ class RolloutBatch:
     def _per_token(self) -> tuple[list[torch.Tensor] | None, ...]:
         return self.old_log_probs, self.engine_log_probs, self.ref_log_probs
 
-    def tensors(self, pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
+    def tensors(self, pad_id: int, device: torch.device, pad_to_multiple: int = 1) -> dict[str, torch.Tensor]:
         """input_ids, labels, response_mask (b, T); raw_rewards, advantages (b, 1); and old/engine/ref
-        log-probs (b, T), zero outside the response, when present."""
-        packed = pack_prompt_and_output_ids(self.prompt_ids, self.response_ids, pad_id)
+        log-probs (b, T), zero outside the response, when present. T is padded up to a multiple of
+        ``pad_to_multiple``."""
+        packed = pack_prompt_and_output_ids(self.prompt_ids, self.response_ids, pad_id, pad_to_multiple)
         mask = packed["response_mask"]
 
         def per_token(values: list[torch.Tensor]) -> torch.Tensor:
@@ -526,6 +540,7 @@ class _Trainer:
         self.problems, self.template, self.reference, self.pool = problems, template, reference, pool
         # The next step's rollouts being generated: (step, the policy version sampling them, future).
         self.in_flight: tuple[int, int, concurrent.futures.Future] | None = None
+        self.shapes: set[tuple[int, ...]] = set()  # the (rows, positions) of every micro-batch so far
         self.pad_id = pad_id_of(tokenizer)
         self.autocast = (
             torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
@@ -732,8 +747,8 @@ class _Trainer:
         if self.reference is not None:
             models["ref_log_probs"] = self.reference
         mine: dict[str, list[tuple[int, torch.Tensor]]] = {name: [] for name in models}
-        for index in distributed.rank_microbatches(range(len(batch)), self.config.microbatch_size):
-            t = batch.select(index or [0]).tensors(self.pad_id, self.device)  # an empty share still runs a pass (FSDP2)
+        for index in self.microbatches(batch, range(len(batch))):
+            t = self.tensors(batch, index or [0])  # an empty share still runs a pass (FSDP2)
             mask = t["response_mask"]
             for name, model in models.items():
                 with self.autocast:
@@ -742,6 +757,21 @@ class _Trainer:
                     mine[name] += zip(index, log_probs[mask].float().cpu().split(mask.sum(dim=1).tolist()))
         for name, pairs in mine.items():
             setattr(batch, name, [values for _, values in sorted(distributed.gather_lists(pairs), key=lambda p: p[0])])
+
+    def microbatches(self, batch: RolloutBatch, items: Sequence[int]) -> list[list[int]]:
+        """This rank's micro-batches of ``items`` (see :func:`a5core.distributed.rank_microbatches`): of
+        ``microbatch_size`` rollouts, or by ``max_tokens_per_microbatch``."""
+        budget = self.config.max_tokens_per_microbatch
+        lengths = batch.lengths if budget is not None else None
+        return distributed.rank_microbatches(items, self.config.microbatch_size, lengths, budget)
+
+    def tensors(self, batch: RolloutBatch, index: list[int]) -> dict[str, torch.Tensor]:
+        """The micro-batch ``index`` as tensors (padded to a multiple of 64 positions under a token budget,
+        so compiled layers see few shapes); the shapes seen so far are counted."""
+        multiple = distributed.PAD_MULTIPLE if self.config.max_tokens_per_microbatch is not None else 1
+        t = batch.select(index).tensors(self.pad_id, self.device, multiple)
+        self.shapes.add(tuple(t["input_ids"].shape))
+        return t
 
     def masked(self, batch: RolloutBatch, i: int) -> bool:
         """Whether rollout ``i`` gives no policy gradient (``mask_truncated`` and cut at max_tokens)."""
@@ -752,7 +782,7 @@ class _Trainer:
         config, world = self.config, distributed.rank_and_world()[1]
         self.model.train()
         sums = {"loss": 0.0, "grad_norm": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0, "kl": 0.0}
-        ratio_max, entropy_sum, entropy_tokens, tokens, optimizer_steps = 0.0, 0.0, 0.0, 0.0, 0
+        ratio_max, entropy_sum, entropy_tokens, tokens, optimizer_steps, passes = 0.0, 0.0, 0.0, 0.0, 0, 0
         for epoch in range(config.epochs_per_rollout_batch):
             generator = torch.Generator().manual_seed(config.step_seed(step) * 1_000 + epoch)
             order = torch.randperm(len(batch), generator=generator).tolist()
@@ -762,14 +792,15 @@ class _Trainer:
                 # Statistics stay on the device (no sync per micro-batch) until read once, below.
                 acc = {k: torch.zeros((), dtype=torch.float64, device=self.device) for k in _STEP_SUMS}
                 ratio_peak = torch.zeros((), dtype=torch.float64, device=self.device)
-                microbatches = distributed.rank_microbatches(train_batch, config.microbatch_size)
+                microbatches = self.microbatches(batch, train_batch)
+                passes += len(microbatches)
                 normalize_constant = float(config.max_tokens)
                 if config.length_normalization == "token_mean":  # the train batch's trained tokens per sequence
                     trained = sum(len(batch.response_ids[i]) for i in train_batch if not self.masked(batch, i))
                     normalize_constant = max(trained, 1) / len(train_batch)
                 cliprange, cliprange_high = config.clip_ranges
                 for index in distributed.accumulating(self.model, microbatches):
-                    t = batch.select(index or train_batch[:1]).tensors(self.pad_id, self.device)
+                    t = self.tensors(batch, index or train_batch[:1])
                     if not index:  # an empty share still runs a pass (FSDP2), at zero weight
                         for key in ("advantages", "raw_rewards"):
                             t[key] = torch.zeros_like(t[key])
@@ -870,6 +901,10 @@ class _Trainer:
                 "lr": self.optimizer.param_groups[0]["lr"],
                 "optimizer_steps": float(optimizer_steps),
                 "train_tokens": tokens,
+                "microbatches": float(passes),
+                "microbatch_shapes": float(len(self.shapes)),
             }
         )
+        if self.config.compile_layers:
+            metrics["compiled_graphs"] = float(compiled_graphs())
         return metrics

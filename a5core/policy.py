@@ -47,6 +47,14 @@ def load_policy(
     return model, tokenizer
 
 
+def compiled_graphs() -> int:
+    """How many graphs torch.compile has built in this process so far (its first compilation and every
+    recompilation, e.g. for a new input shape)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def compile_decoder_layers(model: Any, activation_memory_budget: float | None = None, one_graph: bool = False) -> Any:
     """``torch.compile`` each decoder layer of a transformers causal LM in place; returns the model.
 
@@ -112,17 +120,32 @@ def pad_id_of(tokenizer: Any) -> int:
 
 
 def pack_prompt_and_output_ids(
-    prompt_ids: Sequence[Sequence[int]], output_ids: Sequence[Sequence[int]], pad_id: int
+    prompt_ids: Sequence[Sequence[int]], output_ids: Sequence[Sequence[int]], pad_id: int, pad_to_multiple: int = 1
 ) -> dict[str, torch.Tensor]:
     """Concatenate token-id lists pairwise and right-pad: what :func:`tokenize_prompt_and_output` returns,
-    from ids (e.g. the exact tokens an engine sampled). B pairs → input_ids, labels, response_mask (B, L−1)."""
-    length = max(len(p) + len(o) for p, o in zip(prompt_ids, output_ids))
+    from ids (e.g. the exact tokens an engine sampled). B pairs → input_ids, labels, response_mask (B, L−1),
+    with L − 1 rounded up to a multiple of ``pad_to_multiple`` (padding: no label in the response mask)."""
+    longest = max(len(p) + len(o) for p, o in zip(prompt_ids, output_ids))
+    length = -(-(longest - 1) // pad_to_multiple) * pad_to_multiple + 1
     ids = torch.full((len(prompt_ids), length), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompt_ids), length), dtype=torch.bool)
     for row, (p, o) in enumerate(zip(prompt_ids, output_ids)):
         ids[row, : len(p) + len(o)] = torch.tensor([*p, *o], dtype=torch.long)
         mask[row, len(p) : len(p) + len(o)] = True
     return {"input_ids": ids[:, :-1], "labels": ids[:, 1:], "response_mask": mask[:, 1:]}
+
+
+def pad_positions(
+    input_ids: torch.Tensor, labels: torch.Tensor, response_mask: torch.Tensor, pad_id: int, multiple: int = 64
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(B, T) input ids, labels and response mask right-padded to T rounded up to ``multiple`` (padding
+    ids ``pad_id``, outside the response mask: no loss)."""
+    extra = -(-input_ids.shape[1] // multiple) * multiple - input_ids.shape[1]
+    if not extra:
+        return input_ids, labels, response_mask
+    pad = torch.nn.functional.pad
+    ids, targets = pad(input_ids, (0, extra), value=pad_id), pad(labels, (0, extra), value=pad_id)
+    return ids, targets, pad(response_mask, (0, extra))
 
 
 def _chunk_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

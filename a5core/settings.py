@@ -101,6 +101,12 @@ class SpeedSettings(Settings):
     """How a step runs: memory against speed, and several GPUs."""
 
     gradient_checkpointing: StrictBool = Field(False, description="recompute activations in backward (less memory)")
+    max_tokens_per_microbatch: int | None = Field(
+        None,
+        ge=1,
+        description="micro-batches by token budget: sequences sorted by length fill each micro-batch up to this "
+        "many padded tokens (rows × length); None: a fixed number of sequences per micro-batch",
+    )
     compile_layers: StrictBool = Field(
         False, description="torch.compile the decoder layers (GPU: faster, less memory; the first step compiles)"
     )
@@ -109,6 +115,11 @@ class SpeedSettings(Settings):
         description="several GPUs: False keeps each layer's gathered "
         "weights from forward to backward (faster, more memory)",
     )
+
+
+# How fast a step runs, not what it computes (the update is the same to float rounding): a checkpoint or a run
+# folder made with other values of these is the same run.
+HOW_FAST_FIELDS = ("compile_layers", "fsdp_reshard_after_forward", "max_tokens_per_microbatch")
 
 
 class SamplingFields(Settings):

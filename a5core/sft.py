@@ -33,17 +33,27 @@ from a5core.policy import (
     COMPILED_ACTIVATION_BUDGET,
     compile_decoder_layers,
     get_response_log_probs,
+    pad_id_of,
+    pad_positions,
     sft_microbatch_train_step,
     tokenize_prompt_and_output,
 )
-from a5core.settings import OptimizerSettings, PeriodicSettings, SeedSettings, SFTBatchSettings, SpeedSettings, defaults
+from a5core.settings import (
+    HOW_FAST_FIELDS,
+    OptimizerSettings,
+    PeriodicSettings,
+    SeedSettings,
+    SFTBatchSettings,
+    SpeedSettings,
+    defaults,
+)
 
 logger = logging.getLogger(__name__)
 
 STATUS_KEYS = ("loss", "token_nll", "lr", "grad_norm", "val_accuracy")  # the per-step status line's metrics
 # Fields that say how often side effects happen and how fast a step runs, not what is trained: a run may
 # be resumed with them changed (checkpoints or evaluations more or less often).
-UNFINGERPRINTED_FIELDS = ("checkpoint_every", "eval_every", "compile_layers", "fsdp_reshard_after_forward")
+UNFINGERPRINTED_FIELDS = ("checkpoint_every", "eval_every", *HOW_FAST_FIELDS)
 
 
 @defaults(learning_rate=2e-5, epochs=2, checkpoint_every=20)
@@ -199,21 +209,25 @@ def train_sft(
             log(start, 0)
     model.train()
     order, order_epoch = None, None
+    budget = config.max_tokens_per_microbatch
+    # Under a token budget: each example's trained positions (prompt + response − 1, at most max_seq_len − 1).
+    positions = _positions(examples, tokenizer, config.max_seq_len) if budget is not None else None
+    pad_id = pad_id_of(tokenizer)
     steps_bar = progress.bar(desc="SFT", total=total_steps, initial=step, unit="step", leave=True)
     while step < total_steps:
         if order_epoch != epoch:
             order = torch.randperm(n, generator=torch.Generator().manual_seed(config.seed + epoch)).tolist()
             order_epoch = epoch
-        batch = [
-            examples[i] for i in order[batch_in_epoch * config.batch_size : (batch_in_epoch + 1) * config.batch_size]
-        ]
+        batch_order = order[batch_in_epoch * config.batch_size : (batch_in_epoch + 1) * config.batch_size]
+        batch = [examples[i] for i in batch_order]
 
         optimizer.zero_grad(set_to_none=True)
         loss = torch.zeros((), device=device)
         nll = torch.zeros((), device=device)
         tokens = torch.zeros((), dtype=torch.long, device=device)
         truncated = 0
-        microbatches = distributed.rank_microbatches(range(len(batch)), config.microbatch_size)
+        batch_positions = None if positions is None else [positions[i] for i in batch_order]
+        microbatches = distributed.rank_microbatches(range(len(batch)), config.microbatch_size, batch_positions, budget)
         for index in distributed.accumulating(model, microbatches):
             micro = [batch[i] for i in index] or batch[:1]  # an empty share still runs a pass (FSDP2), at zero weight
             encoded = tokenize_prompt_and_output([t.prompt for t in micro], [t.response for t in micro], tokenizer)
@@ -221,9 +235,10 @@ def train_sft(
                 encoded["response_mask"].zero_()
             keep = config.max_seq_len - 1  # positions of (input, label) pairs within max_seq_len tokens
             truncated += int(encoded["response_mask"][:, keep:].any(dim=-1).sum())
-            input_ids, labels, response_mask = (
-                encoded[k][:, :keep].to(device) for k in ("input_ids", "labels", "response_mask")
-            )
+            input_ids, labels, response_mask = (encoded[k][:, :keep] for k in ("input_ids", "labels", "response_mask"))
+            if budget is not None:  # a multiple of 64 positions: compiled layers see few shapes
+                input_ids, labels, response_mask = pad_positions(input_ids, labels, response_mask, pad_id)
+            input_ids, labels, response_mask = (x.to(device) for x in (input_ids, labels, response_mask))
             with autocast:
                 log_probs = get_response_log_probs(model, input_ids, labels)["log_probs"]  # (b, T) fp32
             # Dividing each micro-batch mean by len(batch) / (len(micro) · world) makes the sum over
@@ -292,6 +307,13 @@ def train_sft(
     optimizer.zero_grad(set_to_none=True)  # free the gradients (a model's worth of memory) for what comes next
     model.train(was_training)
     return {**metrics, "step": step}
+
+
+def _positions(examples: list[Trace], tokenizer: Any, max_seq_len: int) -> list[int]:
+    """Each example's trained positions: prompt + response tokens − 1, cut at ``max_seq_len − 1``."""
+    prompts = tokenizer([t.prompt for t in examples], add_special_tokens=False)["input_ids"]
+    responses = tokenizer([t.response for t in examples], add_special_tokens=False)["input_ids"]
+    return [min(len(p) + len(r) - 1, max_seq_len - 1) for p, r in zip(prompts, responses)]
 
 
 def run_fingerprint(config: SFTConfig, examples: Sequence[Trace]) -> dict[str, Any]:

@@ -41,18 +41,12 @@ from a5core.policy import load_policy
 from a5core.problem_sets import REWARD_FNS, load_problem_set
 from a5core.prompts import PromptTemplate, load_prompt
 from a5core.rollout import Engine, SamplingSettings
+from a5core.settings import HOW_FAST_FIELDS
 from tasks.evaluation import model_fingerprint, validation_hook
 from tasks.tracking import log_params_flat, mlflow_logger, start_resumable_run, tracking_rank
 
 # Where results go and how fast they come, not what runs: changing these keeps a run's folder (and resumes it).
-RUN_KEY_IGNORED = (
-    "output_dir",
-    "metrics_path",
-    "experiment",
-    "tracking_uri",
-    "compile_layers",
-    "fsdp_reshard_after_forward",
-)
+RUN_KEY_IGNORED = ("output_dir", "metrics_path", "experiment", "tracking_uri", *HOW_FAST_FIELDS)
 
 
 def params_key(params: Any, ignore: tuple[str, ...] = RUN_KEY_IGNORED) -> str:

@@ -12,7 +12,9 @@ micro-batches of MICROBATCH sequences (``whole``: one micro-batch per batch):
   ``whole`` micro-batches), the resume from a copy of it;
 - ``grpo``: two GRPO steps (3 questions of 4 rollouts: 1 and 2 questions on 2 ranks; grpo_clip, two
   epochs of two optimizer steps) with an engine that returns fixed completions, then the same run
-  stopped by rank 0's ``should_stop`` after step 1 and resumed.
+  stopped by rank 0's ``should_stop`` after step 1 and resumed;
+- ``sft_budget``, ``grpo_budget``: the first SFT and GRPO runs with micro-batches by token budget
+  (``max_tokens_per_microbatch``).
 
 Rank 0 saves ``OUT_DIR/results.pt``: each run's final weights (whole), logged metrics and returns.
 """
@@ -39,6 +41,8 @@ EXAMPLES = [
     for i in range(10)
 ]
 PROBLEMS = [Problem(f"p{i}", f"What is {i} + 1?", str(i + 1)) for i in range(6)]
+# The token budget of the ``*_budget`` runs: micro-batches of one to four sequences (each padded to 64 or 256).
+BUDGET = 512
 
 
 def make_model(tokenizer, seed: int = 0):
@@ -156,6 +160,10 @@ def run_sft(tokenizer, out: Path, microbatch: int | None, foreign: str | None) -
     train_sft(resumed, tokenizer, EXAMPLES, config, checkpoint_dir=out / "sft_ckpt", log=log)
     results["sft_resumed"] = {"weights": whole_weights(resumed), "log": log.calls}
 
+    budget = make_model(tokenizer)
+    train_sft(budget, tokenizer, EXAMPLES, sft_config(microbatch, max_tokens_per_microbatch=BUDGET))
+    results["sft_budget"] = {"weights": whole_weights(budget)}
+
     if foreign is not None:
         if rank == 0:
             shutil.copytree(foreign, out / "sft_foreign")
@@ -222,6 +230,13 @@ def run_grpo(tokenizer, out: Path, microbatch: int | None) -> dict:
         resumed, tokenizer, FixedEngine(tokenizer), PROBLEMS, template, parity_reward, config, checkpoint_dir=ckpt
     )
     results["grpo_resumed"] = {"weights": whole_weights(resumed), "first": first, "history": history}
+
+    budget = make_model(tokenizer)
+    history = grpo(
+        budget, tokenizer, FixedEngine(tokenizer), PROBLEMS, template, parity_reward,
+        grpo_config(microbatch, max_tokens_per_microbatch=BUDGET),
+    )  # fmt: skip
+    results["grpo_budget"] = {"weights": whole_weights(budget), "history": history}
     return results
 
 

@@ -102,8 +102,9 @@ def assert_same_weights(a: dict, b: dict, atol: float) -> None:
 
 
 def assert_same_metrics(a: dict, b: dict, rel: float) -> None:
-    """Every metric of ``a`` but the timings and padded token counts (micro-batches pad differently)."""
-    skip = ("time_", "wall_seconds", "tokens_per_s", "train_tokens")
+    """Every metric of ``a`` but the timings, padded token counts and micro-batch passes and shapes
+    (micro-batches pad and cut differently)."""
+    skip = ("time_", "wall_seconds", "tokens_per_s", "train_tokens", "microbatch")
     keys = [k for k in a if not any(part in k for part in skip)]
     assert keys and set(keys) <= set(b)
     for key in keys:
@@ -138,6 +139,15 @@ def test_grpo_on_two_ranks_updates_and_logs_like_one(loop_runs):
     assert [s for s, _ in two["grpo"]["log"]] == [1, 2]
     for want, got in zip(one["grpo"]["history"], two["grpo"]["history"]):
         assert got["optimizer_steps"] == 4 and got["clip_fraction"] > 0
+        assert_same_metrics(want, got, rel=1e-4)
+
+
+def test_token_budget_micro_batches_on_two_ranks_update_like_one_process(loop_runs):
+    """Micro-batches by token budget, dealt to two ranks by tokens: the one-process whole-batch update."""
+    one, two = loop_runs
+    assert_same_weights(one["sft"]["weights"], two["sft_budget"]["weights"], atol=2e-5)
+    assert_same_weights(one["grpo"]["weights"], two["grpo_budget"]["weights"], atol=2e-4)
+    for want, got in zip(one["grpo"]["history"], two["grpo_budget"]["history"]):
         assert_same_metrics(want, got, rel=1e-4)
 
 
