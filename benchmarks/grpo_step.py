@@ -1,17 +1,25 @@
 """One GRPO step at the A5 defaults on one GPU with the hf backend, phase by phase.
 
-256 rollouts (32 questions × group 8), responses fixed at 400 tokens (``min_tokens`` = ``max_tokens``:
-random weights never write ``</answer>``), train batch 256 in 128 micro-batches of 2, one epoch,
-reinforce_with_baseline, graded by the project's r1_zero reward. The engine decodes with the policy's
-own weights (colocated: no copy, the weight sync is a no-op). The first step compiles (CUDA graph of
-the decode step; compiled decoder layers when asked) and is reported apart. Target (issue 7): ≤ 10 s.
+256 rollouts (32 questions × group 8), train batch 256, one epoch, reinforce_with_baseline, graded by the
+project's r1_zero reward. The engine decodes with the policy's own weights (colocated: no copy, the
+weight sync is a no-op). Random weights never write ``</answer>``, so response lengths are set: ``fixed``
+(every response ``--response`` tokens, ``min_tokens`` = ``max_tokens``) or ``varied`` (each rollout ends at
+a length drawn log-uniformly between 30 and ``--max-tokens``, see ``benchmarks/_lengths.py``).
 
-    python benchmarks/grpo_step.py [--model-dir DIR] [--steps 3] [--tiny]
+Micro-batching, side by side in one run: today's fixed count (``--microbatch`` rollouts, 2 by default:
+gradient_accumulation_steps 128) and token budgets (``--token-budgets``: ``max_tokens_per_microbatch``).
+The first step compiles (CUDA graph of the decode step; compiled decoder layers) and is reported apart;
+the warm steps' median and maximum are the figures. Targets (issue 17): median ≤ 4.5 s, max ≤ 5.5 s.
+
+    python benchmarks/grpo_step.py [--model-dir DIR] [--steps 11] [--lengths fixed varied]
+        [--token-budgets 16384 32768] [--variants layers] [--tiny]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import statistics
 import sys
 from pathlib import Path
 
@@ -19,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _model  # noqa: E402
+from benchmarks._lengths import forced_lengths  # noqa: E402
 from benchmarks._report import report  # noqa: E402
 
 PHASES = ("weight_sync", "generate", "grade", "old_log_probs", "train")
@@ -27,6 +36,7 @@ VARIANTS = {
     "layers": "compiled decoder layers (activation budget 0.8)",
     "decoder": "decoder compiled as one graph",
 }
+SHORTEST = 30  # the varied lengths' lower end, tokens
 
 
 def problems_of(count: int):
@@ -38,96 +48,116 @@ def problems_of(count: int):
     ]
 
 
-def run(model, tokenizer, args) -> list[dict]:
+def run(model, tokenizer, args, lengths: str, budget: int | None) -> list[dict]:
+    """``args.steps`` GRPO steps; each step's logged metrics with the peak memory."""
     from a5core.grading import r1_zero_reward_fn
     from a5core.grpo import GRPOConfig, grpo
     from a5core.prompts import load_prompt
     from a5core.rollout.hf import HFEngine
 
-    sampling = dict(temperature=1.0, min_tokens=args.response, max_tokens=args.response)
-    config = GRPOConfig(n_grpo_steps=args.steps, **sampling)
-    if args.tiny:
-        config = GRPOConfig(
-            n_grpo_steps=args.steps,
-            rollout_batch_size=16,
-            train_batch_size=16,
-            gradient_accumulation_steps=8,
-            **sampling,
-        )
+    tokens = args.response if lengths == "fixed" else args.max_tokens
+    batch = dict(rollout_batch_size=16, train_batch_size=16) if args.tiny else {}
+    size = batch.get("train_batch_size", 256)
+    config = GRPOConfig(
+        n_grpo_steps=args.steps,
+        temperature=1.0,
+        min_tokens=tokens,
+        max_tokens=tokens,
+        gradient_accumulation_steps=size // args.microbatch,
+        max_tokens_per_microbatch=budget,
+        **batch,
+    )
     engine = HFEngine(model, tokenizer, batch_size=config.rollout_batch_size)
     history: list[dict] = []
     _model.reset_peak()
-    grpo(
-        model,
-        tokenizer,
-        engine,
-        problems_of(4 * config.prompts_per_step),
-        load_prompt("r1_zero"),
-        r1_zero_reward_fn,
-        config,
-        log=lambda metrics, step: history.append(dict(metrics, step=step, peak_gib=_model.peak_gib())),
-    )
+    with forced_lengths(engine, SHORTEST, tokens) if lengths == "varied" else contextlib.nullcontext():
+        grpo(
+            model,
+            tokenizer,
+            engine,
+            problems_of(4 * config.prompts_per_step),
+            load_prompt("r1_zero"),
+            r1_zero_reward_fn,
+            config,
+            log=lambda metrics, step: history.append(dict(metrics, step=step, peak_gib=_model.peak_gib())),
+        )
     return history
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     _model.add_arguments(parser)
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--response", type=int, default=400)
+    parser.add_argument("--steps", type=int, default=11, help="GRPO steps per setting (the first compiles)")
+    parser.add_argument("--response", type=int, default=400, help="fixed lengths: tokens per response")
+    parser.add_argument("--max-tokens", type=int, default=1024, help="varied lengths: the longest response")
+    parser.add_argument("--lengths", nargs="+", choices=("fixed", "varied"), default=["fixed", "varied"])
+    parser.add_argument("--microbatch", type=int, default=2, help="today's fixed-count micro-batches: rollouts each")
+    parser.add_argument("--token-budgets", type=int, nargs="*", default=[16384, 32768])
     parser.add_argument(
         "--variants",
         nargs="+",
         choices=list(VARIANTS),
-        default=list(VARIANTS),
+        default=["layers"],
         help="how the training forward runs: eager, compiled layer by layer, or as one graph",
     )
     args = parser.parse_args()
     from a5core.policy import compile_decoder_layers
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model, tokenizer, description = _model.build(args.model_dir, args.tiny, device)
     rows = []
     for variant in args.variants:
-        if variant != "eager":  # a fresh model: earlier variants' compiled modules are not reused
-            model, tokenizer, description = _model.build(args.model_dir, args.tiny, device)
-            torch._dynamo.reset()
-            if variant == "decoder":  # micro-batches of 2 need no memory budget (the partitioner's search is slow)
-                compile_decoder_layers(model, one_graph=True)
-            else:
-                compile_decoder_layers(model, activation_memory_budget=0.8)
-        label = VARIANTS[variant]
-        for metrics in run(model, tokenizer, args):
-            which = "first (compiles)" if metrics["step"] == 1 else "warm"
-            phases = [f"{metrics.get(f'time_{p}', 0.0):.2f}" for p in PHASES]
-            total = metrics["time_step"]
-            rows.append(
-                [
-                    label,
-                    which,
-                    *phases,
-                    f"{total:.2f}",
-                    f"{metrics['generate_tokens_per_s']:,.0f}",
-                    f"{metrics['train_tokens_per_s']:,.0f}",
-                    f"{metrics['peak_gib']:.1f}",
-                    "yes" if total <= 10 and which == "warm" else "—",
-                ]
-            )
-            print(rows[-1], flush=True)
+        for lengths in args.lengths:
+            for budget in [None, *args.token_budgets]:
+                model, tokenizer, description = _model.build(args.model_dir, args.tiny, device)
+                torch._dynamo.reset()  # a fresh model and compile cache per setting
+                if variant == "decoder":
+                    compile_decoder_layers(model, one_graph=True)
+                elif variant == "layers":
+                    compile_decoder_layers(model, activation_memory_budget=0.8)
+                history = run(model, tokenizer, args, lengths, budget)
+                warm_steps = history[1:] or history
+                warm = [m["time_step"] for m in warm_steps]
+                last = history[-1]
+                rows.append(
+                    [
+                        VARIANTS[variant],
+                        lengths,
+                        f"{args.microbatch} rollouts" if budget is None else f"budget {budget:,}",
+                        f"{history[0]['time_step']:.2f}",
+                        f"{statistics.median(warm):.2f}",
+                        f"{max(warm):.2f}",
+                        *[f"{statistics.median(m.get(f'time_{p}', 0.0) for m in warm_steps):.2f}" for p in PHASES],
+                        f"{last['response_tokens_mean']:.0f}",
+                        f"{statistics.median(m['generate_tokens_per_s'] for m in history):,.0f}",
+                        f"{statistics.median(m['train_tokens_per_s'] for m in history):,.0f}",
+                        f"{last['microbatches']:.0f}",
+                        f"{last['microbatch_shapes']:.0f}",
+                        f"{last.get('compiled_graphs', float('nan')):.0f}",
+                        f"{max(m['peak_gib'] for m in history):.1f}",
+                    ]
+                )
+                print(rows[-1], flush=True)
     report(
-        "One GRPO step at A5 defaults, hf backend, one GPU",
-        f"{description} · 256 rollouts (32 × 8), responses 400 tokens, train batch 256 = 128 micro-batches × 2, "
-        f"reinforce_with_baseline, masked_mean, AdamW · engine colocated (shares the policy's weights) · "
-        f"torch {torch.__version__} · target ≤ 10 s",
+        "One GRPO step at A5 defaults, hf backend, one GPU: micro-batches by count and by token budget",
+        f"{description} · 256 rollouts (32 × 8), train batch 256, reinforce_with_baseline, masked_mean, AdamW · "
+        f"responses fixed at {args.response} tokens, or varied log-uniform {SHORTEST}–{args.max_tokens} · "
+        f"{args.steps} steps a setting (the first compiles; median and max of the rest) · engine colocated · "
+        f"torch {torch.__version__} · targets: median ≤ 4.5 s, max ≤ 5.5 s",
         [
             "training layers",
-            "step",
+            "lengths",
+            "micro-batches",
+            "first step s",
+            "warm median s",
+            "warm max s",
             *[f"{p} s" for p in PHASES],
-            "step s",
+            "mean response tokens",
             "generate tok/s",
             "train tok/s",
+            "passes/step",
+            "shapes",
+            "compiled graphs",
             "peak GiB",
-            "≤ 10 s",
         ],
         rows,
         record=not args.tiny,

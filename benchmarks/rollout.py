@@ -3,8 +3,10 @@
 Compares, in one process on one model: transformers' ``generate`` (the baseline) and a5's hf engine
 (static KV cache; its decode step captured as a CUDA graph). Every sequence runs the full 512 tokens
 (``min_tokens`` = ``max_tokens``: random weights would otherwise stop at random), and the stop-string
-machinery stays on (stop ``</answer>``). Also checks the compiled loop against the eager one (greedy
-tokens) and the engine's log-probs against the policy's. Target (issue 7): ≥ 20k tok/s.
+machinery stays on (stop ``</answer>``). Then (``--lengths varied``) each row ends at a length drawn
+log-uniformly between 30 and 512 tokens (``benchmarks/_lengths.py``): tokens/s counts the tokens
+generated. Also checks the compiled loop against the eager one (greedy tokens) and the engine's log-probs
+against the policy's. Targets: ≥ 50k tok/s (issue 17); varied lengths within 80% of that.
 
     python benchmarks/rollout.py [--model-dir DIR] [--batch 256 --prompt 200 --new 512] [--tiny]
 """
@@ -20,7 +22,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _model  # noqa: E402
+from benchmarks._lengths import forced_lengths  # noqa: E402
 from benchmarks._report import report  # noqa: E402
+
+SHORTEST = 30  # the varied lengths' lower end, tokens
 
 
 def prompts_of(tokenizer, count: int, length: int, vocab: int) -> list[str]:
@@ -68,6 +73,13 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=200)
     parser.add_argument("--new", type=int, default=512)
     parser.add_argument("--skip-baseline", action="store_true")
+    parser.add_argument(
+        "--lengths",
+        nargs="+",
+        choices=("fixed", "varied"),
+        default=["fixed", "varied"],
+        help="varied: also each row ending at a length drawn log-uniformly between 30 and --new",
+    )
     args = parser.parse_args()
     from a5core.policy import get_response_log_probs, pack_prompt_and_output_ids
     from a5core.rollout import SamplingSettings
@@ -100,6 +112,22 @@ def main() -> None:
         rows.append([label, f"{seconds:.1f}", f"{speed:,.0f}", f"{speed / baseline:.2f}×" if baseline else "—"])
         print(rows[-1], flush=True)
     rows.append(["a5 hf engine first call (incl. compilation)", f"{first:.1f}", f"{tokens / first:,.0f}", "—"])
+    fixed_speed = speed
+    if "varied" in args.lengths:  # each row ends at a drawn length: the loop runs until the longest ends
+        with forced_lengths(engine, SHORTEST, args.new, seed=1):
+            groups, seconds = timed(lambda: engine.generate(prompts, sampling))
+        generated = sum(len(g[0].token_ids) for g in groups)
+        speed = generated / seconds
+        rows.append(
+            [
+                f"a5 hf engine, varied lengths {SHORTEST}–{args.new} (mean {generated / len(groups):.0f}), "
+                f"{speed / fixed_speed:.0%} of fixed",
+                f"{seconds:.1f}",
+                f"{speed:,.0f}",
+                f"{speed / baseline:.2f}×" if baseline else "—",
+            ]
+        )
+        print(rows[-1], flush=True)
 
     # correctness on the device: compiled vs eager greedy tokens, engine vs policy log-probs
     check = prompts[:8]
