@@ -20,6 +20,7 @@ from a5core.data import Problem
 from a5core.grading import answers_equivalent_batch, extract_boxed, grade_batch
 from a5core.prompts import PromptTemplate
 from a5core.rollout import Completion, Engine, SamplingSettings
+from a5core.sample_metrics import mean_and_se, problem_scores, sample_metrics
 
 CATEGORIES = ("format1_answer1", "format1_answer0", "format0_answer0")
 
@@ -52,25 +53,31 @@ def grade_completions(
             **reward,
             "response_tokens": len(c.token_ids),
             "finish_reason": c.finish_reason,
+            "answer": lenient_answer(c.text),
         }
         for (p, prompt, i, c), reward in zip(flat, rewards)
     ]
 
 
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Accuracy, format rate, mean response length, category and finish-reason counts."""
+    """Accuracy (and its standard error over problems), format rate, mean response length, category and
+    finish-reason counts, and the several-sample metrics of :func:`a5core.sample_metrics.sample_metrics`
+    (avg@n, pass@k, maj@n, each with ``_se``)."""
     if not records:
         raise ValueError("no records to summarise")
     n = len(records)
     counts = Counter(category(r) for r in records)
+    samples = sample_metrics(records)
     return {
         "n_records": n,
         "n_problems": len({r["unique_id"] for r in records}),
         "accuracy": sum(r["answer_reward"] for r in records) / n,
+        "accuracy_se": mean_and_se(list(problem_scores(records).values()))[1],
         "format_rate": sum(r["format_reward"] for r in records) / n,
         "mean_response_tokens": sum(r["response_tokens"] for r in records) / n,
         **{f"count_{c}": counts.get(c, 0) for c in CATEGORIES},
         **{f"finish_{k}": v for k, v in sorted(Counter(r["finish_reason"] for r in records).items())},
+        **samples,
     }
 
 

@@ -1,8 +1,11 @@
 """Flow ``baseline_eval``: zero-shot evaluation of a model on MATH (or GSM8K) with a prompt template.
 
 load data → generate (cached on model, data, prompt and sampling) → grade → write records, summary
-and case report → one MLflow run in experiment ``baseline_eval``. A5 defaults: r1_zero prompt,
-temperature 1.0, top_p 1.0, max_tokens 1024, stop ``</answer>``, MATH validation (5,000 problems).
+and case report → one MLflow run in experiment ``baseline_eval``. With ``n`` samples a problem the summary
+adds avg@n, pass@k (k = 1, 2, 4, … n) and maj@n; every figure has its standard error over problems
+(``…_se``). ``extra_sets`` evaluates more sets in the same run (e.g. MATH500 beside the validation set).
+A5 defaults: r1_zero prompt, temperature 1.0, top_p 1.0, max_tokens 1024, stop ``</answer>``, MATH
+validation (5,000 problems).
 
     python -m flows.baseline_eval --help
     python -m flows.baseline_eval --config params.yaml --limit 20
@@ -11,10 +14,12 @@ temperature 1.0, top_p 1.0, max_tokens 1024, stop ``</answer>``, MATH validation
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from prefect import flow
 
 from a5core.data import PROBLEM_LOADERS
+from a5core.evaluation import CATEGORIES
 from a5core.prompts import load_prompt
 from a5core.rollout import SamplingSettings
 from flows.cli import flow_main, print_paths
@@ -26,10 +31,9 @@ from tasks.tracking import UI_COMMAND, ui_address
 
 @flow(name="baseline_eval")
 def baseline_eval(params: BaselineEvalParams = BaselineEvalParams()) -> dict:
-    """Zero-shot evaluation; returns the summary, output paths and the MLflow run id."""
+    """Zero-shot evaluation; returns the summary, output paths and the MLflow run id (and each extra set's
+    summary and paths under ``sets``)."""
     template = load_prompt(params.prompt)
-    problems = load_problems(params.data, params.data_format, params.limit)
-    prompts = [template.format(p.problem) for p in problems]
     sampling = SamplingSettings(
         n=params.n,
         temperature=params.temperature,
@@ -39,32 +43,45 @@ def baseline_eval(params: BaselineEvalParams = BaselineEvalParams()) -> dict:
         stop=template.stop if params.stop is None else tuple(params.stop),
         seed=params.seed,
     )
-    completions = generate(
-        params.model, model_fingerprint(params.model), params.backend, params.dtype, prompts, sampling
-    )
-    records = grade(problems, prompts, completions, params.grader)
-    outputs = write_outputs(records, params.output_dir, params.metrics_path)
-    run_name = f"{params.model.rstrip('/').split('/')[-1]}-{params.prompt}-{len(problems)}"
-    run_id = log_evaluation_run(params.experiment, run_name, params.tracking_uri, params.model_dump(), records, outputs)
-    return {**outputs, "mlflow_run_id": run_id, "tracking_uri": params.tracking_uri}
+    evaluated = {}
+    for name, source in {"": params.data, **params.extra_sets}.items():
+        problems = load_problems(source, params.data_format, params.limit)
+        prompts = [template.format(p.problem) for p in problems]
+        completions = generate(
+            params.model, model_fingerprint(params.model), params.backend, params.dtype, prompts, sampling
+        )
+        records = grade(problems, prompts, completions, params.grader)
+        output_dir = str(Path(params.output_dir) / name) if name else params.output_dir
+        evaluated[name] = (records, write_outputs(records, output_dir, None if name else params.metrics_path))
+    run_name = f"{params.model.rstrip('/').split('/')[-1]}-{params.prompt}-{len(evaluated[''][0]) // params.n}"
+    run_id = log_evaluation_run(params.experiment, run_name, params.tracking_uri, params.model_dump(), evaluated)
+    sets = {name: outputs for name, (_, outputs) in evaluated.items() if name}
+    return {**evaluated[""][1], "sets": sets, "mlflow_run_id": run_id, "tracking_uri": params.tracking_uri}
 
 
 def check_inputs(params: BaselineEvalParams) -> None:
-    """Fail on bad input before an engine starts, with the error naming what and where: the problems,
-    prompts within the model's context, outputs that cannot be written."""
-    problems = PROBLEM_LOADERS[params.data_format](params.data)[: params.limit]
-    check_prompts_fit(params, {params.data: problems}, params.max_tokens)
+    """Fail on bad input before an engine starts, with the error naming what and where: the problems of
+    every set, prompts within the model's context, outputs that cannot be written."""
+    sources = (params.data, *params.extra_sets.values())
+    sets = {source: PROBLEM_LOADERS[params.data_format](source)[: params.limit] for source in sources}
+    check_prompts_fit(params, sets, params.max_tokens)
     check_outputs(params)
 
 
 def show(params: BaselineEvalParams, result: dict) -> None:
-    summary = result["summary"]
-    print(
-        f"\naccuracy {summary['accuracy']:.3f} · format rate {summary['format_rate']:.3f} · "
-        f"categories (F1A1 / F1A0 / F0A0): {summary['count_format1_answer1']} / {summary['count_format1_answer0']} / "
-        f"{summary['count_format0_answer0']}"
-    )
-    print_paths(result["paths"])
+    for name, outputs in {"": result, **result["sets"]}.items():
+        summary = outputs["summary"]
+        passes = "".join(
+            f" · {k.replace('_at_', '@')} {summary[k]:.3f} ± {summary[k + '_se']:.3f}"
+            for k in summary
+            if k.startswith(("pass_at_", "maj_at_")) and not k.endswith("_se") and k != "pass_at_1"
+        )
+        counts = " / ".join(str(summary[f"count_{c}"]) for c in CATEGORIES)
+        print(
+            f"\n{name + ': ' if name else ''}accuracy {summary['accuracy']:.3f} ± {summary['accuracy_se']:.3f}"
+            f"{passes} · format rate {summary['format_rate']:.3f} · categories (F1A1 / F1A0 / F0A0): {counts}"
+        )
+        print_paths(outputs["paths"])
     print(
         f"mlflow   run {result['mlflow_run_id']} in {result['tracking_uri']}: "
         f"{UI_COMMAND.format(tracking_uri=result['tracking_uri'])}, then open "

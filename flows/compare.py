@@ -5,7 +5,9 @@ an MLflow filter string, ``--filter "params.loss_type = 'grpo_clip'"``), or as t
 run (``--parent ID``: an ablation or sweep). The flow writes into ``output_dir``:
 
 - ``comparison.md`` / ``comparison.csv`` / ``comparison.json``: one row per run with its name, the
-  parameters whose values differ between the runs, and the final value of each chosen metric;
+  parameters whose values differ between the runs, and the final value of each chosen metric; and for
+  evaluation runs (which log every graded sample) the paired difference in per-problem accuracy against
+  the first of them, with its standard error, on the problems both evaluated (also ``paired.json``);
 - ``<metric>_vs_step.png``: one plot per plotted metric, the metric against step, one line per run;
 
 and logs them as artifacts of a new run in MLflow experiment ``comparison``, tagged with the compared
@@ -30,12 +32,13 @@ from prefect import flow
 from pydantic import Field, ValidationInfo, field_validator
 
 from a5core.data import write_text_atomic
+from a5core.sample_metrics import paired_difference, problem_scores
 from a5core.settings import defaults
 from flows.cli import flow_main, print_paths
 from flows.params import MLflowLogging, OutputDir, TrackingStore
 from tasks.plots import plot_curves
 from tasks.tables import csv_text, markdown_table
-from tasks.tracking import find_runs, log_files_run, metric_points, run_labels, store_client
+from tasks.tracking import find_runs, log_files_run, metric_points, run_labels, run_records, store_client
 
 # Final values shown when no metrics are named (those that some run holds), and metrics plotted by step.
 DEFAULT_METRICS = (
@@ -131,6 +134,26 @@ def comparison_rows(runs: list[Any], metrics: list[str]) -> tuple[list[dict[str,
     return rows, params
 
 
+def paired_rows(client: Any, runs: list[Any]) -> list[dict[str, Any]]:
+    """For runs that logged every graded sample (evaluation runs: ``generations.json``), each one's paired
+    difference in per-problem accuracy against the first such run (:func:`a5core.sample_metrics.paired_difference`);
+    [] when fewer than two runs hold records."""
+    scored = []
+    for label, run in zip(run_labels(runs), runs):
+        records = run_records(client, run)
+        if records:
+            scored.append((label, problem_scores(records)))
+    if len(scored) < 2:
+        return []
+    (reference, base), rows = scored[0], []
+    for label, scores in scored[1:]:
+        try:
+            rows.append({"run": label, "against": reference, **paired_difference(scores, base)})
+        except ValueError:  # no problem in common
+            rows.append({"run": label, "against": reference, "difference": None, "difference_se": None})
+    return rows
+
+
 # ------------------------------------------------------------------------------------- writing
 
 
@@ -164,6 +187,17 @@ def write_comparison(
                 output_dir / plot_file_name(metric), points, "step", metric, "run", f"{metric} by step"
             )
             md += [f"![{metric} by step]({plots[metric].name})", ""]
+    paired = paired_rows(client, runs)
+    if paired:
+        md += [
+            f"## Paired differences against {paired[0]['against']}",
+            "",
+            "Per-problem accuracy (mean over a problem's samples) on the problems both runs evaluated; the "
+            "standard error is of the paired differences.",
+            "",
+            markdown_table(paired, width=48),
+            "",
+        ]
     missing = [m for m in [*columns, *plot_metrics] if m not in held]
     if missing:
         md += [f"No run holds: {', '.join(dict.fromkeys(missing))}.", ""]
@@ -173,8 +207,11 @@ def write_comparison(
         "table_json": write_text_atomic(output_dir / "comparison.json", json.dumps(rows, indent=2) + "\n"),
         **{f"plot_{m}": p for m, p in plots.items()},
     }
+    if paired:
+        paths["paired_json"] = write_text_atomic(output_dir / "paired.json", json.dumps(paired, indent=2) + "\n")
     return {
         "rows": rows,
+        "paired": paired,
         "params": params,
         "metrics": columns,
         "plots": {m: str(p) for m, p in plots.items()},

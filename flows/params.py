@@ -75,6 +75,7 @@ class Validation(Settings):
     validation_format: DataFormat = Field("math", description="record format of validation_data")
     val_subset: int = Field(500, ge=1, description="problems evaluated every eval_every steps (a fixed random subset)")
     val_limit: int | None = Field(None, ge=1, description="problems in the final evaluation (None: all)")
+    val_samples: int = Field(1, ge=1, description="samples per validation problem (> 1: pass@k and maj@k too)")
 
 
 class Prompt(Settings):
@@ -160,6 +161,19 @@ class BaselineEvalParams(Generation, RolloutSamplingFields, PromptSettings, Outp
 
     data: str = Field("../shared/data/math/validation.jsonl", description="jsonl path or hub dataset id")
     data_format: DataFormat = Field("math", description="record format of the data")
+    extra_sets: dict[str, str] = Field(
+        {},
+        description="more problem sets in the same run, name → source (e.g. math500: "
+        "../shared/data/math/math500.jsonl): outputs under output_dir/<name>/, metrics <name>/…",
+    )
+
+    @field_validator("extra_sets")
+    @classmethod
+    def _set_names(cls, sets: dict[str, str]) -> dict[str, str]:
+        for name in sets:
+            if not name or not all(c.isalnum() or c in "_-." for c in name) or name.startswith("."):
+                raise ValueError(f"extra set name {name!r}: use letters, digits, '_', '-' or '.' (a folder name)")
+        return sets
 
 
 @defaults(model="Qwen/Qwen2.5-Math-7B", n=4)

@@ -87,20 +87,27 @@ def log_evaluation_run(
     run_name: str,
     tracking_uri: str,
     params: dict[str, Any],
-    records: list[dict[str, Any]],
-    outputs: dict[str, Any],
+    evaluated: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]],
 ) -> str:
-    """One MLflow run: params, summary metrics, the generations as a table, summary and report as artifacts."""
+    """One MLflow run: params, each set's summary metrics, generations table, summary and report.
+
+    ``evaluated``: set name → (records, :func:`write_outputs`'s result); the set named "" is the run's
+    own (metrics and artifacts at the top), the others' metrics are ``<name>/…`` and their artifacts
+    under ``<name>/``."""
     import mlflow
 
     from tasks.tracking import log_params_flat, mlflow_run
 
     with mlflow_run(experiment, run_name, tracking_uri) as run:
         log_params_flat(params)
-        mlflow.log_metrics({k: float(v) for k, v in outputs["summary"].items()})
-        mlflow.log_table({k: [r[k] for r in records] for k in records[0]}, artifact_file="generations.json")
-        mlflow.log_artifact(outputs["paths"]["summary"])
-        mlflow.log_artifact(outputs["paths"]["report"])
+        for name, (records, outputs) in evaluated.items():
+            prefix, folder = (f"{name}/", name) if name else ("", None)
+            mlflow.log_metrics({f"{prefix}{k}": float(v) for k, v in outputs["summary"].items()})
+            mlflow.log_table(
+                {k: [r[k] for r in records] for k in records[0]}, artifact_file=f"{prefix}generations.json"
+            )
+            mlflow.log_artifact(outputs["paths"]["summary"], folder)
+            mlflow.log_artifact(outputs["paths"]["report"], folder)
         return run.info.run_id
 
 
@@ -116,8 +123,9 @@ def validation_hook(
 ) -> Callable[[torch.nn.Module, int], dict[str, float]]:
     """``evaluate(model, step)`` for the loops: push weights, evaluate, log a generations table.
 
-    Evaluates the first ``subset`` problems (all if None); returns ``val_*`` metrics (accuracy,
-    format rate, lengths of correct/incorrect responses, token entropy).
+    Evaluates the first ``subset`` problems (all if None), ``sampling.n`` samples each; returns ``val_*``
+    metrics (accuracy and its standard error over problems, format rate, lengths of correct/incorrect
+    responses, token entropy; with several samples, avg@n, pass@k and maj@n with their standard errors).
 
     Under several ranks every rank calls it (as the loops do): each pushes the whole weights
     (:func:`a5core.distributed.full_weights`, a collective) into its own engine, evaluates its block
@@ -137,10 +145,13 @@ def validation_hook(
             _log_table(rows, f"{'full' if subset is None else f'subset{subset}'}_step_{step:06d}.json")
         metrics = {
             "accuracy": summary["accuracy"],
+            "accuracy_se": summary["accuracy_se"],
             "format_rate": summary["format_rate"],
             "n_problems": summary["n_problems"],
             **generation_metrics,
         }
+        if sampling.n > 1:  # several samples a problem: pass@k, maj@n and their standard errors
+            metrics.update({k: v for k, v in summary.items() if k.startswith(("pass_at_", "maj_at_", "avg_at_"))})
         return {f"val_{k}": v for k, v in metrics.items()}
 
     return run

@@ -9,8 +9,9 @@ the leaderboard run.
 - a resumable MLflow run (a child of ``parent_run_id`` in a sweep), its parameters and the starting
   model's real folder (tag ``model_path``) logged on the tracking rank;
 - the policy loaded on the GPU if there is one, in ``policy_dtype``;
-- the validation set, prompt template, grader and evaluation sampling (``temperature``, ``max_tokens``,
-  the prompt's stop strings, ``seed``), and :meth:`Run.validation`, the loops' ``evaluate`` hook;
+- the validation set, prompt template, grader and evaluation sampling (``val_samples`` a problem,
+  ``temperature``, ``max_tokens``, the prompt's stop strings, ``seed``), and :meth:`Run.validation`, the
+  loops' ``evaluate`` hook;
 - after the body: the final evaluation on ``val_limit`` problems, unless the body made its own
   (:attr:`Trained.final`); its metrics logged as ``final_*`` at the last step;
   and the row: ``setting``, accuracy and format rate before (``initial_*``: the starting model's
@@ -133,7 +134,11 @@ def training_run(
     validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
     template, reward_fn = load_prompt(params.prompt), REWARD_FNS[params.grader]
     sampling = SamplingSettings(
-        temperature=params.temperature, max_tokens=params.max_tokens, stop=template.stop, seed=params.seed
+        n=params.val_samples,
+        temperature=params.temperature,
+        max_tokens=params.max_tokens,
+        stop=template.stop,
+        seed=params.seed,
     )
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with start_resumable_run(

@@ -277,6 +277,19 @@ def latest_ablations(tracking_uri: str, experiment: str) -> dict[str, tuple[Any,
     return latest
 
 
+def run_records(reader: Any, run: Any, artifact: str = "generations.json") -> list[dict[str, Any]] | None:
+    """The graded records a run logged as the table ``artifact`` (an evaluation run's every sample), or
+    None when it holds no such table."""
+    import json
+
+    if artifact not in {a.path for a in reader.list_artifacts(run.info.run_id)}:
+        return None
+    with tempfile.TemporaryDirectory() as folder:
+        path = reader.download_artifacts(run.info.run_id, artifact, folder)
+        table = json.loads(Path(path).read_text())
+    return [dict(zip(table["columns"], row)) for row in table["data"]]
+
+
 def tag_active_run(**tags: Any) -> None:
     """Set tags on the active MLflow run (values as strings)."""
     mlflow.set_tags({k: str(v) for k, v in tags.items()})

@@ -222,8 +222,8 @@ def test_a_model_folder_without_config(inputs, tmp_path):
 def test_an_unknown_loss_type(inputs, tmp_path, capsys):
     err = parameter_error("grpo", flags("grpo", inputs, tmp_path, loss_type="ppo"), capsys)
     assert (
-        "--loss-type 'ppo': Input should be 'no_baseline', 'reinforce_with_baseline', 'grpo_clip' or 'grpo_no_clip'"
-        in err
+        "--loss-type 'ppo': Input should be 'no_baseline', 'reinforce_with_baseline', 'grpo_clip', "
+        "'grpo_no_clip' or 'gspo'" in err
     )
 
 

@@ -76,3 +76,46 @@ def test_flow_runs_caches_and_logs_to_mlflow(prefect_harness, tiny_lm_dir, share
     mlflow.set_experiment("baseline_eval")  # load_table searches the current experiment
     table = mlflow.load_table("generations.json", run_ids=[first["mlflow_run_id"]])
     assert len(table) == 8 and "response" in table.columns
+
+
+def test_several_sets_and_samples_in_one_run(prefect_harness, tiny_lm_dir, shared_data, tmp_path, monkeypatch):
+    """MATH500 beside the validation set, two samples a problem: each set's records, summary (with
+    pass@k, maj@n and standard errors) and MLflow metrics (``math500/…``) and artifacts."""
+    import mlflow
+
+    from flows.baseline_eval import BaselineEvalParams, baseline_eval
+
+    params = BaselineEvalParams(
+        model=str(tiny_lm_dir),
+        backend="hf",
+        data=str(shared_data / "math/validation.jsonl"),
+        extra_sets={"math500": str(shared_data / "math/math500.jsonl")},
+        limit=3,
+        n=2,
+        max_tokens=8,
+        output_dir=str(tmp_path / "out"),
+        metrics_path=None,
+        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+    )
+    monkeypatch.chdir(tmp_path)
+    result = baseline_eval(params)
+    extra = [json.loads(line) for line in (tmp_path / "out/math500/records.jsonl").read_text().splitlines()]
+    assert len(extra) == 6 and {r["unique_id"] for r in extra}.isdisjoint(
+        {json.loads(line)["unique_id"] for line in (tmp_path / "out/records.jsonl").read_text().splitlines()}
+    )
+    summary = result["sets"]["math500"]["summary"]
+    assert {"accuracy_se", "pass_at_1", "pass_at_2", "maj_at_2", "pass_at_2_se"} <= set(summary)
+    assert summary["samples_per_problem"] == 2 and summary["n_problems"] == 3
+    run = mlflow.MlflowClient(params.tracking_uri).get_run(result["mlflow_run_id"])
+    assert run.data.metrics["math500/n_records"] == 6 and "pass_at_2" in run.data.metrics
+    artifacts = {a.path for a in mlflow.MlflowClient(params.tracking_uri).list_artifacts(run.info.run_id, "math500")}
+    assert {"math500/summary.json", "math500/report.md", "math500/generations.json"} <= artifacts
+
+
+def test_an_extra_set_name_must_be_a_folder_name():
+    import pytest
+
+    from flows.baseline_eval import BaselineEvalParams
+
+    with pytest.raises(ValueError, match="extra set name '../x'"):
+        BaselineEvalParams(extra_sets={"../x": "a.jsonl"})

@@ -189,3 +189,38 @@ def test_cli_says_what_is_wrong(tmp_path, prefect_harness, capsys):
     with pytest.raises(SystemExit):
         main(["--runs", "a", "--parent", "b"])
     assert "give exactly one of runs, experiment or parent" in capsys.readouterr().err
+
+
+def test_evaluation_runs_get_their_paired_difference(prefect_harness, tmp_path, monkeypatch):
+    """Two evaluation runs (every graded sample logged as generations.json) on overlapping problems: the
+    second against the first, per-problem accuracy differences on the shared problems, with their error."""
+    import math
+    import statistics
+
+    import mlflow
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment("evals")
+    scores = {
+        "base": {"p1": [1, 0], "p2": [0, 0], "p3": [1, 1], "p4": [0, 1]},
+        "tuned": {"p1": [1, 1], "p2": [1, 0], "p3": [1, 1], "p5": [1, 1]},
+    }
+    ids = {}
+    for name, problems in scores.items():
+        with mlflow.start_run(run_name=name) as run:
+            mlflow.log_metric("accuracy", 0.5)
+            rows = [(uid, i, float(r)) for uid, rewards in problems.items() for i, r in enumerate(rewards)]
+            columns = dict(zip(("unique_id", "sample", "answer_reward"), map(list, zip(*rows))))
+            mlflow.log_table(columns, artifact_file="generations.json")
+            ids[name] = run.info.run_id
+    params = CompareParams(runs=[ids["base"], ids["tuned"]], tracking_uri=uri, output_dir=str(tmp_path / "out"))
+    result = compare(params)
+    ((row,),) = [result["paired"]]
+    diffs = [1 - 0.5, 0.5 - 0, 1 - 1]  # p1, p2, p3 (p4 and p5 are in one run only)
+    assert row["run"] == "tuned" and row["against"] == "base" and row["n_problems"] == 3
+    assert row["difference"] == pytest.approx(statistics.mean(diffs))
+    assert row["difference_se"] == pytest.approx(statistics.stdev(diffs) / math.sqrt(3))
+    assert json.loads((tmp_path / "out/paired.json").read_text()) == result["paired"]
+    assert "## Paired differences against base" in (tmp_path / "out/comparison.md").read_text()

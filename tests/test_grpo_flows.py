@@ -37,7 +37,7 @@ def tiny_params(tmp_path, model, **overrides) -> GRPOParams:
 def test_single_run_logs_every_step_and_the_validation_curves(prefect_harness, tiny_lm_dir, tmp_path):
     import mlflow
 
-    params = tiny_params(tmp_path, tiny_lm_dir)
+    params = tiny_params(tmp_path, tiny_lm_dir, val_samples=2)  # two samples a validation problem
     result = grpo_flow(params)
     assert [r["setting"] for r in result["summary"]] == ["single"]
     client = mlflow.MlflowClient(tracking_uri=params.tracking_uri)
@@ -66,6 +66,10 @@ def test_single_run_logs_every_step_and_the_validation_curves(prefect_harness, t
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "val_accuracy")) == [0, 1, 2]
     assert client.get_metric_history(run.info.run_id, "val_accuracy_by_wall_seconds")
     assert run.data.metrics["final_val_n_problems"] == 4
+    validation = {"val_accuracy_se", "val_avg_at_2", "val_pass_at_1", "val_pass_at_2", "val_pass_at_2_se"}
+    validation.add("val_maj_at_2")
+    assert validation | {f"final_{k}" for k in validation} <= set(run.data.metrics)
+    assert run.data.metrics["final_val_pass_at_2"] >= run.data.metrics["final_val_pass_at_1"]
     assert run.data.params["loss_type"] == "reinforce_with_baseline"
     assert run.data.tags["model_path"] == str(tiny_lm_dir.resolve())  # the real folder the run started from
     assert [a.path for a in client.list_artifacts(run.info.run_id, "generations")]
