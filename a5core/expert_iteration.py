@@ -44,6 +44,7 @@ from a5core import distributed, progress
 from a5core.data import Problem, Trace, load_sft_traces, write_jsonl_atomic, write_text_atomic
 from a5core.evaluation import grade_completions, response_entropies
 from a5core.prompts import PromptTemplate
+from a5core.question_sampling import QuestionSampler, QuestionSamplingSettings
 from a5core.rollout import Engine
 from a5core.settings import (
     OptimizerSettings,
@@ -65,7 +66,9 @@ STATUS_KEYS = (
 
 
 @defaults(max_seq_len=1536)
-class EIConfig(OptimizerSettings, RolloutSamplingFields, SFTBatchSettings, SpeedSettings, SeedSettings):
+class EIConfig(
+    OptimizerSettings, RolloutSamplingFields, QuestionSamplingSettings, SFTBatchSettings, SpeedSettings, SeedSettings
+):
     """Expert Iteration settings; names follow the handout: D_b (``questions_per_step``), G
     (``rollouts_per_question``), E (``epochs``, of each round's SFT). Each round fine-tunes with the
     optimizer, batch and speed settings here (:meth:`round_sft`)."""
@@ -101,9 +104,11 @@ def expert_iteration(
     checkpoint_dir: str | os.PathLike | None = None,
     evaluate: Callable[[torch.nn.Module, int], dict[str, float]] | None = None,
     log: Callable[[dict[str, float], int], None] = lambda metrics, step: None,
+    pass_rates: dict[str, float] | None = None,
 ) -> list[dict[str, float]]:
     """Run (or resume) Expert Iteration, its state under ``checkpoint_dir`` (None: not resumable);
-    returns each round's metrics (on every rank)."""
+    returns each round's metrics (on every rank). ``pass_rates``: question id → pass rate, the table
+    ``question_sampling`` starts from (:mod:`a5core.question_sampling`)."""
     rank = distributed.rank_and_world()[0]
     root = Path(checkpoint_dir) if checkpoint_dir else None
     state = (
@@ -112,6 +117,9 @@ def expert_iteration(
     if state["rounds"]:
         _load_weights(model, root / "model.pt")
     history: list[dict[str, float]] = state["rounds"]
+    sampler = QuestionSampler(problems, config, pass_rates)
+    if "sampler" in state:
+        sampler.load_state(state["sampler"])
     if history:
         logger.info("EI: resuming from %s after round %d of %d", root, len(history), config.n_ei_steps)
     if not history and evaluate is not None:
@@ -124,12 +132,18 @@ def expert_iteration(
         kept_path = round_dir / "kept.jsonl" if round_dir else None
         if kept_path is not None and kept_path.is_file():
             kept = load_sft_traces(kept_path) if kept_path.stat().st_size else []
-            metrics = json.loads((round_dir / "rollouts.json").read_text())
+            rollouts = json.loads((round_dir / "rollouts.json").read_text())
+            metrics, outcomes = rollouts["metrics"], rollouts["outcomes"]
         else:
-            kept, metrics = _rollout_round(model, tokenizer, engine, problems, template, reward_fn, config, step)
+            kept, metrics, outcomes = _rollout_round(
+                model, tokenizer, engine, sampler, template, reward_fn, config, step
+            )
             if round_dir is not None and rank == 0:
                 write_jsonl_atomic(kept_path, [asdict(t) for t in kept])
-                write_text_atomic(round_dir / "rollouts.json", json.dumps(metrics))
+                write_text_atomic(round_dir / "rollouts.json", json.dumps({"metrics": metrics, "outcomes": outcomes}))
+        by_id = {p.unique_id: p for p in problems}
+        sampler.observe([by_id[uid] for uid in outcomes["questions"]], outcomes["correct"], step + 1)
+        metrics.update(sampler.metrics())
         if kept:
             final = train_sft(
                 model,
@@ -148,7 +162,7 @@ def expert_iteration(
             progress.log_step(logger, "EI round", step + 1, config.n_ei_steps, metrics, STATUS_KEYS)
         rounds_bar.update(1)
         if root is not None:
-            _save_round(model, root, history)
+            _save_round(model, root, {"rounds": history, "sampler": sampler.state()})
     rounds_bar.close()
     return history
 
@@ -159,13 +173,14 @@ def _load_weights(model: torch.nn.Module, path: Path) -> None:
     distributed.load_whole_state_dict(model, torch.load(path, map_location="cpu", weights_only=True))
 
 
-def _save_round(model: torch.nn.Module, root: Path, history: list[dict[str, float]]) -> None:
-    """``model.pt`` (the whole weights) and ``state.json`` after a round (every rank calls it; rank 0 writes)."""
+def _save_round(model: torch.nn.Module, root: Path, run_state: dict[str, Any]) -> None:
+    """``model.pt`` (the whole weights) and ``state.json`` (``run_state``: the rounds' metrics, the question
+    sampler) after a round (every rank calls it; rank 0 writes)."""
 
     def write(state: dict[str, torch.Tensor]) -> None:
         torch.save({name: tensor.cpu() for name, tensor in state.items()}, root / "model.pt.tmp")
         (root / "model.pt.tmp").replace(root / "model.pt")
-        write_text_atomic(root / "state.json", json.dumps({"rounds": history}))
+        write_text_atomic(root / "state.json", json.dumps(run_state))
 
     distributed.write_whole(model, write)
 
@@ -174,16 +189,17 @@ def _rollout_round(
     model: torch.nn.Module,
     tokenizer: Any,
     engine: Engine,
-    problems: Sequence[Problem],
+    sampler: QuestionSampler,
     template: PromptTemplate,
     reward_fn: Callable[[str, Any], dict[str, float]],
     config: EIConfig,
     step: int,
-) -> tuple[list[Trace], dict[str, float]]:
-    """Sample D_b questions, G rollouts each, grade; return the correct ones as traces and round stats.
-    Under several ranks each samples and grades its block of the questions; all get every record."""
+) -> tuple[list[Trace], dict[str, float], dict[str, list]]:
+    """Sample D_b questions, G rollouts each, grade; return the correct ones as traces, round stats and the
+    outcomes (question ids, whether each rollout was right: for the sampler). Under several ranks each
+    samples and grades its block of the questions; all get every record."""
     rng = random.Random(config.step_seed(step))
-    questions = rng.sample(list(problems), min(config.questions_per_step, len(problems)))
+    questions = sampler.sample(rng, min(config.questions_per_step, len(sampler.problems)))
     rank, world = distributed.rank_and_world()
     mine = questions[distributed.rank_slice(len(questions))]
     prompts = [template.format(p.problem) for p in mine]
@@ -211,4 +227,5 @@ def _rollout_round(
         "rollout_mean_response_tokens_incorrect": sum(incorrect) / len(incorrect) if incorrect else float("nan"),
         "rollout_mean_token_entropy": sum(entropies) / len(entropies) if entropies else float("nan"),
     }
-    return kept, metrics
+    outcomes = {"questions": [q.unique_id for q in questions], "correct": [float(r["reward"] == 1.0) for r in records]}
+    return kept, metrics, outcomes

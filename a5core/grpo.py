@@ -114,6 +114,7 @@ from a5core.policy import (
     pad_id_of,
 )
 from a5core.prompts import PromptTemplate
+from a5core.question_sampling import QuestionSampler, QuestionSamplingSettings
 from a5core.rollout import Completion, Engine
 from a5core.settings import (
     HOW_FAST_FIELDS,
@@ -144,7 +145,9 @@ STATUS_KEYS = (
 )  # the per-step status line's metrics
 
 
-class GRPOConfig(OptimizerSettings, RolloutSamplingFields, SpeedSettings, PeriodicSettings, SeedSettings):
+class GRPOConfig(
+    OptimizerSettings, RolloutSamplingFields, QuestionSamplingSettings, SpeedSettings, PeriodicSettings, SeedSettings
+):
     """Settings of one GRPO run; defaults are the A5 handout's. Invalid values or combinations raise
     ``ValueError`` naming the field at construction. ``compile_layers``: ``torch.compile`` the decoder
     layers (:func:`a5core.policy.compile_decoder_layers`; on a GPU faster and leaner after a first step
@@ -321,10 +324,14 @@ class RolloutBatch:
         return result
 
 
-def run_fingerprint(config: GRPOConfig, problems: Sequence[Problem]) -> dict[str, Any]:
-    """What must match for a checkpoint to be resumed: the config (less UNFINGERPRINTED_FIELDS) and the
-    problems, in order."""
+def run_fingerprint(
+    config: GRPOConfig, problems: Sequence[Problem], pass_rates: dict[str, float] | None = None
+) -> dict[str, Any]:
+    """What must match for a checkpoint to be resumed: the config (less UNFINGERPRINTED_FIELDS), the
+    problems, in order, and the pass-rate table the questions were sampled by."""
     settings = {k: v for k, v in config.values_of(GRPOConfig).items() if k not in UNFINGERPRINTED_FIELDS}
+    if pass_rates:
+        settings["pass_rates"] = fingerprint({}, sorted((k, repr(v)) for k, v in pass_rates.items()), "rates")["sha256"]
     return fingerprint(settings, ((p.problem, p.answer) for p in problems), "problems")
 
 
@@ -341,8 +348,12 @@ def grpo(
     evaluate: Callable[[torch.nn.Module, int], dict[str, float]] | None = None,
     log: Callable[[dict[str, float], int], None] = lambda metrics, step: None,
     should_stop: Callable[[int], bool] | None = None,
+    pass_rates: dict[str, float] | None = None,
 ) -> list[dict[str, float]]:
     """Train ``model`` in place with GRPO (see the module docstring); returns every logged metrics dict.
+
+    ``pass_rates``: question id → pass rate, the table ``question_sampling`` starts from
+    (:mod:`a5core.question_sampling`; None: none, every question unknown).
 
     ``should_stop(step)``, asked after each step (e.g. a wall-clock budget), ends the run early: a
     checkpoint of that step is written (not marked finished) and the history so far returned.
@@ -381,7 +392,7 @@ def grpo(
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if config.compile_layers:
         compile_decoder_layers(model, activation_memory_budget=COMPILED_ACTIVATION_BUDGET)
-    expected = run_fingerprint(config, problems)
+    expected = run_fingerprint(config, problems, pass_rates)
     checkpoint = Path(checkpoint_dir) if checkpoint_dir is not None else None
     state = distributed.load_checkpoint(checkpoint, expected, model, optimizer, None) if checkpoint else None
     if state is not None and state["finished"]:
@@ -400,8 +411,11 @@ def grpo(
             elapsed = max(elapsed, spent["wall_seconds"])
     started = time.monotonic() - elapsed
     pool = concurrent.futures.ThreadPoolExecutor(1, "a5-rollouts") if config.pipeline_depth else None
+    sampler = QuestionSampler(problems, config, pass_rates)
+    if state is not None and "sampler" in state:
+        sampler.load_state(state["sampler"])
     trainer = _Trainer(
-        model, tokenizer, optimizer, params, config, device, checkpoint, problems, template, reference, pool
+        model, tokenizer, optimizer, params, config, device, checkpoint, sampler, template, reference, pool
     )
 
     def finish_step(metrics: dict[str, float], step: int) -> None:
@@ -451,6 +465,7 @@ def grpo(
                         "wall_seconds": time.monotonic() - started,
                         "history": history,
                         "fingerprint": expected,
+                        "sampler": sampler.state(),
                     },
                 )
             if stopping:
@@ -530,16 +545,16 @@ class _Trainer:
         config: GRPOConfig,
         device: torch.device,
         checkpoint: Path | None,
-        problems: list[Problem],
+        sampler: QuestionSampler,
         template: PromptTemplate,
         reference: torch.nn.Module | None,
         pool: concurrent.futures.ThreadPoolExecutor | None,
     ):
         self.model, self.tokenizer, self.optimizer, self.params = model, tokenizer, optimizer, params
         self.config, self.device, self.checkpoint = config, device, checkpoint
-        self.problems, self.template, self.reference, self.pool = problems, template, reference, pool
-        # The next step's rollouts being generated: (step, the policy version sampling them, future).
-        self.in_flight: tuple[int, int, concurrent.futures.Future] | None = None
+        self.sampler, self.template, self.reference, self.pool = sampler, template, reference, pool
+        # The next step's rollouts being generated: (step, the policy version sampling them, its questions, future).
+        self.in_flight: tuple[int, int, list[Problem], concurrent.futures.Future] | None = None
         self.shapes: set[tuple[int, ...]] = set()  # the (rows, positions) of every micro-batch so far
         self.pad_id = pad_id_of(tokenizer)
         self.autocast = (
@@ -560,10 +575,11 @@ class _Trainer:
 
     def step(self, engine: Engine, reward_fn: Callable[[str, Any], dict[str, float]], step: int) -> dict[str, float]:
         """GRPO step ``step`` + 1: rollouts, rewards, the optional log-prob pass, the optimizer steps."""
-        config, problems, template, self.times = self.config, self.problems, self.template, {}
+        config, template, self.times = self.config, self.template, {}
         start = time.perf_counter()
         rng = random.Random(config.step_seed(step))
-        questions = rng.sample(problems, config.prompts_per_step)
+        pending = self.in_flight is not None and self.in_flight[0] == step  # generated in the background
+        questions = self.in_flight[2] if pending else self.sampler.sample(rng, config.prompts_per_step)
         completions, version = self.rollouts(engine, questions, template, step)
         draws = [self.grade(questions, completions, reward_fn)]
         while (
@@ -571,11 +587,14 @@ class _Trainer:
             and sum(d.varied.count(True) for d in draws) < config.prompts_per_step
             and len(draws) <= config.max_extra_draws
         ):  # DAPO: more questions until the batch is full of groups that teach something
-            questions = rng.sample(problems, config.prompts_per_step)
+            questions = self.sampler.sample(rng, config.prompts_per_step)
             with self.timed("generate"):
                 completions = self.generate(engine, questions, template, step, len(draws))
             draws.append(self.grade(questions, completions, reward_fn))
+        for draw in draws:  # the pass rates seen, for the questions to come
+            self.sampler.observe(draw.questions, draw.correct.float().tolist(), step + 1)
         batch, metrics = self.batch(draws)
+        metrics.update(self.sampler.metrics())
         metrics.update({"rollout_policy_version": float(version), "policy_lag": float(step - version)})
         if len(batch) and (config.needs_old_log_probs or config.kl_coef):
             with self.timed("old_log_probs"):
@@ -627,7 +646,7 @@ class _Trainer:
         """
         config = self.config
         if self.in_flight is not None and self.in_flight[0] == step:
-            _, version, future = self.in_flight
+            _, version, _, future = self.in_flight
             self.in_flight = None
             with self.timed("wait_rollouts"):
                 local, self.times["time_generate"] = future.result()
@@ -642,10 +661,11 @@ class _Trainer:
             if version != step:
                 with self.timed("weight_sync"):
                     engine.load_weights(distributed.full_weights(self.model))
-            following = random.Random(config.step_seed(step + 1)).sample(self.problems, config.prompts_per_step)
+            following = self.sampler.sample(random.Random(config.step_seed(step + 1)), config.prompts_per_step)
             self.in_flight = (
                 step + 1,
                 step,
+                following,
                 self.pool.submit(self.local_rollouts, engine, following, template, step + 1),
             )
         return completions, version
@@ -654,7 +674,7 @@ class _Trainer:
         """Wait until rollouts being generated in the background are done (kept for their step), so the
         engine is free: before an evaluation uses it, and before the run returns or raises."""
         if self.in_flight is not None:
-            concurrent.futures.wait([self.in_flight[2]])
+            concurrent.futures.wait([self.in_flight[3]])
 
     def grade(
         self, questions: list[Problem], completions: list[Completion], reward_fn: Callable[[str, Any], dict[str, float]]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Literal
 
 from a5core.arithmetic import arithmetic_problems, arithmetic_reward_fn
@@ -25,11 +26,12 @@ RewardName = Literal[tuple(REWARD_FNS)]  # a grader's name, as settings give it
 
 
 def load_problem_set(source: str, data_format: str, seed: int, split: str) -> list[Problem]:
-    """A MATH/GSM8K file or dataset id, or ``arithmetic:N:DIGITS`` (the ``split`` of the generated task);
-    shuffled with ``seed`` (MATH files are ordered by subject: a prefix of the shuffled list is a fair subset)."""
+    """A MATH/GSM8K file or dataset id, or ``arithmetic:N:DIGITS`` (the ``split`` of the generated task;
+    ``arithmetic:N:LOW-HIGH``: N problems at each digit count from LOW to HIGH, level = the digit count, for
+    a curriculum); shuffled with ``seed`` (MATH files are ordered by subject: a prefix of the shuffled list
+    is a fair subset)."""
     if source.startswith("arithmetic:"):
-        n, digits = arithmetic_spec(source)
-        problems = arithmetic_problems(n, digits=digits, seed=seed, split=split)
+        problems = _arithmetic(source, seed, split)
     else:
         problems = PROBLEM_LOADERS[data_format](source)
     return random.Random(seed).sample(problems, len(problems))
@@ -43,13 +45,33 @@ def load_trace_set(source: str, template: PromptTemplate, seed: int) -> list[Tra
 
     if not source.startswith("arithmetic:"):
         return load_sft_traces(source)
-    n, digits = arithmetic_spec(source)
-    return math_solution_traces(arithmetic_problems(n, digits=digits, seed=seed, split="train"), template)[0]
+    return math_solution_traces(_arithmetic(source, seed, "train"), template)[0]
 
 
-def arithmetic_spec(source: str) -> tuple[int, int]:
-    """(N, DIGITS) of ``arithmetic:N:DIGITS``; DataError naming the source otherwise."""
+def arithmetic_spec(source: str) -> tuple[int, int, int]:
+    """(N, LOW, HIGH) of ``arithmetic:N:DIGITS`` (LOW = HIGH = DIGITS) or ``arithmetic:N:LOW-HIGH``;
+    DataError naming the source otherwise."""
     spec = source.split(":")
-    if len(spec) != 3 or not all(part.isdigit() and int(part) > 0 for part in spec[1:]):
-        raise DataError(f"{source}: expected arithmetic:N:DIGITS with N and DIGITS positive integers")
-    return int(spec[1]), int(spec[2])
+    digits = spec[2].split("-") if len(spec) == 3 else []
+    parts = [spec[1], *digits] if len(spec) == 3 and len(digits) in (1, 2) else []
+    if not parts or not all(part.isdigit() and int(part) > 0 for part in parts) or int(digits[0]) > int(digits[-1]):
+        raise DataError(
+            f"{source}: expected arithmetic:N:DIGITS (or arithmetic:N:LOW-HIGH) with N and DIGITS positive integers"
+        )
+    return int(spec[1]), int(digits[0]), int(digits[-1])
+
+
+def _arithmetic(source: str, seed: int, split: str) -> list[Problem]:
+    """The problems of an ``arithmetic:`` source: one block of N a digit count (one block: as
+    :func:`a5core.arithmetic.arithmetic_problems` gives it; several: ids ``…/d{D}/{i}``, a problem drawn
+    again at a higher digit count kept at the lower)."""
+    n, low, high = arithmetic_spec(source)
+    if low == high:
+        return arithmetic_problems(n, digits=low, seed=seed, split=split)
+    problems, seen = [], set()
+    for digits in range(low, high + 1):
+        for i, problem in enumerate(arithmetic_problems(n, digits=digits, seed=seed, split=split)):
+            if problem.problem not in seen:
+                seen.add(problem.problem)
+                problems.append(replace(problem, unique_id=f"arithmetic/{split}/d{digits}/{i}"))
+    return problems

@@ -34,7 +34,7 @@ from a5core.rollout import Engine
 from a5core.settings import describe
 from flows.cli import flow_main, print_paths
 from flows.params import EIParams
-from tasks.checks import check_outputs, check_prompts_fit
+from tasks.checks import check_difficulty, check_outputs, check_prompts_fit
 from tasks.engines import closing_engine, engine_for
 from tasks.plots import log_comparison
 from tasks.runs import Run, Trained, log_run_params, run_key, training_run
@@ -58,6 +58,7 @@ def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | Non
             checkpoint_dir=run.folder / "checkpoint",
             evaluate=run.validation(params.val_subset),
             log=run.log,
+            pass_rates=run.pass_rates,
         )
         return Trained(
             params.n_ei_steps,
@@ -132,6 +133,7 @@ def check_inputs(params: EIParams) -> None:
     train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
     validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
     check_prompts_fit(params, {params.train_data: train, params.validation_data: validation}, params.max_tokens)
+    check_difficulty(params, train)
     check_outputs(params)
 
 

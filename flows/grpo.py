@@ -98,6 +98,7 @@ def run_grpo(name: str, params: GRPOParams, engine: Engine, parent_run_id: str |
             checkpoint_dir=run.folder / "checkpoint",
             evaluate=run.validation(params.val_subset),
             log=log,
+            pass_rates=run.pass_rates,
         )
         return Trained(
             params.n_grpo_steps,

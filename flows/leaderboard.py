@@ -181,6 +181,7 @@ def _budgeted(start: float, run: Run) -> Trained:
         evaluate=evaluate,
         log=run.log,
         should_stop=should_stop,
+        pass_rates=run.pass_rates,
     )
     last_step = history[-1]["step"]
     if best["step"] is not None and best["step"] != last_step:

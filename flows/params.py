@@ -54,8 +54,8 @@ class EngineSettings(ModelChoice):
     policy_dtype: Literal["float32", "bfloat16"] = Field("float32", description="policy weights (bf16 autocast on GPU)")
 
 
-class TrainProblems(Settings):
-    """The questions a run samples from."""
+class TrainData(Settings):
+    """The training questions."""
 
     train_data: str = Field(
         "../shared/data/math/train.jsonl",
@@ -63,6 +63,14 @@ class TrainProblems(Settings):
         "file, a dataset id, or arithmetic:N:DIGITS (the generated task)",
     )
     train_format: DataFormat = Field("math", description="record format of train_data")
+
+
+class TrainProblems(TrainData):
+    """The questions a run samples from, and their difficulty."""
+
+    difficulty_table: str | None = Field(
+        None, description="pass rates of the questions (python -m flows.difficulty), for question_sampling"
+    )
 
 
 class Validation(Settings):
@@ -174,6 +182,13 @@ class BaselineEvalParams(Generation, RolloutSamplingFields, PromptSettings, Outp
             if not name or not all(c.isalnum() or c in "_-." for c in name) or name.startswith("."):
                 raise ValueError(f"extra set name {name!r}: use letters, digits, '_', '-' or '.' (a folder name)")
         return sets
+
+
+@defaults(n=8, output_dir="outputs/difficulty", experiment="difficulty", metrics_path="metrics/difficulty.json")
+class DifficultyParams(Generation, RolloutSamplingFields, PromptSettings, TrainData, Outputs):
+    """Each training question's pass rate under a model, from ``n`` samples (flow ``difficulty``)."""
+
+    table: str = Field("data/difficulty/pass_rates.csv", description="the pass-rate table written (a csv)")
 
 
 @defaults(model="Qwen/Qwen2.5-Math-7B", n=4)

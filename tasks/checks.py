@@ -19,6 +19,7 @@ from a5core.data import Problem, check_writable_folder
 from a5core.models import check_context, resolve_model
 from a5core.problem_sets import load_problem_set
 from a5core.prompts import load_prompt
+from a5core.question_sampling import load_pass_rates
 from tasks.engines import parse_engine_devices
 from tasks.tracking import check_store
 
@@ -88,4 +89,19 @@ def check_grpo_run(params: Any) -> None:
             f"{params.prompts_per_step} questions a step samples (rollout_batch_size / group_size)"
         )
     check_prompts_fit(params, {params.train_data: train, params.validation_data: validation}, params.max_tokens)
+    check_difficulty(params, train)
     check_outputs(params)
+
+
+def check_difficulty(params: Any, train: list[Problem]) -> None:
+    """A ``difficulty_table`` that reads as a pass-rate table and holds at least one of the training
+    questions (a table of another set would sample as if it had none); a curriculum over leveled problems."""
+    if params.difficulty_table:
+        rates = load_pass_rates(params.difficulty_table)
+        if not any(p.unique_id in rates for p in train):
+            raise ValueError(
+                f"difficulty_table {params.difficulty_table}: none of its {len(rates)} questions is in "
+                f"train_data {params.train_data}"
+            )
+    if params.question_sampling == "curriculum" and not any(p.level is not None for p in train):
+        raise ValueError(f"question_sampling curriculum: train_data {params.train_data} has no levels")

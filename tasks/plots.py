@@ -1,5 +1,6 @@
 """A sweep's curves and plots: learning-curve csv files (DVC plots read them), PNG plots with axes that
-read the same from plot to plot, and :func:`log_comparison`, the files a sweep's parent run holds."""
+read the same from plot to plot, a histogram, and :func:`log_comparison`, the files a sweep's parent run
+holds."""
 
 from __future__ import annotations
 
@@ -56,6 +57,31 @@ def plot_curves(path: Path, rows: Sequence[dict[str, Any]], x: str, y: str, seri
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.grid(alpha=0.3)
     axes.legend(title=series)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+def plot_histogram(path: Path, values: Sequence[float], edges: Sequence[float], x: str, title: str) -> Path:
+    """A bar chart of ``values`` in [0, 1]: exactly ``edges[0]``, each interval (edges[i], edges[i+1]],
+    with exactly ``edges[-1]`` apart (0 and 1 are the pass rates that teach nothing); saved as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{edges[0]:g}"] + [f"({a:g}, {b:g}{')' if b == edges[-1] else ']'}" for a, b in zip(edges, edges[1:])]
+    labels.append(f"{edges[-1]:g}")
+    counts = [sum(v == edges[0] for v in values)]
+    counts += [sum(a < v <= b and v != edges[-1] for v in values) for a, b in zip(edges, edges[1:])]
+    counts.append(sum(v == edges[-1] for v in values))
+    figure, axes = plt.subplots(figsize=(7, 4))
+    axes.bar(labels, counts)
+    axes.set_xlabel(x)
+    axes.set_ylabel("questions")
+    axes.set_title(title)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=120)

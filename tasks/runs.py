@@ -41,6 +41,7 @@ from a5core.data import Problem, write_text_atomic
 from a5core.policy import load_policy
 from a5core.problem_sets import REWARD_FNS, load_problem_set
 from a5core.prompts import PromptTemplate, load_prompt
+from a5core.question_sampling import load_pass_rates
 from a5core.rollout import Engine, SamplingSettings
 from a5core.settings import HOW_FAST_FIELDS
 from tasks.evaluation import model_fingerprint, validation_hook
@@ -95,6 +96,7 @@ class Run:
     reward_fn: Callable[[str, Any], dict[str, float]]
     sampling: SamplingSettings  # the evaluations'
     log: Callable[[dict[str, float], int], None]
+    pass_rates: dict[str, float] | None  # the questions' difficulty table (``difficulty_table``), if any
 
     def validation(self, subset: int | None) -> Callable[[torch.nn.Module, int], dict[str, float]]:
         """``evaluate(model, step)`` on the first ``subset`` validation problems (all if None)."""
@@ -159,6 +161,7 @@ def training_run(
             reward_fn,
             sampling,
             mlflow_logger(),
+            load_pass_rates(params.difficulty_table) if getattr(params, "difficulty_table", None) else None,
         )
         trained = body(run)
         final = trained.final
