@@ -66,6 +66,7 @@ def test_dvc_repro_then_nothing_to_do(tmp_path, tiny_lm_dir, shared_data):
             "microbatch_size": 2,
             "max_seq_len": 128,
         },
+        "difficulty": {**tiny, "train_data": "arithmetic:20:1", "reward_fn": "arithmetic", "limit": 2, "n": 2},
         "grpo": {
             **tiny,
             "train_data": "arithmetic:20:1",
@@ -96,7 +97,8 @@ def test_dvc_repro_then_nothing_to_do(tmp_path, tiny_lm_dir, shared_data):
         return result.stdout
 
     first = repro()
-    for stage in ("prepare_data", "baseline_eval", "sft_data", "sft_filter", "sft", "ei", "grpo", "report"):
+    stages = ("prepare_data", "baseline_eval", "sft_data", "sft_filter", "sft", "ei", "difficulty", "grpo", "report")
+    for stage in stages:
         assert f"Running stage '{stage}'" in first
     metrics = yaml.safe_load((repo / "metrics/baseline_eval.json").read_text())
     assert metrics["n_records"] == 2
@@ -105,6 +107,7 @@ def test_dvc_repro_then_nothing_to_do(tmp_path, tiny_lm_dir, shared_data):
     assert (repo / "outputs/sft_experiment/accuracy_vs_step.png").is_file()
     assert json.loads((repo / "metrics/expert_iteration.json").read_text())[0]["setting"] == "single"
     assert json.loads((repo / "metrics/grpo.json").read_text())[0]["setting"] == "single"
+    assert (repo / "data/difficulty/pass_rates.csv").read_text().count("\n") == 3  # a header and 2 questions
     assert (repo / "outputs/grpo/accuracy_vs_wall_clock.png").is_file()
     report = (repo / "outputs/report/report.md").read_text()
     assert "| GRPO (best) |" in report and "not run" not in report.split("## GRPO ablations")[0]
