@@ -21,7 +21,6 @@ from prefect import flow
 from a5core.data import PROBLEM_LOADERS
 from a5core.evaluation import CATEGORIES
 from a5core.prompts import load_prompt
-from a5core.rollout import SamplingSettings
 from flows.cli import flow_main, print_paths
 from flows.params import BaselineEvalParams
 from tasks.checks import check_outputs, check_prompts_fit
@@ -34,15 +33,7 @@ def baseline_eval(params: BaselineEvalParams = BaselineEvalParams()) -> dict:
     """Zero-shot evaluation; returns the summary, output paths and the MLflow run id (and each extra set's
     summary and paths under ``sets``)."""
     template = load_prompt(params.prompt)
-    sampling = SamplingSettings(
-        n=params.n,
-        temperature=params.temperature,
-        top_p=params.top_p,
-        max_tokens=params.max_tokens,
-        min_tokens=params.min_tokens,
-        stop=template.stop if params.stop is None else tuple(params.stop),
-        seed=params.seed,
-    )
+    sampling = params.sampling_for(template)
     evaluated = {}
     for name, source in {"": params.data, **params.extra_sets}.items():
         problems = load_problems(source, params.data_format, params.limit)

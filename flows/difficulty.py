@@ -25,7 +25,6 @@ from a5core.data import write_text_atomic
 from a5core.problem_sets import load_problem_set
 from a5core.prompts import load_prompt
 from a5core.question_sampling import pass_rate_table
-from a5core.rollout import SamplingSettings
 from flows.cli import flow_main, print_paths
 from flows.params import DifficultyParams
 from tasks.checks import check_outputs, check_prompts_fit
@@ -42,15 +41,7 @@ def difficulty(params: DifficultyParams = DifficultyParams()) -> dict:
     template = load_prompt(params.prompt)
     problems = load_problem_set(params.train_data, params.train_format, params.seed, "train")[: params.limit]
     prompts = [template.format(p.problem) for p in problems]
-    sampling = SamplingSettings(
-        n=params.n,
-        temperature=params.temperature,
-        top_p=params.top_p,
-        max_tokens=params.max_tokens,
-        min_tokens=params.min_tokens,
-        stop=template.stop if params.stop is None else tuple(params.stop),
-        seed=params.seed,
-    )
+    sampling = params.sampling_for(template)
     completions = generate(
         params.model, model_fingerprint(params.model), params.backend, params.dtype, prompts, sampling
     )

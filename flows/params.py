@@ -20,8 +20,8 @@ from pydantic import ConfigDict, Field, PositiveFloat, StrictBool, field_validat
 from a5core.expert_iteration import EIConfig
 from a5core.grpo import GRPOConfig
 from a5core.problem_sets import RewardName
-from a5core.prompts import builtin_prompt_names
-from a5core.rollout import BACKENDS, DTYPES
+from a5core.prompts import PromptTemplate, builtin_prompt_names
+from a5core.rollout import BACKENDS, DTYPES, SamplingSettings
 from a5core.settings import RolloutSamplingFields, SamplingFields, Settings, defaults
 from a5core.sft import SFTConfig
 from flows.ablations import AblationName
@@ -129,6 +129,12 @@ class Generation(ModelChoice, SamplingFields):
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling")
     stop: list[str] | None = Field(None, description="stop strings, kept in the response (None: the prompt's)")
     seed: int | None = Field(0, description="sampling seed")
+
+    def sampling_for(self, template: PromptTemplate) -> SamplingSettings:
+        """The engine's sampling: these settings, ``n`` samples a prompt, the template's stop strings unless
+        ``stop`` is set."""
+        stop = template.stop if self.stop is None else self.stop
+        return self.sampling(stop, n=self.n, top_p=self.top_p, seed=self.seed)
 
 
 class OutputDir(Settings):

@@ -43,7 +43,7 @@ from pydantic import ConfigDict, Field, ValidationError
 from a5core.data import DataError, load_math, load_sft_traces, write_jsonl_atomic, write_text_atomic
 from a5core.models import ModelResolutionError, resolve_model
 from a5core.prompts import PromptTemplateError, load_prompt
-from a5core.rollout import SamplingSettings, make_engine
+from a5core.rollout import make_engine
 from a5core.sft_data import (
     OpenAICompletionsTeacher,
     TeacherError,
@@ -140,15 +140,7 @@ def write_distill(params: SftDataParams, out: str | os.PathLike, teacher: Any = 
         return {"traces": 0, "enabled": False, "out": str(out)}
     problems = load_math(d.problems)[: d.limit]
     template = load_prompt(params.prompt)
-    sampling = SamplingSettings(
-        n=d.n,
-        temperature=d.temperature,
-        top_p=d.top_p,
-        max_tokens=d.max_tokens,
-        stop=template.stop if d.stop is None else tuple(d.stop),
-        seed=d.seed,
-    )
-    traces = distill(problems, template, teacher or make_teacher(d), d.n, sampling)
+    traces = distill(problems, template, teacher or make_teacher(d), d.n, d.sampling_for(template))
     write_jsonl_atomic(out, _records(traces))
     return {"traces": len(traces), "enabled": True, "problems": len(problems), "out": str(out)}
 
