@@ -56,6 +56,27 @@ PAIRS = {
         "r1_zero",
         f"{DR_GRPO} the R1 template hurts Qwen2.5-Math, which does best with the question alone",
     ),
+    "grpo_dapo_ablation": (
+        "dapo",
+        "grpo",
+        "DAPO (Yu et al. 2025) reports dynamic sampling, token-level loss and overlong shaping together beat GRPO",
+    ),
+    "grpo_gspo_ablation": (
+        "gspo",
+        "grpo_clip",
+        "GSPO (Zheng et al. 2025) reports the sequence-level ratio trains more stably off-policy than token ratios",
+    ),
+    "grpo_kl_ablation": (
+        "kl_0",
+        "kl_0.01",
+        "DAPO and Dr. GRPO drop the KL term: with a verifiable reward it mostly holds the policy back",
+    ),
+    "grpo_async_ablation": (
+        "synchronous",
+        "one_step_off",
+        "one step of staleness, corrected by truncated importance sampling, should cost at most a little "
+        "accuracy per step (its gain is wall-clock: compare the curves by wall-clock)",
+    ),
 }
 # Final metrics by name: the training runs' final evaluation, or the leaderboard run's score.
 FINALS = {
