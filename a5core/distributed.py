@@ -273,18 +273,29 @@ class _Full:
 
 
 def full_weights(model: torch.nn.Module) -> Any:
-    """For ``engine.load_weights``: the model itself in one process; with several ranks, an object
-    whose ``state_dict()`` holds every tensor whole, on the model's device (a collective: every rank
-    calls it; each rank's engine gets a full copy)."""
+    """For ``engine.load_weights``: the model itself in one process (with LoRA adapters, the merged model:
+    :class:`a5core.lora.MergedPolicy`); with several ranks, an object whose ``state_dict()`` holds every
+    tensor whole, on the model's device (a collective: every rank calls it; each rank's engine gets a
+    full copy)."""
+    from a5core.lora import MergedPolicy, has_adapters
+
+    if has_adapters(model):
+        return MergedPolicy(model)
+    return _whole(model)
+
+
+def _whole(model: torch.nn.Module) -> Any:
+    """The model itself in one process; with several ranks its state dict gathered whole (a collective)."""
     if rank_and_world()[1] == 1:
         return model
     return _Full({name: full_tensor(t.detach()) for name, t in model.state_dict().items()})
 
 
 def write_whole(model: torch.nn.Module, write: Callable[[dict[str, torch.Tensor]], None]) -> None:
-    """``write(state)`` with ``model``'s state dict whole, called by every rank: the tensors are gathered
-    (a collective), rank 0 writes, the other ranks wait until it has (they may read what it wrote)."""
-    state = full_weights(model).state_dict()
+    """``write(state)`` with ``model``'s state dict whole (as it is: adapters included), called by every
+    rank: the tensors are gathered (a collective), rank 0 writes, the other ranks wait until it has (they
+    may read what it wrote)."""
+    state = _whole(model).state_dict()
     rank, world = rank_and_world()
     if rank == 0:
         write(state)

@@ -43,6 +43,7 @@ from pydantic import Field
 from a5core import distributed, progress
 from a5core.data import Problem, Trace, load_sft_traces, write_jsonl_atomic, write_text_atomic
 from a5core.evaluation import grade_completions, response_entropies
+from a5core.lora import LoRASettings, add_adapters
 from a5core.prompts import PromptTemplate
 from a5core.question_sampling import QuestionSampler, QuestionSamplingSettings
 from a5core.rollout import Engine
@@ -67,7 +68,13 @@ STATUS_KEYS = (
 
 @defaults(max_seq_len=1536)
 class EIConfig(
-    OptimizerSettings, RolloutSamplingFields, QuestionSamplingSettings, SFTBatchSettings, SpeedSettings, SeedSettings
+    OptimizerSettings,
+    RolloutSamplingFields,
+    QuestionSamplingSettings,
+    SFTBatchSettings,
+    LoRASettings,
+    SpeedSettings,
+    SeedSettings,
 ):
     """Expert Iteration settings; names follow the handout: D_b (``questions_per_step``), G
     (``rollouts_per_question``), E (``epochs``, of each round's SFT). Each round fine-tunes with the
@@ -110,6 +117,7 @@ def expert_iteration(
     returns each round's metrics (on every rank). ``pass_rates``: question id → pass rate, the table
     ``question_sampling`` starts from (:mod:`a5core.question_sampling`)."""
     rank = distributed.rank_and_world()[0]
+    add_adapters(model, config)  # before a resume loads model.pt (the adapters' tensors are in it)
     root = Path(checkpoint_dir) if checkpoint_dir else None
     state = (
         json.loads((root / "state.json").read_text()) if root and (root / "state.json").is_file() else {"rounds": []}

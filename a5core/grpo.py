@@ -96,6 +96,7 @@ from pydantic import Field, StrictBool, model_validator
 from a5core import distributed, progress
 from a5core.checkpoint import NonFiniteLossError, fingerprint
 from a5core.data import Problem, write_text_atomic
+from a5core.lora import LoRASettings, add_adapters
 from a5core.losses import (
     RATIO_LOSS_TYPES,
     KLEstimator,
@@ -146,7 +147,13 @@ STATUS_KEYS = (
 
 
 class GRPOConfig(
-    OptimizerSettings, RolloutSamplingFields, QuestionSamplingSettings, SpeedSettings, PeriodicSettings, SeedSettings
+    OptimizerSettings,
+    RolloutSamplingFields,
+    QuestionSamplingSettings,
+    LoRASettings,
+    SpeedSettings,
+    PeriodicSettings,
+    SeedSettings,
 ):
     """Settings of one GRPO run; defaults are the A5 handout's. Invalid values or combinations raise
     ``ValueError`` naming the field at construction. ``compile_layers``: ``torch.compile`` the decoder
@@ -382,6 +389,7 @@ def grpo(
             "weights (an engine in its own process: engine_device), not the policy itself"
         )
     reference = _frozen_copy(model) if config.kl_coef else None
+    add_adapters(model, config)  # after the reference is copied: it is the starting model, without adapters
     rank, world = distributed.setup_model(model, config.fsdp_reshard_after_forward)
     if reference is not None:
         distributed.setup_model(reference, config.fsdp_reshard_after_forward)

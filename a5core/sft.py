@@ -29,6 +29,7 @@ from a5core.checkpoint import (  # noqa: F401  (the errors are part of this modu
     fingerprint,
 )
 from a5core.data import Trace
+from a5core.lora import LoRASettings, add_adapters
 from a5core.policy import (
     COMPILED_ACTIVATION_BUDGET,
     compile_decoder_layers,
@@ -57,7 +58,7 @@ UNFINGERPRINTED_FIELDS = ("checkpoint_every", "eval_every", *HOW_FAST_FIELDS)
 
 
 @defaults(learning_rate=2e-5, epochs=2, checkpoint_every=20)
-class SFTConfig(OptimizerSettings, SFTBatchSettings, SpeedSettings, PeriodicSettings, SeedSettings):
+class SFTConfig(OptimizerSettings, SFTBatchSettings, LoRASettings, SpeedSettings, PeriodicSettings, SeedSettings):
     """Settings of one SFT run; invalid values raise ``ValueError`` naming the field.
 
     ``batch_size`` sequences make one optimizer step, processed ``microbatch_size`` at a time
@@ -163,6 +164,7 @@ def train_sft(
     total_steps = steps_per_epoch * config.epochs
     if config.max_steps is not None:
         total_steps = min(total_steps, config.max_steps)
+    add_adapters(model, config)
     rank, world = distributed.setup_model(model, config.fsdp_reshard_after_forward)
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]

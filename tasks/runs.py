@@ -38,6 +38,7 @@ from prefect.cache_policies import NO_CACHE
 
 from a5core import distributed
 from a5core.data import Problem, write_text_atomic
+from a5core.lora import has_adapters, merged_state_dict
 from a5core.policy import load_policy
 from a5core.problem_sets import REWARD_FNS, load_problem_set
 from a5core.prompts import PromptTemplate, load_prompt
@@ -265,6 +266,8 @@ def save_model_folder(model: torch.nn.Module, tokenizer: Any, directory: Path) -
     weights are gathered whole, rank 0 writes, the others wait)."""
 
     def write(state: dict[str, torch.Tensor]) -> None:
+        if has_adapters(model):  # the trained model, adapters merged: any HF loader reads it
+            state = merged_state_dict(model)
         partial = directory.with_name(directory.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
         model.save_pretrained(partial, state_dict=state)

@@ -6,6 +6,7 @@ reference. The script trains with checkpoints every 2 steps and, once the first 
 writes MARKER and freezes so the test can kill it at a known point:
 
 - ``MODE=between_steps``: in the ``log`` call of step 3 (checkpoint 2 complete, step 3 trained);
+- ``MODE=lora_between_steps``: the same with LoRA adapters (:data:`LORA`);
 - ``MODE=mid_write``: inside the step-4 checkpoint, after its weights and before its optimizer state
   (``.latest.partial`` half written, ``latest`` still step 2).
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 import torch
 
 CHECKPOINT_EVERY = 2
+LORA = dict(lora_rank=4, lora_alpha=8.0, lora_target_modules=["q_proj", "v_proj"])  # mode lora_between_steps
 
 
 def build_run(tiny_lm_dir: str | Path):
@@ -66,10 +68,12 @@ def main(tiny_lm_dir: str, checkpoint_dir: str, marker: str, mode: str) -> None:
 
     torch.set_num_threads(1)
     model, tokenizer, examples, kwargs = build_run(tiny_lm_dir)
+    if mode == "lora_between_steps":
+        kwargs |= LORA
     config = sft.SFTConfig(**kwargs, checkpoint_every=CHECKPOINT_EVERY)
 
     def log(metrics: dict, step: int) -> None:
-        if mode == "between_steps" and step == 3:
+        if mode in ("between_steps", "lora_between_steps") and step == 3:
             _freeze(Path(marker))
 
     if mode == "mid_write":

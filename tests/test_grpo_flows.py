@@ -183,10 +183,11 @@ def test_every_grpo_setting_is_in_params_yaml_and_the_new_ones_read_from_flags()
     import yaml
 
     from a5core.grpo import GRPOConfig
+    from a5core.settings import HOW_FAST_FIELDS
     from flows.cli import parse_params
 
     section = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())["grpo"]
-    speed = {"compile_layers", "fsdp_reshard_after_forward"}  # how fast, not what: left to the GPU profiles
+    speed = set(HOW_FAST_FIELDS)  # how fast, not what: left to the GPU profiles
     assert {name for name in GRPOConfig.model_fields if name not in section} == speed
     flags = [
         "--dynamic-sampling", "true", "--max-extra-draws", "2", "--overlong-buffer", "64", "--overlong-penalty", "0.5",

@@ -403,10 +403,11 @@ class HFEngine:
     def load_weights(self, policy_model: torch.nn.Module) -> None:
         """Copy ``policy_model``'s parameters and buffers into the engine's model (any device/dtype).
 
-        A no-op when the policy *is* the engine's model. Names must match (DDP ``module.`` and
-        ``torch.compile`` ``_orig_mod.`` prefixes are stripped).
+        A no-op when the policy *is* the engine's model (adapted with LoRA or not: ``policy_model`` may be
+        its :class:`a5core.lora.MergedPolicy`). Names must match (DDP ``module.`` and ``torch.compile``
+        ``_orig_mod.`` prefixes are stripped).
         """
-        if policy_model is self.model:
+        if getattr(policy_model, "policy", policy_model) is self.model:
             return
         state = {checkpoint_name(name): tensor for name, tensor in policy_model.state_dict().items()}
         self.model.load_state_dict(state, strict=True)
