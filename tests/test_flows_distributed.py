@@ -23,7 +23,8 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-TIMINGS = ("time_", "wall_seconds", "tokens_per_s", "train_tokens", "system/")  # differ between runs by nature
+# Differ between runs by nature (timings), or by how each rank cuts its share (micro-batch passes and shapes).
+TIMINGS = ("time_", "wall_seconds", "tokens_per_s", "train_tokens", "system/", "microbatch")
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
