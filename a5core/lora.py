@@ -42,10 +42,9 @@ class LoRASettings(Settings):
 
 
 def has_adapters(model: torch.nn.Module) -> bool:
-    """Whether ``model`` carries LoRA adapters."""
-    from peft.tuners.lora import LoraLayer
-
-    return any(isinstance(module, LoraLayer) for module in model.modules())
+    """Whether ``model`` carries LoRA adapters (peft's layers hold ``lora_A``). Asked on every weight push:
+    it does not import peft, so a run without adapters never loads it."""
+    return any(hasattr(module, "lora_A") for module in model.modules())
 
 
 def add_adapters(model: torch.nn.Module, settings: LoRASettings) -> None:
