@@ -12,7 +12,9 @@ Each of ``n_ei_steps`` rounds:
    mean response entropy and lengths, plus whatever evaluate returned.
 
 Resuming: the round's kept set and the SFT checkpoint inside it make a killed run restart exactly where
-it stopped; a finished round is recorded in ``state.json`` and not run again. Metrics leave through the
+it stopped; a finished round is recorded in ``state.json`` (its weights in ``model.pt``) and not run again,
+so its SFT checkpoint (the weights and optimizer state again) is removed then: disk holds one round's, not
+one per round. The rounds' kept sets and rollout records stay. Metrics leave through the
 ``log(metrics, step)`` callback; step k is "after k rounds": round r (from 0) logs at step r + 1 (its inner
 SFT steps too, as ``sft/*``), and a run that starts fresh first evaluates the starting policy, logged at
 step 0 (the "before" of the run, as the SFT and GRPO loops do).
@@ -32,6 +34,7 @@ import json
 import logging
 import os
 import random
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -171,6 +174,8 @@ def expert_iteration(
         rounds_bar.update(1)
         if root is not None:
             _save_round(model, root, {"rounds": history, "sampler": sampler.state()})
+            if rank == 0:  # a finished round is never trained again: its SFT state is dead weight
+                shutil.rmtree(round_dir / "sft", ignore_errors=True)
     rounds_bar.close()
     return history
 

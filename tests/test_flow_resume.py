@@ -173,6 +173,7 @@ def test_expert_iteration_resumes_after_kill_9(warm_policy_dir, flow_env, tmp_pa
         assert len(state["rounds"]) == 1 and state["rounds"][0]["kept"] > 0  # round 0 fine-tuned on something
         assert (run_dir / "checkpoint/round-1/kept.jsonl").stat().st_size > 0
         assert json.loads((run_dir / "checkpoint/round-1/sft/latest/state.json").read_text())["finished"]
+        assert not (run_dir / "checkpoint/round-0/sft").exists()  # round 0 is in model.pt: its SFT state went
         assert not (run_dir / "done.json").exists()
 
     kill_mid_run("flows.expert_iteration", flags, "kept_fraction", 2, tmp_path, flow_env, mid_run)  # round 1: step 2
@@ -184,8 +185,6 @@ def test_expert_iteration_resumes_after_kill_9(warm_policy_dir, flow_env, tmp_pa
         checkpoint / "round-0/rollouts.json",
         checkpoint / "round-1/kept.jsonl",
         checkpoint / "round-1/rollouts.json",
-        checkpoint / "round-0/sft/latest/model.pt",
-        checkpoint / "round-1/sft/latest/state.json",
     )
     round_0 = json.loads((checkpoint / "state.json").read_text())["rounds"][0]
     run_id = (run_dir / "mlflow_run_id").read_text().strip()
@@ -195,7 +194,8 @@ def test_expert_iteration_resumes_after_kill_9(warm_policy_dir, flow_env, tmp_pa
     stdout = run_to_completion("flows.expert_iteration", flags, tmp_path, flow_env)
 
     assert f"mlflow run {run_id}" in stdout
-    assert snapshot(*before) == before  # round 0 and round 1's rollouts and fine-tuning were not redone
+    assert snapshot(*before) == before  # round 0 and round 1's rollouts were not redone (fine-tuning: sft/loss below)
+    assert not list(checkpoint.glob("round-*/sft"))  # every round is in model.pt: no SFT state is kept
     rounds = json.loads((checkpoint / "state.json").read_text())["rounds"]
     assert len(rounds) == n_rounds and rounds[0] == round_0
     done = json.loads((run_dir / "done.json").read_text())
