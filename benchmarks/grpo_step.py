@@ -7,12 +7,13 @@ weight sync is a no-op). Random weights never write ``</answer>``, so response l
 a length drawn log-uniformly between 30 and ``--max-tokens``, see ``benchmarks/_lengths.py``).
 
 Micro-batching, side by side in one run: today's fixed count (``--microbatch`` rollouts, 2 by default:
-gradient_accumulation_steps 128) and token budgets (``--token-budgets``: ``max_tokens_per_microbatch``).
+gradient_accumulation_steps 128) and token budgets (``--token-budgets``: ``max_tokens_per_microbatch``);
+and the decode (``--decodes``): every step at full size, as before, or shrinking (``HFEngine(shrink=...)``).
 The first step compiles (CUDA graph of the decode step; compiled decoder layers) and is reported apart;
 the warm steps' median and maximum are the figures. Targets (issue 17): median ≤ 4.5 s, max ≤ 5.5 s.
 
     python benchmarks/grpo_step.py [--model-dir DIR] [--steps 11] [--lengths fixed varied]
-        [--token-budgets 16384 32768] [--variants layers] [--tiny]
+        [--token-budgets 16384 32768] [--decodes full shrinking] [--variants layers] [--tiny]
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def problems_of(count: int):
     ]
 
 
-def run(model, tokenizer, args, lengths: str, budget: int | None) -> list[dict]:
+def run(model, tokenizer, args, lengths: str, budget: int | None, shrink: bool) -> list[dict]:
     """``args.steps`` GRPO steps; each step's logged metrics with the peak memory."""
     from a5core.grading import r1_zero_reward_fn
     from a5core.grpo import GRPOConfig, grpo
@@ -67,7 +68,7 @@ def run(model, tokenizer, args, lengths: str, budget: int | None) -> list[dict]:
         max_tokens_per_microbatch=budget,
         **batch,
     )
-    engine = HFEngine(model, tokenizer, batch_size=config.rollout_batch_size)
+    engine = HFEngine(model, tokenizer, batch_size=config.rollout_batch_size, shrink=shrink)
     history: list[dict] = []
     _model.reset_peak()
     with forced_lengths(engine, SHORTEST, tokens) if lengths == "varied" else contextlib.nullcontext():
@@ -94,6 +95,13 @@ def main() -> None:
     parser.add_argument("--microbatch", type=int, default=2, help="today's fixed-count micro-batches: rollouts each")
     parser.add_argument("--token-budgets", type=int, nargs="*", default=[16384, 32768])
     parser.add_argument(
+        "--decodes",
+        nargs="+",
+        choices=("full", "shrinking"),
+        default=["full", "shrinking"],
+        help="the engine's decode: every step at full size (today's), or shrinking as rows finish",
+    )
+    parser.add_argument(
         "--variants",
         nargs="+",
         choices=list(VARIANTS),
@@ -107,14 +115,14 @@ def main() -> None:
     rows = []
     for variant in args.variants:
         for lengths in args.lengths:
-            for budget in [None, *args.token_budgets]:
+            for budget, decode in [(b, d) for b in [None, *args.token_budgets] for d in args.decodes]:
                 model, tokenizer, description = _model.build(args.model_dir, args.tiny, device)
                 torch._dynamo.reset()  # a fresh model and compile cache per setting
                 if variant == "decoder":
                     compile_decoder_layers(model, one_graph=True)
                 elif variant == "layers":
                     compile_decoder_layers(model, activation_memory_budget=0.8)
-                history = run(model, tokenizer, args, lengths, budget)
+                history = run(model, tokenizer, args, lengths, budget, decode == "shrinking")
                 warm_steps = history[1:] or history
                 warm = [m["time_step"] for m in warm_steps]
                 last = history[-1]
@@ -123,6 +131,7 @@ def main() -> None:
                         VARIANTS[variant],
                         lengths,
                         f"{args.microbatch} rollouts" if budget is None else f"budget {budget:,}",
+                        decode,
                         f"{history[0]['time_step']:.2f}",
                         f"{statistics.median(warm):.2f}",
                         f"{max(warm):.2f}",
@@ -138,7 +147,8 @@ def main() -> None:
                 )
                 print(rows[-1], flush=True)
     report(
-        "One GRPO step at A5 defaults, hf backend, one GPU: micro-batches by count and by token budget",
+        "One GRPO step at A5 defaults, hf backend, one GPU: micro-batches by count and by token budget, "
+        "full-size and shrinking decode",
         f"{description} · 256 rollouts (32 × 8), train batch 256, reinforce_with_baseline, masked_mean, AdamW · "
         f"responses fixed at {args.response} tokens, or varied log-uniform {SHORTEST}–{args.max_tokens} · "
         f"{args.steps} steps a setting (the first compiles; median and max of the rest) · engine colocated · "
@@ -147,6 +157,7 @@ def main() -> None:
             "training layers",
             "lengths",
             "micro-batches",
+            "decode",
             "first step s",
             "warm median s",
             "warm max s",

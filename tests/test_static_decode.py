@@ -65,6 +65,40 @@ def test_prefill_and_decode_give_the_full_forward_logits(model_type):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+def test_fewer_rows_and_a_narrower_window_give_the_same_logits():
+    """After two steps the cache's rows 3 and 1 move to the front (``compact``) and decode on as a batch of
+    2 attending only the filled columns: each row's logits are still its own full forward's."""
+    model = _tiny("qwen2")
+    torch.manual_seed(1)
+    lengths = [5, 2, 4, 3]
+    prompt = torch.randint(0, 61, (4, 5))
+    valid = torch.arange(5)[None, :] >= (5 - torch.tensor(lengths))[:, None]
+    continuation = torch.randint(0, 61, (4, 4))
+    decoder = StaticKVDecoder(model, batch_size=4, capacity=16)
+    attend = torch.zeros(4, 16, dtype=torch.bool)
+    attend[:, :5] = valid
+    steps = {row: [logits] for row, logits in enumerate(decoder.prefill(prompt, valid))}
+    rows = torch.arange(4)
+    for t in range(4):
+        if t == 2:
+            rows = torch.tensor([3, 1])
+            decoder.compact(rows)
+            attend = attend[rows]
+        attend[:, 5 + t] = True
+        window = 5 + t + 1  # the filled columns only
+        out = decoder.decode(continuation[rows, t], valid[rows].sum(-1) + t, 5 + t, attend[:, :window])
+        assert out.shape == (len(rows), 61)
+        for row, logits in zip(rows.tolist(), out):
+            steps[row].append(logits)
+    for row, n in enumerate(lengths):
+        ids = torch.cat([prompt[row, 5 - n :], continuation[row, : len(steps[row]) - 1]])[None]
+        with torch.no_grad():
+            want = model(ids).logits[0, n - 1 :].float()
+        torch.testing.assert_close(torch.stack(steps[row]), want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="does not fit a 4×16 cache"):
+        decoder.decode(continuation[:, 0], valid.sum(-1), 5, torch.ones(4, 17, dtype=torch.bool))
+
+
 def test_unsupported_models_are_refused_by_name():
     model = _tiny("mistral")
     model.config.sliding_window = 16
@@ -137,3 +171,66 @@ def test_compiled_loop_pads_the_chunk_and_agrees_with_eager(tiny_policy, prompts
     assert decoder.batch_size == 8 and decoder.capacity % 256 == 0
     compiled.generate(prompts[:1], CASES[3])
     assert compiled._decoder is decoder
+
+
+def test_the_compiled_shrinking_loop_compiles_once(tiny_tokenizer):
+    """Rows, then widths, change as rows end at drawn lengths: the decode step is compiled once for all
+    shapes, and the compiled loop generates what the eager one does."""
+    import sys
+    from pathlib import Path
+
+    from test_sft import make_model
+    from torch._dynamo.utils import counters
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks._lengths import forced_lengths
+
+    model = make_model(tiny_tokenizer, hidden=64, layers=2)
+    prompts = [f"What is {a} + {b}?" for a, b in [(1, 1), (2, 2), (3, 9), (4, 7), (12, 5), (6, 6), (8, 1), (9, 30)]]
+    greedy = SamplingSettings(temperature=0, min_tokens=300, max_tokens=300, stop=())
+    torch._dynamo.reset()
+    counters.clear()
+    outputs = []
+    for compile in (True, False):
+        engine = HFEngine(model, tiny_tokenizer, batch_size=8, compile=compile)
+        with forced_lengths(engine, 4, 300, seed=2):
+            outputs.append(engine.generate(prompts, greedy))
+    assert outputs[0] == outputs[1]
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_shrinking_rows_and_window_changes_no_row(tiny_tokenizer, monkeypatch):
+    """Rows ending at drawn lengths (4 to 300 tokens, 8 a chunk): the shrinking loop runs 8, 4, then 2 rows and
+    attends 256 then all 313 columns, and every row generates what it generates in the full-size loop."""
+    import sys
+    from pathlib import Path
+
+    from test_sft import make_model
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks._lengths import forced_lengths
+
+    model = make_model(tiny_tokenizer, hidden=64, layers=2)
+    prompts = [f"What is {a} + {b}?" for a, b in [(1, 1), (2, 2), (3, 9), (4, 7), (12, 5), (6, 6), (8, 1), (9, 30)]]
+    greedy = SamplingSettings(temperature=0, min_tokens=300, max_tokens=300, stop=())
+    shapes = []
+    decode = StaticKVDecoder.decode
+    monkeypatch.setattr(
+        StaticKVDecoder,
+        "decode",
+        lambda self, t, p, slot, attend: shapes.append(attend.shape) or decode(self, t, p, slot, attend),
+    )
+    outputs = {}
+    for shrink in (True, False):
+        engine = HFEngine(model, tiny_tokenizer, batch_size=8, shrink=shrink)
+        shapes.clear()
+        with forced_lengths(engine, 4, 300, seed=2) as drawn:
+            outputs[shrink] = engine.generate(prompts, greedy)
+        outputs[shrink, "shapes"] = sorted(set(shapes))
+    assert outputs[True] == outputs[False]
+    assert [len(c.token_ids) for g in outputs[True] for c in g] == drawn
+    capacity = outputs[False, "shapes"][0][1]
+    assert outputs[False, "shapes"] == [(8, capacity)] and capacity > 256
+    rows = {b for b, _ in outputs[True, "shapes"]}
+    widths = {w for _, w in outputs[True, "shapes"]}
+    assert rows == {8, 4, 2} and widths == {256, capacity}

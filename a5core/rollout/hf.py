@@ -12,7 +12,8 @@ check the vLLM backend against. See ``a5core.rollout`` for the shared semantics;
   The loop samples each step itself: temperature, top-p (the smallest set of tokens reaching ``top_p``),
   EOS masked during the first ``min_tokens`` tokens; a finished row is fed padding from then on, and
   every ``STOP_CHECK_EVERY`` steps the loop reads back which rows are done (EOS or a stop string) and
-  ends when all are. Other models use ``model.generate`` with a fresh generation config (the model's
+  ends when all are. With ``shrink`` (default) a step attends only to the filled cache columns, and a
+  read-back that finds at most half the running rows unfinished halves the rows the loop runs. Other models use ``model.generate`` with a fresh generation config (the model's
   own ``generation_config`` sampling defaults, such as top-k 50 or a repetition penalty, are not
   applied either way) and a stopping criterion that ends a row when a stop string completes in its
   newest token.
@@ -44,7 +45,8 @@ from a5core.rollout import Completion, SamplingSettings, check_prompts, resolve_
 from a5core.rollout.static_decode import StaticKVDecoder, supports
 
 STOP_CHECK_EVERY = 16  # decode steps between read-backs of which rows are done (static loop)
-CAPACITY_STEP = 256  # the static cache's capacity is rounded up to a multiple of this when compiled
+CAPACITY_STEP = 256  # the static cache's capacity (when compiled) and the attended width are multiples of this
+ROW_HALVINGS = 4  # a chunk's running rows halve at most this many times as rows finish (``shrink``)
 
 
 def _stop_end(text: str, stops: Sequence[str], start: int) -> int | None:
@@ -118,7 +120,9 @@ class HFEngine:
     ``model``: a causal LM (its own copy: ``load_weights`` writes into it; or the policy itself, then
     ``load_weights`` is a no-op); ``tokenizer``: its tokenizer; ``batch_size``: sequences decoded
     together (prompts × n are chunked). ``static_cache``: use the static-KV-cache loop (default: when the
-    architecture is supported); ``compile``: capture its decode step as a CUDA graph (default: on CUDA).
+    architecture is supported); ``compile``: capture its decode step as a CUDA graph (default: on CUDA);
+    ``shrink``: in the static loop, attend to the filled cache columns only and run fewer rows as rows
+    finish (see ``_decode_static``; False: every step runs the whole chunk over the whole cache).
     """
 
     def __init__(
@@ -129,6 +133,7 @@ class HFEngine:
         batch_size: int = 64,
         static_cache: bool | None = None,
         compile: bool | None = None,
+        shrink: bool = True,
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
@@ -139,6 +144,7 @@ class HFEngine:
         self.batch_size = batch_size
         self.static_cache = supports(model) if static_cache is None else static_cache
         self.compile = self.static_cache and (model.device.type == "cuda" if compile is None else compile)
+        self.shrink = shrink
         self._decoder: StaticKVDecoder | None = None  # kept between calls when compiled (its graph too)
         self.pad_id = pad_id_of(tokenizer)
         eos = model.generation_config.eos_token_id
@@ -231,7 +237,13 @@ class HFEngine:
     def _decode_static(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, s: SamplingSettings
     ) -> list[list[int]]:
-        """Token ids generated for each row of left-padded prompts (B, P), trailing padding included."""
+        """Token ids generated for each row of left-padded prompts (B, P), trailing padding included.
+
+        With ``shrink``, each decode step attends to the filled cache columns only (rounded up to a
+        multiple of ``CAPACITY_STEP``), and when a read-back finds at most half the running rows
+        unfinished, those move to the front of the cache and the loop runs half as many rows (down to
+        1/``2**ROW_HALVINGS`` of the chunk, and 2 rows): finished rows stop costing. Row order never changes what a
+        row generates, except through the sampler's random draws (seeded runs stay reproducible)."""
         real, prompt_len = input_ids.shape
         decoder = self._static_decoder(real, prompt_len + s.max_tokens)
         rows, device = decoder.batch_size, input_ids.device
@@ -243,25 +255,39 @@ class HFEngine:
         attend[:, :prompt_len] = valid
         positions = valid.sum(-1)  # each row's next rotary position
         generated = torch.full((rows, s.max_tokens), self.pad_id, dtype=torch.long, device=device)
-        finished = torch.arange(rows, device=device) >= real
+        live = torch.arange(rows, device=device)  # the chunk row each running cache row decodes
+        finished = live >= real
         eos = torch.tensor(self.eos_ids, dtype=torch.long, device=device)
         candidates = self._stop_candidates(tuple(s.stop)) if s.stop else None
         flagged = torch.zeros(rows, dtype=torch.bool, device=device)  # may have completed a stop string
         logits = decoder.prefill(input_ids, valid)
+        smallest = max(2, rows >> ROW_HALVINGS)  # a compiled step would specialise on 1 row
         steps = 0
         for step in range(s.max_tokens):
             token = torch.where(finished, self.pad_id, self._sample(logits, s, step, eos))
-            generated[:, step] = token
+            generated[live, step] = token
             finished |= torch.isin(token, eos)
             if s.stop:
                 flagged |= self._may_stop(token, candidates)
             steps = step + 1
-            if steps == s.max_tokens or (
-                steps % STOP_CHECK_EVERY == 0 and self._all_done(generated, steps, finished, flagged, s)
-            ):
+            if steps == s.max_tokens:
                 break
+            if steps % STOP_CHECK_EVERY == 0:
+                if self._all_done(generated[live], steps, finished, flagged, s):
+                    break
+                running = len(live)
+                if self.shrink and running // 2 >= smallest and int((~finished).sum()) <= running // 2:
+                    keep = torch.cat([(~finished).nonzero().flatten(), finished.nonzero().flatten()])
+                    keep = keep[: running // 2]  # the unfinished rows first, topped up with finished ones
+                    decoder.compact(keep)
+                    token, positions, attend, live, finished, flagged = (
+                        x[keep] for x in (token, positions, attend, live, finished, flagged)
+                    )
             attend[:, prompt_len + step] = True
-            logits = decoder.decode(token, positions + step, prompt_len + step, attend)
+            width = decoder.capacity
+            if self.shrink:
+                width = min(width, -(-(prompt_len + step + 1) // CAPACITY_STEP) * CAPACITY_STEP)
+            logits = decoder.decode(token, positions + step, prompt_len + step, attend[:, :width].contiguous())
         return generated[:real, :steps].tolist()
 
     def _sample(self, logits: torch.Tensor, s: SamplingSettings, step: int, eos: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,12 @@ projections, MLPs, rotary embedding: the weights stay the model's) over a static
 so one decode step has fixed shapes and addresses and ``torch.compile(mode="reduce-overhead")`` can
 capture it as one CUDA graph. Grouped-query attention reads each cached key/value head once.
 
+A decode step need not cost the whole cache: it runs the first ``b`` rows of the cache and attends to its
+first ``W`` columns, ``b`` and ``W`` read from its inputs' shapes. The caller keeps ``W`` to the filled
+columns (rounded up to a few widths) and, as rows finish, moves the unfinished ones to the front
+(:meth:`StaticKVDecoder.compact`) and runs fewer rows (halving: a few row counts). The step is compiled
+once, ``b`` and ``W`` symbolic; each (``b``, ``W``) is one more CUDA graph of it, recorded when first met.
+
 Shapes: ``B`` rows (sequences), ``P`` prompt positions (left-padded), ``C`` cache capacity
 (prompt + new tokens), ``K`` key/value heads of ``D`` dims, ``G`` query heads per
 key/value head, ``V`` vocabulary entries.
@@ -44,8 +50,8 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 class StaticKVDecoder:
     """Prefill and one-token decode steps over a KV cache of ``batch_size`` × ``capacity`` positions.
 
-    ``compile``: capture :meth:`decode` with ``torch.compile(mode="reduce-overhead")`` (CUDA graphs);
-    shapes never change for a given decoder, so it compiles once. Not thread-safe; one generation at a time.
+    ``compile``: capture :meth:`decode` with ``torch.compile(mode="reduce-overhead")`` (CUDA graphs, one per
+    shape of its inputs). Not thread-safe; one generation at a time.
     """
 
     def __init__(self, model: Any, batch_size: int, capacity: int, *, compile: bool = False):
@@ -64,13 +70,15 @@ class StaticKVDecoder:
         weight = self.inner.embed_tokens.weight
         # One tensor per layer, not views of one stacked tensor: an in-place write into a view of a
         # graph input is compiled as a copy of the whole input (measured: 2 ms per layer per step).
-        shape = (batch_size, self.kv_heads, capacity, self.head_dim)
+        # One column more than the capacity, never attended: no window is then the whole cache, so every
+        # window is a strided view of the same layout and the step compiles once, not once more for W = C.
+        shape = (batch_size, self.kv_heads, capacity + 1, self.head_dim)
         self.keys = [torch.zeros(shape, dtype=weight.dtype, device=weight.device) for _ in self.inner.layers]
         self.values = [torch.zeros_like(k) for k in self.keys]
         if compile:
             for cache in (*self.keys, *self.values):
                 torch._dynamo.mark_static_address(cache)
-            self._decode = torch.compile(self._decode_step, mode="reduce-overhead", dynamic=False)
+            self._decode = torch.compile(self._decode_step, mode="reduce-overhead")
         else:
             self._decode = self._decode_step
         self.compiled = compile
@@ -127,16 +135,21 @@ class StaticKVDecoder:
     def _decode_step(
         self, tokens: torch.Tensor, positions: torch.Tensor, slot: torch.Tensor, attend_mask: torch.Tensor
     ) -> torch.Tensor:
-        b = tokens.shape[0]
+        b, window = attend_mask.shape
+        rows = torch.arange(b, device=tokens.device)[:, None]
+        heads = torch.arange(self.kv_heads, device=tokens.device)[None, :]
 
         def attend(index, scaling, q, k, v):
-            self.keys[index].index_copy_(2, slot, k)
-            self.values[index].index_copy_(2, slot, v)
+            # written through the whole cache tensor (a graph input), never through a view of it: an in-place
+            # write into a view of a graph input is compiled as a copy of the whole input
+            self.keys[index].index_put_((rows, heads, slot), k[:, :, 0])
+            self.values[index].index_put_((rows, heads, slot), v[:, :, 0])
+            keys, values = self.keys[index][:b, :, :window], self.values[index][:b, :, :window]
             q = q.reshape(b, self.kv_heads, self.groups, self.head_dim)  # one query position
-            scores = torch.matmul(q, self.keys[index].transpose(-1, -2)).float() * scaling  # (B, K, G, C)
+            scores = torch.matmul(q, keys.transpose(-1, -2)).float() * scaling  # (b, K, G, W)
             scores = scores.masked_fill(~attend_mask[:, None, None, :], float("-inf"))
             probs = torch.softmax(scores, dim=-1).to(q.dtype)
-            return torch.matmul(probs, self.values[index]).reshape(b, 1, -1)  # (B, 1, heads·D)
+            return torch.matmul(probs, values).reshape(b, 1, -1)  # (b, 1, heads·D)
 
         hidden = self.inner.embed_tokens(tokens[:, None])
         cos, sin = self.inner.rotary_emb(hidden, positions[:, None])
@@ -148,10 +161,28 @@ class StaticKVDecoder:
     def decode(
         self, tokens: torch.Tensor, positions: torch.Tensor, slot: int | torch.Tensor, attend_mask: torch.Tensor
     ) -> torch.Tensor:
-        """One new token per row: tokens (B,) at rotary ``positions`` (B,) written to cache column
-        ``slot``; ``attend_mask`` (B, C) bool: the cache columns each row attends to (its own ``slot``
-        included). Returns fp32 logits (B, V), valid until the next call."""
+        """One new token for each of the cache's first ``b`` rows: tokens (b,) at rotary ``positions`` (b,)
+        written to cache column ``slot``; ``attend_mask`` (b, W) bool: which of the first ``W`` cache columns
+        each row attends to (its own ``slot`` included, so ``slot`` < ``W``). Returns fp32 logits (b, V),
+        valid until the next call."""
+        b, window = attend_mask.shape
         slot = torch.as_tensor(slot, dtype=torch.long, device=tokens.device).reshape(1)
+        if b > self.batch_size or window > self.capacity or tokens.shape != (b,):
+            raise ValueError(
+                f"decode of {tuple(tokens.shape)} tokens attending {b}×{window} does not fit a "
+                f"{self.batch_size}×{self.capacity} cache"
+            )
         if self.compiled:
+            for tensor in (tokens, positions, attend_mask):  # one compiled graph for every (b, W), not one each
+                for dim, size in enumerate(tensor.shape):
+                    if size > 1:  # sizes 0 and 1 are always specialised
+                        torch._dynamo.maybe_mark_dynamic(tensor, dim)
             torch.compiler.cudagraph_mark_step_begin()
         return self._decode(tokens, positions, slot, attend_mask)
+
+    @torch.no_grad()
+    def compact(self, keep: torch.Tensor) -> None:
+        """Move cache rows ``keep`` (n,) to rows [0, n), in that order (the rows after n keep stale values).
+        The next :meth:`decode` calls then run n rows (or fewer)."""
+        for cache in (*self.keys, *self.values):
+            cache[: keep.shape[0]] = cache.index_select(0, keep)
