@@ -190,13 +190,14 @@ def test_the_compiled_shrinking_loop_compiles_once(tiny_tokenizer):
     greedy = SamplingSettings(temperature=0, min_tokens=300, max_tokens=300, stop=())
     torch._dynamo.reset()
     counters.clear()
-    outputs = []
-    for compile in (True, False):
-        engine = HFEngine(model, tiny_tokenizer, batch_size=8, compile=compile)
+    outputs, graphs = [], []
+    for compile, shrink in [(True, True), (False, True), (True, False)]:  # the last: today's full-size decode
+        engine = HFEngine(model, tiny_tokenizer, batch_size=8, compile=compile, shrink=shrink)
         with forced_lengths(engine, 4, 300, seed=2):
             outputs.append(engine.generate(prompts, greedy))
-    assert outputs[0] == outputs[1]
-    assert counters["stats"]["unique_graphs"] == 1
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert outputs[0] == outputs[1] == outputs[2]
+    assert graphs == [1, 1, 2]  # one compilation each
 
 
 def test_shrinking_rows_and_window_changes_no_row(tiny_tokenizer, monkeypatch):

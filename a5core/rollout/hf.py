@@ -13,9 +13,10 @@ check the vLLM backend against. See ``a5core.rollout`` for the shared semantics;
   EOS masked during the first ``min_tokens`` tokens; a finished row is fed padding from then on, and
   every ``STOP_CHECK_EVERY`` steps the loop reads back which rows are done (EOS or a stop string) and
   ends when all are. With ``shrink`` (default) a step attends only to the filled cache columns, and a
-  read-back that finds at most half the running rows unfinished halves the rows the loop runs. Other models use ``model.generate`` with a fresh generation config (the model's
-  own ``generation_config`` sampling defaults, such as top-k 50 or a repetition penalty, are not
-  applied either way) and a stopping criterion that ends a row when a stop string completes in its
+  read-back that finds at most half the running rows unfinished halves the rows the loop runs.
+  Other models use ``model.generate`` with a fresh generation config (the model's own
+  ``generation_config`` sampling defaults, such as top-k 50 or a repetition penalty, are not applied
+  either way) and a stopping criterion that ends a row when a stop string completes in its
   newest token.
 - Stop strings: each finished row's text is cut at the first stop string that completes after its
   first ``min_tokens`` tokens, its ``token_ids`` after the token that completes it. To find rows that
@@ -231,7 +232,7 @@ class HFEngine:
         if self._decoder is None or self._decoder.capacity < needed:
             self._decoder = None  # free the old cache first
             capacity = -(-needed // CAPACITY_STEP) * CAPACITY_STEP
-            self._decoder = StaticKVDecoder(self.model, self.batch_size, capacity, compile=True)
+            self._decoder = StaticKVDecoder(self.model, self.batch_size, capacity, compile=True, varying=self.shrink)
         return self._decoder
 
     def _decode_static(

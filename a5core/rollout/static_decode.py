@@ -50,11 +50,13 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 class StaticKVDecoder:
     """Prefill and one-token decode steps over a KV cache of ``batch_size`` × ``capacity`` positions.
 
-    ``compile``: capture :meth:`decode` with ``torch.compile(mode="reduce-overhead")`` (CUDA graphs, one per
-    shape of its inputs). Not thread-safe; one generation at a time.
+    ``compile``: capture :meth:`decode` with ``torch.compile(mode="reduce-overhead")`` (CUDA graphs);
+    ``varying``: the calls' rows and widths vary (compiled once with both symbolic, one CUDA graph per
+    shape); False: every call has the whole cache's shape (compiled for exactly that shape).
+    Not thread-safe; one generation at a time.
     """
 
-    def __init__(self, model: Any, batch_size: int, capacity: int, *, compile: bool = False):
+    def __init__(self, model: Any, batch_size: int, capacity: int, *, compile: bool = False, varying: bool = False):
         if not supports(model):
             raise ValueError(
                 f"StaticKVDecoder supports {', '.join(SUPPORTED_MODEL_TYPES)} models without sliding "
@@ -78,10 +80,10 @@ class StaticKVDecoder:
         if compile:
             for cache in (*self.keys, *self.values):
                 torch._dynamo.mark_static_address(cache)
-            self._decode = torch.compile(self._decode_step, mode="reduce-overhead")
+            self._decode = torch.compile(self._decode_step, mode="reduce-overhead", dynamic=None if varying else False)
         else:
             self._decode = self._decode_step
-        self.compiled = compile
+        self.compiled, self.varying = compile, varying
 
     # ------------------------------------------------------------------------------------ steps
 
@@ -172,7 +174,7 @@ class StaticKVDecoder:
                 f"decode of {tuple(tokens.shape)} tokens attending {b}×{window} does not fit a "
                 f"{self.batch_size}×{self.capacity} cache"
             )
-        if self.compiled:
+        if self.compiled and self.varying:
             for tensor in (tokens, positions, attend_mask):  # one compiled graph for every (b, W), not one each
                 for dim, size in enumerate(tensor.shape):
                     if size > 1:  # sizes 0 and 1 are always specialised
