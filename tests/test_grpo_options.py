@@ -421,49 +421,12 @@ def test_one_step_off_resumes_after_kill_9(tiny_lm_dir, tokenizer, tmp_path):
     """SIGKILL a pipelined run in step 2's log call (checkpoint 1 written, step 3's rollouts generating in
     the background). The resumed run redoes step 2 with rollouts of its own weights (the background
     ones died with the process), then pipelines again: versions 0 | 1, 1, 2; each step logged once."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-    from pathlib import Path
-
     from grpo_kill_target import ASYNC_SETTINGS
+    from kill9 import kill_when_frozen
     from test_sft import Recorder
 
-    repo = Path(__file__).resolve().parents[1]
     checkpoint_dir, marker = tmp_path / "ckpt", tmp_path / "frozen"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(repo), str(repo / "tests"), os.environ.get("PYTHONPATH", "")]),
-    }
-    child = subprocess.Popen(
-        [
-            sys.executable,
-            str(repo / "tests" / "grpo_kill_target.py"),
-            str(tiny_lm_dir),
-            str(checkpoint_dir),
-            str(marker),
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.monotonic() + 300  # a guard against a hung child, not a timing assertion
-        while not marker.exists():
-            if child.poll() is not None:
-                pytest.fail(f"child exited ({child.returncode}) before freezing:\n{child.stdout.read().decode()}")
-            if time.monotonic() > deadline:
-                pytest.fail("child never reached its freezing point")
-            time.sleep(0.05)
-        os.kill(child.pid, signal.SIGKILL)
-        assert child.wait() == -signal.SIGKILL
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-        child.stdout.close()
+    kill_when_frozen("grpo_kill_target.py", str(tiny_lm_dir), str(checkpoint_dir), str(marker), marker=marker)
 
     model = make_model(tokenizer, seed=1)  # other starting weights: the checkpoint replaces them
     log = Recorder()

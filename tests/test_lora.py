@@ -167,39 +167,17 @@ def test_bad_targets_are_refused():
 def test_sft_with_adapters_resumes_after_kill_9(tiny_lm_dir, tmp_path):
     """SIGKILL a LoRA SFT run in step 3 (checkpoint 2 written); the resumed run ends with the weights and
     adapters of the run never interrupted."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-    from pathlib import Path
-
+    from kill9 import kill_when_frozen
     from sft_kill_target import CHECKPOINT_EVERY, LORA, build_run
 
     model, tokenizer, examples, kwargs = build_run(tiny_lm_dir)
     train_sft(model, tokenizer, examples, SFTConfig(**kwargs, **LORA))
     uninterrupted = params_of(model)
 
-    repo = Path(__file__).resolve().parents[1]
     checkpoint_dir, marker = tmp_path / "ckpt", tmp_path / "frozen"
-    target = [str(repo / "tests" / "sft_kill_target.py"), str(tiny_lm_dir), str(checkpoint_dir), str(marker)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
-    child = subprocess.Popen([sys.executable, *target, "lora_between_steps"], env=env, stdout=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 300  # a guard against a hung child, not a timing assertion
-        while not marker.exists():
-            if child.poll() is not None:
-                pytest.fail(f"child exited ({child.returncode}) before freezing")
-            if time.monotonic() > deadline:
-                pytest.fail("child never reached its freezing point")
-            time.sleep(0.05)
-        os.kill(child.pid, signal.SIGKILL)
-        assert child.wait() == -signal.SIGKILL
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-        child.stdout.close()
+    kill_when_frozen(
+        "sft_kill_target.py", str(tiny_lm_dir), str(checkpoint_dir), str(marker), "lora_between_steps", marker=marker
+    )
     model, tokenizer, examples, kwargs = build_run(tiny_lm_dir)
     train_sft(
         model, tokenizer, examples, SFTConfig(**kwargs, **LORA, checkpoint_every=CHECKPOINT_EVERY),

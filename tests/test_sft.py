@@ -10,17 +10,13 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 import random
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from kill9 import kill_when_frozen
 from sft_kill_target import CHECKPOINT_EVERY, build_run
 
 from a5core.data import Trace
@@ -30,9 +26,6 @@ from a5core.prompts import load_prompt
 from a5core.rollout import SamplingSettings
 from a5core.rollout.hf import HFEngine
 from a5core.sft import CheckpointMismatchError, NonFiniteLossError, SFTConfig, lr_multiplier, train_sft
-
-REPO = Path(__file__).resolve().parents[1]
-
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -389,35 +382,7 @@ def test_resume_after_kill_9(tiny_lm_dir, tmp_path, uninterrupted_kill_run, mode
     """SIGKILL a training process once its first checkpoint exists (during step 3, or half-way through
     writing checkpoint 4); a new run resumes from step 2 and ends with the uninterrupted run's weights."""
     checkpoint_dir, marker = tmp_path / "ckpt", tmp_path / "frozen"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    child = subprocess.Popen(
-        [
-            sys.executable,
-            str(REPO / "tests" / "sft_kill_target.py"),
-            str(tiny_lm_dir),
-            str(checkpoint_dir),
-            str(marker),
-            mode,
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.monotonic() + 300  # a guard against a hung child, not a timing assertion
-        while not marker.exists():
-            if child.poll() is not None:
-                pytest.fail(f"child exited ({child.returncode}) before freezing:\n{child.stdout.read().decode()}")
-            if time.monotonic() > deadline:
-                pytest.fail("child never reached its freezing point")
-            time.sleep(0.05)
-        os.kill(child.pid, signal.SIGKILL)
-        assert child.wait() == -signal.SIGKILL
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-        child.stdout.close()
+    kill_when_frozen("sft_kill_target.py", str(tiny_lm_dir), str(checkpoint_dir), str(marker), mode, marker=marker)
 
     assert json.loads((checkpoint_dir / "latest" / "state.json").read_text())["step"] == CHECKPOINT_EVERY
     assert (checkpoint_dir / ".latest.partial").exists() == (mode == "mid_write")
