@@ -4,7 +4,8 @@ Each EI run samples D_b training questions per round, G rollouts each, keeps the
 the policy on them for E epochs and evaluates on a validation subset (full set after the last round);
 every round is logged to MLflow (validation accuracy, kept fraction, entropy, lengths). The sweep
 covers any subset of G × E × D_b and writes one comparison plot and table into the parent run. Killed
-runs resume from their checkpoints and continue their MLflow runs.
+runs resume from their checkpoints and continue their MLflow runs; a finished run's policy is saved as a
+Hugging Face folder, ``output_dir/runs-<key>/<name>/model``.
 
     python -m flows.expert_iteration --help
     python -m flows.expert_iteration --config params.yaml                 # one run
@@ -37,7 +38,7 @@ from flows.params import EIParams
 from tasks.checks import check_difficulty, check_outputs, check_prompts_fit
 from tasks.engines import closing_engine, engine_for
 from tasks.plots import log_comparison
-from tasks.runs import Run, Trained, log_run_params, run_key, training_run
+from tasks.runs import Run, Trained, log_run_params, run_key, save_model_folder, training_run
 from tasks.tracking import start_resumable_run, tracked, tracking_rank
 
 
@@ -60,6 +61,7 @@ def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | Non
             log=run.log,
             pass_rates=run.pass_rates,
         )
+        save_model_folder(run.model, run.tokenizer, run.folder / "model")
         return Trained(
             params.n_ei_steps,
             {

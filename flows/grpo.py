@@ -5,6 +5,8 @@ statistics, entropy, lengths, loss, gradient norm, clip fraction, phase times, t
 accuracy every ``eval_every`` steps on a fixed random subset (against step, and against wall-clock
 seconds as ``val_accuracy_by_wall_seconds``), a table of example rollouts at each validation, and the
 full validation set at the end. A killed run resumes from its checkpoint and continues its MLflow run.
+A finished run's policy is saved as a Hugging Face folder, ``output_dir/runs-<key>/<name>/model`` (``name``
+``single`` for one run, the setting in an ablation): any flow's ``--model`` takes it.
 
 The ablations (each also a flow of that name, for the Prefect UI; ``--ablation NAME`` on the CLI and
 ``grpo.ablation`` in params.yaml for ``dvc exp run -S grpo.ablation=NAME``):
@@ -64,7 +66,15 @@ from flows.params import GRPOParams
 from tasks.checks import check_grpo_run, check_placement
 from tasks.engines import closing_engine, engine_for
 from tasks.plots import log_comparison
-from tasks.runs import Run, Trained, accuracy_by_wall_clock, log_run_params, run_key, training_run
+from tasks.runs import (
+    Run,
+    Trained,
+    accuracy_by_wall_clock,
+    log_run_params,
+    run_key,
+    save_model_folder,
+    training_run,
+)
 from tasks.tracking import ensure_experiment, reopen_run, start_resumable_run, tag_active_run, tracked, tracking_rank
 
 TREND_METRICS = ("reward_mean", "token_entropy", "response_tokens_mean")
@@ -100,6 +110,7 @@ def run_grpo(name: str, params: GRPOParams, engine: Engine, parent_run_id: str |
             log=log,
             pass_rates=run.pass_rates,
         )
+        save_model_folder(run.model, run.tokenizer, run.folder / "model")
         return Trained(
             params.n_grpo_steps,
             {

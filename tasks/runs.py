@@ -16,7 +16,9 @@ the leaderboard run.
   (:attr:`Trained.final`); its metrics logged as ``final_*`` at the last step;
   and the row: ``setting``, accuracy and format rate before (``initial_*``: the starting model's
   evaluation, logged at step 0 by the loops) and after (``final_*``), the MLflow run id, and what the
-  body added; written to ``done.json`` on the tracking rank.
+  body added; written to ``done.json`` on the tracking rank, which then deletes the run's checkpoint
+  tensors (:func:`drop_resume_state`): a finished run keeps its model as a Hugging Face folder
+  (``model/``, saved by the GRPO and EI bodies, and by the SFT sweep's with ``save_models``).
 
 Under torchrun every rank runs all of it (the loops are collective); only rank 0 tracks.
 """
@@ -182,7 +184,17 @@ def training_run(
         }
     if tracking_rank():
         write_text_atomic(done, json.dumps(row))
+        drop_resume_state(folder)
     return row
+
+
+def drop_resume_state(folder: Path) -> None:
+    """Delete a finished run's checkpoint tensors (every ``*.pt`` under ``folder``: weights, optimizer
+    moments, RNG states). ``done.json`` ends the run, so nothing resumes from them, and at 1.5B parameters
+    with fp32 weights they are 18 GB a run. The checkpoints' records (``state.json``, EI's kept traces and
+    rollouts) and the saved model folder stay."""
+    for path in folder.rglob("*.pt"):
+        path.unlink()
 
 
 def log_run_params(params: Any, extra: dict[str, Any] | None = None) -> None:
@@ -268,6 +280,11 @@ def save_model_folder(model: torch.nn.Module, tokenizer: Any, directory: Path) -
     def write(state: dict[str, torch.Tensor]) -> None:
         if has_adapters(model):  # the trained model, adapters merged: any HF loader reads it
             state = merged_state_dict(model)
+        if getattr(model.config, "tie_word_embeddings", False):
+            # Gathered from FSDP2 shards, a tied head is a tensor of its own, which save_pretrained would
+            # write; one process leaves it out (it shares the embedding's storage). Same folder either way.
+            head = next(n for n, m in model.named_modules() if m is model.get_output_embeddings())
+            state = {k: v for k, v in state.items() if k != f"{head}.weight"}
         partial = directory.with_name(directory.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
         model.save_pretrained(partial, state_dict=state)

@@ -276,8 +276,9 @@ def test_sft_experiment_resumes_after_kill_9(tiny_lm_dir, flow_env, tmp_path):
         root / "4/mlflow_run_id",
         root / "8/mlflow_run_id",
         root / "4/done.json",
-        root / "4/checkpoint/latest/model.pt",
+        root / "4/checkpoint/latest/state.json",
     )
+    assert not list((root / "4").glob("**/*.pt"))  # a finished run keeps no checkpoint tensors
     parent_id, small_id, large_id = (
         p.read_text().strip() for p in (root / "mlflow_run_id", root / "4/mlflow_run_id", root / "8/mlflow_run_id")
     )

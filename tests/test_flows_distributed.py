@@ -136,7 +136,7 @@ def run_on_two_ranks(run_dir: Path, runs: list, marker: str) -> None:
 
 def logged(run_dir: Path, experiment: str = "grpo") -> dict:
     """The one MLflow run of ``experiment``: its metrics (name → [(step, value)]), params and tags, the
-    final weights (from the checkpoint) and every rank's push count."""
+    final weights (the saved model folder) and every rank's push count."""
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
@@ -148,9 +148,11 @@ def logged(run_dir: Path, experiment: str = "grpo") -> dict:
         for key in runs[0].data.metrics
         if not any(part in key for part in TIMINGS)
     }
+    from safetensors.torch import load_file
+
     out = run_dir / ("out" if experiment == "grpo" else "ei_out")
-    checkpoint = "checkpoint/latest/model.pt" if experiment == "grpo" else "checkpoint/model.pt"
-    (weights,) = out.glob(f"runs-*/single/{checkpoint}")
+    (weights,) = out.glob("runs-*/single/model/model.safetensors")  # the finished run's saved policy
+    assert not list(out.glob("runs-*/single/**/*.pt"))  # its checkpoint tensors are gone
     pushes = {p.name: json.loads(p.read_text()) for p in sorted(out.glob("pushes-*.json"))}
     kept = {
         p.parent.name: [(t["prompt"], t["response"]) for t in map(json.loads, p.read_text().splitlines())]
@@ -158,7 +160,7 @@ def logged(run_dir: Path, experiment: str = "grpo") -> dict:
     }  # EI: each round's SFT set
     return {
         "metrics": metrics,
-        "weights": torch.load(weights),
+        "weights": load_file(weights),
         "pushes": pushes,
         "params": runs[0].data.params,
         "tags": runs[0].data.tags,
