@@ -235,3 +235,27 @@ def test_shrinking_rows_and_window_changes_no_row(tiny_tokenizer, monkeypatch):
     rows = {b for b, _ in outputs[True, "shapes"]}
     widths = {w for _, w in outputs[True, "shapes"]}
     assert rows == {8, 4, 2} and widths == {256, capacity}
+
+
+def test_sampled_rows_ending_on_stop_strings_shrink_the_loop(tiny_policy, prompts, monkeypatch):
+    """Sampled rows that end on a stop string at different steps (found at the read-backs): the loop drops
+    them and runs fewer rows; every row still ends at its first stop string or at max_tokens, and the same
+    seed gives the same completions."""
+    model, tokenizer = tiny_policy
+    compactions = []
+    compact = StaticKVDecoder.compact
+    monkeypatch.setattr(
+        StaticKVDecoder, "compact", lambda self, keep: compactions.append(len(keep)) or compact(self, keep)
+    )
+    engine = HFEngine(model, tokenizer, batch_size=16)
+    settings = SamplingSettings(temperature=1.0, max_tokens=64, seed=0, n=4, stop=("</answer>",))
+    groups = engine.generate(prompts, settings)
+    assert compactions and compactions[0] == 8  # 16 rows, then 8
+    assert groups == engine.generate(prompts, settings)
+    completions = [c for group in groups for c in group]
+    for c in completions:
+        if c.finish_reason == "stop":
+            assert c.text.endswith("</answer>") and c.text.count("</answer>") == 1, c.text
+        else:
+            assert len(c.token_ids) == 64 and "</answer>" not in c.text, c.text
+    assert len({len(c.token_ids) for c in completions}) > 4  # they did end at different steps
