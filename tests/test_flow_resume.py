@@ -13,15 +13,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from kill9 import kill_at_marker
 
 from a5core.arithmetic import arithmetic_problems
 from a5core.data import Trace, write_jsonl_atomic
@@ -71,21 +70,7 @@ def kill_mid_run(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    try:
-        deadline = time.monotonic() + 300  # a guard against a hung child, not a timing assertion
-        while not marker.exists():
-            if child.poll() is not None:
-                pytest.fail(f"the flow exited ({child.returncode}) before its kill point:\n{log.read_text()[-5000:]}")
-            if time.monotonic() > deadline:
-                pytest.fail("the flow never reached its kill point")
-            time.sleep(0.05)
-        check_mid_run()
-        os.killpg(child.pid, signal.SIGKILL)
-        assert child.wait() == -signal.SIGKILL
-    finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
+    kill_at_marker(child, marker, log.read_text, group=True, before_kill=check_mid_run)
 
 
 def run_to_completion(module: str, flags: list[str], cwd: Path, env: dict[str, str]) -> str:
