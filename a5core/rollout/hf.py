@@ -12,8 +12,9 @@ check the vLLM backend against. See ``a5core.rollout`` for the shared semantics;
   The loop samples each step itself: temperature, top-p (the smallest set of tokens reaching ``top_p``),
   EOS masked during the first ``min_tokens`` tokens; a finished row is fed padding from then on, and
   every ``STOP_CHECK_EVERY`` steps the loop reads back which rows are done (EOS or a stop string) and
-  ends when all are. With ``shrink`` (default) a step attends only to the filled cache columns, and a
-  read-back that finds at most half the running rows unfinished halves the rows the loop runs.
+  ends when all are. With ``shrink`` (default when not compiled) a step attends only to the filled
+  cache columns, and a read-back that finds at most half the running rows unfinished halves the rows
+  the loop runs.
   Other models use ``model.generate`` with a fresh generation config (the model's own
   ``generation_config`` sampling defaults, such as top-k 50 or a repetition penalty, are not applied
   either way) and a stopping criterion that ends a row when a stop string completes in its
@@ -123,7 +124,9 @@ class HFEngine:
     together (prompts × n are chunked). ``static_cache``: use the static-KV-cache loop (default: when the
     architecture is supported); ``compile``: capture its decode step as a CUDA graph (default: on CUDA);
     ``shrink``: in the static loop, attend to the filled cache columns only and run fewer rows as rows
-    finish (see ``_decode_static``; False: every step runs the whole chunk over the whole cache).
+    finish (see ``_decode_static``; False: every step runs the whole chunk over the whole cache). Default:
+    when the step is not compiled; compiled (CUDA graphs), it stays off until measured on a GPU against
+    the full-size step (``benchmarks/rollout.py``), as ``max_tokens_per_microbatch`` does.
     """
 
     def __init__(
@@ -134,7 +137,7 @@ class HFEngine:
         batch_size: int = 64,
         static_cache: bool | None = None,
         compile: bool | None = None,
-        shrink: bool = True,
+        shrink: bool | None = None,
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
@@ -145,7 +148,7 @@ class HFEngine:
         self.batch_size = batch_size
         self.static_cache = supports(model) if static_cache is None else static_cache
         self.compile = self.static_cache and (model.device.type == "cuda" if compile is None else compile)
-        self.shrink = shrink
+        self.shrink = not self.compile if shrink is None else shrink
         self._decoder: StaticKVDecoder | None = None  # kept between calls when compiled (its graph too)
         self.pad_id = pad_id_of(tokenizer)
         eos = model.generation_config.eos_token_id
