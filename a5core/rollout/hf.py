@@ -51,6 +51,11 @@ CAPACITY_STEP = 256  # the static cache's capacity (when compiled) and the atten
 ROW_HALVINGS = 4  # a chunk's running rows halve at most this many times as rows finish (``shrink``)
 
 
+def _round_up(n: int) -> int:
+    """``n`` rounded up to a multiple of ``CAPACITY_STEP``."""
+    return -(-n // CAPACITY_STEP) * CAPACITY_STEP
+
+
 def _stop_end(text: str, stops: Sequence[str], start: int) -> int | None:
     """End offset of the stop string that completes earliest among those ending after ``start``."""
     best = None
@@ -234,8 +239,9 @@ class HFEngine:
             return StaticKVDecoder(self.model, rows, needed)
         if self._decoder is None or self._decoder.capacity < needed:
             self._decoder = None  # free the old cache first
-            capacity = -(-needed // CAPACITY_STEP) * CAPACITY_STEP
-            self._decoder = StaticKVDecoder(self.model, self.batch_size, capacity, compile=True, varying=self.shrink)
+            self._decoder = StaticKVDecoder(
+                self.model, self.batch_size, _round_up(needed), compile=True, varying=self.shrink
+            )
         return self._decoder
 
     def _decode_static(
@@ -279,18 +285,17 @@ class HFEngine:
             if steps % STOP_CHECK_EVERY == 0:
                 if self._all_done(generated[live], steps, finished, flagged, s):
                     break
-                running = len(live)
-                if self.shrink and running // 2 >= smallest and int((~finished).sum()) <= running // 2:
-                    keep = torch.cat([(~finished).nonzero().flatten(), finished.nonzero().flatten()])
-                    keep = keep[: running // 2]  # the unfinished rows first, topped up with finished ones
+                half = len(live) // 2
+                unfinished = (~finished).nonzero().flatten() if self.shrink and half >= smallest else None
+                if unfinished is not None and len(unfinished) <= half:
+                    # the unfinished rows first, topped up with finished ones
+                    keep = torch.cat([unfinished, finished.nonzero().flatten()])[:half]
                     decoder.compact(keep)
                     token, positions, attend, live, finished, flagged = (
                         x[keep] for x in (token, positions, attend, live, finished, flagged)
                     )
             attend[:, prompt_len + step] = True
-            width = decoder.capacity
-            if self.shrink:
-                width = min(width, -(-(prompt_len + step + 1) // CAPACITY_STEP) * CAPACITY_STEP)
+            width = min(decoder.capacity, _round_up(prompt_len + step + 1)) if self.shrink else decoder.capacity
             logits = decoder.decode(token, positions + step, prompt_len + step, attend[:, :width].contiguous())
         return generated[:real, :steps].tolist()
 
