@@ -2,9 +2,11 @@
 
 Times, per step at batch 256 with a 768-position cache: the compiled (CUDA-graph) decode step, the eager
 one, the sampling; prints torch.profiler's top CUDA kernels of a few compiled steps and how far the
-compiled step's logits are from the eager step's on the same inputs.
+compiled step's logits are from the eager step's on the same inputs. ``--loop N``: instead, the engine's
+whole loop (``HFEngine.generate``, N new tokens, full-size and shrinking): ms per step, and torch.profiler's
+top operators by CPU time and cProfile's top functions, where host-side waits and launch costs show.
 
-    python benchmarks/decode_profile.py [--model-dir DIR] [--batch 256 --capacity 768] [--tiny]
+    python benchmarks/decode_profile.py [--model-dir DIR] [--batch 256 --capacity 768] [--loop 128] [--tiny]
 """
 
 from __future__ import annotations
@@ -31,6 +33,39 @@ def per_step_ms(fn, steps: int) -> float:
     return (time.perf_counter() - start) / steps * 1000
 
 
+def profile_loop(args) -> None:
+    """The engine's loop at ``args.batch`` rows, ``args.loop`` new tokens: ms per step (after three warm calls),
+    then the profilers' view of one more call, for the full-size and the shrinking decode."""
+    import cProfile
+    import pstats
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from a5core.rollout import SamplingSettings
+    from a5core.rollout.hf import HFEngine
+    from benchmarks.rollout import prompts_of
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, tokenizer, description = _model.build(args.model_dir, args.tiny, device)
+    model.eval()
+    prompts = prompts_of(tokenizer, args.batch, args.prompt, model.config.vocab_size)
+    settings = SamplingSettings(temperature=1.0, max_tokens=args.loop, min_tokens=args.loop, seed=0)
+    print(description, flush=True)
+    for shrink in (False, True):
+        engine = HFEngine(model, tokenizer, batch_size=args.batch, shrink=shrink)
+        ms = per_step_ms(lambda i: engine.generate(prompts, settings), 1) / args.loop
+        print(f"shrink={shrink}: {ms:.2f} ms per new token, prefill included", flush=True)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+        with profile(activities=activities) as prof:
+            engine.generate(prompts, settings)
+            _model.cuda_sync()
+        print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25), flush=True)
+        profiler = cProfile.Profile()
+        profiler.runcall(lambda: (engine.generate(prompts, settings), _model.cuda_sync()))
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(20)
+        engine = None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     _model.add_arguments(parser)
@@ -38,7 +73,10 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=200)
     parser.add_argument("--capacity", type=int, default=768)
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--loop", type=int, help="profile HFEngine.generate over this many new tokens instead")
     args = parser.parse_args()
+    if args.loop:
+        return profile_loop(args)
     from a5core.rollout import SamplingSettings
     from a5core.rollout.hf import HFEngine
     from a5core.rollout.static_decode import StaticKVDecoder

@@ -13,7 +13,7 @@ The first step compiles (CUDA graph of the decode step; compiled decoder layers)
 the warm steps' median and maximum are the figures. Targets (issue 17): median ≤ 4.5 s, max ≤ 5.5 s.
 
     python benchmarks/grpo_step.py [--model-dir DIR] [--steps 11] [--lengths fixed varied]
-        [--token-budgets 16384 32768] [--decodes full shrinking] [--variants layers] [--tiny]
+        [--token-budgets 0 16384 32768] [--count-steps N] [--decodes full shrinking] [--variants layers] [--tiny]
 """
 
 from __future__ import annotations
@@ -49,10 +49,12 @@ def problems_of(count: int):
     ]
 
 
-def run(model, tokenizer, args, lengths: str, budget: int | None, shrink: bool) -> list[dict]:
-    """``args.steps`` GRPO steps; each step's logged metrics with the peak memory."""
+def run(model, tokenizer, args, lengths: str, budget: int | None, shrink: bool, steps: int) -> list[dict]:
+    """``steps`` GRPO steps; each step's logged metrics with the peak memory and ``graphs``, the graphs
+    torch.compile built in this setting by the end of that step (decode step and training layers)."""
     from a5core.grading import r1_zero_reward_fn
     from a5core.grpo import GRPOConfig, grpo
+    from a5core.policy import compiled_graphs
     from a5core.prompts import load_prompt
     from a5core.rollout.hf import HFEngine
 
@@ -60,7 +62,7 @@ def run(model, tokenizer, args, lengths: str, budget: int | None, shrink: bool) 
     batch = dict(rollout_batch_size=16, train_batch_size=16) if args.tiny else {}
     size = batch.get("train_batch_size", 256)
     config = GRPOConfig(
-        n_grpo_steps=args.steps,
+        n_grpo_steps=steps,
         temperature=1.0,
         min_tokens=tokens,
         max_tokens=tokens,
@@ -70,6 +72,7 @@ def run(model, tokenizer, args, lengths: str, budget: int | None, shrink: bool) 
     )
     engine = HFEngine(model, tokenizer, batch_size=config.rollout_batch_size, shrink=shrink)
     history: list[dict] = []
+    before = compiled_graphs()
     _model.reset_peak()
     with forced_lengths(engine, SHORTEST, tokens) if lengths == "varied" else contextlib.nullcontext():
         grpo(
@@ -80,7 +83,9 @@ def run(model, tokenizer, args, lengths: str, budget: int | None, shrink: bool) 
             load_prompt("r1_zero"),
             r1_zero_reward_fn,
             config,
-            log=lambda metrics, step: history.append(dict(metrics, step=step, peak_gib=_model.peak_gib())),
+            log=lambda metrics, step: history.append(
+                dict(metrics, step=step, peak_gib=_model.peak_gib(), graphs=compiled_graphs() - before)
+            ),
         )
     return history
 
@@ -93,7 +98,18 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=1024, help="varied lengths: the longest response")
     parser.add_argument("--lengths", nargs="+", choices=("fixed", "varied"), default=["fixed", "varied"])
     parser.add_argument("--microbatch", type=int, default=2, help="today's fixed-count micro-batches: rollouts each")
-    parser.add_argument("--token-budgets", type=int, nargs="*", default=[16384, 32768])
+    parser.add_argument(
+        "--token-budgets",
+        type=int,
+        nargs="+",
+        default=[0, 16384, 32768],
+        help="max_tokens_per_microbatch of each setting; 0: today's fixed-count micro-batches (--microbatch)",
+    )
+    parser.add_argument(
+        "--count-steps",
+        type=int,
+        help="GRPO steps of the fixed-count settings (budget 0; default --steps): at ~12 s a step they are the slow ones",
+    )
     parser.add_argument(
         "--decodes",
         nargs="+",
@@ -115,14 +131,15 @@ def main() -> None:
     rows = []
     for variant in args.variants:
         for lengths in args.lengths:
-            for budget, decode in [(b, d) for b in [None, *args.token_budgets] for d in args.decodes]:
+            for budget, decode in [(b or None, d) for b in args.token_budgets for d in args.decodes]:
                 model, tokenizer, description = _model.build(args.model_dir, args.tiny, device)
                 torch._dynamo.reset()  # a fresh model and compile cache per setting
                 if variant == "decoder":
                     compile_decoder_layers(model, one_graph=True)
                 elif variant == "layers":
                     compile_decoder_layers(model, activation_memory_budget=0.8)
-                history = run(model, tokenizer, args, lengths, budget, decode == "shrinking")
+                steps = args.steps if budget is not None else (args.count_steps or args.steps)
+                history = run(model, tokenizer, args, lengths, budget, decode == "shrinking", steps)
                 warm_steps = history[1:] or history
                 warm = [m["time_step"] for m in warm_steps]
                 last = history[-1]
@@ -132,6 +149,7 @@ def main() -> None:
                         lengths,
                         f"{args.microbatch} rollouts" if budget is None else f"budget {budget:,}",
                         decode,
+                        f"{len(warm)}",
                         f"{history[0]['time_step']:.2f}",
                         f"{statistics.median(warm):.2f}",
                         f"{max(warm):.2f}",
@@ -141,7 +159,7 @@ def main() -> None:
                         f"{statistics.median(m['train_tokens_per_s'] for m in history):,.0f}",
                         f"{last['microbatches']:.0f}",
                         f"{last['microbatch_shapes']:.0f}",
-                        f"{last.get('compiled_graphs', float('nan')):.0f}",
+                        f"{history[0]['graphs']} → {last['graphs']}",
                         f"{max(m['peak_gib'] for m in history):.1f}",
                     ]
                 )
@@ -151,13 +169,14 @@ def main() -> None:
         "full-size and shrinking decode",
         f"{description} · 256 rollouts (32 × 8), train batch 256, reinforce_with_baseline, masked_mean, AdamW · "
         f"responses fixed at {args.response} tokens, or varied log-uniform {SHORTEST}–{args.max_tokens} · "
-        f"{args.steps} steps a setting (the first compiles; median and max of the rest) · engine colocated · "
+        "the first step compiles; median and max of the warm steps after it · engine colocated · "
         f"torch {torch.__version__} · targets: median ≤ 4.5 s, max ≤ 5.5 s",
         [
             "training layers",
             "lengths",
             "micro-batches",
             "decode",
+            "warm steps",
             "first step s",
             "warm median s",
             "warm max s",
@@ -167,7 +186,7 @@ def main() -> None:
             "train tok/s",
             "passes/step",
             "shapes",
-            "compiled graphs",
+            "graphs compiled: first step → last",
             "peak GiB",
         ],
         rows,

@@ -260,3 +260,22 @@ def test_sampled_rows_ending_on_stop_strings_shrink_the_loop(tiny_policy, prompt
         else:
             assert len(c.token_ids) == 64 and "</answer>" not in c.text, c.text
     assert len({len(c.token_ids) for c in completions}) > 4  # they did end at different steps
+
+
+def test_the_loop_hands_the_decoder_its_cache_column_as_a_device_tensor(tiny_policy, prompts, monkeypatch):
+    """Each step's cache column reaches ``decode`` as a tensor already on the model's device, counting up
+    from the prompt length: made from a Python int it was a host-to-device copy at every step, and such a
+    copy waits for the GPU (on the H200 half of each decode step was spent waiting there)."""
+    model, tokenizer = tiny_policy
+    slots = []
+    decode = StaticKVDecoder.decode
+    monkeypatch.setattr(
+        StaticKVDecoder,
+        "decode",
+        lambda self, tokens, positions, slot, mask: slots.append(slot) or decode(self, tokens, positions, slot, mask),
+    )
+    engine = HFEngine(model, tokenizer, batch_size=4)
+    prompt_len = max(len(tokenizer(p)["input_ids"]) for p in prompts[:4])
+    engine.generate(prompts[:4], SamplingSettings(temperature=0, max_tokens=6, min_tokens=6, stop=()))
+    assert all(isinstance(s, torch.Tensor) and s.device == model.device for s in slots)
+    assert [int(s) for s in slots] == [prompt_len + step for step in range(5)]  # 6 tokens: 5 decode steps
