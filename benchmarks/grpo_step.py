@@ -108,7 +108,7 @@ def main() -> None:
     parser.add_argument(
         "--count-steps",
         type=int,
-        help="GRPO steps of the fixed-count settings (budget 0; default --steps): at ~12 s a step they are the slow ones",
+        help="GRPO steps of the fixed-count settings (budget 0; default --steps): at ~12 s a step, the slow ones",
     )
     parser.add_argument(
         "--decodes",
