@@ -225,6 +225,11 @@ def estimate(run: Run, metric: str = "accuracy") -> tuple[float | None, float | 
     return (p, math.sqrt(p * (1 - p) / n), n) if p is not None and n else (p, None, n)
 
 
+def finished(runs: list[Run]) -> list[Run]:
+    """The runs that reached their final evaluation (a run stopped before it has no final figure)."""
+    return [r for r in runs if estimate(r)[0] is not None]
+
+
 def mean_of(runs: list[Run], metric: str = "accuracy") -> tuple[float, float] | None:
     """The mean final ``metric`` over ``runs`` and its s.e. (the runs' binomial s.e.s: sqrt(Σ se²) / k)."""
     values = [(p, se or 0.0) for p, se, _ in (estimate(r, metric) for r in runs) if p is not None]
@@ -261,7 +266,7 @@ def verdict(a: str, b: str, runs: dict[str, list[Run]], metric: str = "accuracy"
     if ma is None or mb is None:
         return f"not measured ({a} or {b} has no final {metric})"
     diff, se = ma[0] - mb[0], math.hypot(ma[1], mb[1])
-    means = [f"{s}: mean of {len(runs[s])} runs" for s in (a, b) if len(runs.get(s, [])) > 1]
+    means = [f"{s}: mean of {len(finished(runs[s]))} runs" for s in (a, b) if len(finished(runs.get(s, []))) > 1]
     notes = ([f"{diff / se:+.1f} s.e."] if se else []) + means
     measured = f"{a} − {b} = {diff:+.3f} ± {se:.3f} in final {metric.replace('_', ' ')}"
     measured += f" ({'; '.join(notes)})" if notes else ""
@@ -391,8 +396,13 @@ def settings_lines(exp: Experiment) -> tuple[list[str], list[str]]:
         lines[-1] += "".join(f"; {t}" for t in tags)
     settings = [c.settings() for c in exp.children]
     keys = list(dict.fromkeys(k for s in settings for k in s))
-    shared = [k for k in keys if all(s.get(k, "—") == settings[0].get(k) for s in settings)]
-    lines += ["", "Settings every run shares: " + ", ".join(f"`{k}={settings[0][k]}`" for k in shared) + ".", ""]
+    # one value among the runs that log it: a field added since older runs were made is no difference
+    values = {k: {s[k] for s in settings if k in s} for k in keys}
+    shared = [k for k in keys if len(values[k]) == 1]
+    lines += ["", "Settings every run shares: " + ", ".join(f"`{k}={values[k].pop()}`" for k in shared) + "."]
+    if newer := [k for k in shared if any(k not in s for s in settings)]:
+        lines += [f"(Not logged by the older runs, fields added since: {', '.join(f'`{k}`' for k in newer)}.)"]
+    lines += [""]
     return lines, [k for k in keys if k not in shared and k != "setting"]
 
 
@@ -416,15 +426,16 @@ def section(exp: Experiment, figure_dir: Path, link_base: Path, spreads: dict[st
     lines += table(header + "|run (s)", rows)
     rows = []
     for s, rs in exp.by_setting().items():
-        accs = [p for p, _, _ in map(estimate, rs) if p is not None]
-        if len(rs) > 1 and accs:
-            seeds = ", ".join(r.params.get("seed", "?") for r in rs)
-            spread, formats = f"{max(accs) - min(accs):.4f}", pm(*mean_of(rs, "format_rate") or [None])
-            rows.append([s, len(rs), seeds, pm(*mean_of(rs)), spread, formats])
+        done = finished(rs)
+        if len(done) > 1:
+            accs = [estimate(r)[0] for r in done]
+            seeds = ", ".join(r.params.get("seed", "?") for r in done)
+            spread, formats = f"{max(accs) - min(accs):.4f}", pm(*mean_of(done, "format_rate") or [None])
+            rows.append([s, len(done), seeds, pm(*mean_of(done)), spread, formats])
     if rows:
         lines += [
-            "Runs of one setting (seeds, re-runs): the mean over runs (s.e. from the runs' binomial s.e.s) "
-            "and the spread (max − min).",
+            "Runs of one setting (seeds, re-runs) that reached their final evaluation: the mean over runs (s.e. "
+            "from the runs' binomial s.e.s) and the spread (max − min).",
             "",
         ]
         lines += table("setting|runs|seeds|mean accuracy ± s.e.|accuracy spread|mean format rate ± s.e.", rows)

@@ -40,14 +40,15 @@ def empty_store(tmp_path_factory) -> Path:
     return path
 
 
-def _child(client, experiment_id, parent_id, setting, seed, final, finish=True):
+def _child(client, experiment_id, parent_id, setting, seed, final, finish=True, extra=None):
     """A child run: a validation curve rising to ``final`` (or no finals when not ``finish``), wall seconds,
-    rewards and the final evaluation on N problems."""
+    rewards and the final evaluation on N problems; ``extra``: more params (fields newer runs log)."""
     from mlflow.entities import Metric, Param
 
     run = client.create_run(experiment_id, run_name=f"grpo-{setting}", tags={"mlflow.parentRunId": parent_id})
     run_id = run.info.run_id
     params = {"setting": setting, "loss_type": setting, "seed": str(seed), "learning_rate": "2e-05", "group_size": "8"}
+    params |= extra or {}
     metrics = [Metric("val_accuracy", final * s / 10, 0, s) for s in (0, 5, 10)]
     metrics += [Metric("wall_seconds", 2.0 * s, 0, s) for s in range(11)]
     metrics += [Metric("reward_mean", final * s / 10, 0, s) for s in range(1, 11)]
@@ -70,9 +71,9 @@ def _pack(store: Path, archive: Path) -> Path:
     return archive
 
 
-def _records(tmp_path: Path, empty_store: Path, no_baseline: float) -> Path:
+def _records(tmp_path: Path, empty_store: Path, no_baseline: float, more=None) -> Path:
     """A runs folder holding one archive: no_baseline (seed 0) ends at ``no_baseline``; reinforce_with_baseline
-    at 0.6 (seed 0) and 0.5 (seed 1)."""
+    at 0.6 (seed 0) and 0.5 (seed 1); ``more(client, experiment_id, parent_id)`` adds children."""
     from mlflow import MlflowClient
 
     store = tmp_path / "store" / "mlflow.db"
@@ -86,6 +87,8 @@ def _records(tmp_path: Path, empty_store: Path, no_baseline: float) -> Path:
     _child(client, experiment_id, parent_id, "no_baseline", 0, no_baseline)
     _child(client, experiment_id, parent_id, "reinforce_with_baseline", 0, 0.6)
     _child(client, experiment_id, parent_id, "reinforce_with_baseline", 1, 0.5)
+    if more:
+        more(client, experiment_id, parent_id)
     client.set_terminated(parent_id)
     runs = tmp_path / "runs"
     runs.mkdir()
@@ -190,3 +193,24 @@ def test_write_is_atomic(tmp_path, empty_store, monkeypatch):
         writeup.main(["--runs", str(runs), "--out", str(out), "--figures", str(tmp_path / "figures")])
     assert out.read_text() == "old page\n"
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".results.md")) == []
+
+
+def test_a_stopped_run_and_newer_fields_change_no_figure(tmp_path, empty_store):
+    """A third reinforce_with_baseline run stopped before its final evaluation (a device call's deadline),
+    logging a field the older runs predate: it is listed with its status, but the mean over runs, their count
+    and the verdict use the two finished runs, and the newer field is a shared setting, not a difference."""
+
+    def stopped(client, experiment_id, parent_id):
+        _child(
+            client, experiment_id, parent_id, "reinforce_with_baseline", 2, 0.9, finish=False, extra={"lora_rank": "0"}
+        )
+
+    text = _generate(tmp_path, _records(tmp_path, empty_store, no_baseline=0.3, more=stopped))
+    assert "RUNNING" in _line(text, "| reinforce_with_baseline (seed 2,")
+    mean_se = math.sqrt(0.6 * 0.4 / N + 0.5 * 0.5 / N) / 2
+    mean_row = _line(text, "| reinforce_with_baseline | 2 | 0, 1 |")
+    assert f"| {0.55:.3f} ± {mean_se:.3f} |" in mean_row
+    sentence = _line(text, "- Expectation: the handout expects a baseline to help")
+    assert "reinforce_with_baseline: mean of 2 runs" in sentence and f"= {0.55 - 0.3:+.3f} ±" in sentence
+    assert "`lora_rank=0`" in _line(text, "Settings every run shares:")
+    assert "lora_rank" not in _line(text, "| setting |") and "fields added since: `lora_rank`" in text
