@@ -34,7 +34,7 @@ COMMAND = "python experiments/results_writeup.py"
 HIDDEN = {"output_dir", "metrics_path", "tracking_uri", "experiment", "sizes", "filtered_data", "ablation"}
 HIDDEN_PREFIXES = ("sweep_", "clip_", "ray_")
 TRENDS = ("reward_mean", "token_entropy", "response_tokens_mean", "advantage_std", "grad_norm")
-TRENDS += ("frac_groups_all_equal", "kept_fraction", "token_nll")
+TRENDS += ("frac_groups_all_equal", "kept_fraction", "token_nll", "difficulty_learnable")
 UNIT_METRICS = ("val_accuracy", "val_format_rate", "reward_mean")
 DR_GRPO = "Dr. GRPO (Liu et al. 2025) argues"
 # Experiment → (the setting expected to do better, the one expected to do worse, why).
@@ -70,6 +70,12 @@ PAIRS = {
         "kl_0",
         "kl_0.01",
         "DAPO and Dr. GRPO drop the KL term: with a verifiable reward it mostly holds the policy back",
+    ),
+    "grpo_question_sampling_ablation": (
+        "learnable",
+        "uniform",
+        "prime-rl and ROLL filter questions by difficulty: a group every sample solves, or none does, gives no "
+        "gradient, so drawing only questions with 0 < pass rate < 1 should learn more per step",
     ),
     "grpo_async_ablation": (
         "synchronous",

@@ -86,6 +86,10 @@ ABLATIONS: dict[str, tuple[str, Callable[[GRPOParams], dict[str, dict[str, Any]]
         "KL penalty",
         lambda p: {f"kl_{coef:g}": {"kl_coef": coef} for coef in (0.0, *p.sweep_kl_coefs)},
     ),
+    "grpo_question_sampling_ablation": (
+        "question sampling",
+        lambda p: {mode: {"question_sampling": mode} for mode in ("uniform", "learnable")},
+    ),
     "grpo_async_ablation": (
         "one-step-off",
         lambda p: {

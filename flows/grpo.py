@@ -28,6 +28,8 @@ Beyond the handout, the same way:
   overlong shaping with truncation masking, each alone, and all three;
 - ``grpo_gspo_ablation``: grpo_clip vs GSPO's sequence-level ratio at the clip ablation's off-policy setting;
 - ``grpo_kl_ablation``: no KL penalty and each of ``sweep_kl_coefs``;
+- ``grpo_question_sampling_ablation``: questions drawn uniformly vs only those still learnable (pass rate
+  strictly between 0 and 1, from ``difficulty_table`` and refreshed from the rollouts; unknown ones allowed);
 - ``grpo_async_ablation``: synchronous vs one-step-off (``pipeline_depth`` 1, the engine on
   ``engine_device``), both with truncated importance sampling (``tis_cap``, 2.0 unless set).
 
@@ -218,6 +220,7 @@ grpo_prompt_ablation = _ablation_flow("grpo_prompt_ablation")
 grpo_dapo_ablation = _ablation_flow("grpo_dapo_ablation")
 grpo_gspo_ablation = _ablation_flow("grpo_gspo_ablation")
 grpo_kl_ablation = _ablation_flow("grpo_kl_ablation")
+grpo_question_sampling_ablation = _ablation_flow("grpo_question_sampling_ablation")
 grpo_async_ablation = _ablation_flow("grpo_async_ablation")
 
 

@@ -120,6 +120,13 @@ def test_every_ablation_builds_valid_settings():
     )
     clip = ablation_settings("grpo_clip_ablation", params)
     assert [p.loss_type for p in clip.values()] == ["grpo_clip", "grpo_no_clip"]
+    tabled = params.model_copy(update={"difficulty_table": "data/difficulty/pass_rates.csv"})
+    sampling = ablation_settings("grpo_question_sampling_ablation", tabled)
+    assert {name: p.question_sampling for name, p in sampling.items()} == {
+        "uniform": "uniform",
+        "learnable": "learnable",
+    }
+    assert {p.difficulty_table for p in sampling.values()} == {"data/difficulty/pass_rates.csv"}  # both read one table
 
 
 @pytest.mark.parametrize(

@@ -30,6 +30,7 @@ EXPECTED_FLOWS = {
     "grpo_dapo_ablation",
     "grpo_gspo_ablation",
     "grpo_kl_ablation",
+    "grpo_question_sampling_ablation",
     "grpo_async_ablation",
 }
 

@@ -130,8 +130,9 @@ class HFEngine:
     architecture is supported); ``compile``: capture its decode step as a CUDA graph (default: on CUDA);
     ``shrink``: in the static loop, attend to the filled cache columns only and run fewer rows as rows
     finish (see ``_decode_static``; False: every step runs the whole chunk over the whole cache). Default:
-    when the step is not compiled; compiled (CUDA graphs), it stays off until measured on a GPU against
-    the full-size step (``benchmarks/rollout.py``), as ``max_tokens_per_microbatch`` does.
+    when the step is not compiled; compiled (CUDA graphs), off: on the H200 it gained nothing while every
+    step waited for the one before (benchmarks/RESULTS.md, 2026-12-02); to be measured again now that the
+    loop no longer waits.
     """
 
     def __init__(
