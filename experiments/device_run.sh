@@ -24,6 +24,13 @@
 #                                       #   (default 90). Unpacks .devA/data.tar.xz first when carried. E.g.
 #       CMDS='sft1024 flows.sft_experiment --config params.yaml --profile gpu-small --sizes [1024] --filtered-data null;
 #             grpo_std_norm_ablation flows.grpo --config params.yaml --profile gpu-small --ablation grpo_std_norm_ablation'
+#   CMDS='...' experiments/device_run.sh par
+#                                       # like `cmds`, but the flows run at once, side by side on the GPU (a 135M
+#                                       #   model's run is bound by its own CPU process, not the GPU), each with its
+#                                       #   own MLflow store (outputs/.devrun/NAME/mlflow.db), output folder
+#                                       #   (outputs/.devrun/NAME/out) and metrics file; all share BUDGET. Entries
+#                                       #   that need an earlier one's output (GRPO after the SFT it starts from)
+#                                       #   belong in a `cmds` call before.
 #
 # Built for the device's bare image (python3 3.12, torch, transformers; no prefect or mlflow, no network).
 # What .devA/.devB hold and how they were made (on the CPU machine): docs/results.md, "How it ran".
@@ -106,23 +113,21 @@ step() {  # step NAME MODULE ARGS...: run a flow unless done, within the call's 
   echo "$name call=$CALL rc=$rc wall_s=$((SECONDS - t0))" | tee -a outputs/.devrun/walls.txt
   [ "$rc" -eq 0 ] || return 1
   touch "outputs/.devrun/$name.done"
+  [ -n "${PAR:-}" ] && return 0  # `par` gave the flow its own folders: nothing to copy
   mkdir -p "outputs/.devrun/$name" && cp -r metrics "outputs/.devrun/$name/" 2>/dev/null
   find "outputs/${1#flows.}" -maxdepth 1 -type f -exec cp {} "outputs/.devrun/$name/" \; 2>/dev/null
   return 0
 }
 
-pack() {
+pack() {  # the records: stores, artifacts, summaries, metrics and logs; no weights or checkpoints
   cp outputs/.devrun/walls.txt "$OUT/walls.txt" 2>/dev/null
-  tar -czf "$OUT/records_call$CALL.tar.gz" --exclude='outputs/*/runs-*/*/checkpoint' --exclude='outputs/*/runs-*/*/model' \
-    --exclude='outputs/*/best_model' --exclude='outputs/*/runs-*/*/checkpoint.*' \
-    mlflow.db mlruns outputs metrics "$OUT"/*.log 2>&1 | grep -v "Removing leading" ; ls -l "$OUT"
+  tar -czf "$OUT/records_call$CALL.tar.gz" --exclude='*/checkpoint' --exclude='*/checkpoint.*' --exclude='*/model' \
+    --exclude='*/best_model' --exclude='*.safetensors' --exclude='*.pt' \
+    $(ls -d mlflow.db mlruns outputs metrics 2>/dev/null) "$OUT"/*.log 2>&1 | grep -v "Removing leading" ; ls -l "$OUT"
 }
 
 run() {
-  DEADLINE=$((SECONDS + ${BUDGET:-540}))
-  CALL=$(( $(cat outputs/.devrun/calls 2>/dev/null || echo 1) + 1 )); echo "$CALL" > outputs/.devrun/calls
-  join_gguf || return 1
-  place_data || return 1
+  begin_call || return 1
   step sft flows.sft_experiment --config params.yaml --profile gpu-small \
     && step grpo_baseline_ablation flows.grpo --config params.yaml --profile gpu-small --ablation grpo_baseline_ablation \
     && step grpo_length_norm_ablation flows.grpo --config params.yaml --profile gpu-small --ablation grpo_length_norm_ablation
@@ -130,24 +135,45 @@ run() {
   pack
 }
 
-cmds() {
+begin_call() {  # the call's deadline and number, the data and the GGUF in place
   DEADLINE=$((SECONDS + ${BUDGET:-540}))
   CALL=$(( $(cat outputs/.devrun/calls 2>/dev/null || echo 1) + 1 )); echo "$CALL" > outputs/.devrun/calls
   if [ -f .devA/data.tar.xz ] && [ ! -d /tmp/devdata/data ]; then
     mkdir -p /tmp/devdata && tar -C /tmp/devdata -xJf .devA/data.tar.xz || { echo "data: unpacking failed"; return 1; }
   fi
-  join_gguf || return 1
-  place_data || return 1
-  local entry words min
+  join_gguf && place_data
+}
+
+entries() {  # CMDS split into entries (one per line): NAME [@MIN_S] MODULE ARGS...
   local flat=${CMDS:?CMDS: the list of flows to run}
-  IFS=';' read -ra entries <<< "${flat//$'\n'/ }"
-  for entry in "${entries[@]}"; do
+  tr ';' '\n' <<< "${flat//$'\n'/ }" | grep -v '^[[:space:]]*$'
+}
+
+cmds() {
+  begin_call || return 1
+  local entry words min
+  while read -r entry; do
     read -ra words <<< "$entry"
-    [ "${#words[@]}" -eq 0 ] && continue
     min=90
     [[ "${words[1]:-}" == @* ]] && { min=${words[1]#@}; words=("${words[0]}" "${words[@]:2}"); }
     STEP_MIN=$min step "${words[@]}" || break
-  done
+  done < <(entries)
+  nvidia-smi --query-gpu=memory.used,memory.total --format=csv
+  pack
+}
+
+par() {
+  begin_call || return 1
+  local entry words name
+  while read -r entry; do
+    read -ra words <<< "$entry"
+    [[ "${words[1]:-}" == @* ]] && words=("${words[0]}" "${words[@]:2}")
+    name=${words[0]}
+    mkdir -p "outputs/.devrun/$name"
+    PAR=1 step "${words[@]}" --tracking-uri "sqlite:///outputs/.devrun/$name/mlflow.db" \
+      --output-dir "outputs/.devrun/$name/out" --metrics-path "outputs/.devrun/$name/metrics.json" > /dev/null &
+  done < <(entries)
+  wait
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv
   pack
 }
@@ -157,5 +183,6 @@ case "${1:-}" in
   setup-a-split) setup_a split 2>&1 | tee "$OUT/setup_a.log" ;;
   run) run ;;
   cmds) cmds ;;
-  *) echo "usage: $0 setup-a|setup-a-split|run|cmds"; exit 2 ;;
+  par) par ;;
+  *) echo "usage: $0 setup-a|setup-a-split|run|cmds|par"; exit 2 ;;
 esac
