@@ -91,23 +91,24 @@ def main() -> None:
     attend[:, : p + 64] = True
     tokens = torch.randint(0, 1000, (b,), device=device)
     positions = torch.full((b,), p, device=device)
+    slots = [torch.full((1,), p + i, device=device) for i in range(64)]  # on the device, as the loop passes them
     print(description, flush=True)
     first_logits = {}
     for compiled in (True, False):
         decoder = StaticKVDecoder(model, b, args.capacity, compile=compiled)
         decoder.prefill(ids, valid)
         start = time.perf_counter()
-        first_logits[compiled] = decoder.decode(tokens, positions, p, attend).clone()
+        first_logits[compiled] = decoder.decode(tokens, positions, slots[0], attend).clone()
         _model.cuda_sync()
         print(f"compile={compiled}: first decode {time.perf_counter() - start:.1f} s", flush=True)
-        ms = per_step_ms(lambda i: decoder.decode(tokens, positions + i, p + (i % 64), attend), args.steps)
+        ms = per_step_ms(lambda i: decoder.decode(tokens, positions + i, slots[i % 64], attend), args.steps)
         print(f"compile={compiled}: decode step {ms:.2f} ms ({b / ms * 1000:,.0f} tok/s at batch {b})", flush=True)
         if compiled and device == "cuda":
             from torch.profiler import ProfilerActivity, profile
 
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 for i in range(5):
-                    decoder.decode(tokens, positions + i, p + i, attend)
+                    decoder.decode(tokens, positions + i, slots[i], attend)
                 _model.cuda_sync()
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15), flush=True)
         decoder = None  # free its cache before the next one is built

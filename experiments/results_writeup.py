@@ -405,7 +405,7 @@ def settings_lines(exp: Experiment) -> tuple[list[str], list[str]]:
     # one value among the runs that log it: a field added since older runs were made is no difference
     values = {k: {s[k] for s in settings if k in s} for k in keys}
     shared = [k for k in keys if len(values[k]) == 1]
-    lines += ["", "Settings every run shares: " + ", ".join(f"`{k}={values[k].pop()}`" for k in shared) + "."]
+    lines += ["", "Settings every run shares: " + ", ".join(f"`{k}={next(iter(values[k]))}`" for k in shared) + "."]
     if newer := [k for k in shared if any(k not in s for s in settings)]:
         lines += [f"(Not logged by the older runs, fields added since: {', '.join(f'`{k}`' for k in newer)}.)"]
     lines += [""]

@@ -166,7 +166,8 @@ class StaticKVDecoder:
         """One new token for each of the cache's first ``b`` rows: tokens (b,) at rotary ``positions`` (b,)
         written to cache column ``slot``; ``attend_mask`` (b, W) bool: which of the first ``W`` cache columns
         each row attends to (its own ``slot`` included, so ``slot`` < ``W``). Returns fp32 logits (b, V),
-        valid until the next call."""
+        valid until the next call. ``slot`` as a Python int is copied to the device, and on CUDA that copy
+        waits for the work queued before it: a loop passes a (1,) long tensor already on the device."""
         b, window = attend_mask.shape
         slot = torch.as_tensor(slot, dtype=torch.long, device=tokens.device).reshape(1)
         if b > self.batch_size or window > self.capacity or tokens.shape != (b,):
