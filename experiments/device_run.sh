@@ -30,7 +30,10 @@
 #                                       #   own MLflow store (outputs/.devrun/NAME/mlflow.db), output folder
 #                                       #   (outputs/.devrun/NAME/out) and metrics file; all share BUDGET. Entries
 #                                       #   that need an earlier one's output (GRPO after the SFT it starts from)
-#                                       #   belong in a `cmds` call before.
+#                                       #   belong in a `cmds` call before. Each flow's torch gets PAR_THREADS CPU
+#                                       #   threads (default 2), so that the flows do not oversubscribe the cores.
+#   Any call may carry .devR/ray_site.tar.xz (Ray 2.60.0 for cp312, its unused libraries and Java jars left out,
+#   and prefect-ray 0.6.0; 29.7 MB): it is unpacked into /tmp/site, for `--runner ray`.
 #
 # Built for the device's bare image (python3 3.12, torch, transformers; no prefect or mlflow, no network).
 # What .devA/.devB hold and how they were made (on the CPU machine): docs/results.md, "How it ran".
@@ -141,6 +144,9 @@ begin_call() {  # the call's deadline and number, the data and the GGUF in place
   if [ -f .devA/data.tar.xz ] && [ ! -d /tmp/devdata/data ]; then
     mkdir -p /tmp/devdata && tar -C /tmp/devdata -xJf .devA/data.tar.xz || { echo "data: unpacking failed"; return 1; }
   fi
+  if [ -f .devR/ray_site.tar.xz ] && [ ! -d /tmp/site/ray ]; then  # Ray 2.60.0 and prefect-ray, for `--runner ray`
+    tar -C /tmp/site -xJf .devR/ray_site.tar.xz || { echo "ray: unpacking failed"; return 1; }
+  fi
   join_gguf && place_data
 }
 
@@ -170,7 +176,7 @@ par() {
     [[ "${words[1]:-}" == @* ]] && words=("${words[0]}" "${words[@]:2}")
     name=${words[0]}
     mkdir -p "outputs/.devrun/$name"
-    PAR=1 step "${words[@]}" --tracking-uri "sqlite:///outputs/.devrun/$name/mlflow.db" \
+    OMP_NUM_THREADS=${PAR_THREADS:-2} PAR=1 step "${words[@]}" --tracking-uri "sqlite:///outputs/.devrun/$name/mlflow.db" \
       --output-dir "outputs/.devrun/$name/out" --metrics-path "outputs/.devrun/$name/metrics.json" > /dev/null &
   done < <(entries)
   wait
