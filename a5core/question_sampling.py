@@ -8,7 +8,8 @@ rate its latest group showed. Questions the table does not hold count as unknown
 - ``uniform``: every question alike (the handout; draws exactly as before this module existed);
 - ``learnable``: only questions with 0 < p < 1 or unknown ones; a question every sample solves, or none
   does, gives all its rollouts the same reward and so no gradient (GRPO) and nothing (EI: all or none kept).
-  When too few are left, the rest of the step is filled with the others;
+  When too few are left, the rest of the step is drawn at random from the others, so that their
+  pass rates, perhaps stale (a table made under a weaker policy), are measured again;
 - ``weighted``: every question, weighted by p(1 − p) + 0.01 (unknown: as p = ½), so questions near
   p = ½, whose groups vary most, come most often;
 - ``curriculum``: by ``Problem.level`` (the digit count of the arithmetic task, MATH's 1–5): only questions
@@ -83,7 +84,13 @@ class QuestionSampler:
         if len(pool) >= count:
             return rng.sample(pool, count)
         chosen = set(id(p) for p in pool)
-        rest = [p for p in self._fill_order() if id(p) not in chosen]
+        rest = [p for p in self.problems if id(p) not in chosen]
+        if mode == "learnable":
+            # at random: filled in problem order, the same few questions came every step, and the questions the
+            # table calls unsolved were never measured again (on the H200, a learnable run whose table came from
+            # the SFT model ended with 97% of its groups all-equal and below uniform sampling)
+            return rng.sample(pool, len(pool)) + rng.sample(rest, count - len(pool))
+        rest.sort(key=lambda p: (p.level is None, p.level or 0))  # a curriculum: the next levels first
         return rng.sample(pool, len(pool)) + rest[: count - len(pool)]
 
     def observe(self, questions: Sequence[Problem], correct: Sequence[float], step: int) -> None:
@@ -130,13 +137,6 @@ class QuestionSampler:
     def _weight(self, problem: Problem) -> float:
         rate = self.rates.get(problem.unique_id, 0.5)
         return rate * (1 - rate) + 0.01
-
-    def _fill_order(self) -> list[Problem]:
-        """The questions that make up a step too small a pool leaves short: learnable mode, the others in
-        problem order; a curriculum, the next levels first."""
-        if self.settings.question_sampling == "curriculum":
-            return sorted(self.problems, key=lambda p: (p.level is None, p.level or 0))
-        return self.problems
 
 
 # The pass-rate table's columns (a csv, one question a row).

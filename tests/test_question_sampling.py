@@ -34,6 +34,20 @@ def test_learnable_keeps_questions_between_0_and_1_then_fills_with_the_rest():
     assert {p.unique_id for p in four[:2]} == {"p2", "p7"} and len({p.unique_id for p in four}) == 4
 
 
+def test_learnable_fills_a_short_step_at_random_so_stale_rates_are_measured_again():
+    # one learnable question: the other two of each step come from the seven the table rules out, at random, so
+    # that each gets drawn (and its pass rate refreshed from its rollouts); filled in problem order, every step
+    # held p0 and p1 and the others were never measured again
+    rates = {f"p{i}": 0.0 for i in range(8)} | {"p3": 0.5}
+    sampler = QuestionSampler(PROBLEMS, settings(question_sampling="learnable"), rates)
+    rng, filled = random.Random(0), set()
+    for _ in range(40):
+        step = sampler.sample(rng, 3)
+        assert step[0].unique_id == "p3" and len({p.unique_id for p in step}) == 3
+        filled |= {p.unique_id for p in step[1:]}
+    assert filled == {f"p{i}" for i in range(8)} - {"p3"}
+
+
 def test_weighted_favours_questions_near_one_half():
     sampler = QuestionSampler(PROBLEMS[:2], settings(question_sampling="weighted"), {"p0": 0.5, "p1": 0.0})
     rng = random.Random(0)
