@@ -4,6 +4,10 @@ Small models (SmolLM2-135M, tiny test models) cannot solve MATH, so their learni
 their reach. Each problem is "What is 23 + 45?" with answer "68" and a one-line solution ending in a
 ``\\boxed{}`` answer, so every MATH tool (loaders, solution → r1 traces, the grader) applies unchanged.
 
+With ``solution="columns"`` the solution works the sum or difference column by column, ones first, with
+its carries and borrows (:func:`column_solution`): SFT traces that show a small model the algorithm, not
+only the answer.
+
 Grade it with :func:`arithmetic_reward_fn`, not the MATH grader: the MATH grader accepts any expression
 equal to the answer, so copying the question's "23 + 45" into ``<answer>`` scores, and RL finds that.
 """
@@ -22,6 +26,63 @@ OPERATIONS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b
 
 
 SPLITS = ("train", "validation")
+SOLUTIONS = ("line", "columns")  # a problem's solution: one line, or worked column by column (+ and − only)
+_PLACES = ("ones", "tens", "hundreds", "thousands")
+
+
+def _place(i: int) -> str:
+    return _PLACES[i] if i < len(_PLACES) else f"10^{i}s"
+
+
+def _digit(n: int, i: int) -> int:
+    return n // 10**i % 10
+
+
+def _add_columns(a: int, b: int) -> list[str]:
+    steps, carry = [], 0
+    for i in range(max(len(str(a)), len(str(b)))):
+        total = _digit(a, i) + _digit(b, i) + carry
+        terms = f"{_digit(a, i)} + {_digit(b, i)}" + (" + 1" if carry else "")
+        steps.append(f"{_place(i)}: {terms} = {total}, write {total % 10}" + (", carry 1" if total > 9 else ""))
+        carry = total // 10
+    if carry:
+        steps.append(f"{_place(len(str(max(a, b))))}: write the carried 1")
+    return steps
+
+
+def _subtract_columns(a: int, b: int) -> list[str]:
+    """a ≥ b ≥ 0."""
+    steps, borrow = [], 0
+    for i in range(len(str(a))):
+        top, bottom = _digit(a, i), _digit(b, i)
+        lent = f"{top} - 1 = {top - 1}, " if borrow else ""
+        top -= borrow
+        borrow = int(top < bottom)
+        if borrow:
+            steps.append(f"{_place(i)}: {lent}borrow: {top + 10} - {bottom} = {top + 10 - bottom}")
+        else:
+            steps.append(f"{_place(i)}: {lent}{top} - {bottom} = {top - bottom}")
+    return steps
+
+
+def column_solution(a: int, op: str, b: int) -> str:
+    """The worked solution of ``a op b`` (a, b ≥ 0; op + or −), ones column first, ending in ``\\boxed{}``:
+
+    ``57 + 68``: "Column by column, ones first. ones: 7 + 8 = 15, write 5, carry 1; tens: 5 + 6 + 1 = 12,
+    write 2, carry 1; hundreds: write the carried 1. So $57 + 68 = \\boxed{125}$." A difference whose
+    first term is the smaller is worked as the negated reverse difference. Every equation in it holds."""
+    if op == "+":
+        steps, result = _add_columns(a, b), a + b
+    elif op == "-":
+        steps, result = _subtract_columns(max(a, b), min(a, b)), a - b
+    else:
+        raise ValueError(f"column solutions are for + and -, not {op!r}")
+    work = "Column by column, ones first. " + "; ".join(steps) + "."
+    if result < 0:
+        work = f"{a} < {b}, so subtract {a} from {b} and negate. " + work + f" So {b} - {a} = {-result}, and"
+    else:
+        work += " So"
+    return f"{work} ${a} {op} {b} = \\boxed{{{result}}}$."
 
 
 def _split_of(a: int, op: str, b: int) -> str:
@@ -30,9 +91,10 @@ def _split_of(a: int, op: str, b: int) -> str:
 
 
 def arithmetic_problems(
-    n: int, digits: int = 2, operations: str = "+-", seed: int = 0, split: str = "train"
+    n: int, digits: int = 2, operations: str = "+-", seed: int = 0, split: str = "train", solution: str = "line"
 ) -> list[Problem]:
-    """``n`` distinct problems ``a op b`` with operands of up to ``digits`` digits, seeded.
+    """``n`` distinct problems ``a op b`` with operands of up to ``digits`` digits, seeded; ``solution``
+    "line" (``$a op b = \\boxed{r}$.``) or "columns" (:func:`column_solution`; needs operations + and −).
 
     The train and validation splits never share a problem. ``unique_id`` is ``arithmetic/{split}/{i}``;
     level is the digit count; subject "arithmetic".
@@ -42,6 +104,8 @@ def arithmetic_problems(
     unknown = set(operations) - set(OPERATIONS)
     if unknown or not operations:
         raise ValueError(f"operations must be drawn from {''.join(OPERATIONS)}, got {operations!r}")
+    if solution not in SOLUTIONS or (solution == "columns" and "*" in operations):
+        raise ValueError(f"solution must be one of {SOLUTIONS} (columns: for + and - only), got {solution!r}")
     if n < 1 or digits < 1:
         raise ValueError(f"n and digits must be ≥ 1, got n={n}, digits={digits}")
     rng = random.Random(f"{seed}/{split}")
@@ -64,7 +128,9 @@ def arithmetic_problems(
                 unique_id=f"arithmetic/{split}/{len(problems)}",
                 problem=f"What is ${a} {op} {b}$?",
                 answer=str(result),
-                solution=f"${a} {op} {b} = \\boxed{{{result}}}$.",
+                solution=column_solution(a, op, b)
+                if solution == "columns"
+                else f"${a} {op} {b} = \\boxed{{{result}}}$.",
                 subject="arithmetic",
                 level=digits,
             )

@@ -1,7 +1,8 @@
 """What a run trains and is graded on: problem sets and SFT trace sets from a source, and graders by name.
 
 A source is a MATH/GSM8K file or dataset id (:mod:`a5core.data`), or ``arithmetic:N:DIGITS``: N generated
-problems of the arithmetic task (:mod:`a5core.arithmetic`), which small models can learn. Graders are the
+problems of the arithmetic task (:mod:`a5core.arithmetic`), which small models can learn (``…:columns``:
+their solutions worked column by column, for SFT traces). Graders are the
 MATH ones (:mod:`a5core.grading`) and the arithmetic task's own, which wants the number itself.
 """
 
@@ -12,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Literal
 
-from a5core.arithmetic import arithmetic_problems, arithmetic_reward_fn
+from a5core.arithmetic import SOLUTIONS, arithmetic_problems, arithmetic_reward_fn
 from a5core.data import PROBLEM_LOADERS, DataError, Problem, Trace, load_sft_traces
 from a5core.grading import question_only_reward_fn, r1_zero_reward_fn
 from a5core.prompts import PromptTemplate
@@ -40,7 +41,8 @@ def load_problem_set(source: str, data_format: str, seed: int, split: str) -> li
 def load_trace_set(source: str, template: PromptTemplate, seed: int) -> list[Trace]:
     """SFT traces: a prompt/response/ground_truth file, or ``arithmetic:N:DIGITS``: N generated train
     problems of the arithmetic task as r1_zero traces (their one-line solution as the reasoning), the
-    format a small model learns from a few dozen of."""
+    format a small model learns from a few dozen of; ``arithmetic:N:DIGITS:columns``: the reasoning works
+    the sum or difference column by column, with its carries and borrows."""
     from a5core.sft_data import math_solution_traces
 
     if not source.startswith("arithmetic:"):
@@ -48,29 +50,31 @@ def load_trace_set(source: str, template: PromptTemplate, seed: int) -> list[Tra
     return math_solution_traces(_arithmetic(source, seed, "train"), template)[0]
 
 
-def arithmetic_spec(source: str) -> tuple[int, int, int]:
-    """(N, LOW, HIGH) of ``arithmetic:N:DIGITS`` (LOW = HIGH = DIGITS) or ``arithmetic:N:LOW-HIGH``;
-    DataError naming the source otherwise."""
+def arithmetic_spec(source: str) -> tuple[int, int, int, str]:
+    """(N, LOW, HIGH, SOLUTION) of ``arithmetic:N:DIGITS`` (LOW = HIGH = DIGITS) or ``arithmetic:N:LOW-HIGH``,
+    each with an optional ``:line`` (the default) or ``:columns``; DataError naming the source otherwise."""
     spec = source.split(":")
+    solution = spec.pop() if len(spec) == 4 and spec[3] in SOLUTIONS else "line"
     digits = spec[2].split("-") if len(spec) == 3 else []
     parts = [spec[1], *digits] if len(spec) == 3 and len(digits) in (1, 2) else []
     if not parts or not all(part.isdigit() and int(part) > 0 for part in parts) or int(digits[0]) > int(digits[-1]):
         raise DataError(
-            f"{source}: expected arithmetic:N:DIGITS (or arithmetic:N:LOW-HIGH) with N and DIGITS positive integers"
+            f"{source}: expected arithmetic:N:DIGITS (or arithmetic:N:LOW-HIGH) with N and DIGITS positive integers,"
+            f" then optionally :{' or :'.join(SOLUTIONS)}"
         )
-    return int(spec[1]), int(digits[0]), int(digits[-1])
+    return int(spec[1]), int(digits[0]), int(digits[-1]), solution
 
 
 def _arithmetic(source: str, seed: int, split: str) -> list[Problem]:
     """The problems of an ``arithmetic:`` source: one block of N a digit count (one block: as
     :func:`a5core.arithmetic.arithmetic_problems` gives it; several: ids ``…/d{D}/{i}``, a problem drawn
     again at a higher digit count kept at the lower)."""
-    n, low, high = arithmetic_spec(source)
+    n, low, high, solution = arithmetic_spec(source)
     if low == high:
-        return arithmetic_problems(n, digits=low, seed=seed, split=split)
+        return arithmetic_problems(n, digits=low, seed=seed, split=split, solution=solution)
     problems, seen = [], set()
     for digits in range(low, high + 1):
-        for i, problem in enumerate(arithmetic_problems(n, digits=digits, seed=seed, split=split)):
+        for i, problem in enumerate(arithmetic_problems(n, digits=digits, seed=seed, split=split, solution=solution)):
             if problem.problem not in seen:
                 seen.add(problem.problem)
                 problems.append(replace(problem, unique_id=f"arithmetic/{split}/d{digits}/{i}"))

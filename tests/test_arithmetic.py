@@ -72,3 +72,42 @@ def test_arithmetic_reward_grades_answers_of_any_length():
     assert arithmetic_reward_fn(respond("-7"), "7") == format_only
     with pytest.raises(ValueError, match="ground truth must be an integer"):
         arithmetic_reward_fn(respond("1"), "1/2")
+
+
+def test_column_solutions_box_the_result_and_every_equation_and_written_digit_holds():
+    import re
+
+    from a5core.arithmetic import column_solution
+
+    assert column_solution(57, "+", 68) == (
+        "Column by column, ones first. ones: 7 + 8 = 15, write 5, carry 1; tens: 5 + 6 + 1 = 12, write 2, carry 1;"
+        " hundreds: write the carried 1. So $57 + 68 = \\boxed{125}$."
+    )
+    for a in range(100):
+        for b in range(100):
+            for op, result in (("+", a + b), ("-", a - b)):
+                text = column_solution(a, op, b)
+                assert extract_boxed(text) == str(result), text
+                equations = re.findall(r"(-?\d+(?: [+-] \d+)+) = (-?\d+)", text)
+                assert equations and all(eval(lhs) == int(rhs) for lhs, rhs in equations), text  # noqa: S307
+                if op == "+":  # the written digits, ones first, and a final carry spell the sum
+                    written = re.findall(r"write (\d)\b|write the carried (1)", text)
+                    assert int("".join(d or c for d, c in reversed(written))) == result, text
+    with pytest.raises(ValueError, match="for \\+ and -"):
+        column_solution(3, "*", 4)
+    with pytest.raises(ValueError, match="columns: for \\+ and - only"):
+        arithmetic_problems(5, operations="+*", solution="columns")
+
+
+def test_arithmetic_sources_with_column_solutions():
+    from a5core.arithmetic import arithmetic_reward_fn
+    from a5core.problem_sets import load_problem_set, load_trace_set
+    from a5core.prompts import load_prompt
+
+    line = load_problem_set("arithmetic:20:2", "math", seed=1, split="train")
+    columns = load_problem_set("arithmetic:20:2:columns", "math", seed=1, split="train")
+    assert [(p.unique_id, p.problem, p.answer) for p in columns] == [(p.unique_id, p.problem, p.answer) for p in line]
+    assert all(p.solution.startswith(("Column by column", f"{p.problem[9:].split()[0]} <")) for p in columns)
+    traces = load_trace_set("arithmetic:20:1-2:columns", load_prompt("r1_zero"), seed=0)
+    assert len(traces) > 20 and all("ones: " in t.response for t in traces)
+    assert all(arithmetic_reward_fn(t.response, t.ground_truth)["reward"] == 1.0 for t in traces)

@@ -166,7 +166,9 @@ def test_a_bad_data_file_is_named_with_its_line(flow, argument, kind, mistake, i
     assert expected in user_error(flow, flags(flow, inputs, tmp_path, **{argument: str(path)}))
 
 
-@pytest.mark.parametrize("spec", ["arithmetic:0:1", "arithmetic:ten:1", "arithmetic:8", "arithmetic:8:3-1"])
+@pytest.mark.parametrize(
+    "spec", ["arithmetic:0:1", "arithmetic:ten:1", "arithmetic:8", "arithmetic:8:3-1", "arithmetic:8:2:bogus"]
+)
 def test_a_bad_arithmetic_spec_is_named(spec, inputs, tmp_path):
     message = user_error("grpo", flags("grpo", inputs, tmp_path, train_data=spec))
     assert f"{spec}: expected arithmetic:N:DIGITS" in message
