@@ -1,0 +1,56 @@
+"""The shipped params.yaml: every section of every profile builds its flow's parameters (a typo in a
+profile, or a setting a flow no longer has, would otherwise surface only when someone runs that profile,
+e.g. on a rented GPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flows.cli import parse_params, read_config
+from flows.params import (
+    BaselineEvalParams,
+    DifficultyParams,
+    EIParams,
+    GRPOParams,
+    LeaderboardParams,
+    SFTExperimentParams,
+)
+from flows.report import ReportParams
+from flows.sft_data import SftDataParams
+
+PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
+DOCUMENT = read_config(PARAMS)
+FLOW_SECTIONS = {
+    "baseline_eval": BaselineEvalParams,
+    "sft_experiment": SFTExperimentParams,
+    "expert_iteration": EIParams,
+    "difficulty": DifficultyParams,
+    "grpo": GRPOParams,
+    "leaderboard": LeaderboardParams,
+    "report": ReportParams,
+}
+
+
+def test_every_section_of_params_yaml_is_a_known_one():
+    known = {"data", "profile", "profiles", "sft_data", *FLOW_SECTIONS}
+    assert set(DOCUMENT) <= known
+    for name, profile in DOCUMENT["profiles"].items():
+        assert set(profile) <= known, name
+
+
+@pytest.mark.parametrize("profile", sorted(DOCUMENT["profiles"]))
+def test_every_profile_builds_every_flows_parameters(profile, monkeypatch):
+    monkeypatch.chdir(PARAMS.parent)
+    for section, model in FLOW_SECTIONS.items():
+        params = parse_params(model, section, ["--config", str(PARAMS), "--profile", profile])
+        overrides = DOCUMENT["profiles"][profile].get(section, {})
+        for key, value in overrides.items():
+            if not isinstance(value, dict):
+                assert getattr(params, key) == value or str(getattr(params, key)) == str(value), (profile, section, key)
+    sft_data = DOCUMENT["profiles"][profile].get("sft_data")
+    if sft_data is not None:
+        from flows.cli import section_settings
+
+        SftDataParams(**section_settings(DOCUMENT, "sft_data", profile, PARAMS))
