@@ -427,7 +427,7 @@ def formatted_policy(tokenizer):
     return warm_start(tokenizer)
 
 
-def run_toy_grpo(policy, tokenizer, loss_type: str) -> list[float]:
+def run_toy_grpo(policy, tokenizer, loss_type: str, seed: int = 0) -> list[float]:
     """Eight GRPO steps on the brevity task; each step's mean short-answer rate."""
     model = copy.deepcopy(policy)
     config = GRPOConfig(
@@ -438,7 +438,7 @@ def run_toy_grpo(policy, tokenizer, loss_type: str) -> list[float]:
         train_batch_size=64,
         gradient_accumulation_steps=2,
         loss_type=loss_type,
-        seed=0,
+        seed=seed,
         temperature=1.0,
         min_tokens=4,
         max_tokens=32,
@@ -449,10 +449,14 @@ def run_toy_grpo(policy, tokenizer, loss_type: str) -> list[float]:
 
 
 def test_grpo_raises_reward_and_the_baseline_helps(formatted_policy, tokenizer):
-    with_baseline = run_toy_grpo(formatted_policy, tokenizer, "reinforce_with_baseline")
-    assert with_baseline[0] < 0.1 and with_baseline[-1] > 0.5, with_baseline
-    without = run_toy_grpo(formatted_policy, tokenizer, "no_baseline")
-    assert without[-1] < with_baseline[-1] - 0.2, (without, with_baseline)
+    # three seeds: one run without a baseline can learn as fast (seed 0 with today's sampler: 0.89 against
+    # 0.97), and others barely move (0.25, 0.03), so the comparison is of means
+    with_baseline = [run_toy_grpo(formatted_policy, tokenizer, "reinforce_with_baseline", seed) for seed in range(3)]
+    assert all(curve[0] < 0.1 for curve in with_baseline), with_baseline
+    assert sum(curve[-1] for curve in with_baseline) / 3 > 0.6, with_baseline
+    without = [run_toy_grpo(formatted_policy, tokenizer, "no_baseline", seed) for seed in range(3)]
+    gap = sum(w[-1] - n[-1] for w, n in zip(with_baseline, without)) / 3
+    assert gap > 0.2, (without, with_baseline)
 
 
 def test_should_stop_ends_the_run_early_with_a_resumable_checkpoint(tokenizer, tmp_path):
