@@ -10,6 +10,8 @@ Hugging Face folder, ``output_dir/runs-<key>/<name>/model``.
     python -m flows.expert_iteration --help
     python -m flows.expert_iteration --config params.yaml                 # one run
     python -m flows.expert_iteration --config params.yaml --sweep true    # the grid
+    python -m flows.expert_iteration --config params.yaml --sweep true --runner ray --ray-gpus-per-child 0.25
+                                                                          # its children at once on Ray
     torchrun --nproc-per-node 4 -m flows.expert_iteration --config params.yaml --backend hf   # on 4 GPUs
 
 Under torchrun every rank runs each round (see :func:`flows.cli.run_flow`): it samples its share of
@@ -20,6 +22,7 @@ the outputs and checkpoints.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import sys
@@ -34,17 +37,19 @@ from a5core.problem_sets import load_problem_set
 from a5core.rollout import Engine
 from a5core.settings import describe
 from flows.cli import flow_main, print_paths
+from flows.fanout import run_children_on_ray
 from flows.params import EIParams
-from tasks.checks import check_difficulty, check_outputs, check_prompts_fit
+from tasks.checks import check_difficulty, check_outputs, check_placement, check_prompts_fit
 from tasks.engines import closing_engine, engine_for
 from tasks.plots import log_comparison
 from tasks.runs import Run, Trained, log_run_params, run_key, save_model_folder, training_run
 from tasks.tracking import start_resumable_run, tracked, tracking_rank
 
 
-def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | None) -> dict:
-    """One EI run (:func:`tasks.runs.training_run`); its row adds the curve by round (step k: after k
-    rounds) with each round's kept fraction."""
+def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | None, as_task: bool = True) -> dict:
+    """One EI run (:func:`tasks.runs.training_run`, a Prefect task unless ``as_task`` is False: a Ray
+    worker runs it inside its own task); its row adds the curve by round (step k: after k rounds) with
+    each round's kept fraction."""
 
     def train(run: Run) -> Trained:
         problems = load_problem_set(params.train_data, params.train_format, params.seed, "train")
@@ -72,7 +77,29 @@ def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | Non
             },
         )
 
-    return tracked(training_run.with_options(name="run_ei"))(name, f"ei-{name}", params, engine, parent_run_id, train)
+    run = tracked(training_run.with_options(name="run_ei")) if as_task else training_run.fn
+    return run(name, f"ei-{name}", params, engine, parent_run_id, train)
+
+
+def _run_with_own_engine(name: str, params: EIParams, parent_run_id: str) -> dict:
+    """One child on a Ray worker: engines are process-local, so it starts its own."""
+    with closing_engine(engine_for(params)) as engine:
+        return run_ei(name, params, engine, parent_run_id, as_task=False)
+
+
+def _sweep_rows(params: EIParams, parent_run_id: str) -> list[dict]:
+    """The grid's runs, one after another on one engine or (``runner`` ray) at once, an engine each."""
+    children = grid(params)
+    if params.runner == "ray":
+        return run_children_on_ray(
+            children,
+            functools.partial(_run_with_own_engine, parent_run_id=parent_run_id),
+            address=params.ray_address,
+            gpus_per_child=params.ray_gpus_per_child,
+            cpus_per_child=params.ray_cpus_per_child,
+        )
+    with closing_engine(engine_for(params)) as engine:
+        return [run_ei(name, setting, engine, parent_run_id) for name, setting in children.items()]
 
 
 SUMMARY_KEYS = ("setting", "initial_accuracy", "initial_format_rate", "final_accuracy", "final_format_rate")
@@ -97,26 +124,25 @@ def grid(params: EIParams) -> dict[str, EIParams]:
 def expert_iteration_flow(params: EIParams = EIParams()) -> dict:
     """One EI run, or (``sweep``) the grid as children of one parent run with a comparison plot."""
     out = Path(params.output_dir)
-    engine = engine_for(params)
-    with closing_engine(engine):
-        if not params.sweep:
+    if not params.sweep:
+        with closing_engine(engine_for(params)) as engine:
             row = run_ei("single", params, engine, None)
-            summary = [{k: row.get(k) for k in SUMMARY_KEYS}]
-            paths: dict[str, str] = {}
-            run_id = row["mlflow_run_id"]
-        else:
-            with start_resumable_run(
-                out / f"runs-{run_key(params)}" / "mlflow_run_id", params.experiment, "ei_sweep", params.tracking_uri
-            ) as parent:
-                log_run_params(params)
-                rows = [run_ei(name, setting, engine, parent.info.run_id) for name, setting in grid(params).items()]
-                curves = [{"setting": r["setting"], **point} for r in rows for point in r["curve"]]
-                summary = [{k: r.get(k) for k in SUMMARY_KEYS} for r in rows]
-                if tracking_rank():
-                    paths = log_comparison(
-                        out, curves, summary, "setting", "Expert Iteration: validation accuracy by round"
-                    )
-                run_id = parent.info.run_id
+        summary = [{k: row.get(k) for k in SUMMARY_KEYS}]
+        paths: dict[str, str] = {}
+        run_id = row["mlflow_run_id"]
+    else:
+        with start_resumable_run(
+            out / f"runs-{run_key(params)}" / "mlflow_run_id", params.experiment, "ei_sweep", params.tracking_uri
+        ) as parent:
+            log_run_params(params)
+            rows = _sweep_rows(params, parent.info.run_id)
+            curves = [{"setting": r["setting"], **point} for r in rows for point in r["curve"]]
+            summary = [{k: r.get(k) for k in SUMMARY_KEYS} for r in rows]
+            if tracking_rank():
+                paths = log_comparison(
+                    out, curves, summary, "setting", "Expert Iteration: validation accuracy by round"
+                )
+            run_id = parent.info.run_id
     if not tracking_rank():  # a torchrun rank other than 0 trained along; rank 0 reports
         return {"summary": None, "paths": None, "mlflow_run_id": None}
     if params.metrics_path:
@@ -132,6 +158,7 @@ def check_inputs(params: EIParams) -> None:
             grid(params)
     except ValueError as error:
         raise ValueError(f"invalid Expert Iteration settings: {error}") from None
+    check_placement(params)
     train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
     validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
     check_prompts_fit(params, {params.train_data: train, params.validation_data: validation}, params.max_tokens)

@@ -157,6 +157,19 @@ class MLflowLogging(Settings):
     log_to_mlflow: StrictBool = Field(True, description="log the result as a run in MLflow")
 
 
+class ChildRunner(Settings):
+    """Where a sweep's or an ablation's children run (:mod:`flows.fanout`)."""
+
+    runner: Literal["local", "ray"] = Field(
+        "local",
+        description="a sweep's or ablation's children: one after another here "
+        "(one shared engine), or in parallel on Ray (an engine each)",
+    )
+    ray_address: str | None = Field(None, description="runner ray: None starts a local Ray; or ray://host:10001")
+    ray_gpus_per_child: float = Field(1.0, ge=0, description="runner ray: GPUs each child reserves (0.25: a quarter)")
+    ray_cpus_per_child: float = Field(1.0, ge=0, description="runner ray: CPUs each child reserves")
+
+
 class Outputs(OutputDir, MetricsFile, Experiment, TrackingStore):
     """Where a run's files, metrics file and MLflow run go."""
 
@@ -241,7 +254,7 @@ class SFTExperimentParams(SFTConfig, SamplingFields, EngineSettings, Validation,
 @defaults(
     output_dir="outputs/expert_iteration", metrics_path="metrics/expert_iteration.json", experiment="expert_iteration"
 )
-class EIParams(EIConfig, EngineSettings, TrainProblems, Validation, PromptSettings, Outputs):
+class EIParams(EIConfig, EngineSettings, TrainProblems, Validation, PromptSettings, ChildRunner, Outputs):
     """Expert Iteration, one run or (``sweep``) the G × E × D_b grid (flow ``expert_iteration``)."""
 
     sweep: bool = Field(False, description="run the grid below as children of one parent run")
@@ -251,7 +264,7 @@ class EIParams(EIConfig, EngineSettings, TrainProblems, Validation, PromptSettin
 
 
 @defaults(output_dir="outputs/grpo", metrics_path="metrics/grpo.json", experiment="grpo", val_subset=1024)
-class GRPOParams(GRPOConfig, EngineSettings, TrainProblems, Validation, PromptSettings, Outputs):
+class GRPOParams(GRPOConfig, EngineSettings, TrainProblems, Validation, PromptSettings, ChildRunner, Outputs):
     """One GRPO run or (``ablation``) an A5 ablation (flow ``grpo`` and the ablation flows)."""
 
     engine_device: str | None = Field(
@@ -261,14 +274,6 @@ class GRPOParams(GRPOConfig, EngineSettings, TrainProblems, Validation, PromptSe
         "under torchrun one device per rank, comma-separated (cuda:4,cuda:5)",
     )
     ablation: AblationName | None = Field(None, description="run this ablation instead of one run")
-    runner: Literal["local", "ray"] = Field(
-        "local",
-        description="an ablation's children: one after another here "
-        "(one shared engine), or in parallel on Ray (an engine each)",
-    )
-    ray_address: str | None = Field(None, description="runner ray: None starts a local Ray; or ray://host:10001")
-    ray_gpus_per_child: float = Field(1.0, ge=0, description="runner ray: GPUs each child reserves")
-    ray_cpus_per_child: float = Field(1.0, ge=0, description="runner ray: CPUs each child reserves")
     sweep_learning_rates: list[float] = Field([3e-6, 1e-5, 3e-5, 1e-4], min_length=1, description="grpo_lr_sweep")
     sweep_epochs_per_rollout_batch: list[int] = Field([2, 4], min_length=1, description="grpo_off_policy_sweep")
     sweep_train_batch_sizes: list[int] = Field([128, 64], min_length=1, description="grpo_off_policy_sweep")

@@ -54,11 +54,8 @@ def check_placement(params: Any) -> None:
     ``engine_device``, and an ``engine_device`` list that does not give each rank one device. And a
     pipelined GRPO run (``pipeline_depth`` 1) without an engine in a process of its own."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if (
-        getattr(params, "ablation", None) is not None
-        and params.runner == "ray"
-        and (world > 1 or params.engine_device is not None)
-    ):
+    fans_out = getattr(params, "ablation", None) is not None or getattr(params, "sweep", False)
+    if fans_out and params.runner == "ray" and (world > 1 or getattr(params, "engine_device", None) is not None):
         raise ValueError(
             "runner ray: the children run on Ray workers, each with an engine of its own; it does not "
             "combine with torchrun or engine_device (use runner local)"
@@ -68,7 +65,7 @@ def check_placement(params: Any) -> None:
             "pipeline_depth 1 generates the next step's rollouts while this one trains: give the engine a "
             "process of its own with engine_device (a GPU of its own, e.g. cuda:1, or cpu)"
         )
-    if params.engine_device is not None:
+    if getattr(params, "engine_device", None) is not None:
         devices, local_world = parse_engine_devices(params.engine_device), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         if len(devices) not in (1, local_world):
             raise ValueError(

@@ -301,7 +301,7 @@ def test_an_engine_on_its_own_device_gets_every_push(runs):
 
 
 def test_engine_device_gives_each_rank_its_device_and_refuses_what_cannot_work(monkeypatch):
-    from flows.params import GRPOParams
+    from flows.params import EIParams, GRPOParams
     from tasks.checks import check_placement
     from tasks.engines import engine_device_of_rank, in_process_backend
 
@@ -322,6 +322,9 @@ def test_engine_device_gives_each_rank_its_device_and_refuses_what_cannot_work(m
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match="does not combine with torchrun"):
         check_placement(GRPOParams(ablation="grpo_lr_sweep", runner="ray"))
+    with pytest.raises(ValueError, match="does not combine with torchrun"):
+        check_placement(EIParams(sweep=True, runner="ray"))
+    check_placement(EIParams(sweep=False, runner="ray"))  # one run: no children to place
     monkeypatch.setattr("tasks.engines.rank_and_world", lambda: (1, 2))
     assert in_process_backend("auto") == "hf" and in_process_backend("hf") == "hf"
     with pytest.raises(ValueError, match="backend vllm under several ranks"):
