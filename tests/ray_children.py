@@ -8,6 +8,7 @@ which under pytest holds ``tests/``).
   has started: children run one after another can never all meet, so a test that passes has shown that
   they ran at the same time (no clock is compared), and one that does not fails after ``timeout``
   seconds naming the children that never started.
+- :func:`meeting_fan_out` puts the rendezvous between a flow and its fan-out.
 - :func:`ray_listeners` is a child that lists the listening TCP sockets of a Ray session's processes.
 """
 
@@ -46,12 +47,32 @@ class Rendezvous:
         return self.run_child(name, params)
 
     @staticmethod
+    def check_met(directory: Path, names: list[str]) -> None:
+        """Each of ``names`` started, each in a worker process of its own, none in this one."""
+        workers = Rendezvous.started(directory)
+        assert sorted(workers) == sorted(names), workers
+        assert len(set(workers.values())) == len(names) and os.getpid() not in workers.values(), workers
+
+    @staticmethod
     def started(directory: Path) -> dict[str, int]:
         """Each child that started: the pid of the process it ran in."""
         return {
             p.name.removeprefix("started-"): json.loads(p.read_text())["pid"]
             for p in sorted(Path(directory).glob("started-*"))
         }
+
+
+def meeting_fan_out(directory: Path, handed: list[list[str]]) -> Callable[..., list]:
+    """A stand-in for :func:`flows.fanout.run_children_on_ray` (for a flow module's name of it): records each
+    fan-out's children in ``handed``, then runs them through the real one, each in a :class:`Rendezvous` in
+    ``directory``."""
+    from flows import fanout
+
+    def fan_out(children: dict[str, Any], run_child: Callable[[str, Any], Any], **options: Any) -> list:
+        handed.append(list(children))
+        return fanout.run_children_on_ray(children, Rendezvous(run_child, directory, list(children)), **options)
+
+    return fan_out
 
 
 def ray_listeners(name: str, params: dict) -> list[dict]:

@@ -1,7 +1,6 @@
 """The grpo flow and its ablation flows on CPU: MLflow parent/child runs, metrics, plots, resume, settings."""
 
 import json
-import os
 
 import pytest
 
@@ -152,25 +151,17 @@ def test_an_ablation_fans_its_children_out_over_ray(prefect_harness, tiny_lm_dir
     child runner in a rendezvous (tests/ray_children.py) where each child, once started, waits until both
     have started, so children run one after another would fail after 120 s instead of passing."""
     import mlflow
-    from ray_children import Rendezvous
+    from ray_children import Rendezvous, meeting_fan_out
 
     import flows.grpo as flow_module
-    from flows import fanout
 
-    rendezvous = tmp_path / "rendezvous"
-    handed = []
-
-    def fan_out(children, run_child, **options):
-        handed.append(list(children))
-        return fanout.run_children_on_ray(children, Rendezvous(run_child, rendezvous, list(children)), **options)
-
-    monkeypatch.setattr(flow_module, "run_children_on_ray", fan_out)
+    rendezvous, handed = tmp_path / "rendezvous", []
+    monkeypatch.setattr(flow_module, "run_children_on_ray", meeting_fan_out(rendezvous, handed))
     params = tiny_params(tmp_path, tiny_lm_dir, eval_every=0, runner="ray", ray_gpus_per_child=0)
     result = grpo_baseline_ablation(params)
     assert handed == [["no_baseline", "reinforce_with_baseline"]]  # one fan-out with both children
     assert [r["setting"] for r in result["summary"]] == ["no_baseline", "reinforce_with_baseline"]
-    workers = Rendezvous.started(rendezvous)
-    assert sorted(workers) == handed[0] and len(set(workers.values())) == 2 and os.getpid() not in workers.values()
+    Rendezvous.check_met(rendezvous, handed[0])
     mlflow.set_tracking_uri(params.tracking_uri)
     runs = mlflow.search_runs(experiment_names=["grpo"])
     children = runs[runs["tags.mlflow.parentRunId"] == result["mlflow_run_id"]]

@@ -85,20 +85,16 @@ def test_sft_experiment_parent_children_plot_and_resume(prefect_harness, tiny_lm
     assert again["mlflow_run_id"] == result["mlflow_run_id"] and again["summary"] == result["summary"]
 
 
-def test_expert_iteration_sweep_as_children(prefect_harness, tiny_lm_dir, tmp_path, monkeypatch):
-    import mlflow
+def tiny_ei_sweep(tmp_path, model, **overrides):
+    """An EI sweep of two children (D_b 4 and 6) on one-digit arithmetic with a tiny model."""
+    from flows.params import EIParams
 
-    from flows.expert_iteration import EIParams, expert_iteration_flow
-
-    monkeypatch.chdir(tmp_path)
-    params = EIParams(
-        model=str(tiny_lm_dir),
+    settings = dict(
+        model=str(model),
         backend="hf",
         train_data="arithmetic:30:1",
         validation_data="arithmetic:6:1",
         val_subset=3,
-        val_limit=6,
-        n_ei_steps=2,
         questions_per_step=4,
         max_tokens=12,
         min_tokens=0,
@@ -108,10 +104,20 @@ def test_expert_iteration_sweep_as_children(prefect_harness, tiny_lm_dir, tmp_pa
         sweep_rollouts_per_question=[2],
         sweep_epochs=[1],
         sweep_questions_per_step=[4, 6],
-        output_dir="out",
-        metrics_path="metrics.json",
+        output_dir=str(tmp_path / "out"),
+        metrics_path=str(tmp_path / "metrics.json"),
         tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
     )
+    return EIParams(**{**settings, **overrides})
+
+
+def test_expert_iteration_sweep_as_children(prefect_harness, tiny_lm_dir, tmp_path, monkeypatch):
+    import mlflow
+
+    from flows.expert_iteration import expert_iteration_flow
+
+    monkeypatch.chdir(tmp_path)
+    params = tiny_ei_sweep(tmp_path, tiny_lm_dir, val_limit=6, n_ei_steps=2)
     result = expert_iteration_flow(params)
     assert [r["setting"] for r in result["summary"]] == ["G2_E1_Db4", "G2_E1_Db6"]
     assert (tmp_path / "out/accuracy_vs_step.png").is_file()
@@ -131,52 +137,22 @@ def test_the_ei_sweep_runs_its_children_at_once_on_ray(prefect_harness, tiny_lm_
     """``runner: ray``: the grid's children run at the same time on a local Ray instance, each in a worker
     process with its own engine, under the one parent run. At the same time, shown without a clock: each
     child waits in a rendezvous (tests/ray_children.py) until both have started."""
-    import os
 
     import mlflow
-    from ray_children import Rendezvous
+    from ray_children import Rendezvous, meeting_fan_out
 
     import flows.expert_iteration as flow_module
-    from flows import fanout
-    from flows.expert_iteration import EIParams, expert_iteration_flow
+    from flows.expert_iteration import expert_iteration_flow
 
     monkeypatch.chdir(tmp_path)
     rendezvous, handed = tmp_path / "rendezvous", []
-
-    def fan_out(children, run_child, **options):
-        handed.append(list(children))
-        return fanout.run_children_on_ray(children, Rendezvous(run_child, rendezvous, list(children)), **options)
-
-    monkeypatch.setattr(flow_module, "run_children_on_ray", fan_out)
+    monkeypatch.setattr(flow_module, "run_children_on_ray", meeting_fan_out(rendezvous, handed))
     monkeypatch.setattr(flow_module, "engine_for", lambda params: pytest.fail("the driver started an engine"))
-    params = EIParams(
-        model=str(tiny_lm_dir),
-        backend="hf",
-        train_data="arithmetic:30:1",
-        validation_data="arithmetic:6:1",
-        val_subset=3,
-        val_limit=3,
-        n_ei_steps=1,
-        questions_per_step=4,
-        max_tokens=12,
-        min_tokens=0,
-        batch_size=4,
-        microbatch_size=2,
-        sweep=True,
-        sweep_rollouts_per_question=[2],
-        sweep_epochs=[1],
-        sweep_questions_per_step=[4, 6],
-        runner="ray",
-        ray_gpus_per_child=0,
-        output_dir=str(tmp_path / "out"),
-        metrics_path=str(tmp_path / "metrics.json"),
-        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
-    )
+    params = tiny_ei_sweep(tmp_path, tiny_lm_dir, val_limit=3, n_ei_steps=1, runner="ray", ray_gpus_per_child=0)
     result = expert_iteration_flow(params)
     assert handed == [["G2_E1_Db4", "G2_E1_Db6"]]  # one fan-out with both children
     assert [r["setting"] for r in result["summary"]] == ["G2_E1_Db4", "G2_E1_Db6"]
-    workers = Rendezvous.started(rendezvous)
-    assert sorted(workers) == handed[0] and len(set(workers.values())) == 2 and os.getpid() not in workers.values()
+    Rendezvous.check_met(rendezvous, handed[0])
     mlflow.set_tracking_uri(params.tracking_uri)
     children = children_of(result["mlflow_run_id"], "expert_iteration")
     assert sorted(children["params.questions_per_step"]) == ["4", "6"] and set(children["status"]) == {"FINISHED"}
