@@ -6,7 +6,8 @@ compiled step's logits are from the eager step's on the same inputs. ``--loop N`
 whole loop (``HFEngine.generate``, N new tokens, full-size and shrinking): ms per step, and torch.profiler's
 top operators by CPU time and cProfile's top functions, where host-side waits and launch costs show.
 
-    python benchmarks/decode_profile.py [--model-dir DIR] [--batch 256 --capacity 768] [--loop 128] [--tiny]
+    python benchmarks/decode_profile.py [--model-dir DIR] [--batch 256 --capacity 768] [--tiny]
+        [--loop 128 [--decodes full shrinking]]
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def per_step_ms(fn, steps: int) -> float:
 
 def profile_loop(args) -> None:
     """The engine's loop at ``args.batch`` rows, ``args.loop`` new tokens: ms per step (after three warm calls),
-    then the profilers' view of one more call, for the full-size and the shrinking decode."""
+    then the profilers' view of one more call, for each of ``args.decodes`` (full-size, shrinking)."""
     import cProfile
     import pstats
 
@@ -51,7 +52,7 @@ def profile_loop(args) -> None:
     prompts = prompts_of(tokenizer, args.batch, args.prompt, model.config.vocab_size)
     settings = SamplingSettings(temperature=1.0, max_tokens=args.loop, min_tokens=args.loop, seed=0)
     print(description, flush=True)
-    for shrink in (False, True):
+    for shrink in [decode == "shrinking" for decode in args.decodes]:
         engine = HFEngine(model, tokenizer, batch_size=args.batch, shrink=shrink)
         ms = per_step_ms(lambda i: engine.generate(prompts, settings), 1) / args.loop
         print(f"shrink={shrink}: {ms:.2f} ms per new token, prefill included", flush=True)
@@ -72,6 +73,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--prompt", type=int, default=200)
     parser.add_argument("--capacity", type=int, default=768)
+    parser.add_argument("--decodes", nargs="+", choices=("full", "shrinking"), default=["full", "shrinking"])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--loop", type=int, help="profile HFEngine.generate over this many new tokens instead")
     args = parser.parse_args()

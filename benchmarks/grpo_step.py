@@ -8,12 +8,14 @@ a length drawn log-uniformly between 30 and ``--max-tokens``, see ``benchmarks/_
 
 Micro-batching, side by side in one run: today's fixed count (``--microbatch`` rollouts, 2 by default:
 gradient_accumulation_steps 128) and token budgets (``--token-budgets``: ``max_tokens_per_microbatch``);
-and the decode (``--decodes``): every step at full size, as before, or shrinking (``HFEngine(shrink=...)``).
+the decode (``--decodes``): every step at full size, as before, or shrinking (``HFEngine(shrink=...)``); and
+the temperature sampler (``--samplers``): softmax → multinomial as before, or today's Gumbel-max.
 The first step compiles (CUDA graph of the decode step; compiled decoder layers) and is reported apart;
 the warm steps' median and maximum are the figures. Targets (issue 17): median ≤ 4.5 s, max ≤ 5.5 s.
 
     python benchmarks/grpo_step.py [--model-dir DIR] [--steps 11] [--lengths fixed varied]
-        [--token-budgets 0 16384 32768] [--count-steps N] [--decodes full shrinking] [--variants layers] [--tiny]
+        [--token-budgets 0 16384 32768] [--count-steps N] [--decodes full shrinking]
+        [--samplers multinomial gumbel-max] [--variants layers] [--tiny]
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _model  # noqa: E402
 from benchmarks._lengths import forced_lengths  # noqa: E402
 from benchmarks._report import report  # noqa: E402
+from benchmarks._sampler import SAMPLERS, use_sampler  # noqa: E402
 
 PHASES = ("weight_sync", "generate", "grade", "old_log_probs", "train")
 VARIANTS = {
@@ -49,7 +52,7 @@ def problems_of(count: int):
     ]
 
 
-def run(model, tokenizer, args, lengths: str, budget: int | None, shrink: bool, steps: int) -> list[dict]:
+def run(model, tokenizer, args, lengths: str, budget: int | None, shrink: bool, sampler: str, steps: int) -> list[dict]:
     """``steps`` GRPO steps; each step's logged metrics with the peak memory and ``graphs``, the graphs
     torch.compile built in this setting by the end of that step (decode step and training layers)."""
     from a5core.grading import r1_zero_reward_fn
@@ -70,7 +73,7 @@ def run(model, tokenizer, args, lengths: str, budget: int | None, shrink: bool, 
         max_tokens_per_microbatch=budget,
         **batch,
     )
-    engine = HFEngine(model, tokenizer, batch_size=config.rollout_batch_size, shrink=shrink)
+    engine = use_sampler(HFEngine(model, tokenizer, batch_size=config.rollout_batch_size, shrink=shrink), sampler)
     history: list[dict] = []
     before = compiled_graphs()
     _model.reset_peak()
@@ -117,6 +120,7 @@ def main() -> None:
         default=["full", "shrinking"],
         help="the engine's decode: every step at full size (today's), or shrinking as rows finish",
     )
+    parser.add_argument("--samplers", nargs="+", choices=SAMPLERS, default=list(SAMPLERS))
     parser.add_argument(
         "--variants",
         nargs="+",
@@ -131,7 +135,8 @@ def main() -> None:
     rows = []
     for variant in args.variants:
         for lengths in args.lengths:
-            for budget, decode in [(b or None, d) for b in args.token_budgets for d in args.decodes]:
+            settings = [(b or None, d, s) for b in args.token_budgets for d in args.decodes for s in args.samplers]
+            for budget, decode, sampler in settings:
                 model, tokenizer, description = _model.build(args.model_dir, args.tiny, device)
                 torch._dynamo.reset()  # a fresh model and compile cache per setting
                 if variant == "decoder":
@@ -139,7 +144,7 @@ def main() -> None:
                 elif variant == "layers":
                     compile_decoder_layers(model, activation_memory_budget=0.8)
                 steps = args.steps if budget is not None else (args.count_steps or args.steps)
-                history = run(model, tokenizer, args, lengths, budget, decode == "shrinking", steps)
+                history = run(model, tokenizer, args, lengths, budget, decode == "shrinking", sampler, steps)
                 warm_steps = history[1:] or history
                 warm = [m["time_step"] for m in warm_steps]
                 last = history[-1]
@@ -149,6 +154,7 @@ def main() -> None:
                         lengths,
                         f"{args.microbatch} rollouts" if budget is None else f"budget {budget:,}",
                         decode,
+                        sampler,
                         f"{len(warm)}",
                         f"{history[0]['time_step']:.2f}",
                         f"{statistics.median(warm):.2f}",
@@ -166,7 +172,7 @@ def main() -> None:
                 print(rows[-1], flush=True)
     report(
         "One GRPO step at A5 defaults, hf backend, one GPU: micro-batches by count and by token budget, "
-        "full-size and shrinking decode",
+        "full-size and shrinking decode, samplers",
         f"{description} · 256 rollouts (32 × 8), train batch 256, reinforce_with_baseline, masked_mean, AdamW · "
         f"responses fixed at {args.response} tokens, or varied log-uniform {SHORTEST}–{args.max_tokens} · "
         "the first step compiles; median and max of the warm steps after it · engine colocated · "
@@ -176,6 +182,7 @@ def main() -> None:
             "lengths",
             "micro-batches",
             "decode",
+            "sampler",
             "warm steps",
             "first step s",
             "warm median s",

@@ -2,7 +2,8 @@
 
 Compares, in one process on one model: transformers' ``generate`` (the baseline) and a5's hf engine
 (static KV cache; its decode step captured as a CUDA graph), its decode at full size (every step runs the
-whole chunk over the whole cache) and shrinking (the filled columns only, fewer rows as rows finish).
+whole chunk over the whole cache) and shrinking (the filled columns only, fewer rows as rows finish), each with
+the temperature sampler before (softmax → multinomial) and today's (Gumbel-max; ``benchmarks/_sampler.py``).
 Every sequence runs the full 512 tokens (``min_tokens`` = ``max_tokens``: random weights would otherwise
 stop at random), and the stop-string machinery stays on (stop ``</answer>``). Then (``--lengths varied``)
 each row ends at a length drawn log-uniformly between 30 and 512 tokens (``benchmarks/_lengths.py``):
@@ -11,6 +12,7 @@ and the engine's log-probs against the policy's. Targets: ≥ 50k tok/s (issue 1
 80% of that.
 
     python benchmarks/rollout.py [--model-dir DIR] [--batch 256 --prompt 200 --new 512] [--tiny]
+        [--decodes full shrinking] [--samplers multinomial gumbel-max] [--skip-baseline]
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _model  # noqa: E402
 from benchmarks._lengths import forced_lengths  # noqa: E402
 from benchmarks._report import report  # noqa: E402
+from benchmarks._sampler import SAMPLERS, use_sampler  # noqa: E402
 
 SHORTEST = 30  # the varied lengths' lower end, tokens
 
@@ -75,6 +78,8 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=200)
     parser.add_argument("--new", type=int, default=512)
     parser.add_argument("--skip-baseline", action="store_true")
+    parser.add_argument("--decodes", nargs="+", choices=("full", "shrinking"), default=["full", "shrinking"])
+    parser.add_argument("--samplers", nargs="+", choices=SAMPLERS, default=list(SAMPLERS))
     parser.add_argument(
         "--lengths",
         nargs="+",
@@ -104,9 +109,10 @@ def main() -> None:
         rows.append(["transformers generate (baseline)", f"{seconds:.1f}", f"{baseline:,.0f}", "1.00×"])
         print(rows[-1], flush=True)
 
-    for shrink in (False, True):  # today's full-size decode, then the shrinking one (filled window, fewer rows)
-        name = "a5 hf engine, " + ("shrinking decode" if shrink else "full-size decode")
-        engine = HFEngine(model, tokenizer, batch_size=args.batch, shrink=shrink)
+    for decode, sampler in [(d, s) for d in args.decodes for s in args.samplers]:
+        shrink = decode == "shrinking"  # the full-size decode (the compiled default), or the filled window only
+        name = f"a5 hf engine, {'shrinking' if shrink else 'full-size'} decode, {sampler}"
+        engine = use_sampler(HFEngine(model, tokenizer, batch_size=args.batch, shrink=shrink), sampler)
         (_, first) = timed(lambda: engine.generate(prompts, sampling))
         print(f"{name}, first call (compiles): {first:.1f} s", flush=True)
         for label in (name, "same, second timed call"):

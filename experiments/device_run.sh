@@ -32,6 +32,13 @@
 #                                       #   that need an earlier one's output (GRPO after the SFT it starts from)
 #                                       #   belong in a `cmds` call before. Each flow's torch gets PAR_THREADS CPU
 #                                       #   threads (default 2), so that the flows do not oversubscribe the cores.
+#   BENCH='SCRIPT ARGS...; ...' experiments/device_run.sh bench
+#                                       # after setup-a (pydantic and friends in /tmp/site): benchmark scripts run one
+#                                       #   after another until BUDGET seconds are spent, on the Qwen2.5-Math-1.5B
+#                                       #   architecture from .devq/q.tar.xz (config and tokenizer; random weights);
+#                                       #   each appends its table to benchmarks/RESULTS.md, copied to $OUT after each
+#                                       #   with its output (bench_N.txt). E.g.
+#       BENCH='benchmarks/rollout.py --skip-baseline --decodes full; benchmarks/grpo_step.py --lengths fixed'
 #   Any call may carry .devR/ray_site.tar.xz (Ray 2.60.0 for cp312, its unused libraries and Java jars left out,
 #   and prefect-ray 0.6.0; 29.7 MB): it is unpacked into /tmp/site, for `--runner ray`.
 #
@@ -184,11 +191,28 @@ par() {
   pack
 }
 
+bench() {
+  DEADLINE=$((SECONDS + ${BUDGET:-480}))
+  local q=.devq/qwen2.5-math-1.5b entry words i=0 left
+  [ -d "$q" ] || { mkdir -p .devq && tar -C .devq -xJf .devq/q.tar.xz; } || { echo "bench: no .devq/q.tar.xz"; return 1; }
+  while read -r entry; do
+    read -ra words <<< "$entry"
+    i=$((i + 1)); left=$((DEADLINE - SECONDS))
+    [ "$left" -lt 60 ] && { echo "== ${words[*]}: not started, $left s left"; break; }
+    echo "== ${words[*]} (limit $left s)"
+    local t0=$SECONDS
+    timeout -k 10 "$left" "$PY" "${words[0]}" --model-dir "$q" "${words[@]:1}" > "$OUT/bench_$i.txt" 2>&1
+    echo "rc=$? wall_s=$((SECONDS - t0))"; tail -4 "$OUT/bench_$i.txt"
+    cp benchmarks/RESULTS.md "$OUT/RESULTS.md"
+  done < <(CMDS=${BENCH:?BENCH: the benchmarks to run} entries)
+}
+
 case "${1:-}" in
   setup-a) setup_a 2>&1 | tee "$OUT/setup_a.log" ;;
   setup-a-split) setup_a split 2>&1 | tee "$OUT/setup_a.log" ;;
   run) run ;;
   cmds) cmds ;;
   par) par ;;
-  *) echo "usage: $0 setup-a|setup-a-split|run|cmds|par"; exit 2 ;;
+  bench) bench ;;
+  *) echo "usage: $0 setup-a|setup-a-split|run|cmds|par|bench"; exit 2 ;;
 esac

@@ -73,6 +73,19 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture
+def sgd_updates(monkeypatch):
+    """The loops' optimizer (``OptimizerSettings.adamw``) steps plain SGD instead, so an update is lr × the
+    accumulated gradient and comparing weights compares gradients. AdamW divides each gradient by its own
+    magnitude: a weight whose gradient is within rounding of 0 moves by up to lr × rounding / eps, so after
+    AdamW two float paths' weights differ by what they round (seen: 2.7e-6 and 7e-6 against atols of 2e-6
+    and 5e-6 under other sampled tokens), whatever is compared. The gradient's scale, which AdamW would
+    hide, is pinned by the tests' loss and gradient-norm comparisons."""
+    from a5core.settings import OptimizerSettings
+
+    monkeypatch.setattr(OptimizerSettings, "adamw", lambda self, params: torch.optim.SGD(params, lr=self.learning_rate))
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_lm_dir):
     """The tiny BPE tokenizer of ``tiny_lm_dir``."""

@@ -159,6 +159,27 @@ def test_top_p_keeps_the_smallest_set_reaching_it(tiny_policy):
     assert 0 not in engine._sample(logits, SamplingSettings(min_tokens=2), 1, eos).tolist()
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_gumbel_max_draws_from_the_tempered_softmax(compiled):
+    """Temperature sampling's draws follow softmax(logits / T), eager and compiled (inductor's own random
+    numbers), a masked (−inf) token is never drawn, and a seed repeats the draws."""
+    from a5core.rollout.hf import gumbel_max_sample
+
+    draw = torch.compile(gumbel_max_sample, dynamic=True) if compiled else gumbel_max_sample
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])).expand(20000, -1).contiguous()
+    for temperature in (1.0, 0.6):
+        torch.manual_seed(0)
+        drawn = draw(logits, temperature)
+        expected = torch.softmax(logits[0] / temperature, dim=-1)
+        frequency = torch.bincount(drawn, minlength=5).double() / len(drawn)
+        assert (frequency - expected.double()).abs().max() < 0.015, (temperature, frequency, expected)
+        assert frequency[4] == 0  # probability 0: never drawn
+        torch.manual_seed(0)
+        assert torch.equal(draw(logits, temperature), drawn)
+    rows = draw(logits[:7], 1.0)  # another row count: the same compiled function
+    assert rows.shape == (7,) and int(rows.max()) < 4
+
+
 def test_compiled_loop_pads_the_chunk_and_agrees_with_eager(tiny_policy, prompts):
     """The compiled path (on CPU: inductor, no CUDA graph) pads 4 prompts to 8 rows and rounds the
     cache up; it reuses one decoder across calls whose lengths fit."""

@@ -78,7 +78,7 @@ CUTS = {
 
 @pytest.mark.parametrize("normalization", ["masked_mean", "masked_normalize", "token_mean"])
 @pytest.mark.parametrize("loss_type", ["no_baseline", "reinforce_with_baseline", "grpo_clip", "grpo_no_clip", "gspo"])
-def test_grpo_update_does_not_depend_on_how_the_batch_is_cut(tokenizer, loss_type, normalization):
+def test_grpo_update_does_not_depend_on_how_the_batch_is_cut(tokenizer, loss_type, normalization, sgd_updates):
     """Every cut of the train batch gives the same loss, gradient norm and weights (to float rounding).
     The ratio losses run off-policy: two epochs over the batch, so the second epoch's ratios are not 1."""
     options = dict(loss_type=loss_type, length_normalization=normalization, grad_clip=0.0, gspo_cliprange=0.05)
@@ -93,7 +93,7 @@ def test_grpo_update_does_not_depend_on_how_the_batch_is_cut(tokenizer, loss_typ
         assert last["loss"] == pytest.approx(reference["loss"], rel=1e-4, abs=1e-6), name  # a sum of ± terms
         assert last["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-5), name
         for (key, value), other in zip(reference_model.state_dict().items(), model.state_dict().values()):
-            torch.testing.assert_close(other, value, atol=2e-6, rtol=0, msg=f"{name}: {key}")
+            torch.testing.assert_close(other, value, atol=1e-7, rtol=0, msg=f"{name}: {key}")
 
 
 def test_token_budget_pads_to_few_shapes_and_logs_them(tokenizer):
@@ -103,7 +103,7 @@ def test_token_budget_pads_to_few_shapes_and_logs_them(tokenizer):
     assert fixed["microbatch_shapes"] >= 2  # (2, longest of the two): the lengths vary
 
 
-def test_sft_update_does_not_depend_on_how_the_batch_is_cut(tokenizer):
+def test_sft_update_does_not_depend_on_how_the_batch_is_cut(tokenizer, sgd_updates):
     examples = short_examples(8)
     results = {}
     for name, options in {
@@ -119,7 +119,7 @@ def test_sft_update_does_not_depend_on_how_the_batch_is_cut(tokenizer):
         assert metrics["loss"] == pytest.approx(reference["loss"], rel=1e-5), name
         assert metrics["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-5), name
         for (key, value), other in zip(reference_model.state_dict().items(), model.state_dict().values()):
-            torch.testing.assert_close(other, value, atol=2e-6, rtol=0, msg=f"{name}: {key}")
+            torch.testing.assert_close(other, value, atol=1e-7, rtol=0, msg=f"{name}: {key}")
 
 
 def test_expert_iteration_passes_the_budget_to_its_sft_rounds():
