@@ -13,7 +13,7 @@ check the vLLM backend against. See ``a5core.rollout`` for the shared semantics;
   top-p (the smallest set of tokens reaching ``top_p``, through ``multinomial``),
   EOS masked during the first ``min_tokens`` tokens; a finished row is fed padding from then on, and
   every ``STOP_CHECK_EVERY`` steps the loop reads back which rows are done (EOS or a stop string) and
-  ends when all are. With ``shrink`` (default when not compiled) a step attends only to the filled
+  ends when all are. With ``shrink`` (the default) a step attends only to the filled
   cache columns, and a read-back that finds at most half the running rows unfinished halves the rows
   the loop runs.
   Other models use ``model.generate`` with a fresh generation config (the model's own
@@ -139,11 +139,11 @@ class HFEngine:
     together (prompts × n are chunked). ``static_cache``: use the static-KV-cache loop (default: when the
     architecture is supported); ``compile``: capture its decode step as a CUDA graph (default: on CUDA);
     ``shrink``: in the static loop, attend to the filled cache columns only and run fewer rows as rows
-    finish (see ``_decode_static``; False: every step runs the whole chunk over the whole cache). Default:
-    when the step is not compiled; compiled (CUDA graphs), off: measured on the H200 with steps that no
-    longer wait for each other (benchmarks/RESULTS.md, second measurement of 2026-12-02), the full-size
-    decode made 35k tok/s against shrinking's 30–31k at fixed lengths (shrinking changes graphs as its
-    width grows and copies the mask each step), and 12.9k against 13.2k at lengths of 30–512.
+    finish (see ``_decode_static``; False: every step runs the whole chunk over the whole cache). On by
+    default, compiled or not: measured on the H200 (benchmarks/RESULTS.md, third measurement), a GRPO step
+    with responses of 30–1,024 tokens took 6.7 s shrinking against 9.4 s at full size; only when every row
+    runs to the same length is full size faster (35k against 31k tok/s at 512 tokens: shrinking changes
+    graphs as its width grows and copies the mask each step).
     """
 
     def __init__(
@@ -154,7 +154,7 @@ class HFEngine:
         batch_size: int = 64,
         static_cache: bool | None = None,
         compile: bool | None = None,
-        shrink: bool | None = None,
+        shrink: bool = True,
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
@@ -165,7 +165,7 @@ class HFEngine:
         self.batch_size = batch_size
         self.static_cache = supports(model) if static_cache is None else static_cache
         self.compile = self.static_cache and (model.device.type == "cuda" if compile is None else compile)
-        self.shrink = not self.compile if shrink is None else shrink
+        self.shrink = shrink
         self._decoder: StaticKVDecoder | None = None  # kept between calls when compiled (its graph too)
         # compiled when the decode step is: one kernel a step, rows symbolic (the shrinking loop's row counts)
         self._gumbel_max = torch.compile(gumbel_max_sample, dynamic=True) if self.compile else gumbel_max_sample
