@@ -214,3 +214,41 @@ def test_a_stopped_run_and_newer_fields_change_no_figure(tmp_path, empty_store):
     assert "reinforce_with_baseline: mean of 2 runs" in sentence and f"= {0.55 - 0.3:+.3f} ±" in sentence
     assert "`lora_rank=0`" in _line(text, "Settings every run shares:")
     assert "lora_rank" not in _line(text, "| setting |") and "fields added since: `lora_rank`" in text
+
+
+def test_a_superseded_run_is_listed_apart_and_counted_nowhere(tmp_path, empty_store, monkeypatch):
+    """A third reinforce_with_baseline run, made by code with a bug fixed since (``SUPERSEDED``): it ends at 0.95,
+    but the mean, the runs' count and the verdict use the two others; it is listed with its reason."""
+    made = []
+
+    def buggy(client, experiment_id, parent_id):
+        made.append(_child(client, experiment_id, parent_id, "reinforce_with_baseline", 2, 0.95))
+
+    runs = _records(tmp_path, empty_store, no_baseline=0.3, more=buggy)
+    monkeypatch.setattr(writeup, "SUPERSEDED", {made[0][:8]: "sampled in problem order, fixed in abc123"})
+    text = _generate(tmp_path, runs)
+    assert "(seed 2," not in text.split("## Superseded runs")[0]
+    assert _line(text, "| reinforce_with_baseline | 2 | 0, 1 |")
+    row = _line(text, f"| `{made[0][:8]}` |")
+    assert "reinforce_with_baseline" in row and _pm(0.95) in row and "fixed in abc123" in row
+    sentence = _line(text, "- Expectation: the handout expects a baseline to help")
+    assert f"= {0.55 - 0.3:+.3f} ±" in sentence
+
+
+def test_runs_scored_on_another_validation_set_are_another_experiment(tmp_path, empty_store):
+    """A second parent of the same ablation whose runs were scored on arithmetic:300:2: its own section, table
+    row and figures (``NAME on SET``); the first parent's section and verdict are unchanged."""
+
+    def elsewhere(client, experiment_id, parent_id):
+        other = client.create_run(experiment_id, run_name="grpo_baseline_ablation").info.run_id
+        client.set_tag(other, "ablation", "grpo_baseline_ablation")
+        for setting, final in (("no_baseline", 0.8), ("reinforce_with_baseline", 0.1)):
+            _child(client, experiment_id, other, setting, 0, final, extra={"validation_data": "arithmetic:300:2"})
+        client.set_terminated(other)
+
+    text = _generate(tmp_path, _records(tmp_path, empty_store, no_baseline=0.3, more=elsewhere))
+    assert "## `grpo_baseline_ablation on arithmetic:300:2` (MLflow experiment `grpo`)" in text
+    assert _line(text, "| `grpo_baseline_ablation` | 1 | 3 |") and _line(text, "| `grpo_baseline_ablation on ")
+    first = text.split("## `grpo_baseline_ablation` (MLflow")[1].split("## `grpo_baseline_ablation on")[0]
+    assert _line(first, "| reinforce_with_baseline | 2 | 0, 1 |") and _pm(0.8) not in first and _pm(0.1) not in first
+    assert (tmp_path / "figures" / "grpo_baseline_ablation_on_arithmetic_300_2_val_accuracy_vs_step.png").is_file()
