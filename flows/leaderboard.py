@@ -5,7 +5,8 @@ counts everything from the flow's start, evaluation included; the score is the a
 MATH validation problems with the r1_zero prompt, temperature 1.0, top_p 1.0, max_tokens 1024, stop
 ``</answer>``, graded by the project's ``r1_zero_reward_fn``.
 
-The recipe: an optional SFT phase (``sft_data``, ``sft_max_steps``), then GRPO until the budget, less
+The recipe: an optional SFT phase (``sft_data``: a trace file, or ``arithmetic:N:DIGITS[:columns]`` generated
+traces as ``sft_experiment`` takes them; ``sft_max_steps``), then GRPO until the budget, less
 the time the final evaluation will take, runs out. Validation accuracy on a fixed random subset is
 logged against wall-clock seconds throughout; every new best is saved as a Hugging Face folder
 (``output_dir/best``), and the final score is computed with that best checkpoint. The final-evaluation
@@ -48,11 +49,11 @@ from pathlib import Path
 import torch
 from prefect import flow
 
-from a5core.data import Trace, load_sft_traces, write_text_atomic
+from a5core.data import write_text_atomic
 from a5core.grading import r1_zero_reward_fn
 from a5core.grpo import grpo
 from a5core.policy import load_policy
-from a5core.problem_sets import load_problem_set
+from a5core.problem_sets import load_problem_set, load_trace_set
 from a5core.prompts import load_prompt
 from a5core.rollout import SamplingSettings
 from a5core.sft import SFTConfig, train_sft
@@ -119,7 +120,7 @@ def _budgeted(start: float, run: Run) -> Trained:
         return max(params.final_eval_reserve_s, estimate)
 
     if params.sft_max_steps and params.sft_data:
-        traces: list[Trace] = load_sft_traces(params.sft_data)
+        traces = load_trace_set(params.sft_data, template, params.seed)
         train_sft(
             model,
             tokenizer,
@@ -217,7 +218,7 @@ def check_inputs(params: LeaderboardParams) -> None:
     model's context."""
     check_grpo_run(params)
     if params.sft_data is not None:
-        load_sft_traces(params.sft_data)
+        load_trace_set(params.sft_data, load_prompt(params.prompt), params.seed)
     validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
     check_prompts_fit(
         params, {params.validation_data: validation[: params.final_eval_limit]}, FINAL_SAMPLING.max_tokens

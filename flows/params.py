@@ -311,7 +311,9 @@ class LeaderboardParams(GRPOParams):
     )
     final_eval_reserve_s: float = Field(900.0, ge=0, description="minimum seconds kept for the final evaluation")
     sft_data: str | None = Field(
-        None, description="r1_zero traces (prompt/response/ground_truth) for an SFT phase first"
+        None,
+        description="traces for an SFT phase first: a prompt/response/ground_truth file, "
+        "or arithmetic:N:DIGITS[:columns] (generated r1_zero traces)",
     )
     sft_max_steps: int = Field(0, ge=0, description="SFT optimizer steps (0: no SFT phase)")
     sft_learning_rate: float = Field(2e-5, gt=0, description="the SFT phase's learning rate")

@@ -197,3 +197,44 @@ def test_changed_settings_start_a_new_run_instead_of_reopening_the_last(
     monkeypatch.setattr(module, "grpo", lambda *a, **k: pytest.fail("a finished run trained again"))
     monkeypatch.setattr(module, "validation_hook", lambda *a, **k: pytest.fail("a finished run evaluated again"))
     assert leaderboard(LeaderboardParams(**settings)) == first
+
+
+def test_the_sft_phase_takes_generated_column_traces(prefect_harness, tiny_lm_dir, tmp_path, monkeypatch):
+    """``sft_data: arithmetic:N:DIGITS:columns``, as sft_experiment's ``train_data`` takes it: the SFT phase
+    trains on N generated traces worked column by column (the 2-digit recipe of docs/results.md), before GRPO."""
+    import flows.leaderboard as module
+
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def recording(model, tokenizer, traces, config, **kwargs):
+        seen.append((traces, config))
+        raise Stop
+
+    monkeypatch.setattr(module, "train_sft", recording)
+    params = LeaderboardParams(
+        model=str(tiny_lm_dir),
+        backend="hf",
+        train_data="arithmetic:40:1",
+        validation_data="arithmetic:6:1",
+        reward_fn="arithmetic",
+        sft_data="arithmetic:12:2:columns",
+        sft_max_steps=3,
+        val_subset=3,
+        final_eval_limit=6,
+        rollout_batch_size=4,
+        group_size=2,
+        train_batch_size=4,
+        gradient_accumulation_steps=2,
+        max_tokens=12,
+        output_dir=str(tmp_path / "out"),
+        metrics_path=str(tmp_path / "metrics.json"),
+        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+    )
+    with pytest.raises(Stop):
+        leaderboard(params)
+    ((traces, config),) = seen
+    assert len(traces) == 12 and config.max_steps == 3
+    assert all("Column by column, ones first." in t.response and t.response.endswith("</answer>") for t in traces)
