@@ -22,7 +22,6 @@ the outputs and checkpoints.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 import sys
@@ -37,7 +36,7 @@ from a5core.problem_sets import load_problem_set
 from a5core.rollout import Engine
 from a5core.settings import describe
 from flows.cli import flow_main, print_paths
-from flows.fanout import run_children_on_ray
+from flows.fanout import run_children
 from flows.params import EIParams
 from tasks.checks import check_difficulty, check_outputs, check_placement, check_prompts_fit
 from tasks.engines import closing_engine, engine_for
@@ -81,27 +80,6 @@ def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | Non
     return run(name, f"ei-{name}", params, engine, parent_run_id, train)
 
 
-def _run_with_own_engine(name: str, params: EIParams, parent_run_id: str) -> dict:
-    """One child on a Ray worker: engines are process-local, so it starts its own."""
-    with closing_engine(engine_for(params)) as engine:
-        return run_ei(name, params, engine, parent_run_id, as_task=False)
-
-
-def _sweep_rows(params: EIParams, parent_run_id: str) -> list[dict]:
-    """The grid's runs, one after another on one engine or (``runner`` ray) at once, an engine each."""
-    children = grid(params)
-    if params.runner == "ray":
-        return run_children_on_ray(
-            children,
-            functools.partial(_run_with_own_engine, parent_run_id=parent_run_id),
-            address=params.ray_address,
-            gpus_per_child=params.ray_gpus_per_child,
-            cpus_per_child=params.ray_cpus_per_child,
-        )
-    with closing_engine(engine_for(params)) as engine:
-        return [run_ei(name, setting, engine, parent_run_id) for name, setting in children.items()]
-
-
 SUMMARY_KEYS = ("setting", "initial_accuracy", "initial_format_rate", "final_accuracy", "final_format_rate")
 
 
@@ -135,7 +113,7 @@ def expert_iteration_flow(params: EIParams = EIParams()) -> dict:
             out / f"runs-{run_key(params)}" / "mlflow_run_id", params.experiment, "ei_sweep", params.tracking_uri
         ) as parent:
             log_run_params(params)
-            rows = _sweep_rows(params, parent.info.run_id)
+            rows = run_children(grid(params), run_ei, params, parent.info.run_id)
             curves = [{"setting": r["setting"], **point} for r in rows for point in r["curve"]]
             summary = [{k: r.get(k) for k in SUMMARY_KEYS} for r in rows]
             if tracking_rank():

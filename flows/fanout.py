@@ -1,7 +1,9 @@
-"""Fan a sweep's child runs out over Ray: a sub-flow on Prefect's Ray task runner, one GPU (or what is
-asked) per child.
+"""A sweep's or an ablation's child runs: one after another on one engine, or fanned out over Ray (a sub-flow
+on Prefect's Ray task runner, one GPU, or what is asked, per child).
 
-``run_children_on_ray(children, run_child, ...)`` runs ``run_child(name, params)`` for every child as a
+``run_children(children, run_child, params, parent_run_id)`` is what the EI sweep and the GRPO ablations
+call: ``params.runner`` (:class:`flows.params.ChildRunner`) picks the way. ``run_children_on_ray(children,
+run_child, ...)`` runs ``run_child(name, params)`` for every child as a
 Prefect task on a Ray worker, all at once as far as the cluster's resources allow, and returns their
 results in the children's order. ``address`` None starts a local Ray instance (this machine's CPUs and
 GPUs, no dashboard, every server of it listening on 127.0.0.1 only: see :func:`tasks.fanout.loopback_only`);
@@ -13,6 +15,7 @@ engine is a process-local object.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 from collections.abc import Callable
@@ -20,7 +23,35 @@ from typing import Any
 
 from prefect import flow
 
+from tasks.engines import closing_engine, engine_for
 from tasks.fanout import loopback_only, run_child_task
+
+
+def run_children(
+    children: dict[str, Any], run_child: Callable[..., dict], params: Any, parent_run_id: str
+) -> list[dict]:
+    """Every child's row, in the children's order: one after another on one engine built from ``params``
+    (``runner`` local), or (``runner`` ray) at once on Ray, each child starting its own engine in its worker
+    (an engine is a process-local object), with ``params``' Ray address and per-child GPUs and CPUs.
+    ``run_child(name, child_params, engine, parent_run_id, as_task=True)``: the flow's child runner
+    (:func:`flows.grpo.run_grpo`, :func:`flows.expert_iteration.run_ei`), a module-level function (Ray
+    pickles it by name)."""
+    if params.runner == "ray":
+        return run_children_on_ray(
+            children,
+            functools.partial(_with_own_engine, run_child, parent_run_id=parent_run_id),
+            address=params.ray_address,
+            gpus_per_child=params.ray_gpus_per_child,
+            cpus_per_child=params.ray_cpus_per_child,
+        )
+    with closing_engine(engine_for(params)) as engine:
+        return [run_child(name, child, engine, parent_run_id) for name, child in children.items()]
+
+
+def _with_own_engine(run_child: Callable[..., dict], name: str, params: Any, parent_run_id: str) -> dict:
+    """One child on a Ray worker, with an engine of its own (a task there already: not another one)."""
+    with closing_engine(engine_for(params)) as engine:
+        return run_child(name, params, engine, parent_run_id, as_task=False)
 
 
 def run_children_on_ray(

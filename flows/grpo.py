@@ -49,7 +49,6 @@ own; rank 0 alone logs to MLflow and writes the outputs.
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from pathlib import Path
@@ -63,7 +62,7 @@ from a5core.problem_sets import load_problem_set
 from a5core.rollout import Engine
 from flows.ablations import ABLATIONS, ablation_settings
 from flows.cli import flow_main, print_paths
-from flows.fanout import run_children_on_ray
+from flows.fanout import run_children
 from flows.params import GRPOParams
 from tasks.checks import check_grpo_run, check_placement
 from tasks.engines import closing_engine, engine_for
@@ -156,12 +155,6 @@ def _report(params: GRPOParams, rows: list[dict], title: str) -> tuple[list[dict
     return summary, paths
 
 
-def _run_with_own_engine(setting: str, params: GRPOParams, parent_run_id: str) -> dict:
-    """One child on a Ray worker: engines are process-local, so it starts its own."""
-    with closing_engine(engine_for(params)) as engine:
-        return run_grpo(setting, params, engine, parent_run_id, as_task=False)
-
-
 def run_ablation(name: str, params: GRPOParams) -> dict:
     """Ablation ``name`` as a parent MLflow run with one child run per setting; resumable."""
     children = ablation_settings(name, params)
@@ -169,17 +162,7 @@ def run_ablation(name: str, params: GRPOParams) -> dict:
     run_id_file = Path(params.output_dir) / f"runs-{run_key(parent_params)}" / "mlflow_run_id"
     with start_resumable_run(run_id_file, params.experiment, name, params.tracking_uri) as parent:
         log_run_params(parent_params)
-        if params.runner == "ray":
-            rows = run_children_on_ray(
-                children,
-                functools.partial(_run_with_own_engine, parent_run_id=parent.info.run_id),
-                address=params.ray_address,
-                gpus_per_child=params.ray_gpus_per_child,
-                cpus_per_child=params.ray_cpus_per_child,
-            )
-        else:
-            with closing_engine(engine_for(params)) as engine:
-                rows = [run_grpo(setting, child, engine, parent.info.run_id) for setting, child in children.items()]
+        rows = run_children(children, run_grpo, params, parent.info.run_id)
         if not tracking_rank():
             return {"summary": None, "paths": None, "mlflow_run_id": None}
         summary, paths = _report(params, rows, f"GRPO {ABLATIONS[name][0]} ablation: validation accuracy")

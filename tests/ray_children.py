@@ -63,14 +63,16 @@ class Rendezvous:
 
 
 def meeting_fan_out(directory: Path, handed: list[list[str]]) -> Callable[..., list]:
-    """A stand-in for :func:`flows.fanout.run_children_on_ray` (for a flow module's name of it): records each
-    fan-out's children in ``handed``, then runs them through the real one, each in a :class:`Rendezvous` in
-    ``directory``."""
+    """A stand-in for :func:`flows.fanout.run_children_on_ray` (patched over it in :mod:`flows.fanout`):
+    records each fan-out's children in ``handed``, then runs them through the real one (taken now, before the
+    patch), each in a :class:`Rendezvous` in ``directory``."""
     from flows import fanout
+
+    real = fanout.run_children_on_ray
 
     def fan_out(children: dict[str, Any], run_child: Callable[[str, Any], Any], **options: Any) -> list:
         handed.append(list(children))
-        return fanout.run_children_on_ray(children, Rendezvous(run_child, directory, list(children)), **options)
+        return real(children, Rendezvous(run_child, directory, list(children)), **options)
 
     return fan_out
 

@@ -145,7 +145,7 @@ def test_cli_refuses_a_bad_combination_before_starting(argv, message, capsys):
 
 
 def test_an_ablation_fans_its_children_out_over_ray(prefect_harness, tiny_lm_dir, tmp_path, monkeypatch):
-    """runner ray: the ablation hands its two children to tasks.fanout.run_children_on_ray, they run at the
+    """runner ray: the ablation hands its two children to flows.fanout.run_children_on_ray, they run at the
     same time on a local Ray instance, each in a worker process with its own engine, and land in MLflow
     exactly as the local runner's do. At the same time, shown without a clock: the test wraps the flow's
     child runner in a rendezvous (tests/ray_children.py) where each child, once started, waits until both
@@ -153,10 +153,11 @@ def test_an_ablation_fans_its_children_out_over_ray(prefect_harness, tiny_lm_dir
     import mlflow
     from ray_children import Rendezvous, meeting_fan_out
 
-    import flows.grpo as flow_module
+    from flows import fanout
 
     rendezvous, handed = tmp_path / "rendezvous", []
-    monkeypatch.setattr(flow_module, "run_children_on_ray", meeting_fan_out(rendezvous, handed))
+    monkeypatch.setattr(fanout, "run_children_on_ray", meeting_fan_out(rendezvous, handed))
+    monkeypatch.setattr(fanout, "engine_for", lambda params: pytest.fail("the driver started an engine"))
     params = tiny_params(tmp_path, tiny_lm_dir, eval_every=0, runner="ray", ray_gpus_per_child=0)
     result = grpo_baseline_ablation(params)
     assert handed == [["no_baseline", "reinforce_with_baseline"]]  # one fan-out with both children

@@ -142,12 +142,14 @@ def test_the_ei_sweep_runs_its_children_at_once_on_ray(prefect_harness, tiny_lm_
     from ray_children import Rendezvous, meeting_fan_out
 
     import flows.expert_iteration as flow_module
+    from flows import fanout
     from flows.expert_iteration import expert_iteration_flow
 
     monkeypatch.chdir(tmp_path)
     rendezvous, handed = tmp_path / "rendezvous", []
-    monkeypatch.setattr(flow_module, "run_children_on_ray", meeting_fan_out(rendezvous, handed))
-    monkeypatch.setattr(flow_module, "engine_for", lambda params: pytest.fail("the driver started an engine"))
+    monkeypatch.setattr(fanout, "run_children_on_ray", meeting_fan_out(rendezvous, handed))
+    for module in (fanout, flow_module):  # Ray's workers import their own, unpatched
+        monkeypatch.setattr(module, "engine_for", lambda params: pytest.fail("the driver started an engine"))
     params = tiny_ei_sweep(tmp_path, tiny_lm_dir, val_limit=3, n_ei_steps=1, runner="ray", ray_gpus_per_child=0)
     result = expert_iteration_flow(params)
     assert handed == [["G2_E1_Db4", "G2_E1_Db6"]]  # one fan-out with both children
