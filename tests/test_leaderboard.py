@@ -9,6 +9,29 @@ from flows.leaderboard import FINAL_SAMPLING, LeaderboardParams, leaderboard
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
+def tiny_params(tmp_path, tiny_lm_dir, **overrides) -> LeaderboardParams:
+    """A leaderboard run of the tiny model on 1-digit arithmetic: 4 rollouts a step, 12 tokens, 6 validation
+    problems; ``overrides`` set the rest (the budget, the steps, the SFT phase)."""
+    settings = dict(
+        model=str(tiny_lm_dir),
+        backend="hf",
+        train_data="arithmetic:40:1",
+        validation_data="arithmetic:6:1",
+        val_subset=3,
+        final_eval_limit=6,
+        eval_every=1,
+        rollout_batch_size=4,
+        group_size=2,
+        train_batch_size=4,
+        gradient_accumulation_steps=2,
+        max_tokens=12,
+        output_dir=str(tmp_path / "out"),
+        metrics_path=str(tmp_path / "metrics.json"),
+        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+    )
+    return LeaderboardParams(**{**settings, **overrides})
+
+
 def test_budget_stops_training_and_the_run_still_reports(prefect_harness, tiny_lm_dir, tmp_path, monkeypatch):
     import mlflow
 
@@ -22,25 +45,8 @@ def test_budget_stops_training_and_the_run_still_reports(prefect_harness, tiny_l
         return arithmetic_reward_fn(response, ground_truth)
 
     monkeypatch.setitem(problem_sets.REWARD_FNS, "arithmetic", recording_grader)
-    params = LeaderboardParams(
-        model=str(tiny_lm_dir),
-        backend="hf",
-        train_data="arithmetic:40:1",
-        validation_data="arithmetic:6:1",
-        reward_fn="arithmetic",
-        val_subset=3,
-        final_eval_limit=6,
-        eval_every=1,
-        rollout_batch_size=4,
-        group_size=2,
-        train_batch_size=4,
-        gradient_accumulation_steps=2,
-        max_tokens=12,
-        budget_hours=25 / 3600,
-        final_eval_reserve_s=2.0,
-        output_dir=str(tmp_path / "out"),
-        metrics_path=str(tmp_path / "metrics.json"),
-        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+    params = tiny_params(
+        tmp_path, tiny_lm_dir, reward_fn="arithmetic", budget_hours=25 / 3600, final_eval_reserve_s=2.0
     )
     summary = leaderboard(params)
     assert summary["stopped_by_budget"] and 1 <= summary["grpo_steps"] < params.n_grpo_steps
@@ -104,25 +110,14 @@ def test_the_engines_first_call_does_not_count_as_evaluation_cost(prefect_harnes
             return getattr(self.engine, name)
 
     monkeypatch.setattr(module, "engine_for", lambda params: SlowFirstCall(real_engine_for(params)))
-    params = LeaderboardParams(
-        model=str(tiny_lm_dir),
-        backend="hf",
-        train_data="arithmetic:40:1",
-        validation_data="arithmetic:6:1",
-        val_subset=3,
+    params = tiny_params(
+        tmp_path,
+        tiny_lm_dir,
         final_eval_limit=2,
-        eval_every=1,
-        rollout_batch_size=4,
-        group_size=2,
-        train_batch_size=4,
-        gradient_accumulation_steps=2,
-        max_tokens=12,
         n_grpo_steps=2,
         budget_hours=120 / 3600,
         final_eval_reserve_s=2.0,
-        output_dir=str(tmp_path / "out"),
         metrics_path=None,
-        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
     )
     summary = leaderboard(params)
     # Timed with the 6 s, the reserve would be 2 s per problem × 1024/12 × 1.25 × 2 ≈ 430 s > the budget;
@@ -167,28 +162,12 @@ def test_changed_settings_start_a_new_run_instead_of_reopening_the_last(
     import flows.leaderboard as module
 
     settings = dict(
-        model=str(tiny_lm_dir),
-        backend="hf",
-        train_data="arithmetic:40:1",
-        validation_data="arithmetic:6:1",
-        val_subset=3,
-        final_eval_limit=2,
-        eval_every=0,
-        rollout_batch_size=4,
-        group_size=2,
-        train_batch_size=4,
-        gradient_accumulation_steps=2,
-        max_tokens=12,
-        n_grpo_steps=1,
-        budget_hours=1.0,
-        final_eval_reserve_s=1.0,
-        output_dir=str(tmp_path / "out"),
-        metrics_path=None,
-        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+        final_eval_limit=2, eval_every=0, n_grpo_steps=1, budget_hours=1.0, final_eval_reserve_s=1.0, metrics_path=None
     )
-    first = leaderboard(LeaderboardParams(**settings))
-    second = leaderboard(LeaderboardParams(**{**settings, "learning_rate": 1e-4}))
-    client = mlflow.MlflowClient(tracking_uri=settings["tracking_uri"])
+    params = tiny_params(tmp_path, tiny_lm_dir, **settings)
+    first = leaderboard(params)
+    second = leaderboard(tiny_params(tmp_path, tiny_lm_dir, **settings, learning_rate=1e-4))
+    client = mlflow.MlflowClient(tracking_uri=params.tracking_uri)
     assert first["mlflow_run_id"] != second["mlflow_run_id"]
     assert [client.get_run(s["mlflow_run_id"]).data.params["learning_rate"] for s in (first, second)] == [
         "3e-05",
@@ -196,7 +175,7 @@ def test_changed_settings_start_a_new_run_instead_of_reopening_the_last(
     ]
     monkeypatch.setattr(module, "grpo", lambda *a, **k: pytest.fail("a finished run trained again"))
     monkeypatch.setattr(module, "validation_hook", lambda *a, **k: pytest.fail("a finished run evaluated again"))
-    assert leaderboard(LeaderboardParams(**settings)) == first
+    assert leaderboard(tiny_params(tmp_path, tiny_lm_dir, **settings)) == first
 
 
 def test_the_sft_phase_takes_generated_column_traces(prefect_harness, tiny_lm_dir, tmp_path, monkeypatch):
@@ -214,24 +193,8 @@ def test_the_sft_phase_takes_generated_column_traces(prefect_harness, tiny_lm_di
         raise Stop
 
     monkeypatch.setattr(module, "train_sft", recording)
-    params = LeaderboardParams(
-        model=str(tiny_lm_dir),
-        backend="hf",
-        train_data="arithmetic:40:1",
-        validation_data="arithmetic:6:1",
-        reward_fn="arithmetic",
-        sft_data="arithmetic:12:2:columns",
-        sft_max_steps=3,
-        val_subset=3,
-        final_eval_limit=6,
-        rollout_batch_size=4,
-        group_size=2,
-        train_batch_size=4,
-        gradient_accumulation_steps=2,
-        max_tokens=12,
-        output_dir=str(tmp_path / "out"),
-        metrics_path=str(tmp_path / "metrics.json"),
-        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+    params = tiny_params(
+        tmp_path, tiny_lm_dir, reward_fn="arithmetic", sft_data="arithmetic:12:2:columns", sft_max_steps=3
     )
     with pytest.raises(Stop):
         leaderboard(params)
