@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import os
 import tempfile
 from collections import Counter
@@ -164,14 +163,15 @@ def system_metrics_logging() -> bool | None:
 
 @contextmanager
 def store_lock(tracking_uri: str) -> Iterator[None]:
-    """An exclusive lock on a SQLite store across this machine's processes (a lock file in the temp
-    folder, named by the database's path); no lock for other stores (a server serialises its own)."""
+    """An exclusive lock on a SQLite store across this machine's processes: the file ``DATABASE.lock``
+    beside the database (its folder made if missing), which stays there with the store; no lock for other
+    stores (a server serialises its own)."""
     if not tracking_uri.startswith("sqlite:///"):
         yield
         return
     database = Path(tracking_uri.removeprefix("sqlite:///")).expanduser().resolve()
-    name = hashlib.sha256(str(database).encode()).hexdigest()[:16]
-    with open(Path(tempfile.gettempdir()) / f"a5-mlflow-{name}.lock", "a") as lock:
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with open(database.with_name(f"{database.name}.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield

@@ -47,6 +47,7 @@ def test_runs_started_together_on_a_new_store_all_land(tmp_path):
     client = mlflow.MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("concurrent").experiment_id])
     assert sorted(r.data.metrics["index"] for r in runs) == [float(i) for i in range(8)]
+    assert (tmp_path / "mlflow.db.lock").is_file()  # the lock stays with its store, not in the temp folder
 
 
 def test_experiments_are_training_experiments_and_old_ones_are_tagged(tmp_path):
