@@ -8,7 +8,7 @@ a length drawn log-uniformly between 30 and ``--max-tokens``, see ``benchmarks/_
 
 Micro-batching, side by side in one run: today's fixed count (``--microbatch`` rollouts, 2 by default:
 gradient_accumulation_steps 128) and token budgets (``--token-budgets``: ``max_tokens_per_microbatch``);
-the decode (``--decodes``): every step at full size, as before, or shrinking (``HFEngine(shrink=...)``); and
+the decode (``--decodes``): every step at full size, or shrinking (``HFEngine(shrink=...)``, the default); and
 the temperature sampler (``--samplers``): softmax → multinomial as before, or today's Gumbel-max.
 The first step compiles (CUDA graph of the decode step; compiled decoder layers) and is reported apart;
 the warm steps' median and maximum are the figures. Targets (issue 17): median ≤ 4.5 s, max ≤ 5.5 s.
@@ -118,7 +118,7 @@ def main() -> None:
         nargs="+",
         choices=("full", "shrinking"),
         default=["full", "shrinking"],
-        help="the engine's decode: every step at full size (today's), or shrinking as rows finish",
+        help="the engine's decode: every step at full size, or shrinking as rows finish (the default)",
     )
     parser.add_argument("--samplers", nargs="+", choices=SAMPLERS, default=list(SAMPLERS))
     parser.add_argument(
