@@ -20,5 +20,5 @@ def use_sampler(engine, name: str):
     if name not in SAMPLERS:
         raise ValueError(f"sampler {name!r}: expected one of {SAMPLERS}")
     if name == "multinomial":
-        engine._gumbel_max = softmax_multinomial
+        engine._temperature_draw = softmax_multinomial
     return engine

@@ -110,7 +110,7 @@ def main() -> None:
         print(rows[-1], flush=True)
 
     for decode, sampler in [(d, s) for d in args.decodes for s in args.samplers]:
-        shrink = decode == "shrinking"  # the full-size decode (the compiled default), or the filled window only
+        shrink = decode == "shrinking"  # the filled window only (the default), or the full-size decode
         name = f"a5 hf engine, {'shrinking' if shrink else 'full-size'} decode, {sampler}"
         engine = use_sampler(HFEngine(model, tokenizer, batch_size=args.batch, shrink=shrink), sampler)
         (_, first) = timed(lambda: engine.generate(prompts, sampling))

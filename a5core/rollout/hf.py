@@ -167,8 +167,9 @@ class HFEngine:
         self.compile = self.static_cache and (model.device.type == "cuda" if compile is None else compile)
         self.shrink = shrink
         self._decoder: StaticKVDecoder | None = None  # kept between calls when compiled (its graph too)
-        # compiled when the decode step is: one kernel a step, rows symbolic (the shrinking loop's row counts)
-        self._gumbel_max = torch.compile(gumbel_max_sample, dynamic=True) if self.compile else gumbel_max_sample
+        # temperature sampling (Gumbel-max), compiled when the decode step is: one kernel a step, rows symbolic
+        # (the shrinking loop's row counts)
+        self._temperature_draw = torch.compile(gumbel_max_sample, dynamic=True) if self.compile else gumbel_max_sample
         self.pad_id = pad_id_of(tokenizer)
         eos = model.generation_config.eos_token_id
         eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
@@ -326,7 +327,7 @@ class HFEngine:
         if s.greedy:
             return logits.argmax(-1)
         if s.top_p >= 1.0:
-            return self._gumbel_max(logits, s.temperature)
+            return self._temperature_draw(logits, s.temperature)
         probs = torch.softmax(logits / s.temperature, dim=-1)
         # keep the most probable tokens until their mass reaches top_p
         sorted_probs, order = probs.sort(dim=-1, descending=True)
