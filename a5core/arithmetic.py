@@ -8,7 +8,8 @@ With ``solution="columns"`` the solution works the sum or difference column by c
 its carries and borrows (:func:`column_solution`): SFT traces that show a small model the algorithm, not
 only the answer.
 
-Grade it with :func:`arithmetic_reward_fn`, not the MATH grader: the MATH grader accepts any expression
+Grade it with :func:`arithmetic_reward_fn` (the question_only prompt's format:
+:func:`arithmetic_question_only_reward_fn`), not the MATH grader: the MATH grader accepts any expression
 equal to the answer, so copying the question's "23 + 45" into ``<answer>`` scores, and RL finds that.
 """
 
@@ -20,7 +21,7 @@ import unicodedata
 import zlib
 
 from a5core.data import Problem
-from a5core.grading import extract_r1_zero_answer
+from a5core.grading import extract_question_only_answer, extract_r1_zero_answer
 
 OPERATIONS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
@@ -164,6 +165,17 @@ def _integer_digits(value: str | int) -> str | None:
     return "-" + digits if sign == "-" and digits != "0" else digits
 
 
+def _integer_reward(formatted: bool, answer: str | None, ground_truth: str) -> dict[str, float]:
+    """Reward 1 when the response is ``formatted`` and its extracted ``answer`` *is* the integer
+    ``ground_truth``; ValueError if ``ground_truth`` is not an integer."""
+    truth = _integer_digits(ground_truth)
+    if truth is None:
+        raise ValueError(f"arithmetic ground truth must be an integer, got {str(ground_truth)[:50]!r}")
+    match = _INTEGER_ANSWER.match(answer or "")
+    correct = formatted and match is not None and _integer_digits(match.group(1)) == truth
+    return {"format_reward": float(formatted), "answer_reward": float(correct), "reward": float(correct)}
+
+
 def arithmetic_reward_fn(response: str, ground_truth: str) -> dict[str, float]:
     """The r1_zero format rule, then the answer must *be* the integer: a literal such as ``68``, ``$-12$``
     or ``\\boxed{68}``, not an expression equal to it (GRPO on the H200 learned to copy the question's
@@ -172,10 +184,10 @@ def arithmetic_reward_fn(response: str, ground_truth: str) -> dict[str, float]:
     Integers are compared as canonical digit strings, so an answer of any length grades (a 5,000-digit
     one is 0 or 1, never an error). Raises ValueError if ``ground_truth`` is not an integer.
     """
-    truth = _integer_digits(ground_truth)
-    if truth is None:
-        raise ValueError(f"arithmetic ground truth must be an integer, got {str(ground_truth)[:50]!r}")
-    formatted, answer = extract_r1_zero_answer(response)
-    match = _INTEGER_ANSWER.match(answer or "")
-    correct = formatted and match is not None and _integer_digits(match.group(1)) == truth
-    return {"format_reward": float(formatted), "answer_reward": float(correct), "reward": float(correct)}
+    return _integer_reward(*extract_r1_zero_answer(response), ground_truth)
+
+
+def arithmetic_question_only_reward_fn(response: str, ground_truth: str) -> dict[str, float]:
+    """:func:`arithmetic_reward_fn` for the question_only prompt's format: the answer is the last
+    ``\\boxed{}`` of the response (formatted iff there is one), and it must be the integer itself."""
+    return _integer_reward(*extract_question_only_answer(response), ground_truth)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Literal
 
-from a5core.arithmetic import SOLUTIONS, arithmetic_problems, arithmetic_reward_fn
+from a5core.arithmetic import SOLUTIONS, arithmetic_problems, arithmetic_question_only_reward_fn, arithmetic_reward_fn
 from a5core.data import PROBLEM_LOADERS, DataError, Problem, Trace, load_sft_traces
 from a5core.grading import question_only_reward_fn, r1_zero_reward_fn
 from a5core.prompts import PromptTemplate
@@ -22,8 +22,15 @@ REWARD_FNS: dict[str, Callable[[str, Any], dict[str, float]]] = {
     "r1_zero": r1_zero_reward_fn,
     "question_only": question_only_reward_fn,
     "arithmetic": arithmetic_reward_fn,
+    "arithmetic_question_only": arithmetic_question_only_reward_fn,
 }
 RewardName = Literal[tuple(REWARD_FNS)]  # a grader's name, as settings give it
+# The arithmetic task's grader for each built-in prompt's answer format (the MATH graders accept a copied expression)
+ARITHMETIC_GRADERS = {"r1_zero": "arithmetic", "question_only": "arithmetic_question_only"}
+# The built-in prompt whose answer format each grader reads
+GRADER_PROMPTS = {"r1_zero": "r1_zero", "question_only": "question_only"} | {
+    grader: prompt for prompt, grader in ARITHMETIC_GRADERS.items()
+}
 
 
 def load_problem_set(source: str, data_format: str, seed: int, split: str) -> list[Problem]:

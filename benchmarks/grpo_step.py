@@ -9,19 +9,22 @@ a length drawn log-uniformly between 30 and ``--max-tokens``, see ``benchmarks/_
 Micro-batching, side by side in one run: today's fixed count (``--microbatch`` rollouts, 2 by default:
 gradient_accumulation_steps 128) and token budgets (``--token-budgets``: ``max_tokens_per_microbatch``);
 the decode (``--decodes``): every step at full size, or shrinking (``HFEngine(shrink=...)``, the default); and
-the temperature sampler (``--samplers``): softmax → multinomial as before, or today's Gumbel-max.
+the temperature sampler (``--samplers``): softmax → multinomial as before, or today's Gumbel-max; and the
+policy's weights (``--policy-dtypes``): bf16, colocated with the engine (no weight sync), or fp32 as the flows'
+default ``policy_dtype`` (bf16 autocast; the engine decodes a bf16 copy, synced each step).
 The first step compiles (CUDA graph of the decode step; compiled decoder layers) and is reported apart;
 the warm steps' median and maximum are the figures. Targets (issue 17): median ≤ 4.5 s, max ≤ 5.5 s.
 
     python benchmarks/grpo_step.py [--model-dir DIR] [--steps 11] [--lengths fixed varied]
         [--token-budgets 0 16384 32768] [--count-steps N] [--decodes full shrinking]
-        [--samplers multinomial gumbel-max] [--variants layers] [--tiny]
+        [--samplers multinomial gumbel-max] [--policy-dtypes bfloat16 float32] [--variants layers] [--tiny]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import statistics
 import sys
 from pathlib import Path
@@ -52,9 +55,12 @@ def problems_of(count: int):
     ]
 
 
-def run(model, tokenizer, args, lengths: str, budget: int | None, shrink: bool, sampler: str, steps: int) -> list[dict]:
-    """``steps`` GRPO steps; each step's logged metrics with the peak memory and ``graphs``, the graphs
-    torch.compile built in this setting by the end of that step (decode step and training layers)."""
+def run(
+    model, engine_model, tokenizer, args, lengths: str, budget: int | None, shrink: bool, sampler: str, steps: int
+) -> list[dict]:
+    """``steps`` GRPO steps of the policy ``model``, the engine decoding ``engine_model`` (the policy itself:
+    colocated); each step's logged metrics with the peak memory and ``graphs``, the graphs torch.compile built in
+    this setting by the end of that step (decode step and training layers)."""
     from a5core.grading import r1_zero_reward_fn
     from a5core.grpo import GRPOConfig, grpo
     from a5core.policy import compiled_graphs
@@ -73,7 +79,9 @@ def run(model, tokenizer, args, lengths: str, budget: int | None, shrink: bool, 
         max_tokens_per_microbatch=budget,
         **batch,
     )
-    engine = use_sampler(HFEngine(model, tokenizer, batch_size=config.rollout_batch_size, shrink=shrink), sampler)
+    engine = use_sampler(
+        HFEngine(engine_model, tokenizer, batch_size=config.rollout_batch_size, shrink=shrink), sampler
+    )
     history: list[dict] = []
     before = compiled_graphs()
     _model.reset_peak()
@@ -122,6 +130,14 @@ def main() -> None:
     )
     parser.add_argument("--samplers", nargs="+", choices=SAMPLERS, default=list(SAMPLERS))
     parser.add_argument(
+        "--policy-dtypes",
+        nargs="+",
+        choices=("bfloat16", "float32"),
+        default=["bfloat16"],
+        help="the policy's weights: bf16 and colocated with the engine, or fp32 (the flows' policy_dtype default) "
+        "with the engine on a bf16 copy",
+    )
+    parser.add_argument(
         "--variants",
         nargs="+",
         choices=list(VARIANTS),
@@ -135,22 +151,34 @@ def main() -> None:
     rows = []
     for variant in args.variants:
         for lengths in args.lengths:
-            settings = [(b or None, d, s) for b in args.token_budgets for d in args.decodes for s in args.samplers]
-            for budget, decode, sampler in settings:
+            settings = [
+                (b or None, d, s, p)
+                for p in args.policy_dtypes
+                for b in args.token_budgets
+                for d in args.decodes
+                for s in args.samplers
+            ]
+            for budget, decode, sampler, policy_dtype in settings:
                 model, tokenizer, description = _model.build(args.model_dir, args.tiny, device)
+                engine_model = model
+                if policy_dtype == "float32" and model.dtype != torch.float32:
+                    model = copy.deepcopy(engine_model).float()
                 torch._dynamo.reset()  # a fresh model and compile cache per setting
                 if variant == "decoder":
                     compile_decoder_layers(model, one_graph=True)
                 elif variant == "layers":
                     compile_decoder_layers(model, activation_memory_budget=0.8)
                 steps = args.steps if budget is not None else (args.count_steps or args.steps)
-                history = run(model, tokenizer, args, lengths, budget, decode == "shrinking", sampler, steps)
+                history = run(
+                    model, engine_model, tokenizer, args, lengths, budget, decode == "shrinking", sampler, steps
+                )
                 warm_steps = history[1:] or history
                 warm = [m["time_step"] for m in warm_steps]
                 last = history[-1]
                 rows.append(
                     [
                         VARIANTS[variant],
+                        policy_dtype,
                         lengths,
                         f"{args.microbatch} rollouts" if budget is None else f"budget {budget:,}",
                         decode,
@@ -172,13 +200,16 @@ def main() -> None:
                 print(rows[-1], flush=True)
     report(
         "One GRPO step at A5 defaults, hf backend, one GPU: micro-batches by count and by token budget, "
-        "full-size and shrinking decode, samplers",
-        f"{description} · 256 rollouts (32 × 8), train batch 256, reinforce_with_baseline, masked_mean, AdamW · "
+        "full-size and shrinking decode, samplers, policy dtype",
+        f"{description} (the engine; the policy: its column) · 256 rollouts (32 × 8), train batch 256, "
+        "reinforce_with_baseline, masked_mean, AdamW · "
         f"responses fixed at {args.response} tokens, or varied log-uniform {SHORTEST}–{args.max_tokens} · "
-        "the first step compiles; median and max of the warm steps after it · engine colocated · "
+        "the first step compiles; median and max of the warm steps after it · a bf16 policy is the engine's "
+        "model (colocated), an fp32 one is copied into the engine's bf16 model each step · "
         f"torch {torch.__version__} · targets: median ≤ 4.5 s, max ≤ 5.5 s",
         [
             "training layers",
+            "policy",
             "lengths",
             "micro-batches",
             "decode",

@@ -30,8 +30,10 @@
 #                                       #   own MLflow store (outputs/.devrun/NAME/mlflow.db), output folder
 #                                       #   (outputs/.devrun/NAME/out) and metrics file; all share BUDGET. Entries
 #                                       #   that need an earlier one's output (GRPO after the SFT it starts from)
-#                                       #   belong in a `cmds` call before. Each flow's torch gets PAR_THREADS CPU
-#                                       #   threads (default 2), so that the flows do not oversubscribe the cores.
+#                                       #   go in PRE (same form as CMDS): run first, one after another, as `cmds`
+#                                       #   runs them (the top store, default folders), or in a `cmds` call before.
+#                                       #   Each flow's torch gets PAR_THREADS CPU threads (default 2), so that the
+#                                       #   flows do not oversubscribe the cores.
 #   BENCH='SCRIPT ARGS...; ...' experiments/device_run.sh bench
 #                                       # after setup-a (pydantic and friends in /tmp/site): benchmark scripts run one
 #                                       #   after another until BUDGET seconds are spent, on the Qwen2.5-Math-1.5B
@@ -162,21 +164,28 @@ entries() {  # CMDS split into entries (one per line): NAME [@MIN_S] MODULE ARGS
   tr ';' '\n' <<< "${flat//$'\n'/ }" | grep -v '^[[:space:]]*$'
 }
 
-cmds() {
-  begin_call || return 1
+in_order() {  # the entries of CMDS one after another, each only once, until one fails or the budget is spent
   local entry words min
   while read -r entry; do
     read -ra words <<< "$entry"
     min=90
     [[ "${words[1]:-}" == @* ]] && { min=${words[1]#@}; words=("${words[0]}" "${words[@]:2}"); }
-    STEP_MIN=$min step "${words[@]}" || break
+    STEP_MIN=$min step "${words[@]}" || return 1
   done < <(entries)
+}
+
+cmds() {
+  begin_call || return 1
+  in_order
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv
   pack
 }
 
 par() {
   begin_call || return 1
+  if [ -n "${PRE:-}" ]; then
+    CMDS=$PRE in_order || { echo "par: PRE did not finish"; pack; return 1; }
+  fi
   local entry words name
   while read -r entry; do
     read -ra words <<< "$entry"

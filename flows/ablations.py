@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
+from a5core.problem_sets import ARITHMETIC_GRADERS
 from a5core.settings import describe
 
 if TYPE_CHECKING:
@@ -45,6 +46,13 @@ def _off_policy_sweep(p: GRPOParams) -> dict[str, dict[str, Any]]:
     return settings
 
 
+def _prompt_grader(p: GRPOParams, prompt: str) -> str | None:
+    """The grader of ``prompt``'s answers: on the arithmetic task (an arithmetic ``reward_fn``) the task's grader
+    for that prompt's format, else the prompt's own (None). The MATH graders accept a copied expression, so
+    graded by them an arithmetic run learns to copy the question (issue 18's H200 runs)."""
+    return ARITHMETIC_GRADERS[prompt] if p.reward_fn in ARITHMETIC_GRADERS.values() else None
+
+
 ABLATIONS: dict[str, tuple[str, Callable[[GRPOParams], dict[str, dict[str, Any]]]]] = {
     "grpo_lr_sweep": (
         "learning rate",
@@ -75,7 +83,7 @@ ABLATIONS: dict[str, tuple[str, Callable[[GRPOParams], dict[str, dict[str, Any]]
     ),
     "grpo_prompt_ablation": (
         "prompt",
-        lambda p: {name: {"prompt": name, "reward_fn": None} for name in ("r1_zero", "question_only")},
+        lambda p: {name: {"prompt": name, "reward_fn": _prompt_grader(p, name)} for name in ARITHMETIC_GRADERS},
     ),
     "grpo_dapo_ablation": ("DAPO", lambda p: _dapo(p)),
     "grpo_gspo_ablation": (

@@ -20,7 +20,8 @@ The ablations (each also a flow of that name, for the Prefect UI; ``--ablation N
   and length trends;
 - ``grpo_clip_ablation``: grpo_clip vs grpo_no_clip at ``clip_epochs_per_rollout_batch`` ×
   ``clip_train_batch_size`` (set them to the off-policy sweep's best);
-- ``grpo_prompt_ablation``: r1_zero vs question_only, each with its own reward function.
+- ``grpo_prompt_ablation``: r1_zero vs question_only, each with its own reward function (on the arithmetic
+  task, the task's grader for each prompt's format).
 
 Beyond the handout, the same way:
 

@@ -19,7 +19,7 @@ from pydantic import ConfigDict, Field, PositiveFloat, StrictBool, field_validat
 
 from a5core.expert_iteration import EIConfig
 from a5core.grpo import GRPOConfig
-from a5core.problem_sets import RewardName
+from a5core.problem_sets import GRADER_PROMPTS, RewardName
 from a5core.prompts import PromptTemplate, builtin_prompt_names
 from a5core.rollout import BACKENDS, DTYPES, SamplingSettings
 from a5core.settings import RolloutSamplingFields, SamplingFields, Settings, defaults
@@ -96,11 +96,20 @@ class PromptSettings(Prompt):
     reward_fn: RewardName | None = Field(
         None,
         description="grader; None: the prompt's own (r1_zero, question_only); "
-        "arithmetic: for arithmetic:N:DIGITS data (the answer must be the number)",
+        "arithmetic (r1_zero prompt), arithmetic_question_only: for arithmetic:N:DIGITS data (the answer must be "
+        "the number)",
     )
 
     @model_validator(mode="after")
     def _grader_known(self) -> "PromptSettings":
+        if self.reward_fn is not None and self.prompt in builtin_prompt_names():
+            reads = GRADER_PROMPTS[self.reward_fn]
+            if reads != self.prompt:
+                raise ValueError(
+                    f"reward_fn {self.reward_fn!r} reads {reads} answers, but prompt {self.prompt!r} asks for "
+                    f"its own format: use a grader of {self.prompt} answers "
+                    f"({', '.join(g for g, p in GRADER_PROMPTS.items() if p == self.prompt)})"
+                )
         if self.reward_fn is None and self.prompt not in builtin_prompt_names():
             if not Path(self.prompt).expanduser().is_file():
                 raise ValueError(

@@ -161,15 +161,28 @@ def system_metrics_logging() -> bool | None:
     return True if importlib.util.find_spec("psutil") is not None else None
 
 
+def sqlite_database(tracking_uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` store, in either of SQLAlchemy's forms: a path
+    (``sqlite:///mlflow.db``), or a SQLite URI (``sqlite:///file:PATH?mode=ro&uri=true``); the query is not
+    part of the path. None for other stores and an in-memory database."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    path, _, query = tracking_uri.removeprefix("sqlite:///").partition("?")
+    if "uri=true" in query.split("&"):
+        path = path.removeprefix("file:")
+    return None if path in ("", ":memory:") else Path(path).expanduser()
+
+
 @contextmanager
 def store_lock(tracking_uri: str) -> Iterator[None]:
     """An exclusive lock on a SQLite store across this machine's processes: the file ``DATABASE.lock``
     beside the database (its folder made if missing), which stays there with the store; no lock for other
     stores (a server serialises its own)."""
-    if not tracking_uri.startswith("sqlite:///"):
+    database = sqlite_database(tracking_uri)
+    if database is None:
         yield
         return
-    database = Path(tracking_uri.removeprefix("sqlite:///")).expanduser().resolve()
+    database = database.resolve()
     database.parent.mkdir(parents=True, exist_ok=True)
     with open(database.with_name(f"{database.name}.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -252,7 +265,8 @@ def store_client(tracking_uri: str) -> Any:
 def latest_ablations(tracking_uri: str, experiment: str) -> dict[str, tuple[Any, list[Any]]]:
     """For each ablation name: its newest parent run (tag ``ablation``, set once all children finished)
     and that run's children, oldest first. Empty when the store or the experiment does not exist."""
-    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).is_file():
+    database = sqlite_database(tracking_uri)
+    if database is not None and not database.is_file():
         return {}  # do not create an empty store just to find nothing in it
     reader = mlflow.MlflowClient(tracking_uri=tracking_uri)
     found = reader.get_experiment_by_name(experiment)

@@ -47,6 +47,20 @@ def test_arithmetic_reward_wants_the_number_itself():
     assert r1_zero_reward_fn(respond("$58 + 74$"), "132")["reward"] == 1.0
 
 
+def test_arithmetic_question_only_reward_reads_the_box_and_wants_the_number():
+    from a5core.arithmetic import arithmetic_question_only_reward_fn as reward
+    from a5core.grading import question_only_reward_fn
+
+    assert reward("58 + 74 = 132, so $\\boxed{132}$.", "132")["reward"] == 1.0
+    assert reward("first \\boxed{131}, no: \\boxed{132}", "132")["reward"] == 1.0  # the last box
+    copied = "The answer is $\\boxed{58 + 74}$."
+    assert reward(copied, "132") == {"format_reward": 1.0, "answer_reward": 0.0, "reward": 0.0}
+    assert question_only_reward_fn(copied, "132")["reward"] == 1.0  # the MATH grader takes the copy
+    assert reward("132", "132") == {"format_reward": 0.0, "answer_reward": 0.0, "reward": 0.0}  # no box
+    with pytest.raises(ValueError, match="must be an integer"):
+        reward("\\boxed{1}", "1/2")
+
+
 def test_arithmetic_reward_grades_answers_of_any_length():
     """int() refuses more than 4,300 digits; a hostile 5,000-digit answer must grade, not raise."""
     from a5core.arithmetic import arithmetic_reward_fn

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from a5core.problem_sets import REWARD_FNS
 from flows.grpo import ABLATIONS, GRPOParams, ablation_settings, grpo_baseline_ablation, grpo_flow, main
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -117,6 +118,8 @@ def test_every_ablation_builds_valid_settings():
         off_policy["E4_tb64"].loss_type == "grpo_clip"
         and off_policy["on_policy"].loss_type == "reinforce_with_baseline"
     )
+    prompts = ablation_settings("grpo_prompt_ablation", params)
+    assert {name: p.grader for name, p in prompts.items()} == {"r1_zero": "r1_zero", "question_only": "question_only"}
     clip = ablation_settings("grpo_clip_ablation", params)
     assert [p.loss_type for p in clip.values()] == ["grpo_clip", "grpo_no_clip"]
     tabled = params.model_copy(update={"difficulty_table": "data/difficulty/pass_rates.csv"})
@@ -126,6 +129,26 @@ def test_every_ablation_builds_valid_settings():
         "learnable": "learnable",
     }
     assert {p.difficulty_table for p in sampling.values()} == {"data/difficulty/pass_rates.csv"}  # both read one table
+
+
+def test_the_prompt_ablation_on_arithmetic_keeps_the_arithmetic_grader():
+    """Graded by the MATH graders, whose answers may be any equal expression, an arithmetic run learns to copy the
+    question: each prompt keeps the arithmetic task's grader, in that prompt's format."""
+    params = GRPOParams(train_data="arithmetic:40:2", validation_data="arithmetic:8:2", reward_fn="arithmetic")
+    prompts = ablation_settings("grpo_prompt_ablation", params)
+    assert {name: (p.prompt, p.grader) for name, p in prompts.items()} == {
+        "r1_zero": ("r1_zero", "arithmetic"),
+        "question_only": ("question_only", "arithmetic_question_only"),
+    }
+    assert REWARD_FNS[prompts["question_only"].grader]("so \\boxed{58 + 74}", "132")["reward"] == 0.0
+
+
+def test_a_grader_of_another_prompt_format_is_refused():
+    with pytest.raises(ValueError, match="reward_fn 'arithmetic' reads r1_zero answers, but prompt 'question_only'"):
+        GRPOParams(prompt="question_only", reward_fn="arithmetic")
+    with pytest.raises(ValueError, match="use a grader of r1_zero answers \\(r1_zero, arithmetic\\)"):
+        GRPOParams(reward_fn="question_only")
+    assert GRPOParams(prompt="question_only", reward_fn="arithmetic_question_only").grader == "arithmetic_question_only"
 
 
 @pytest.mark.parametrize(

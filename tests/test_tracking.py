@@ -63,3 +63,22 @@ def test_experiments_are_training_experiments_and_old_ones_are_tagged(tmp_path):
     old = client.create_experiment("old")  # as an earlier version made them
     assert ensure_experiment("old", uri) == old
     assert client.get_experiment(old).tags[EXPERIMENT_KIND_TAG] == TRAINING_EXPERIMENT
+
+
+def test_the_store_lock_of_a_sqlite_uri_lies_beside_its_database(tmp_path, monkeypatch):
+    """SQLAlchemy's SQLite URI form (``file:PATH?mode=ro&uri=true``) names the same database as its path: the
+    lock goes beside it, never into a folder called ``file:`` under the working directory."""
+    from tasks.tracking import sqlite_database, store_lock
+
+    monkeypatch.chdir(tmp_path)
+    database = tmp_path / "store" / "mlflow.db"
+    assert sqlite_database(f"sqlite:///{database}") == database
+    assert sqlite_database(f"sqlite:///file:{database}?mode=ro&uri=true") == database
+    assert sqlite_database("sqlite:///mlflow.db") == Path("mlflow.db")
+    assert sqlite_database("sqlite:///:memory:") is None and sqlite_database("http://127.0.0.1:5000") is None
+    with store_lock(f"sqlite:///file:{database}?mode=ro&uri=true"):
+        pass
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == [
+        "store",
+        "store/mlflow.db.lock",
+    ]
