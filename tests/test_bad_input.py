@@ -553,9 +553,10 @@ def test_outputs_that_cannot_be_written_are_found_before_an_engine_starts(flow, 
     assert f"output_dir {blocker / 'out'}: cannot write there" in message
 
 
-def test_a_read_only_mlflow_store_is_found_before_an_engine_starts(inputs, tmp_path):
+def test_a_read_only_mlflow_store_is_found_before_an_engine_starts(inputs, tmp_path, monkeypatch):
     from tasks.tracking import ensure_experiment
 
+    monkeypatch.chdir(tmp_path)  # MLflow's client makes the folder file:/… of this URI under the working directory
     ensure_experiment("baseline_eval", f"sqlite:///{tmp_path / 'mlflow.db'}", str(tmp_path / "mlruns"))
     read_only = f"sqlite:///file:{tmp_path / 'mlflow.db'}?mode=ro&uri=true"
     message = user_error("grpo", flags("grpo", inputs, tmp_path, tracking_uri=read_only))
