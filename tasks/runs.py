@@ -198,17 +198,18 @@ def drop_resume_state(folder: Path) -> None:
 
 
 def log_run_params(params: Any, extra: dict[str, Any] | None = None) -> None:
-    """A run's parameters into the active MLflow run (tracking rank only), with ``extra``; as tags: the
-    starting model's real folder (``model_path``) and ``engine_device`` (it may change when a run resumes,
-    and MLflow refuses a parameter's second value)."""
+    """A run's parameters into the active MLflow run (tracking rank only), with ``extra``. As tags: the
+    starting model's real folder (``model_path``), and the fields :func:`run_key` ignores (where results go, how
+    fast and where it runs, how children are scheduled: an attempt that resumes the run may change them, and
+    MLflow refuses a parameter's second value)."""
     import mlflow
 
     if not tracking_rank():
         return
     values = params.model_dump()
-    engine_device = values.pop("engine_device", None)
+    how = {key: values.pop(key) for key in (*RUN_KEY_IGNORED, *RUN_KEY_EXTRA_IGNORED) if key in values}
     log_params_flat({**values, **(extra or {})})
-    mlflow.set_tags({"model_path": model_path(params.model), "engine_device": str(engine_device)})
+    mlflow.set_tags({"model_path": model_path(params.model), **{key: str(value) for key, value in how.items()}})
 
 
 def _starting_evaluation(run_id: str | None) -> dict[str, float]:

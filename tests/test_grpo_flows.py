@@ -101,10 +101,15 @@ def test_an_ablation_is_a_parent_with_a_child_per_setting_and_resumes(
         "train_curves.csv",
         "response_tokens_mean_vs_step.png",
     } <= artifacts
-    # Again: nothing is trained, the same parent run is continued.
+    # Again: nothing is trained, the same parent run is continued, though the settings of how and how fast it
+    # runs changed (an H200 run resumed with --runner ray was refused: MLflow keeps a parameter's first value).
     monkeypatch.setattr(flow_module, "grpo", lambda *a, **k: pytest.fail("a finished child was trained again"))
-    again = grpo_baseline_ablation(params)
+    scheduled = {"ray_gpus_per_child": 0.25, "ray_cpus_per_child": 2.0, "max_tokens_per_microbatch": 4096}
+    again = grpo_baseline_ablation(params.model_copy(update=scheduled))
     assert again["mlflow_run_id"] == result["mlflow_run_id"] and again["summary"] == result["summary"]
+    parent = mlflow.MlflowClient(params.tracking_uri).get_run(result["mlflow_run_id"])
+    assert {key: parent.data.tags[key] for key in scheduled} == {key: str(v) for key, v in scheduled.items()}
+    assert not set(scheduled) & set(parent.data.params)
 
 
 def test_every_ablation_builds_valid_settings():
