@@ -33,8 +33,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 COMMAND = "python experiments/results_writeup.py"
-# Where results went and a sweep's grid (the parent's): not what a child ran with.
-HIDDEN = {"output_dir", "metrics_path", "tracking_uri", "experiment", "sizes", "filtered_data", "ablation"}
+# Where results went, how a sweep's children were scheduled and its grid (the parent's): not what a child ran with.
+HIDDEN = {"output_dir", "metrics_path", "tracking_uri", "experiment", "sizes", "filtered_data", "ablation", "runner"}
 HIDDEN_PREFIXES = ("sweep_", "clip_", "ray_")
 TRENDS = ("reward_mean", "token_entropy", "response_tokens_mean", "advantage_std", "grad_norm")
 TRENDS += ("frac_groups_all_equal", "kept_fraction", "token_nll", "difficulty_learnable")
@@ -512,8 +512,9 @@ def repeats(experiments: list[Experiment]) -> tuple[list[str], dict[str, float]]
             groups[same].append((exp.key, run))
     rows, spreads = [], {}
     for group in groups.values():
-        accs = [p for p, _, _ in (estimate(r) for _, r in group) if p is not None]
-        if len({r.tags.get("mlflow.parentRunId", r.id) for _, r in group}) > 1 and accs:
+        group = [(k, r) for k, r in group if estimate(r)[0] is not None]  # runs that ended with an evaluation
+        accs = [estimate(r)[0] for _, r in group]
+        if len({r.tags.get("mlflow.parentRunId", r.id) for _, r in group}) > 1:
             runs = "; ".join(f"{k}/{r.setting} `{r.id[:8]}`: {pm(*estimate(r))}" for k, r in group)
             rows.append([runs, f"{max(accs) - min(accs):.4f}"])
             spreads |= {r.id: max(accs) - min(accs) for _, r in group}

@@ -252,3 +252,21 @@ def test_runs_scored_on_another_validation_set_are_another_experiment(tmp_path, 
     first = text.split("## `grpo_baseline_ablation` (MLflow")[1].split("## `grpo_baseline_ablation on")[0]
     assert _line(first, "| reinforce_with_baseline | 2 | 0, 1 |") and _pm(0.8) not in first and _pm(0.1) not in first
     assert (tmp_path / "figures" / "grpo_baseline_ablation_on_arithmetic_300_2_val_accuracy_vs_step.png").is_file()
+
+
+def test_repeated_configurations_pair_finished_runs_whatever_scheduled_them(tmp_path, empty_store):
+    """Another ablation's child with no_baseline's parameters, run on Ray (``runner``: how it was scheduled, not
+    what it ran), is a repeat of it; a third copy stopped before its final evaluation is left out of the pair."""
+    made = []
+
+    def again(client, experiment_id, parent_id):
+        for name, finish in (("grpo_clip_ablation", True), ("grpo_prompt_ablation", False)):
+            parent = client.create_run(experiment_id, run_name=name).info.run_id
+            client.set_tag(parent, "ablation", name)
+            made.append(_child(client, experiment_id, parent, "no_baseline", 0, 0.3, finish, {"runner": "ray"}))
+
+    text = _generate(tmp_path, _records(tmp_path, empty_store, no_baseline=0.3, more=again))
+    repeats = text.split("## Repeated configurations")[1].split("\n## ")[0]
+    row = _line(repeats, "| grpo_baseline_ablation/no_baseline")
+    assert f"`{made[0][:8]}`: {_pm(0.3)}" in row and row.endswith("| 0.0000 |")
+    assert made[1][:8] not in repeats
