@@ -404,10 +404,12 @@ def figures(exp: Experiment, out_dir: Path) -> list[Path]:
         if series:
             made.append(plot(out_dir / f"{exp.slug}_{y}_vs_step.png", series, "step", y, f"{exp.key}: {y}"))
     walls = {}
-    for r in exp.children:  # wall_seconds at the evaluation steps, else the run's accuracy by wall seconds
+    # The run's accuracy by wall seconds as it logged it (the leaderboard's clock starts with its flow, its SFT phase
+    # included, where its GRPO steps' wall_seconds start after it), else wall_seconds at the evaluation steps.
+    for r in exp.children:
         acc, wall = r.metrics.get("val_accuracy", {}), r.metrics.get("wall_seconds", {})
-        points = [(wall[s], v) for s, v in acc.items() if s in wall]
-        if points := points or list(r.metrics.get("val_accuracy_by_wall_seconds", {}).items()):
+        points = list(r.metrics.get("val_accuracy_by_wall_seconds", {}).items())
+        if points := points or [(wall[s], v) for s, v in acc.items() if s in wall]:
             walls[exp.label(r)] = points
     if walls:
         path = out_dir / f"{exp.slug}_val_accuracy_vs_wall_seconds.png"
@@ -443,7 +445,9 @@ def section(exp: Experiment, figure_dir: Path, link_base: Path, spreads: dict[st
     walls = any(c.metrics.get("wall_seconds") for c in exp.children)
     rows = []
     for c in exp.children:
-        steps = max((max(m) for k, m in c.metrics.items() if m and not k.endswith("_by_wall_seconds")), default=None)
+        # a run's own steps: not a phase's (the leaderboard's sft/*) nor the system monitor's (system/*)
+        own = (m for k, m in c.metrics.items() if m and not k.endswith("_by_wall_seconds") and "/" not in k)
+        steps = max((max(m) for m in own), default=None)
         status = "" if c.status == "FINISHED" else f" {c.status}"
         row = [exp.label(c), *(c.settings().get(k, "—") for k in differ), f"`{c.id[:8]}`{status}", steps]
         tokens = num(c.final("final_val_mean_response_tokens"), ".1f")

@@ -17,6 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 300  # validation problems of the final evaluation
+PLOTS = "grpo_baseline_ablation"  # the figures' name prefix
 
 
 def _load_module():
@@ -270,3 +271,34 @@ def test_repeated_configurations_pair_finished_runs_whatever_scheduled_them(tmp_
     row = _line(repeats, "| grpo_baseline_ablation/no_baseline")
     assert f"`{made[0][:8]}`: {_pm(0.3)}" in row and row.endswith("| 0.0000 |")
     assert made[1][:8] not in repeats
+
+
+def test_a_run_with_a_phase_counts_its_own_steps_and_plots_its_own_clock(tmp_path, empty_store, monkeypatch):
+    """A leaderboard-like child: an SFT phase logged as ``sft/loss`` over 240 steps and the system monitor's
+    ``system/*`` before GRPO's 10; its accuracy by the flow's clock (``val_accuracy_by_wall_seconds``, from 70 s:
+    the SFT phase first), where its steps' ``wall_seconds`` count from GRPO's start."""
+    from mlflow.entities import Metric
+
+    def phased(client, experiment_id, parent_id):
+        run_id = _child(client, experiment_id, parent_id, "no_baseline", 1, 0.4)
+        metrics = [Metric("sft/loss", 1.0 / s, 0, s) for s in range(1, 241)]
+        metrics += [Metric("system/cpu_utilization_percentage", 50.0, 0, s) for s in range(30)]
+        metrics += [Metric("val_accuracy_by_wall_seconds", 0.04 * s, 0, 70 + 5 * s) for s in (0, 5, 10)]
+        client.log_batch(run_id, metrics=metrics)
+
+    plotted = {}
+    real_plot = writeup.plot
+
+    def capture(path, series, x, y, title):
+        plotted[Path(path).name] = series
+        return real_plot(path, series, x, y, title)
+
+    monkeypatch.setattr(writeup, "plot", capture)
+    text = _generate(tmp_path, _records(tmp_path, empty_store, no_baseline=0.3, more=phased))
+    row = _line(text, "| no_baseline (seed 1,")
+    assert row.split("|")[5].strip() == "10"  # steps: GRPO's, not the SFT phase's 240
+    walls = {
+        label.split(",")[0]: points for label, points in plotted[f"{PLOTS}_val_accuracy_vs_wall_seconds.png"].items()
+    }
+    assert walls["no_baseline (seed 1"] == [(70, 0.0), (95, 0.2), (120, 0.4)]  # the flow's clock
+    assert walls["no_baseline (seed 0"] == [(0.0, 0.0), (10.0, 0.15), (20.0, 0.3)]  # none logged: wall_seconds
