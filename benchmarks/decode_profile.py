@@ -2,12 +2,13 @@
 
 Times, per step at batch 256 with a 768-position cache: the compiled (CUDA-graph) decode step, the eager
 one, the sampling; prints torch.profiler's top CUDA kernels of a few compiled steps and how far the
-compiled step's logits are from the eager step's on the same inputs. ``--loop N``: instead, the engine's
+compiled step's logits are from the eager step's on the same inputs; for each ``--attentions`` (today's
+``matmul``, the candidate ``sdpa``: ``benchmarks/_attention.py``). ``--loop N``: instead, the engine's
 whole loop (``HFEngine.generate``, N new tokens, full-size and shrinking): ms per step, and torch.profiler's
 top operators by CPU time and cProfile's top functions, where host-side waits and launch costs show.
 
     python benchmarks/decode_profile.py [--model-dir DIR] [--batch 256 --capacity 768] [--tiny]
-        [--loop 128 [--decodes full shrinking]]
+        [--loop 128 [--decodes full shrinking]] [--attentions matmul sdpa]
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _model  # noqa: E402
+from benchmarks._attention import ATTENTIONS, use_attention  # noqa: E402
 
 
 def per_step_ms(fn, steps: int) -> float:
@@ -52,19 +54,22 @@ def profile_loop(args) -> None:
     prompts = prompts_of(tokenizer, args.batch, args.prompt, model.config.vocab_size)
     settings = SamplingSettings(temperature=1.0, max_tokens=args.loop, min_tokens=args.loop, seed=0)
     print(description, flush=True)
-    for shrink in [decode == "shrinking" for decode in args.decodes]:
-        engine = HFEngine(model, tokenizer, batch_size=args.batch, shrink=shrink)
-        ms = per_step_ms(lambda i: engine.generate(prompts, settings), 1) / args.loop
-        print(f"shrink={shrink}: {ms:.2f} ms per new token, prefill included", flush=True)
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-        with profile(activities=activities) as prof:
-            engine.generate(prompts, settings)
-            _model.cuda_sync()
-        print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25), flush=True)
-        profiler = cProfile.Profile()
-        profiler.runcall(lambda: (engine.generate(prompts, settings), _model.cuda_sync()))
-        pstats.Stats(profiler).sort_stats("tottime").print_stats(20)
-        engine = None
+    for attention, shrink in [(a, d == "shrinking") for a in args.attentions for d in args.decodes]:
+        torch._dynamo.reset()  # each setting's step compiled anew
+        print(f"== {attention} attention", flush=True)
+        with use_attention(attention):
+            engine = HFEngine(model, tokenizer, batch_size=args.batch, shrink=shrink)
+            ms = per_step_ms(lambda i: engine.generate(prompts, settings), 1) / args.loop
+            print(f"shrink={shrink}: {ms:.2f} ms per new token, prefill included", flush=True)
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+            with profile(activities=activities) as prof:
+                engine.generate(prompts, settings)
+                _model.cuda_sync()
+            print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25), flush=True)
+            profiler = cProfile.Profile()
+            profiler.runcall(lambda: (engine.generate(prompts, settings), _model.cuda_sync()))
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(20)
+            engine = None
 
 
 def main() -> None:
@@ -75,6 +80,9 @@ def main() -> None:
     parser.add_argument("--capacity", type=int, default=768)
     parser.add_argument("--decodes", nargs="+", choices=("full", "shrinking"), default=["full", "shrinking"])
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument(
+        "--attentions", nargs="+", choices=ATTENTIONS, default=["matmul"], help="the decode step's cache attention"
+    )
     parser.add_argument("--loop", type=int, help="profile HFEngine.generate over this many new tokens instead")
     args = parser.parse_args()
     if args.loop:
@@ -95,28 +103,36 @@ def main() -> None:
     positions = torch.full((b,), p, device=device)
     slots = [torch.full((1,), p + i, device=device) for i in range(64)]  # on the device, as the loop passes them
     print(description, flush=True)
-    first_logits = {}
-    for compiled in (True, False):
-        decoder = StaticKVDecoder(model, b, args.capacity, compile=compiled)
-        decoder.prefill(ids, valid)
-        start = time.perf_counter()
-        first_logits[compiled] = decoder.decode(tokens, positions, slots[0], attend).clone()
-        _model.cuda_sync()
-        print(f"compile={compiled}: first decode {time.perf_counter() - start:.1f} s", flush=True)
-        ms = per_step_ms(lambda i: decoder.decode(tokens, positions + i, slots[i % 64], attend), args.steps)
-        print(f"compile={compiled}: decode step {ms:.2f} ms ({b / ms * 1000:,.0f} tok/s at batch {b})", flush=True)
-        if compiled and device == "cuda":
-            from torch.profiler import ProfilerActivity, profile
-
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                for i in range(5):
-                    decoder.decode(tokens, positions + i, slots[i], attend)
+    for attention in args.attentions:
+        torch._dynamo.reset()  # each attention's step compiled anew
+        print(f"== {attention} attention", flush=True)
+        with use_attention(attention):
+            first_logits = {}
+            for compiled in (True, False):
+                decoder = StaticKVDecoder(model, b, args.capacity, compile=compiled)
+                decoder.prefill(ids, valid)
+                start = time.perf_counter()
+                first_logits[compiled] = decoder.decode(tokens, positions, slots[0], attend).clone()
                 _model.cuda_sync()
-            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15), flush=True)
-        decoder = None  # free its cache before the next one is built
-    difference = (first_logits[True] - first_logits[False]).abs().max().item()
-    spread = first_logits[False].std().item()
-    print(f"compiled vs eager decode step, same inputs: max |Δlogit| {difference:.2e} (logits' std {spread:.2e})")
+                print(f"compile={compiled}: first decode {time.perf_counter() - start:.1f} s", flush=True)
+                ms = per_step_ms(lambda i: decoder.decode(tokens, positions + i, slots[i % 64], attend), args.steps)
+                print(
+                    f"compile={compiled}: decode step {ms:.2f} ms ({b / ms * 1000:,.0f} tok/s at batch {b})", flush=True
+                )
+                if compiled and device == "cuda":
+                    from torch.profiler import ProfilerActivity, profile
+
+                    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                        for i in range(5):
+                            decoder.decode(tokens, positions + i, slots[i], attend)
+                        _model.cuda_sync()
+                    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15), flush=True)
+                decoder = None  # free its cache before the next one is built
+            difference = (first_logits[True] - first_logits[False]).abs().max().item()
+            spread = first_logits[False].std().item()
+            print(
+                f"compiled vs eager decode step, same inputs: max |Δlogit| {difference:.2e} (logits' std {spread:.2e})"
+            )
     engine = HFEngine(model, tokenizer, batch_size=b, compile=False)
     logits = torch.randn(b, model.config.vocab_size, device=device)
     eos = torch.tensor([0], device=device)

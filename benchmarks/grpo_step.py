@@ -11,13 +11,15 @@ gradient_accumulation_steps 128) and token budgets (``--token-budgets``: ``max_t
 the decode (``--decodes``): every step at full size, or shrinking (``HFEngine(shrink=...)``, the default); and
 the temperature sampler (``--samplers``): softmax → multinomial as before, or today's Gumbel-max; and the
 policy's weights (``--policy-dtypes``): bf16, colocated with the engine (no weight sync), or fp32 as the flows'
-default ``policy_dtype`` (bf16 autocast; the engine decodes a bf16 copy, synced each step).
+default ``policy_dtype`` (bf16 autocast; the engine decodes a bf16 copy, synced each step); and the decode step's
+cache attention (``--attentions``, ``benchmarks/_attention.py``): today's ``matmul``, or ``sdpa``.
 The first step compiles (CUDA graph of the decode step; compiled decoder layers) and is reported apart;
 the warm steps' median and maximum are the figures. Targets (issue 17): median ≤ 4.5 s, max ≤ 5.5 s.
 
     python benchmarks/grpo_step.py [--model-dir DIR] [--steps 11] [--lengths fixed varied]
         [--token-budgets 0 16384 32768] [--count-steps N] [--decodes full shrinking]
-        [--samplers multinomial gumbel-max] [--policy-dtypes bfloat16 float32] [--variants layers] [--tiny]
+        [--samplers multinomial gumbel-max] [--policy-dtypes bfloat16 float32] [--attentions matmul sdpa]
+        [--variants layers] [--tiny]
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _model  # noqa: E402
+from benchmarks._attention import ATTENTIONS, use_attention  # noqa: E402
 from benchmarks._lengths import forced_lengths  # noqa: E402
 from benchmarks._report import report  # noqa: E402
 from benchmarks._sampler import SAMPLERS, use_sampler  # noqa: E402
@@ -130,6 +133,9 @@ def main() -> None:
     )
     parser.add_argument("--samplers", nargs="+", choices=SAMPLERS, default=list(SAMPLERS))
     parser.add_argument(
+        "--attentions", nargs="+", choices=ATTENTIONS, default=["matmul"], help="the decode step's cache attention"
+    )
+    parser.add_argument(
         "--policy-dtypes",
         nargs="+",
         choices=("bfloat16", "float32"),
@@ -152,13 +158,14 @@ def main() -> None:
     for variant in args.variants:
         for lengths in args.lengths:
             settings = [
-                (b or None, d, s, p)
+                (b or None, d, s, p, a)
                 for p in args.policy_dtypes
                 for b in args.token_budgets
                 for d in args.decodes
                 for s in args.samplers
+                for a in args.attentions
             ]
-            for budget, decode, sampler, policy_dtype in settings:
+            for budget, decode, sampler, policy_dtype, attention in settings:
                 model, tokenizer, description = _model.build(args.model_dir, args.tiny, device)
                 engine_model = model
                 if policy_dtype == "float32" and model.dtype != torch.float32:
@@ -169,20 +176,22 @@ def main() -> None:
                 elif variant == "layers":
                     compile_decoder_layers(model, activation_memory_budget=0.8)
                 steps = args.steps if budget is not None else (args.count_steps or args.steps)
-                history = run(
-                    model, engine_model, tokenizer, args, lengths, budget, decode == "shrinking", sampler, steps
-                )
+                with use_attention(attention):
+                    history = run(
+                        model, engine_model, tokenizer, args, lengths, budget, decode == "shrinking", sampler, steps
+                    )
                 warm_steps = history[1:] or history
                 warm = [m["time_step"] for m in warm_steps]
                 last = history[-1]
                 rows.append(
                     [
                         VARIANTS[variant],
-                        policy_dtype,
+                        str(model.dtype).removeprefix("torch."),
                         lengths,
                         f"{args.microbatch} rollouts" if budget is None else f"budget {budget:,}",
                         decode,
                         sampler,
+                        attention,
                         f"{len(warm)}",
                         f"{history[0]['time_step']:.2f}",
                         f"{statistics.median(warm):.2f}",
@@ -200,7 +209,7 @@ def main() -> None:
                 print(rows[-1], flush=True)
     report(
         "One GRPO step at A5 defaults, hf backend, one GPU: micro-batches by count and by token budget, "
-        "full-size and shrinking decode, samplers, policy dtype",
+        "full-size and shrinking decode, samplers, policy dtype, decode attention",
         f"{description} (the engine; the policy: its column) · 256 rollouts (32 × 8), train batch 256, "
         "reinforce_with_baseline, masked_mean, AdamW · "
         f"responses fixed at {args.response} tokens, or varied log-uniform {SHORTEST}–{args.max_tokens} · "
@@ -214,6 +223,7 @@ def main() -> None:
             "micro-batches",
             "decode",
             "sampler",
+            "attention",
             "warm steps",
             "first step s",
             "warm median s",

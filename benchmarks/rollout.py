@@ -3,7 +3,9 @@
 Compares, in one process on one model: transformers' ``generate`` (the baseline) and a5's hf engine
 (static KV cache; its decode step captured as a CUDA graph), its decode at full size (every step runs the
 whole chunk over the whole cache) and shrinking (the filled columns only, fewer rows as rows finish), each with
-the temperature sampler before (softmax → multinomial) and today's (Gumbel-max; ``benchmarks/_sampler.py``).
+the temperature sampler before (softmax → multinomial) and today's (Gumbel-max; ``benchmarks/_sampler.py``),
+and with the decode step's cache attention of today (``matmul``) or a candidate (``sdpa``,
+``benchmarks/_attention.py``); each setting compiles its decode step anew (``torch._dynamo.reset``).
 Every sequence runs the full 512 tokens (``min_tokens`` = ``max_tokens``: random weights would otherwise
 stop at random), and the stop-string machinery stays on (stop ``</answer>``). Then (``--lengths varied``)
 each row ends at a length drawn log-uniformly between 30 and 512 tokens (``benchmarks/_lengths.py``):
@@ -12,7 +14,7 @@ and the engine's log-probs against the policy's. Targets: ≥ 50k tok/s (issue 1
 80% of that.
 
     python benchmarks/rollout.py [--model-dir DIR] [--batch 256 --prompt 200 --new 512] [--tiny]
-        [--decodes full shrinking] [--samplers multinomial gumbel-max] [--skip-baseline]
+        [--decodes full shrinking] [--samplers multinomial gumbel-max] [--attentions matmul sdpa] [--skip-baseline]
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _model  # noqa: E402
+from benchmarks._attention import ATTENTIONS, use_attention  # noqa: E402
 from benchmarks._lengths import forced_lengths  # noqa: E402
 from benchmarks._report import report  # noqa: E402
 from benchmarks._sampler import SAMPLERS, use_sampler  # noqa: E402
@@ -81,6 +84,9 @@ def main() -> None:
     parser.add_argument("--decodes", nargs="+", choices=("full", "shrinking"), default=["full", "shrinking"])
     parser.add_argument("--samplers", nargs="+", choices=SAMPLERS, default=list(SAMPLERS))
     parser.add_argument(
+        "--attentions", nargs="+", choices=ATTENTIONS, default=["matmul"], help="the decode step's cache attention"
+    )
+    parser.add_argument(
         "--lengths",
         nargs="+",
         choices=("fixed", "varied"),
@@ -109,43 +115,46 @@ def main() -> None:
         rows.append(["transformers generate (baseline)", f"{seconds:.1f}", f"{baseline:,.0f}", "1.00×"])
         print(rows[-1], flush=True)
 
-    for decode, sampler in [(d, s) for d in args.decodes for s in args.samplers]:
+    for attention, decode, sampler in [(a, d, s) for a in args.attentions for d in args.decodes for s in args.samplers]:
         shrink = decode == "shrinking"  # the filled window only (the default), or the full-size decode
-        name = f"a5 hf engine, {'shrinking' if shrink else 'full-size'} decode, {sampler}"
-        engine = use_sampler(HFEngine(model, tokenizer, batch_size=args.batch, shrink=shrink), sampler)
-        (_, first) = timed(lambda: engine.generate(prompts, sampling))
-        print(f"{name}, first call (compiles): {first:.1f} s", flush=True)
-        for label in (name, "same, second timed call"):
-            groups, seconds = timed(lambda: engine.generate(prompts, sampling))
-            assert all(len(g[0].token_ids) == args.new for g in groups)
-            speed = tokens / seconds
-            rows.append([label, f"{seconds:.1f}", f"{speed:,.0f}", f"{speed / baseline:.2f}×" if baseline else "—"])
-            print(rows[-1], flush=True)
-        rows.append([f"{name}, first call (incl. compilation)", f"{first:.1f}", f"{tokens / first:,.0f}", "—"])
-        fixed_speed = speed
-        if "varied" in args.lengths:  # each row ends at a drawn length
-            with forced_lengths(engine, SHORTEST, args.new, seed=1):
+        name = f"a5 hf engine, {'shrinking' if shrink else 'full-size'} decode, {sampler}, {attention} attention"
+        torch._dynamo.reset()  # each setting compiles its own decode step
+        with use_attention(attention):
+            engine = use_sampler(HFEngine(model, tokenizer, batch_size=args.batch, shrink=shrink), sampler)
+            (_, first) = timed(lambda: engine.generate(prompts, sampling))
+            print(f"{name}, first call (compiles): {first:.1f} s", flush=True)
+            for label in (name, "same, second timed call"):
                 groups, seconds = timed(lambda: engine.generate(prompts, sampling))
-            generated = sum(len(g[0].token_ids) for g in groups)
-            speed = generated / seconds
-            rows.append(
-                [
-                    f"{name}, varied lengths {SHORTEST}–{args.new} (mean {generated / len(groups):.0f}), "
-                    f"{speed / fixed_speed:.0%} of fixed",
-                    f"{seconds:.1f}",
-                    f"{speed:,.0f}",
-                    f"{speed / baseline:.2f}×" if baseline else "—",
-                ]
-            )
-            print(rows[-1], flush=True)
+                assert all(len(g[0].token_ids) == args.new for g in groups)
+                speed = tokens / seconds
+                rows.append([label, f"{seconds:.1f}", f"{speed:,.0f}", f"{speed / baseline:.2f}×" if baseline else "—"])
+                print(rows[-1], flush=True)
+            rows.append([f"{name}, first call (incl. compilation)", f"{first:.1f}", f"{tokens / first:,.0f}", "—"])
+            fixed_speed = speed
+            if "varied" in args.lengths:  # each row ends at a drawn length
+                with forced_lengths(engine, SHORTEST, args.new, seed=1):
+                    groups, seconds = timed(lambda: engine.generate(prompts, sampling))
+                generated = sum(len(g[0].token_ids) for g in groups)
+                speed = generated / seconds
+                rows.append(
+                    [
+                        f"{name}, varied lengths {SHORTEST}–{args.new} (mean {generated / len(groups):.0f}), "
+                        f"{speed / fixed_speed:.0%} of fixed",
+                        f"{seconds:.1f}",
+                        f"{speed:,.0f}",
+                        f"{speed / baseline:.2f}×" if baseline else "—",
+                    ]
+                )
+                print(rows[-1], flush=True)
 
-    # correctness on the device: compiled vs eager greedy tokens, engine vs policy log-probs
+    # correctness on the device: compiled vs eager greedy tokens, engine vs policy log-probs (the last setting's)
     check = prompts[:8]
     greedy = SamplingSettings(temperature=0, max_tokens=32, stop=())
-    compiled_out = engine.generate(check, greedy)
-    eager_out = HFEngine(model, tokenizer, batch_size=8, compile=False).generate(check, greedy)
+    with use_attention(args.attentions[-1]):
+        compiled_out = engine.generate(check, greedy)
+        eager_out = HFEngine(model, tokenizer, batch_size=8, compile=False).generate(check, greedy)
+        scored = engine.generate(check, SamplingSettings(temperature=1.0, max_tokens=64, seed=1, logprobs=True))
     same = sum(a[0].token_ids == b[0].token_ids for a, b in zip(compiled_out, eager_out))
-    scored = engine.generate(check, SamplingSettings(temperature=1.0, max_tokens=64, seed=1, logprobs=True))
     prompt_ids = tokenizer(check, add_special_tokens=False)["input_ids"]
     packed = pack_prompt_and_output_ids(prompt_ids, [g[0].token_ids for g in scored], tokenizer.pad_token_id or 0)
     with torch.no_grad():

@@ -148,16 +148,24 @@ class StaticKVDecoder:
             self.values[index].index_put_((rows, heads, slot), v[:, :, 0])
             keys, values = self.keys[index][:b, :, :window], self.values[index][:b, :, :window]
             q = q.reshape(b, self.kv_heads, self.groups, self.head_dim)  # one query position
-            scores = torch.matmul(q, keys.transpose(-1, -2)).float() * scaling  # (b, K, G, W)
-            scores = scores.masked_fill(~attend_mask[:, None, None, :], float("-inf"))
-            probs = torch.softmax(scores, dim=-1).to(q.dtype)
-            return torch.matmul(probs, values).reshape(b, 1, -1)  # (b, 1, heads·D)
+            return self._attend_cached(q, keys, values, attend_mask, scaling).reshape(b, 1, -1)  # (b, 1, heads·D)
 
         hidden = self.inner.embed_tokens(tokens[:, None])
         cos, sin = self.inner.rotary_emb(hidden, positions[:, None])
         for index, layer in enumerate(self.inner.layers):
             hidden = self._layer(index, layer, hidden, cos, sin, attend)
         return self._logits(hidden[:, -1])
+
+    @staticmethod
+    def _attend_cached(
+        q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, attend_mask: torch.Tensor, scaling: float
+    ) -> torch.Tensor:
+        """One query position per row over W cached columns: q (b, K, G, D) — each key/value head's G query
+        heads —, keys and values (b, K, W, D), attend_mask (b, W) bool → (b, K, G, D). Scores and softmax in fp32."""
+        scores = torch.matmul(q, keys.transpose(-1, -2)).float() * scaling  # (b, K, G, W)
+        scores = scores.masked_fill(~attend_mask[:, None, None, :], float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(q.dtype)
+        return torch.matmul(probs, values)
 
     @torch.no_grad()
     def decode(
