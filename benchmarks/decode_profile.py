@@ -8,7 +8,7 @@ whole loop (``HFEngine.generate``, N new tokens, full-size and shrinking): ms pe
 top operators by CPU time and cProfile's top functions, where host-side waits and launch costs show.
 
     python benchmarks/decode_profile.py [--model-dir DIR] [--batch 256 --capacity 768] [--tiny]
-        [--loop 128 [--decodes full shrinking]] [--attentions matmul sdpa]
+        [--loop 128 [--decodes full shrinking shrinking-static]] [--attentions matmul sdpa]
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _model  # noqa: E402
 from benchmarks._attention import ATTENTIONS, use_attention  # noqa: E402
+from benchmarks._buckets import DECODES, decode_mode  # noqa: E402
 
 
 def per_step_ms(fn, steps: int) -> float:
@@ -54,10 +55,10 @@ def profile_loop(args) -> None:
     prompts = prompts_of(tokenizer, args.batch, args.prompt, model.config.vocab_size)
     settings = SamplingSettings(temperature=1.0, max_tokens=args.loop, min_tokens=args.loop, seed=0)
     print(description, flush=True)
-    for attention, shrink in [(a, d == "shrinking") for a in args.attentions for d in args.decodes]:
+    for attention, decode in [(a, d) for a in args.attentions for d in args.decodes]:
         torch._dynamo.reset()  # each setting's step compiled anew
-        print(f"== {attention} attention", flush=True)
-        with use_attention(attention):
+        print(f"== {attention} attention, {decode} decode", flush=True)
+        with use_attention(attention), decode_mode(decode) as shrink:
             engine = HFEngine(model, tokenizer, batch_size=args.batch, shrink=shrink)
             ms = per_step_ms(lambda i: engine.generate(prompts, settings), 1) / args.loop
             print(f"shrink={shrink}: {ms:.2f} ms per new token, prefill included", flush=True)
@@ -78,7 +79,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--prompt", type=int, default=200)
     parser.add_argument("--capacity", type=int, default=768)
-    parser.add_argument("--decodes", nargs="+", choices=("full", "shrinking"), default=["full", "shrinking"])
+    parser.add_argument("--decodes", nargs="+", choices=DECODES, default=["full", "shrinking"])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument(
         "--attentions", nargs="+", choices=ATTENTIONS, default=["matmul"], help="the decode step's cache attention"

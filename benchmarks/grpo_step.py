@@ -17,7 +17,7 @@ The first step compiles (CUDA graph of the decode step; compiled decoder layers)
 the warm steps' median and maximum are the figures. Targets (issue 17): median ≤ 4.5 s, max ≤ 5.5 s.
 
     python benchmarks/grpo_step.py [--model-dir DIR] [--steps 11] [--lengths fixed varied]
-        [--token-budgets 0 16384 32768] [--count-steps N] [--decodes full shrinking]
+        [--token-budgets 0 16384 32768] [--count-steps N] [--decodes full shrinking shrinking-static]
         [--samplers multinomial gumbel-max] [--policy-dtypes bfloat16 float32] [--attentions matmul sdpa]
         [--variants layers] [--tiny]
 """
@@ -36,6 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _model  # noqa: E402
 from benchmarks._attention import ATTENTIONS, use_attention  # noqa: E402
+from benchmarks._buckets import DECODES, decode_mode  # noqa: E402
 from benchmarks._lengths import forced_lengths  # noqa: E402
 from benchmarks._report import report  # noqa: E402
 from benchmarks._sampler import SAMPLERS, use_sampler  # noqa: E402
@@ -127,9 +128,10 @@ def main() -> None:
     parser.add_argument(
         "--decodes",
         nargs="+",
-        choices=("full", "shrinking"),
+        choices=DECODES,
         default=["full", "shrinking"],
-        help="the engine's decode: every step at full size, or shrinking as rows finish (the default)",
+        help="the engine's decode: every step at full size, or shrinking as rows finish (the default), or "
+        "shrinking with each (rows, width) bucket compiled as a static shape (benchmarks/_buckets.py)",
     )
     parser.add_argument("--samplers", nargs="+", choices=SAMPLERS, default=list(SAMPLERS))
     parser.add_argument(
@@ -176,10 +178,8 @@ def main() -> None:
                 elif variant == "layers":
                     compile_decoder_layers(model, activation_memory_budget=0.8)
                 steps = args.steps if budget is not None else (args.count_steps or args.steps)
-                with use_attention(attention):
-                    history = run(
-                        model, engine_model, tokenizer, args, lengths, budget, decode == "shrinking", sampler, steps
-                    )
+                with use_attention(attention), decode_mode(decode) as shrink:
+                    history = run(model, engine_model, tokenizer, args, lengths, budget, shrink, sampler, steps)
                 warm_steps = history[1:] or history
                 warm = [m["time_step"] for m in warm_steps]
                 last = history[-1]

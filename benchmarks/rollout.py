@@ -5,7 +5,8 @@ Compares, in one process on one model: transformers' ``generate`` (the baseline)
 whole chunk over the whole cache) and shrinking (the filled columns only, fewer rows as rows finish), each with
 the temperature sampler before (softmax → multinomial) and today's (Gumbel-max; ``benchmarks/_sampler.py``),
 and with the decode step's cache attention of today (``matmul``) or a candidate (``sdpa``,
-``benchmarks/_attention.py``); each setting compiles its decode step anew (``torch._dynamo.reset``).
+``benchmarks/_attention.py``); ``--decodes shrinking-static``: shrinking with each bucket compiled as a static
+shape (``benchmarks/_buckets.py``). Each setting compiles its decode step anew (``torch._dynamo.reset``).
 Every sequence runs the full 512 tokens (``min_tokens`` = ``max_tokens``: random weights would otherwise
 stop at random), and the stop-string machinery stays on (stop ``</answer>``). Then (``--lengths varied``)
 each row ends at a length drawn log-uniformly between 30 and 512 tokens (``benchmarks/_lengths.py``):
@@ -14,7 +15,8 @@ and the engine's log-probs against the policy's. Targets: ≥ 50k tok/s (issue 1
 80% of that.
 
     python benchmarks/rollout.py [--model-dir DIR] [--batch 256 --prompt 200 --new 512] [--tiny]
-        [--decodes full shrinking] [--samplers multinomial gumbel-max] [--attentions matmul sdpa] [--skip-baseline]
+        [--decodes full shrinking shrinking-static] [--samplers multinomial gumbel-max] [--attentions matmul sdpa]
+        [--skip-baseline]
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _model  # noqa: E402
 from benchmarks._attention import ATTENTIONS, use_attention  # noqa: E402
+from benchmarks._buckets import DECODES, decode_mode  # noqa: E402
 from benchmarks._lengths import forced_lengths  # noqa: E402
 from benchmarks._report import report  # noqa: E402
 from benchmarks._sampler import SAMPLERS, use_sampler  # noqa: E402
@@ -81,7 +84,13 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=200)
     parser.add_argument("--new", type=int, default=512)
     parser.add_argument("--skip-baseline", action="store_true")
-    parser.add_argument("--decodes", nargs="+", choices=("full", "shrinking"), default=["full", "shrinking"])
+    parser.add_argument(
+        "--decodes",
+        nargs="+",
+        choices=DECODES,
+        default=["full", "shrinking"],
+        help="full size, shrinking (today's default), or shrinking with each bucket compiled static",
+    )
     parser.add_argument("--samplers", nargs="+", choices=SAMPLERS, default=list(SAMPLERS))
     parser.add_argument(
         "--attentions", nargs="+", choices=ATTENTIONS, default=["matmul"], help="the decode step's cache attention"
@@ -116,10 +125,9 @@ def main() -> None:
         print(rows[-1], flush=True)
 
     for attention, decode, sampler in [(a, d, s) for a in args.attentions for d in args.decodes for s in args.samplers]:
-        shrink = decode == "shrinking"  # the filled window only (the default), or the full-size decode
-        name = f"a5 hf engine, {'shrinking' if shrink else 'full-size'} decode, {sampler}, {attention} attention"
+        name = f"a5 hf engine, {'full-size' if decode == 'full' else decode} decode, {sampler}, {attention} attention"
         torch._dynamo.reset()  # each setting compiles its own decode step
-        with use_attention(attention):
+        with use_attention(attention), decode_mode(decode) as shrink:
             engine = use_sampler(HFEngine(model, tokenizer, batch_size=args.batch, shrink=shrink), sampler)
             (_, first) = timed(lambda: engine.generate(prompts, sampling))
             print(f"{name}, first call (compiles): {first:.1f} s", flush=True)
@@ -150,7 +158,7 @@ def main() -> None:
     # correctness on the device: compiled vs eager greedy tokens, engine vs policy log-probs (the last setting's)
     check = prompts[:8]
     greedy = SamplingSettings(temperature=0, max_tokens=32, stop=())
-    with use_attention(args.attentions[-1]):
+    with use_attention(args.attentions[-1]), decode_mode(args.decodes[-1]):
         compiled_out = engine.generate(check, greedy)
         eager_out = HFEngine(model, tokenizer, batch_size=8, compile=False).generate(check, greedy)
         scored = engine.generate(check, SamplingSettings(temperature=1.0, max_tokens=64, seed=1, logprobs=True))
