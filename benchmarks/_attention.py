@@ -6,6 +6,7 @@ kernel reads each cached key and value once). The same attention to float roundi
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 from collections.abc import Iterator
 
@@ -38,3 +39,10 @@ def use_attention(name: str) -> Iterator[None]:
         yield
     finally:
         StaticKVDecoder._attend_cached = today
+
+
+def add_argument(parser: argparse.ArgumentParser) -> None:
+    """``--attentions``: the settings' decode attentions, today's by default."""
+    parser.add_argument(
+        "--attentions", nargs="+", choices=ATTENTIONS, default=["matmul"], help="the decode step's cache attention"
+    )

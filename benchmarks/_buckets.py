@@ -7,6 +7,7 @@ compilation per bucket."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 from collections.abc import Iterator
 
@@ -47,3 +48,15 @@ def decode_mode(name: str) -> Iterator[bool]:
             yield True
         finally:
             hf.StaticKVDecoder = StaticKVDecoder
+
+
+def add_argument(parser: argparse.ArgumentParser) -> None:
+    """``--decodes``: the settings' decodes, full size and today's shrinking by default."""
+    parser.add_argument(
+        "--decodes",
+        nargs="+",
+        choices=DECODES,
+        default=["full", "shrinking"],
+        help="every step at full size, shrinking as rows finish (the engine's default), or shrinking with each "
+        "(rows, width) bucket compiled as a static shape",
+    )

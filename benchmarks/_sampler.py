@@ -5,6 +5,8 @@ Both draw from the same distribution; they draw other tokens for the same seed."
 
 from __future__ import annotations
 
+import argparse
+
 import torch
 
 SAMPLERS = ("multinomial", "gumbel-max")
@@ -22,3 +24,8 @@ def use_sampler(engine, name: str):
     if name == "multinomial":
         engine._temperature_draw = softmax_multinomial
     return engine
+
+
+def add_argument(parser: argparse.ArgumentParser) -> None:
+    """``--samplers``: the settings' temperature samplers, both by default."""
+    parser.add_argument("--samplers", nargs="+", choices=SAMPLERS, default=list(SAMPLERS), help="temperature sampler")

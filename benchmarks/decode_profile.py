@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import _model  # noqa: E402
-from benchmarks._attention import ATTENTIONS, use_attention  # noqa: E402
-from benchmarks._buckets import DECODES, decode_mode  # noqa: E402
+from benchmarks import _attention, _buckets, _model  # noqa: E402
+from benchmarks._attention import use_attention  # noqa: E402
+from benchmarks._buckets import decode_mode  # noqa: E402
 
 
 def per_step_ms(fn, steps: int) -> float:
@@ -79,11 +79,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--prompt", type=int, default=200)
     parser.add_argument("--capacity", type=int, default=768)
-    parser.add_argument("--decodes", nargs="+", choices=DECODES, default=["full", "shrinking"])
+    _buckets.add_argument(parser)
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument(
-        "--attentions", nargs="+", choices=ATTENTIONS, default=["matmul"], help="the decode step's cache attention"
-    )
+    _attention.add_argument(parser)
     parser.add_argument("--loop", type=int, help="profile HFEngine.generate over this many new tokens instead")
     args = parser.parse_args()
     if args.loop:

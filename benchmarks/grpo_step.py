@@ -34,12 +34,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import _model  # noqa: E402
-from benchmarks._attention import ATTENTIONS, use_attention  # noqa: E402
-from benchmarks._buckets import DECODES, decode_mode  # noqa: E402
+from benchmarks import _attention, _buckets, _model, _sampler  # noqa: E402
+from benchmarks._attention import use_attention  # noqa: E402
+from benchmarks._buckets import decode_mode  # noqa: E402
 from benchmarks._lengths import forced_lengths  # noqa: E402
 from benchmarks._report import report  # noqa: E402
-from benchmarks._sampler import SAMPLERS, use_sampler  # noqa: E402
+from benchmarks._sampler import use_sampler  # noqa: E402
 
 PHASES = ("weight_sync", "generate", "grade", "old_log_probs", "train")
 VARIANTS = {
@@ -125,18 +125,8 @@ def main() -> None:
         type=int,
         help="GRPO steps of the fixed-count settings (budget 0; default --steps): at ~12 s a step, the slow ones",
     )
-    parser.add_argument(
-        "--decodes",
-        nargs="+",
-        choices=DECODES,
-        default=["full", "shrinking"],
-        help="the engine's decode: every step at full size, or shrinking as rows finish (the default), or "
-        "shrinking with each (rows, width) bucket compiled as a static shape (benchmarks/_buckets.py)",
-    )
-    parser.add_argument("--samplers", nargs="+", choices=SAMPLERS, default=list(SAMPLERS))
-    parser.add_argument(
-        "--attentions", nargs="+", choices=ATTENTIONS, default=["matmul"], help="the decode step's cache attention"
-    )
+    for options in (_buckets, _sampler, _attention):
+        options.add_argument(parser)
     parser.add_argument(
         "--policy-dtypes",
         nargs="+",

@@ -29,12 +29,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import _model  # noqa: E402
-from benchmarks._attention import ATTENTIONS, use_attention  # noqa: E402
-from benchmarks._buckets import DECODES, decode_mode  # noqa: E402
+from benchmarks import _attention, _buckets, _model, _sampler  # noqa: E402
+from benchmarks._attention import use_attention  # noqa: E402
+from benchmarks._buckets import decode_mode  # noqa: E402
 from benchmarks._lengths import forced_lengths  # noqa: E402
 from benchmarks._report import report  # noqa: E402
-from benchmarks._sampler import SAMPLERS, use_sampler  # noqa: E402
+from benchmarks._sampler import use_sampler  # noqa: E402
 
 SHORTEST = 30  # the varied lengths' lower end, tokens
 
@@ -84,17 +84,8 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=200)
     parser.add_argument("--new", type=int, default=512)
     parser.add_argument("--skip-baseline", action="store_true")
-    parser.add_argument(
-        "--decodes",
-        nargs="+",
-        choices=DECODES,
-        default=["full", "shrinking"],
-        help="full size, shrinking (today's default), or shrinking with each bucket compiled static",
-    )
-    parser.add_argument("--samplers", nargs="+", choices=SAMPLERS, default=list(SAMPLERS))
-    parser.add_argument(
-        "--attentions", nargs="+", choices=ATTENTIONS, default=["matmul"], help="the decode step's cache attention"
-    )
+    for options in (_buckets, _sampler, _attention):
+        options.add_argument(parser)
     parser.add_argument(
         "--lengths",
         nargs="+",
