@@ -41,10 +41,10 @@ def _tiny(model_type: str):
     return model_class(config_class(**kwargs, **extra)).eval()
 
 
-@pytest.mark.parametrize("model_type", ["qwen2", "llama", "mistral"])
-def test_prefill_and_decode_give_the_full_forward_logits(model_type):
-    model = _tiny(model_type)
-    assert supports(model)
+def check_left_padded_decode(model, narrow_every_other: bool = False) -> None:
+    """Three prompts left-padded to 5, prefilled, then 4 decode steps attending the whole cache (or, with
+    ``narrow_every_other``, every other step only its filled columns): each row's logits are its own unpadded
+    forward's."""
     torch.manual_seed(1)
     lengths = [5, 3, 1]  # left-padded to 5
     prompt = torch.randint(0, 61, (3, 5))
@@ -56,13 +56,21 @@ def test_prefill_and_decode_give_the_full_forward_logits(model_type):
     steps = [decoder.prefill(prompt, valid)]
     for t in range(4):
         attend[:, 5 + t] = True
-        steps.append(decoder.decode(continuation[:, t], valid.sum(-1) + t, 5 + t, attend))
+        window = 5 + t + 1 if narrow_every_other and t % 2 else 12  # the filled columns, or the whole cache
+        steps.append(decoder.decode(continuation[:, t], valid.sum(-1) + t, 5 + t, attend[:, :window]))
     for row, n in enumerate(lengths):  # each row alone, unpadded, through the model's own forward
         ids = torch.cat([prompt[row, 5 - n :], continuation[row]])[None]
         with torch.no_grad():
             want = model(ids).logits[0, n - 1 :].float()
         got = torch.stack([step[row] for step in steps])
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "llama", "mistral"])
+def test_prefill_and_decode_give_the_full_forward_logits(model_type):
+    model = _tiny(model_type)
+    assert supports(model)
+    check_left_padded_decode(model)
 
 
 def test_fewer_rows_and_a_narrower_window_give_the_same_logits():
