@@ -105,6 +105,7 @@ from a5core.losses import (
     compute_group_normalized_rewards,
     overlong_penalty,
 )
+from a5core.out_of_memory import naming_the_microbatch
 from a5core.policy import (
     COMPILED_ACTIVATION_BUDGET,
     compile_decoder_layers,
@@ -564,6 +565,7 @@ class _Trainer:
         # The next step's rollouts being generated: (step, the policy version sampling them, its questions, future).
         self.in_flight: tuple[int, int, list[Problem], concurrent.futures.Future] | None = None
         self.shapes: set[tuple[int, ...]] = set()  # the (rows, positions) of every micro-batch so far
+        self.last_shape: tuple[int, ...] | None = None  # the latest micro-batch's (rows, positions)
         self.pad_id = pad_id_of(tokenizer)
         self.autocast = (
             torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
@@ -580,6 +582,11 @@ class _Trainer:
             torch.cuda.synchronize(self.device)
         key = f"time_{phase}"
         self.times[key] = self.times.get(key, 0.0) + time.perf_counter() - start
+
+    def naming_the_microbatch(self, where: str) -> contextlib.AbstractContextManager[None]:
+        """Out of GPU memory inside: one error naming ``where``, the last micro-batch's shape and the setting."""
+        count = f"gradient_accumulation_steps {self.config.gradient_accumulation_steps}: raise it"
+        return naming_the_microbatch(where, self.config.max_tokens_per_microbatch, count, lambda: self.last_shape)
 
     def step(self, engine: Engine, reward_fn: Callable[[str, Any], dict[str, float]], step: int) -> dict[str, float]:
         """GRPO step ``step`` + 1: rollouts, rewards, the optional log-prob pass, the optimizer steps."""
@@ -605,9 +612,9 @@ class _Trainer:
         metrics.update(self.sampler.metrics())
         metrics.update({"rollout_policy_version": float(version), "policy_lag": float(step - version)})
         if len(batch) and (config.needs_old_log_probs or config.kl_coef):
-            with self.timed("old_log_probs"):
+            with self.timed("old_log_probs"), self.naming_the_microbatch(f"GRPO step {step + 1}, log-probs pass"):
                 self.log_probs_pass(batch)
-        with self.timed("train"):
+        with self.timed("train"), self.naming_the_microbatch(f"GRPO step {step + 1}, training"):
             metrics.update(self.train(batch, step) if len(batch) else {"optimizer_steps": 0.0})
         generated = sum(float(d.lengths.sum()) for d in draws)
         metrics.update(self.times)
@@ -798,7 +805,8 @@ class _Trainer:
         so compiled layers see few shapes); the shapes seen so far are counted."""
         multiple = distributed.PAD_MULTIPLE if self.config.max_tokens_per_microbatch is not None else 1
         t = batch.select(index).tensors(self.pad_id, self.device, multiple)
-        self.shapes.add(tuple(t["input_ids"].shape))
+        self.last_shape = tuple(t["input_ids"].shape)
+        self.shapes.add(self.last_shape)
         return t
 
     def masked(self, batch: RolloutBatch, i: int) -> bool:

@@ -30,6 +30,7 @@ from a5core.checkpoint import (  # noqa: F401  (the errors are part of this modu
 )
 from a5core.data import Trace
 from a5core.lora import LoRASettings, add_adapters
+from a5core.out_of_memory import naming_the_microbatch
 from a5core.policy import (
     COMPILED_ACTIVATION_BUDGET,
     compile_decoder_layers,
@@ -230,27 +231,33 @@ def train_sft(
         truncated = 0
         batch_positions = None if positions is None else [positions[i] for i in batch_order]
         microbatches = distributed.rank_microbatches(range(len(batch)), config.microbatch_size, batch_positions, budget)
-        for index in distributed.accumulating(model, microbatches):
-            micro = [batch[i] for i in index] or batch[:1]  # an empty share still runs a pass (FSDP2), at zero weight
-            encoded = tokenize_prompt_and_output([t.prompt for t in micro], [t.response for t in micro], tokenizer)
-            if not index:
-                encoded["response_mask"].zero_()
-            keep = config.max_seq_len - 1  # positions of (input, label) pairs within max_seq_len tokens
-            truncated += int(encoded["response_mask"][:, keep:].any(dim=-1).sum())
-            input_ids, labels, response_mask = (encoded[k][:, :keep] for k in ("input_ids", "labels", "response_mask"))
-            if budget is not None:  # a multiple of 64 positions: compiled layers see few shapes
-                input_ids, labels, response_mask = pad_positions(input_ids, labels, response_mask, pad_id)
-            input_ids, labels, response_mask = (x.to(device) for x in (input_ids, labels, response_mask))
-            with autocast:
-                log_probs = get_response_log_probs(model, input_ids, labels)["log_probs"]  # (b, T) fp32
-            # Dividing each micro-batch mean by len(batch) / (len(micro) · world) makes the sum over
-            # micro-batches the batch mean (× world: FSDP2 averages the ranks' gradients).
-            micro_loss, meta = sft_microbatch_train_step(
-                log_probs, response_mask, len(batch) / (len(micro) * world), config.normalize_constant
-            )
-            loss += micro_loss / world
-            nll -= (log_probs.detach() * response_mask).sum()
-            tokens += meta["response_tokens"]
+        shapes: list[tuple[int, ...]] = []  # this step's micro-batches (rows, positions), for an out-of-memory error
+        count = f"microbatch_size {config.microbatch_size}: lower it"
+        with naming_the_microbatch(f"SFT step {step + 1}", budget, count, lambda: shapes[-1] if shapes else None):
+            for index in distributed.accumulating(model, microbatches):
+                # an empty share still runs a pass (FSDP2), at zero weight
+                micro = [batch[i] for i in index] or batch[:1]
+                encoded = tokenize_prompt_and_output([t.prompt for t in micro], [t.response for t in micro], tokenizer)
+                if not index:
+                    encoded["response_mask"].zero_()
+                keep = config.max_seq_len - 1  # positions of (input, label) pairs within max_seq_len tokens
+                truncated += int(encoded["response_mask"][:, keep:].any(dim=-1).sum())
+                keys = ("input_ids", "labels", "response_mask")
+                input_ids, labels, response_mask = (encoded[k][:, :keep] for k in keys)
+                if budget is not None:  # a multiple of 64 positions: compiled layers see few shapes
+                    input_ids, labels, response_mask = pad_positions(input_ids, labels, response_mask, pad_id)
+                input_ids, labels, response_mask = (x.to(device) for x in (input_ids, labels, response_mask))
+                shapes.append(tuple(input_ids.shape))
+                with autocast:
+                    log_probs = get_response_log_probs(model, input_ids, labels)["log_probs"]  # (b, T) fp32
+                # Dividing each micro-batch mean by len(batch) / (len(micro) · world) makes the sum over
+                # micro-batches the batch mean (× world: FSDP2 averages the ranks' gradients).
+                micro_loss, meta = sft_microbatch_train_step(
+                    log_probs, response_mask, len(batch) / (len(micro) * world), config.normalize_constant
+                )
+                loss += micro_loss / world
+                nll -= (log_probs.detach() * response_mask).sum()
+                tokens += meta["response_tokens"]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip if config.grad_clip > 0 else math.inf)
         grad_norm_value = distributed.full_tensor(grad_norm).item()
         sums = torch.stack(

@@ -8,8 +8,8 @@ and a bad value exits with its message.
 
 Every flow's ``main`` is wrapped by :func:`cli_main`: logging at INFO for the project's own loggers (the
 loops' one line per step), and bad input (a data file, a prompt template, a model path, settings, a
-NaN loss, a checkpoint of another run) ends the command with one message on stderr and exit status 1,
-not a traceback. ``A5_TRACEBACK=1`` shows the traceback instead.
+NaN loss, a checkpoint of another run, a micro-batch too large for the GPU) ends the command with one message
+on stderr and exit status 1, not a traceback. ``A5_TRACEBACK=1`` shows the traceback instead.
 
 Several GPUs: ``torchrun --nproc-per-node N -m flows.grpo ...`` (also sft_experiment, expert_iteration,
 leaderboard). A flow's ``main`` runs it through :func:`run_flow`: every rank runs the same flow code
@@ -35,6 +35,7 @@ from pydantic import BaseModel, ValidationError
 from a5core.checkpoint import CheckpointMismatchError, NonFiniteLossError
 from a5core.data import DataError
 from a5core.models import ModelResolutionError
+from a5core.out_of_memory import MicrobatchOutOfMemoryError
 from a5core.prompts import PromptTemplateError
 from tasks.engines import EngineStartError
 
@@ -49,6 +50,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     CheckpointMismatchError,
     ModelResolutionError,
     NonFiniteLossError,
+    MicrobatchOutOfMemoryError,
     FileNotFoundError,
     ValueError,
     EngineStartError,

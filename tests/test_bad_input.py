@@ -389,6 +389,43 @@ def test_grpo_nan_loss_stops_with_the_step_named_and_the_checkpoint_intact(
     assert steps(client, run_id, "reward_mean") == [1] and steps(client, run_id, "val_accuracy") == [0, 1]
 
 
+def test_grpo_out_of_memory_names_the_budget_and_a_lower_one_resumes_the_run(
+    prefect_harness, inputs, tmp_path, monkeypatch, capfd
+):
+    """The GPU runs out of memory in step 2 (a patched forward): the CLI ends with the step, the micro-batch and
+    ``max_tokens_per_microbatch`` named, no traceback; the same command with a lower budget resumes the run
+    from step 1's checkpoint (a how-fast setting: the same run) and finishes it."""
+    import torch
+    from mlflow import MlflowClient
+
+    import a5core.grpo
+
+    real, calls = a5core.grpo.get_response_log_probs, []
+
+    def out_of_memory_in_step_2(*args, **kwargs):  # one micro-batch a step: 4 rollouts of 256 positions at most
+        calls.append(1)
+        if len(calls) > 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.16 GiB.")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(a5core.grpo, "get_response_log_probs", out_of_memory_in_step_2)
+    argv = flags("grpo", inputs, tmp_path, n_grpo_steps=3, eval_every=0, checkpoint_every=1, val_subset=2, val_limit=2)
+    message = user_error("grpo", [*argv, "--max-tokens-per-microbatch", "4096"])
+    assert message.startswith("flows.grpo: error: GRPO step 2, training: out of GPU memory in a micro-batch of 4 ")
+    assert "micro-batches are cut by max_tokens_per_microbatch 4,096: lower it" in message
+    assert "Traceback" not in capfd.readouterr().err
+    (checkpoint,) = (tmp_path / "out").glob("runs-*/single/checkpoint")
+    assert json.loads((checkpoint / "latest/state.json").read_text())["step"] == 1
+    run_id = (checkpoint.parent / "mlflow_run_id").read_text().strip()
+
+    monkeypatch.setattr(a5core.grpo, "get_response_log_probs", real)
+    MAINS["grpo"]([*argv, "--max-tokens-per-microbatch", "256"])
+    assert (checkpoint.parent / "mlflow_run_id").read_text().strip() == run_id
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert steps(client, run_id, "reward_mean") == [1, 2, 3]
+    assert client.get_run(run_id).info.status == "FINISHED"
+
+
 def test_a_check_across_fields_is_reported_without_a_flag(capsys):
     from pydantic import BaseModel, model_validator
 

@@ -5,6 +5,7 @@ two ranks in tests/test_distributed.py)."""
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 import torch
@@ -125,3 +126,51 @@ def test_sft_update_does_not_depend_on_how_the_batch_is_cut(tokenizer, sgd_updat
 def test_expert_iteration_passes_the_budget_to_its_sft_rounds():
     assert EIConfig(max_tokens_per_microbatch=512).round_sft(0).max_tokens_per_microbatch == 512
     assert EIConfig().round_sft(1).max_tokens_per_microbatch is None
+
+
+# ------------------------------------------------------------------------------------------ out of memory
+
+
+def out_of_memory(*args, **kwargs):
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.16 GiB.")
+
+
+@pytest.mark.parametrize(
+    ("options", "names"),
+    [
+        (dict(max_tokens_per_microbatch=128), "max_tokens_per_microbatch 128: lower it"),
+        (dict(), "microbatch_size 2: lower it"),
+    ],
+)
+def test_sft_out_of_memory_names_the_step_the_micro_batch_and_the_setting(tokenizer, monkeypatch, options, names):
+    monkeypatch.setattr("a5core.sft.get_response_log_probs", out_of_memory)
+    config = SFTConfig(batch_size=8, microbatch_size=2, epochs=1, **options)
+    with pytest.raises(torch.OutOfMemoryError) as caught:
+        train_sft(make_model(tokenizer), tokenizer, short_examples(8), config)
+    message = str(caught.value)
+    assert message.startswith("SFT step 1: out of GPU memory in a micro-batch of ")
+    assert re.search(r"of \d+ sequences × \d+ positions;", message), message
+    assert names in message.replace(",", "")
+    assert "Tried to allocate" in str(caught.value.__cause__)
+
+
+@pytest.mark.parametrize(
+    ("options", "where", "names"),
+    [
+        (dict(max_tokens_per_microbatch=1024), "GRPO step 1, training", "max_tokens_per_microbatch 1,024: lower it"),
+        (
+            dict(loss_type="grpo_clip", epochs_per_rollout_batch=2),
+            "GRPO step 1, log-probs pass",
+            "gradient_accumulation_steps 4: raise it",
+        ),
+    ],
+)
+def test_grpo_out_of_memory_names_the_pass_and_the_setting(tokenizer, monkeypatch, options, where, names):
+    monkeypatch.setattr("a5core.grpo.get_response_log_probs", out_of_memory)
+    with pytest.raises(torch.OutOfMemoryError) as caught:
+        run_grpo(tokenizer, gradient_accumulation_steps=4, **options)
+    message = str(caught.value)
+    assert message.startswith(f"{where}: out of GPU memory in a micro-batch of "), message
+    assert re.search(r"of \d+ sequences × \d+ positions;", message), message
+    assert names in message
+    assert isinstance(caught.value.__cause__, torch.OutOfMemoryError)

@@ -1,0 +1,42 @@
+"""One clear error when a training pass runs out of GPU memory: which pass, the micro-batch's shape, and the
+setting that makes micro-batches smaller (its value, and where the README says what fits which GPU)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+
+
+class MicrobatchOutOfMemoryError(torch.OutOfMemoryError):
+    """A training pass ran out of GPU memory; the message names the pass, the micro-batch and the setting to
+    change (a user's error: the command ends with it, the original CUDA error is its cause)."""
+
+
+@contextlib.contextmanager
+def naming_the_microbatch(
+    where: str, budget: int | None, count_setting: str, shape: Callable[[], tuple[int, ...] | None]
+) -> Iterator[None]:
+    """Re-raise a ``torch.OutOfMemoryError`` from inside as a :class:`MicrobatchOutOfMemoryError` that says
+    ``where`` (e.g. "GRPO step 12, training"), the last micro-batch's ``shape()`` (rows, positions) and what
+    to change: ``max_tokens_per_microbatch`` when micro-batches are cut by that ``budget`` (a how-fast
+    setting: the run resumes from its last checkpoint with a lower one), else ``count_setting`` (how many
+    sequences a micro-batch holds, e.g. "microbatch_size 2: lower it")."""
+    try:
+        yield
+    except torch.OutOfMemoryError as error:
+        size = shape()
+        tensor = f" of {size[0]} sequences × {size[1]} positions" if size and len(size) >= 2 else ""
+        if budget is not None:
+            fix = (
+                f"micro-batches are cut by max_tokens_per_microbatch {budget:,}: lower it and run the same command "
+                "again, it resumes from the last checkpoint (README, 'Micro-batches by token budget': which "
+                "budget fits which GPU)"
+            )
+        else:
+            fix = (
+                f"micro-batches are cut by count ({count_setting}), or set max_tokens_per_microbatch, "
+                "gradient_checkpointing: true or compile_layers: true (README, 'On a GPU')"
+            )
+        raise MicrobatchOutOfMemoryError(f"{where}: out of GPU memory in a micro-batch{tensor}; {fix}") from error
