@@ -288,15 +288,49 @@ def table(header: str, rows: list[list]) -> list[str]:
     return lines + [f"| {' | '.join(row)} |" for row in cells] + [""]
 
 
+def parent_of(run: Run) -> str:
+    """The parent run's id (the invocation that ran it: its starting model, its call), else its own."""
+    return run.tags.get("mlflow.parentRunId", run.id)
+
+
+def paired(a: str, b: str, runs: dict[str, list[Run]], metric: str) -> tuple[float, float, int] | None:
+    """``a`` − ``b`` within the parent runs where both finished (each parent's children start from the same
+    model, made in the same call; parents differ by more than their problems' noise): the mean over those
+    parents of each one's difference of means, its s.e. (sqrt(Σ se²) / k) and k. None when no parent has
+    both, or when every finished run of either is in such a parent (then the plain means say the same)."""
+    done = {s: finished(runs.get(s, [])) for s in (a, b)}
+    shared = {parent_of(r) for r in done[a]} & {parent_of(r) for r in done[b]}
+    if not shared or all(parent_of(r) in shared for s in (a, b) for r in done[s]):
+        return None
+    diffs = []
+    for parent in sorted(shared):
+        ma, mb = (mean_of([r for r in done[s] if parent_of(r) == parent], metric) for s in (a, b))
+        diffs.append((ma[0] - mb[0], math.hypot(ma[1], mb[1])))
+    k = len(diffs)
+    return sum(d for d, _ in diffs) / k, math.sqrt(sum(se**2 for _, se in diffs)) / k, k
+
+
 def verdict(a: str, b: str, runs: dict[str, list[Run]], metric: str = "accuracy", ests: tuple = ()) -> str:
     """Whether ``a`` ≥ ``b`` in final ``metric`` (means over a setting's runs, or the estimates ``ests``):
-    agrees, disagrees, or within noise (a difference under two combined standard errors)."""
+    agrees, disagrees, or within noise (a difference under two combined standard errors). Where some runs
+    of the two share a parent run and others do not, only the shared parents' runs are compared
+    (:func:`paired`): runs from another starting model would compare the models, not the settings."""
+    pair = None if ests else paired(a, b, runs, metric)
+    if pair is not None:
+        diff, se, k = pair
+        notes = [f"{diff / se:+.1f} s.e."] if se else []
+        notes.append(f"within the {k} parent run{'s' * (k > 1)} that ran both: the same starting model")
+        return judged(a, b, diff, se, notes, metric)
     ma, mb = ests or (mean_of(runs.get(a, []), metric), mean_of(runs.get(b, []), metric))
     if ma is None or mb is None:
         return f"not measured ({a} or {b} has no final {metric})"
     diff, se = ma[0] - mb[0], math.hypot(ma[1], mb[1])
     means = [f"{s}: mean of {len(finished(runs[s]))} runs" for s in (a, b) if len(finished(runs.get(s, []))) > 1]
-    notes = ([f"{diff / se:+.1f} s.e."] if se else []) + means
+    return judged(a, b, diff, se, ([f"{diff / se:+.1f} s.e."] if se else []) + means, metric)
+
+
+def judged(a: str, b: str, diff: float, se: float, notes: list[str], metric: str) -> str:
+    """The verdict's sentence for ``a`` − ``b`` = ``diff`` ± ``se``."""
     measured = f"{a} − {b} = {diff:+.3f} ± {se:.3f} in final {metric.replace('_', ' ')}"
     measured += f" ({'; '.join(notes)})" if notes else ""
     if abs(diff) < 2 * se or diff == 0:
@@ -518,7 +552,7 @@ def repeats(experiments: list[Experiment]) -> tuple[list[str], dict[str, float]]
     for group in groups.values():
         group = [(k, r) for k, r in group if estimate(r)[0] is not None]  # runs that ended with an evaluation
         accs = [estimate(r)[0] for _, r in group]
-        if len({r.tags.get("mlflow.parentRunId", r.id) for _, r in group}) > 1:
+        if len({parent_of(r) for _, r in group}) > 1:
             runs = "; ".join(f"{k}/{r.setting} `{r.id[:8]}`: {pm(*estimate(r))}" for k, r in group)
             rows.append([runs, f"{max(accs) - min(accs):.4f}"])
             spreads |= {r.id: max(accs) - min(accs) for _, r in group}

@@ -273,6 +273,25 @@ def test_repeated_configurations_pair_finished_runs_whatever_scheduled_them(tmp_
     assert made[1][:8] not in repeats
 
 
+def test_a_verdict_compares_settings_within_the_parents_that_ran_both(tmp_path, empty_store):
+    """A second parent (another call, another starting model) ran reinforce_with_baseline alone, at 0.9: the
+    means table counts it, but the verdict compares the settings within the first parent only (0.55 against
+    no_baseline's 0.5: within noise), where the plain means (0.667 against 0.5) would say "agrees"."""
+
+    def alone(client, experiment_id, parent_id):
+        other = client.create_run(experiment_id, run_name="grpo_baseline_ablation").info.run_id
+        client.set_tag(other, "ablation", "grpo_baseline_ablation")
+        _child(client, experiment_id, other, "reinforce_with_baseline", 2, 0.9)
+        client.set_terminated(other)
+
+    text = _generate(tmp_path, _records(tmp_path, empty_store, no_baseline=0.5, more=alone))
+    assert _line(text, "| reinforce_with_baseline | 3 | 0, 1, 2 |")
+    sentence = _line(text, "- Expectation: the handout expects a baseline to help")
+    within = math.hypot(math.sqrt(0.6 * 0.4 / N + 0.5 * 0.5 / N) / 2, math.sqrt(0.5 * 0.5 / N))
+    assert f"Measured: within noise: reinforce_with_baseline − no_baseline = {0.05:+.3f} ± {within:.3f}" in sentence
+    assert "within the 1 parent run that ran both: the same starting model" in sentence
+
+
 def test_a_run_with_a_phase_counts_its_own_steps_and_plots_its_own_clock(tmp_path, empty_store, monkeypatch):
     """A leaderboard-like child: an SFT phase logged as ``sft/loss`` over 240 steps and the system monitor's
     ``system/*`` before GRPO's 10; its accuracy by the flow's clock (``val_accuracy_by_wall_seconds``, from 70 s:
