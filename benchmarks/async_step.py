@@ -35,7 +35,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _model  # noqa: E402
 from benchmarks._report import report  # noqa: E402
-from benchmarks.grpo_step import problems_of  # noqa: E402
+from benchmarks.grpo_step import steps_of  # noqa: E402
 
 PHASES = ("weight_sync", "generate", "wait_rollouts", "grade", "old_log_probs", "train")
 
@@ -43,9 +43,7 @@ PHASES = ("weight_sync", "generate", "wait_rollouts", "grade", "old_log_probs", 
 def run(model, tokenizer, engine, args, depth: int) -> list[dict]:
     """``args.steps`` GRPO steps of ``model`` at ``pipeline_depth`` ``depth``, rollouts from ``engine``;
     each step's logged metrics with the trainer GPU's peak memory."""
-    from a5core.grading import r1_zero_reward_fn
-    from a5core.grpo import GRPOConfig, grpo
-    from a5core.prompts import load_prompt
+    from a5core.grpo import GRPOConfig
 
     batch = dict(rollout_batch_size=16, train_batch_size=16) if args.tiny else {}
     config = GRPOConfig(
@@ -59,19 +57,7 @@ def run(model, tokenizer, engine, args, depth: int) -> list[dict]:
         tis_cap=2.0,
         **batch,
     )
-    history: list[dict] = []
-    _model.reset_peak()
-    grpo(
-        model,
-        tokenizer,
-        engine,
-        problems_of(4 * config.prompts_per_step),
-        load_prompt("r1_zero"),
-        r1_zero_reward_fn,
-        config,
-        log=lambda metrics, step: history.append(dict(metrics, step=step, peak_gib=_model.peak_gib())),
-    )
-    return history
+    return steps_of(model, tokenizer, engine, config)
 
 
 def median(steps: list[dict], key: str) -> float:

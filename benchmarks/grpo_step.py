@@ -29,6 +29,7 @@ import contextlib
 import copy
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -59,16 +60,36 @@ def problems_of(count: int):
     ]
 
 
+def steps_of(model, tokenizer, engine, config, extra: Callable[[], dict] = dict) -> list[dict]:
+    """GRPO with ``config`` on the benchmark's problems (r1_zero prompt and reward), rollouts from ``engine``:
+    each step's logged metrics with the peak memory and ``extra()``'s fields."""
+    from a5core.grading import r1_zero_reward_fn
+    from a5core.grpo import grpo
+    from a5core.prompts import load_prompt
+
+    history: list[dict] = []
+    _model.reset_peak()
+    grpo(
+        model,
+        tokenizer,
+        engine,
+        problems_of(4 * config.prompts_per_step),
+        load_prompt("r1_zero"),
+        r1_zero_reward_fn,
+        config,
+        log=lambda metrics, step: history.append(dict(metrics, step=step, peak_gib=_model.peak_gib(), **extra())),
+    )
+    return history
+
+
 def run(
     model, engine_model, tokenizer, args, lengths: str, budget: int | None, shrink: bool, sampler: str, steps: int
 ) -> list[dict]:
     """``steps`` GRPO steps of the policy ``model``, the engine decoding ``engine_model`` (the policy itself:
     colocated); each step's logged metrics with the peak memory and ``graphs``, the graphs torch.compile built in
     this setting by the end of that step (decode step and training layers)."""
-    from a5core.grading import r1_zero_reward_fn
-    from a5core.grpo import GRPOConfig, grpo
+    from a5core.grpo import GRPOConfig
     from a5core.policy import compiled_graphs
-    from a5core.prompts import load_prompt
     from a5core.rollout.hf import HFEngine
 
     tokens = args.response if lengths == "fixed" else args.max_tokens
@@ -86,23 +107,9 @@ def run(
     engine = use_sampler(
         HFEngine(engine_model, tokenizer, batch_size=config.rollout_batch_size, shrink=shrink), sampler
     )
-    history: list[dict] = []
     before = compiled_graphs()
-    _model.reset_peak()
     with forced_lengths(engine, SHORTEST, tokens) if lengths == "varied" else contextlib.nullcontext():
-        grpo(
-            model,
-            tokenizer,
-            engine,
-            problems_of(4 * config.prompts_per_step),
-            load_prompt("r1_zero"),
-            r1_zero_reward_fn,
-            config,
-            log=lambda metrics, step: history.append(
-                dict(metrics, step=step, peak_gib=_model.peak_gib(), graphs=compiled_graphs() - before)
-            ),
-        )
-    return history
+        return steps_of(model, tokenizer, engine, config, lambda: {"graphs": compiled_graphs() - before})
 
 
 def main() -> None:
