@@ -27,7 +27,7 @@ def naming_the_microbatch(
         yield
     except torch.OutOfMemoryError as error:
         size = shape()
-        tensor = f" of {size[0]} sequences × {size[1]} positions" if size and len(size) >= 2 else ""
+        tensor = f" of {size[0]} sequences × {size[1]} positions" if size else ""
         if budget is not None:
             fix = (
                 f"micro-batches are cut by max_tokens_per_microbatch {budget:,}: lower it and run the same command "

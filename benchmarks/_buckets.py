@@ -24,6 +24,7 @@ class StaticBucketDecoder(StaticKVDecoder):
     (rows, width) met, each a new CUDA graph in the same tree (a step begins before each call)."""
 
     def __init__(self, model, batch_size: int, capacity: int, *, compile: bool = False, varying: bool = False):
+        # ``varying`` (the engine passes shrink) is overridden: every shape is compiled as a static one
         super().__init__(model, batch_size, capacity, compile=compile, varying=False)
 
     def decode(self, tokens, positions, slot, attend_mask):

@@ -73,6 +73,40 @@ def profile_loop(args) -> None:
             engine = None
 
 
+def time_step(model, args, inputs, compiled: bool) -> torch.Tensor:
+    """Print a decode step's first call and per-step time (and, compiled on CUDA, the profiler's top kernels);
+    return the first step's logits (b, V). ``inputs``: prompt ids and mask, tokens, positions, slots, attend mask."""
+    from a5core.rollout.static_decode import StaticKVDecoder
+
+    ids, valid, tokens, positions, slots, attend = inputs
+    b = ids.shape[0]
+    decoder = StaticKVDecoder(model, b, args.capacity, compile=compiled)
+    decoder.prefill(ids, valid)
+    start = time.perf_counter()
+    logits = decoder.decode(tokens, positions, slots[0], attend).clone()
+    _model.cuda_sync()
+    print(f"compile={compiled}: first decode {time.perf_counter() - start:.1f} s", flush=True)
+    ms = per_step_ms(lambda i: decoder.decode(tokens, positions + i, slots[i % 64], attend), args.steps)
+    print(f"compile={compiled}: decode step {ms:.2f} ms ({b / ms * 1000:,.0f} tok/s at batch {b})", flush=True)
+    if compiled and torch.cuda.is_available():
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for i in range(5):
+                decoder.decode(tokens, positions + i, slots[i], attend)
+            _model.cuda_sync()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15), flush=True)
+    return logits
+
+
+def compiled_against_eager(model, args, inputs) -> None:
+    """The compiled decode step, then the eager one (each decoder freed before the next is built), and how far
+    their first logits are apart on the same inputs."""
+    compiled, eager = (time_step(model, args, inputs, flag) for flag in (True, False))
+    difference = (compiled - eager).abs().max().item()
+    print(f"compiled vs eager decode step, same inputs: max |Δlogit| {difference:.2e} (logits' std {eager.std():.2e})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     _model.add_arguments(parser)
@@ -88,7 +122,6 @@ def main() -> None:
         return profile_loop(args)
     from a5core.rollout import SamplingSettings
     from a5core.rollout.hf import HFEngine
-    from a5core.rollout.static_decode import StaticKVDecoder
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tokenizer, description = _model.build(args.model_dir, args.tiny, device)
@@ -106,32 +139,7 @@ def main() -> None:
         torch._dynamo.reset()  # each attention's step compiled anew
         print(f"== {attention} attention", flush=True)
         with use_attention(attention):
-            first_logits = {}
-            for compiled in (True, False):
-                decoder = StaticKVDecoder(model, b, args.capacity, compile=compiled)
-                decoder.prefill(ids, valid)
-                start = time.perf_counter()
-                first_logits[compiled] = decoder.decode(tokens, positions, slots[0], attend).clone()
-                _model.cuda_sync()
-                print(f"compile={compiled}: first decode {time.perf_counter() - start:.1f} s", flush=True)
-                ms = per_step_ms(lambda i: decoder.decode(tokens, positions + i, slots[i % 64], attend), args.steps)
-                print(
-                    f"compile={compiled}: decode step {ms:.2f} ms ({b / ms * 1000:,.0f} tok/s at batch {b})", flush=True
-                )
-                if compiled and device == "cuda":
-                    from torch.profiler import ProfilerActivity, profile
-
-                    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                        for i in range(5):
-                            decoder.decode(tokens, positions + i, slots[i], attend)
-                        _model.cuda_sync()
-                    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15), flush=True)
-                decoder = None  # free its cache before the next one is built
-            difference = (first_logits[True] - first_logits[False]).abs().max().item()
-            spread = first_logits[False].std().item()
-            print(
-                f"compiled vs eager decode step, same inputs: max |Δlogit| {difference:.2e} (logits' std {spread:.2e})"
-            )
+            compiled_against_eager(model, args, (ids, valid, tokens, positions, slots, attend))
     engine = HFEngine(model, tokenizer, batch_size=b, compile=False)
     logits = torch.randn(b, model.config.vocab_size, device=device)
     eos = torch.tensor([0], device=device)

@@ -77,6 +77,45 @@ def transformers_generate(model, tokenizer, prompts, new_tokens):
         return model.generate(**enc, generation_config=config)
 
 
+def setting_rows(engine, name: str, prompts: list[str], sampling, args, baseline: float | None) -> list[list[str]]:
+    """One setting's rows: its first call (it compiles), two timed calls at fixed lengths, then (``--lengths
+    varied``) a first call with drawn lengths and the timed one; each row printed as it is measured."""
+    rows: list[list[str]] = []
+
+    def add(label: str, seconds: float, speed: float | None) -> None:
+        versus = f"{speed / baseline:.2f}×" if baseline and speed else "—"
+        rows.append([label, f"{seconds:.1f}", f"{speed:,.0f}" if speed else "", versus])
+        print(rows[-1], flush=True)
+
+    tokens = len(prompts) * args.new
+    _, first = timed(lambda: engine.generate(prompts, sampling))
+    print(f"{name}, first call (compiles): {first:.1f} s", flush=True)
+    for label in (name, "same, second timed call"):
+        groups, seconds = timed(lambda: engine.generate(prompts, sampling))
+        assert all(len(g[0].token_ids) == args.new for g in groups)
+        add(label, seconds, tokens / seconds)
+    fixed_speed = tokens / seconds
+    rows.append([f"{name}, first call (incl. compilation)", f"{first:.1f}", f"{tokens / first:,.0f}", "—"])
+    if "varied" not in args.lengths:
+        return rows
+    # As rows finish, a shrinking decode meets (rows, width) shapes the fixed lengths never did: a first call with
+    # the same drawn lengths compiles them, so the timed one measures decoding only.
+    with forced_lengths(engine, SHORTEST, args.new, seed=1):
+        _, first = timed(lambda: engine.generate(prompts, sampling))
+    add(f"{name}, varied lengths, first call (compiles the shapes they reach)", first, None)
+    with forced_lengths(engine, SHORTEST, args.new, seed=1):
+        groups, seconds = timed(lambda: engine.generate(prompts, sampling))
+    generated = sum(len(g[0].token_ids) for g in groups)
+    speed = generated / seconds
+    mean = generated / len(groups)
+    add(
+        f"{name}, varied lengths {SHORTEST}–{args.new} (mean {mean:.0f}), {speed / fixed_speed:.0%} of fixed",
+        seconds,
+        speed,
+    )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     _model.add_arguments(parser)
@@ -120,39 +159,7 @@ def main() -> None:
         torch._dynamo.reset()  # each setting compiles its own decode step
         with use_attention(attention), decode_mode(decode) as shrink:
             engine = use_sampler(HFEngine(model, tokenizer, batch_size=args.batch, shrink=shrink), sampler)
-            (_, first) = timed(lambda: engine.generate(prompts, sampling))
-            print(f"{name}, first call (compiles): {first:.1f} s", flush=True)
-            for label in (name, "same, second timed call"):
-                groups, seconds = timed(lambda: engine.generate(prompts, sampling))
-                assert all(len(g[0].token_ids) == args.new for g in groups)
-                speed = tokens / seconds
-                rows.append([label, f"{seconds:.1f}", f"{speed:,.0f}", f"{speed / baseline:.2f}×" if baseline else "—"])
-                print(rows[-1], flush=True)
-            rows.append([f"{name}, first call (incl. compilation)", f"{first:.1f}", f"{tokens / first:,.0f}", "—"])
-            fixed_speed = speed
-            if "varied" in args.lengths:  # each row ends at a drawn length
-                # As rows finish, a shrinking decode meets (rows, width) shapes the fixed lengths never did: a
-                # first call with the same lengths compiles them, so the timed one measures decoding only.
-                with forced_lengths(engine, SHORTEST, args.new, seed=1):
-                    _, first = timed(lambda: engine.generate(prompts, sampling))
-                rows.append(
-                    [f"{name}, varied lengths, first call (compiles the shapes they reach)", f"{first:.1f}", "", "—"]
-                )
-                print(rows[-1], flush=True)
-                with forced_lengths(engine, SHORTEST, args.new, seed=1):
-                    groups, seconds = timed(lambda: engine.generate(prompts, sampling))
-                generated = sum(len(g[0].token_ids) for g in groups)
-                speed = generated / seconds
-                rows.append(
-                    [
-                        f"{name}, varied lengths {SHORTEST}–{args.new} (mean {generated / len(groups):.0f}), "
-                        f"{speed / fixed_speed:.0%} of fixed",
-                        f"{seconds:.1f}",
-                        f"{speed:,.0f}",
-                        f"{speed / baseline:.2f}×" if baseline else "—",
-                    ]
-                )
-                print(rows[-1], flush=True)
+            rows += setting_rows(engine, name, prompts, sampling, args, baseline)
 
     # correctness on the device: compiled vs eager greedy tokens, engine vs policy log-probs (the last setting's)
     check = prompts[:8]

@@ -550,12 +550,13 @@ def repeats(experiments: list[Experiment]) -> tuple[list[str], dict[str, float]]
             groups[same].append((exp.key, run))
     rows, spreads = [], {}
     for group in groups.values():
-        group = [(k, r) for k, r in group if estimate(r)[0] is not None]  # runs that ended with an evaluation
-        accs = [estimate(r)[0] for _, r in group]
-        if len({parent_of(r) for _, r in group}) > 1:
-            runs = "; ".join(f"{k}/{r.setting} `{r.id[:8]}`: {pm(*estimate(r))}" for k, r in group)
-            rows.append([runs, f"{max(accs) - min(accs):.4f}"])
-            spreads |= {r.id: max(accs) - min(accs) for _, r in group}
+        # runs that ended with an evaluation, each with its estimate
+        scored = [(k, r, est) for k, r in group if (est := estimate(r))[0] is not None]
+        if len({parent_of(r) for _, r, _ in scored}) > 1:
+            spread = max(est[0] for *_, est in scored) - min(est[0] for *_, est in scored)
+            runs = "; ".join(f"{k}/{r.setting} `{r.id[:8]}`: {pm(*est)}" for k, r, est in scored)
+            rows.append([runs, f"{spread:.4f}"])
+            spreads |= {r.id: spread for _, r, _ in scored}
     if not rows:
         return [], {}
     intro = (
