@@ -1,8 +1,8 @@
-"""The static decode step's attention over the cache, today's beside a candidate, for the benchmarks: ``matmul``
-(:meth:`a5core.rollout.static_decode.StaticKVDecoder._attend_cached`: scores, mask, softmax, weighted sum — four
-kernels a layer over fp32 scores) and ``sdpa`` (one ``scaled_dot_product_attention`` call a layer: each key/value
-head's G query heads as G query rows of one attention, so no grouped-query support is needed, and a fused
-kernel reads each cached key and value once). The same attention to float rounding."""
+"""The static decode step's attention over the cache, the engine's beside the one it replaced, for the benchmarks:
+``sdpa`` (:meth:`a5core.rollout.static_decode.StaticKVDecoder._attend_cached`: one ``scaled_dot_product_attention``
+call a layer, each key/value head's G query heads as the query rows) and ``matmul`` (the engine's until the sixth
+measurement of ``benchmarks/RESULTS.md``: scores, mask, fp32 softmax, weighted sum — four kernels a layer over fp32
+scores), so that earlier tables can be made again. The same attention to float rounding."""
 
 from __future__ import annotations
 
@@ -11,17 +11,19 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
-import torch.nn.functional as F
 
-ATTENTIONS = ("matmul", "sdpa")
+ATTENTIONS = ("sdpa", "matmul")
 
 
-def sdpa_attend(
+def matmul_attend(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, attend_mask: torch.Tensor, scaling: float
 ) -> torch.Tensor:
-    """:meth:`StaticKVDecoder._attend_cached` as one fused attention: q (b, K, G, D), keys and values (b, K, W, D),
-    attend_mask (b, W) bool → (b, K, G, D)."""
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=attend_mask[:, None, None, :], scale=scaling)
+    """:meth:`StaticKVDecoder._attend_cached` as four kernels: q (b, K, G, D), keys and values (b, K, W, D),
+    attend_mask (b, W) bool → (b, K, G, D). Scores and softmax in fp32."""
+    scores = torch.matmul(q, keys.transpose(-1, -2)).float() * scaling  # (b, K, G, W)
+    scores = scores.masked_fill(~attend_mask[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(q.dtype)
+    return torch.matmul(probs, values)
 
 
 @contextlib.contextmanager
@@ -32,17 +34,21 @@ def use_attention(name: str) -> Iterator[None]:
 
     if name not in ATTENTIONS:
         raise ValueError(f"attention {name!r}: expected one of {ATTENTIONS}")
-    today = StaticKVDecoder.__dict__["_attend_cached"]
-    if name == "sdpa":
-        StaticKVDecoder._attend_cached = staticmethod(sdpa_attend)
+    engine = StaticKVDecoder.__dict__["_attend_cached"]
+    if name == "matmul":
+        StaticKVDecoder._attend_cached = staticmethod(matmul_attend)
     try:
         yield
     finally:
-        StaticKVDecoder._attend_cached = today
+        StaticKVDecoder._attend_cached = engine
 
 
 def add_argument(parser: argparse.ArgumentParser) -> None:
-    """``--attentions``: the settings' decode attentions, today's by default."""
+    """``--attentions``: the settings' decode attentions, the engine's by default."""
     parser.add_argument(
-        "--attentions", nargs="+", choices=ATTENTIONS, default=["matmul"], help="the decode step's cache attention"
+        "--attentions",
+        nargs="+",
+        choices=ATTENTIONS,
+        default=["sdpa"],
+        help="the decode step's cache attention: the engine's (sdpa) or the four-kernel one it replaced (matmul)",
     )

@@ -2,13 +2,13 @@
 
 Times, per step at batch 256 with a 768-position cache: the compiled (CUDA-graph) decode step, the eager
 one, the sampling; prints torch.profiler's top CUDA kernels of a few compiled steps and how far the
-compiled step's logits are from the eager step's on the same inputs; for each ``--attentions`` (today's
-``matmul``, the candidate ``sdpa``: ``benchmarks/_attention.py``). ``--loop N``: instead, the engine's
+compiled step's logits are from the eager step's on the same inputs; for each ``--attentions`` (the
+engine's ``sdpa``, the ``matmul`` it replaced: ``benchmarks/_attention.py``). ``--loop N``: instead, the engine's
 whole loop (``HFEngine.generate``, N new tokens, full-size and shrinking): ms per step, and torch.profiler's
 top operators by CPU time and cProfile's top functions, where host-side waits and launch costs show.
 
     python benchmarks/decode_profile.py [--model-dir DIR] [--batch 256 --capacity 768] [--tiny]
-        [--loop 128 [--decodes full shrinking shrinking-static]] [--attentions matmul sdpa]
+        [--loop 128 [--decodes full shrinking shrinking-static]] [--attentions sdpa matmul]
 """
 
 from __future__ import annotations

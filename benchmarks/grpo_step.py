@@ -12,13 +12,13 @@ the decode (``--decodes``): every step at full size, or shrinking (``HFEngine(sh
 the temperature sampler (``--samplers``): softmax → multinomial as before, or today's Gumbel-max; and the
 policy's weights (``--policy-dtypes``): bf16, colocated with the engine (no weight sync), or fp32 as the flows'
 default ``policy_dtype`` (bf16 autocast; the engine decodes a bf16 copy, synced each step); and the decode step's
-cache attention (``--attentions``, ``benchmarks/_attention.py``): today's ``matmul``, or ``sdpa``.
+cache attention (``--attentions``, ``benchmarks/_attention.py``): the engine's ``sdpa``, or the ``matmul`` it replaced.
 The first step compiles (CUDA graph of the decode step; compiled decoder layers) and is reported apart;
 the warm steps' median and maximum are the figures. Targets (issue 17): median ≤ 4.5 s, max ≤ 5.5 s.
 
     python benchmarks/grpo_step.py [--model-dir DIR] [--steps 11] [--lengths fixed varied]
         [--token-budgets 0 16384 32768] [--count-steps N] [--decodes full shrinking shrinking-static]
-        [--samplers multinomial gumbel-max] [--policy-dtypes bfloat16 float32] [--attentions matmul sdpa]
+        [--samplers multinomial gumbel-max] [--policy-dtypes bfloat16 float32] [--attentions sdpa matmul]
         [--variants layers] [--tiny]
 """
 

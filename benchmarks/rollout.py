@@ -4,7 +4,7 @@ Compares, in one process on one model: transformers' ``generate`` (the baseline)
 (static KV cache; its decode step captured as a CUDA graph), its decode at full size (every step runs the
 whole chunk over the whole cache) and shrinking (the filled columns only, fewer rows as rows finish), each with
 the temperature sampler before (softmax → multinomial) and today's (Gumbel-max; ``benchmarks/_sampler.py``),
-and with the decode step's cache attention of today (``matmul``) or a candidate (``sdpa``,
+and with the decode step's cache attention of today (``sdpa``) or the one it replaced (``matmul``,
 ``benchmarks/_attention.py``); ``--decodes shrinking-static``: shrinking with each bucket compiled as a static
 shape (``benchmarks/_buckets.py``). Each setting compiles its decode step anew (``torch._dynamo.reset``).
 Every sequence runs the full 512 tokens (``min_tokens`` = ``max_tokens``: random weights would otherwise
@@ -15,7 +15,7 @@ and the engine's log-probs against the policy's. Targets: ≥ 50k tok/s (issue 1
 80% of that.
 
     python benchmarks/rollout.py [--model-dir DIR] [--batch 256 --prompt 200 --new 512] [--tiny]
-        [--decodes full shrinking shrinking-static] [--samplers multinomial gumbel-max] [--attentions matmul sdpa]
+        [--decodes full shrinking shrinking-static] [--samplers multinomial gumbel-max] [--attentions sdpa matmul]
         [--skip-baseline]
 """
 
