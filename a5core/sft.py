@@ -231,9 +231,9 @@ def train_sft(
         truncated = 0
         batch_positions = None if positions is None else [positions[i] for i in batch_order]
         microbatches = distributed.rank_microbatches(range(len(batch)), config.microbatch_size, batch_positions, budget)
-        shapes: list[tuple[int, ...]] = []  # this step's micro-batches (rows, positions), for an out-of-memory error
+        shape = None  # the latest micro-batch's (rows, positions), for an out-of-memory error
         count = f"microbatch_size {config.microbatch_size}: lower it"
-        with naming_the_microbatch(f"SFT step {step + 1}", budget, count, lambda: shapes[-1] if shapes else None):
+        with naming_the_microbatch(f"SFT step {step + 1}", budget, count, lambda: shape):
             for index in distributed.accumulating(model, microbatches):
                 # an empty share still runs a pass (FSDP2), at zero weight
                 micro = [batch[i] for i in index] or batch[:1]
@@ -247,7 +247,7 @@ def train_sft(
                 if budget is not None:  # a multiple of 64 positions: compiled layers see few shapes
                     input_ids, labels, response_mask = pad_positions(input_ids, labels, response_mask, pad_id)
                 input_ids, labels, response_mask = (x.to(device) for x in (input_ids, labels, response_mask))
-                shapes.append(tuple(input_ids.shape))
+                shape = tuple(input_ids.shape)
                 with autocast:
                     log_probs = get_response_log_probs(model, input_ids, labels)["log_probs"]  # (b, T) fp32
                 # Dividing each micro-batch mean by len(batch) / (len(micro) · world) makes the sum over

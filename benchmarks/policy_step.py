@@ -40,22 +40,32 @@ def a5_step(model, ids, labels, mask, advantages):
     out["token_entropy"][mask].mean().item()  # what the loop logs
 
 
+def optimizer_step(model, step, batch):
+    """A function making one whole step: ``step`` (forward + backward) on ``batch``, then AdamW's update."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=torch.cuda.is_available())
+
+    def one() -> None:
+        step(model, *batch)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return one
+
+
 def measure(name, model, step, batch, steps, warmup, tokens):
     """Median seconds per step (forward + backward + AdamW) and peak GiB."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=torch.cuda.is_available())
+    one = optimizer_step(model, step, batch)
     _model.reset_peak()
     times = []
     for i in range(warmup + steps):
         _model.cuda_sync()
         start = time.perf_counter()
-        step(model, *batch)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        one()
         _model.cuda_sync()
         if i >= warmup:
             times.append(time.perf_counter() - start)
     peak = _model.peak_gib()
-    del optimizer
+    del one  # and its optimizer's moments
     seconds = statistics.median(times)
     print(f"{name}: {seconds * 1000:.0f} ms/step, {tokens / seconds:,.0f} tok/s, peak {peak:.1f} GiB", flush=True)
     return seconds, peak
@@ -80,13 +90,7 @@ def profile(model, step, batch, warmup: int, steps: int, flops: float) -> None:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=torch.cuda.is_available())
-
-    def one() -> None:
-        step(model, *batch)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
+    one = optimizer_step(model, step, batch)
     for _ in range(warmup):
         one()
     _model.cuda_sync()
@@ -106,7 +110,8 @@ def profile(model, step, batch, warmup: int, steps: int, flops: float) -> None:
         return
     by_kind: dict[str, float] = {}
     for event in kernels:
-        by_kind[kernel_kind(event.key)] = by_kind.get(kernel_kind(event.key), 0.0) + event.self_device_time_total
+        kind = kernel_kind(event.key)
+        by_kind[kind] = by_kind.get(kind, 0.0) + event.self_device_time_total
     gpu = sum(by_kind.values()) / steps / 1e3  # ms a step
     print(f"profiled step: {wall * 1e3:.0f} ms wall, {gpu:.0f} ms of GPU kernels; {flops / wall / 1e12:.0f} TFLOP/s")
     for kind, total in sorted(by_kind.items(), key=lambda kv: -kv[1]):
