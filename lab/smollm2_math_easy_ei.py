@@ -9,7 +9,7 @@ the stage before it and with the SFT stage, paired by problem (mean difference Â
 
 EI rounds run (library ``expert_iteration``, one round per call, round k with seed k) while the
 previous round's wall time (before round 0: 2.5 evaluations) still fits before DEADLINE_S. One json line per stage goes to $OUT/log.jsonl.
-    OUT=outputs/experiments python experiments/smollm2_math_easy_ei.py
+    OUT=outputs/experiments python lab/smollm2_math_easy_ei.py
 Settings (env): MATH_TRAIN, MATH_VALIDATION, SFT_LEVELS ("1,2,3": traces of those levels; "all"),
 EI_LEVELS ("1,2"), EVAL_LEVELS ("1"), EVAL_N (4), EVAL_MAX_TOKENS (512), EI_ROUNDS (max rounds, 8),
 D_B (256), G (8), EI_MAX_TOKENS (512), EI_EPOCHS (2), EI_LR (2e-5), SFT_MICRO (32), DEADLINE_S (470),

@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct: SFT on all MATH-solution traces, then Expert Iteration on MATH; hf engine.
 
 The GPU learning run of issue 4 (see docs/learning_runs.md). Writes one json line per stage to $OUT/log.jsonl.
-    OUT=outputs/experiments EI_STEPS=2 python experiments/smollm2_math_sft_ei.py
+    OUT=outputs/experiments EI_STEPS=2 python lab/smollm2_math_sft_ei.py
 """
 
 import json

@@ -1,6 +1,6 @@
 """Generate ``docs/results.md`` from the runs' own records, never by hand.
 
-    python experiments/results_writeup.py [--runs docs/results/runs] [--out docs/results.md] \\
+    python lab/results_writeup.py [--runs docs/results/runs] [--out docs/results.md] \\
         [--figures docs/results] [--context docs/results/context.md]
 
 Every ``*.tar.gz`` under ``--runs`` is unpacked into a temporary folder and each ``mlflow.db`` in it read
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-COMMAND = "python experiments/results_writeup.py"
+COMMAND = "python lab/results_writeup.py"
 # Where results went, how a sweep's children were scheduled and its grid (the parent's): not what a child ran with.
 HIDDEN = {"output_dir", "metrics_path", "tracking_uri", "experiment", "sizes", "filtered_data", "ablation", "runner"}
 HIDDEN_PREFIXES = ("sweep_", "clip_", "ray_")

