@@ -296,6 +296,18 @@ def context_length(model: str) -> int | None:
     return value if isinstance(value, int) else None
 
 
+def parameter_count(model: str) -> int:
+    """Parameters of a resolved model (a folder with config.json; a hub id's config is fetched), counted on
+    the meta device: nothing is allocated or read but the config."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model, trust_remote_code=False)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    return sum(param.numel() for param in skeleton.parameters())
+
+
 def check_context(model: str, prompts: Sequence[str], max_tokens: int, labels: Sequence[str]) -> None:
     """ValueError when the longest prompt plus ``max_tokens`` does not fit the context of ``model`` (a
     resolved model; a hub id is not checked), naming the prompt by its label: what an engine would

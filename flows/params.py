@@ -50,7 +50,13 @@ class EngineSettings(ModelChoice):
     """The model a run starts from and the engine that samples from it."""
 
     engine_dtype: EngineDtype = Field("auto", description="engine dtype (auto: bf16 on GPU, fp32 on CPU)")
-    engine_memory_fraction: float = Field(0.3, gt=0, le=1, description="vLLM gpu_memory_utilization beside the policy")
+    engine_memory_fraction: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="vLLM gpu_memory_utilization beside the policy (None: what the GPU has free less what the "
+        "policy will hold; the engine sleeps while the policy trains)",
+    )
     policy_dtype: Literal["float32", "bfloat16"] = Field("float32", description="policy weights (bf16 autocast on GPU)")
 
 

@@ -24,6 +24,7 @@ from prefect.cache_policies import NO_CACHE
 
 from a5core.distributed import rank_and_world
 from a5core.rollout import make_engine, vllm_available
+from a5core.rollout.colocate import colocated_memory_fraction, policy_reserve_bytes, rollout_tokens
 from a5core.rollout.remote import RemoteEngine
 
 logger = logging.getLogger(__name__)
@@ -134,23 +135,57 @@ def in_process_backend(backend: str) -> str:
     return "hf"
 
 
+def colocated_vllm_kwargs(
+    memory_fraction: float | None, policy_reserve: Callable[[], int], kv_cache_tokens: int | None = None
+) -> dict[str, Any]:
+    """``make_engine`` arguments for a vLLM engine in the trainer's process. On CUDA it sleeps while the policy
+    trains (``sleep_when_idle``); ``memory_fraction`` None bounds its share by the memory free now less
+    ``policy_reserve()`` bytes (:func:`~a5core.rollout.colocate.colocated_memory_fraction`) and sizes its KV cache
+    to ``kv_cache_tokens``. On the CPU, vLLM's own defaults (or ``memory_fraction``) hold."""
+    if not torch.cuda.is_available():
+        return {} if memory_fraction is None else {"gpu_memory_utilization": memory_fraction}
+    kwargs: dict[str, Any] = {"sleep_when_idle": True}
+    if memory_fraction is None:
+        free, total = torch.cuda.mem_get_info()
+        memory_fraction = colocated_memory_fraction(free, total, policy_reserve())
+        kwargs["kv_cache_tokens"] = kv_cache_tokens
+        logger.info(
+            "rollout engine: gpu_memory_utilization at most %.3f (%d of %d MiB free), KV cache for %s tokens",
+            memory_fraction,
+            free >> 20,
+            total >> 20,
+            kv_cache_tokens,
+        )
+    return {**kwargs, "gpu_memory_utilization": memory_fraction}
+
+
 def rollout_engine(
-    model: str, backend: str, *, dtype: str, memory_fraction: float, engine_device: str | None = None
+    model: str,
+    backend: str,
+    *,
+    dtype: str,
+    memory_fraction: float | None,
+    engine_device: str | None = None,
+    policy_reserve: Callable[[], int] = lambda: 0,
+    kv_cache_tokens: int | None = None,
 ) -> Any:
     """A training flow's engine for ``model``, through the retried :func:`start_engine`: in this process
     (``engine_device`` None), else a RemoteEngine on this rank's ``engine_device`` (weights pushed over
-    NCCL from a GPU, gloo from the CPU). ``memory_fraction``: vLLM's gpu_memory_utilization. A
-    placement that cannot work raises ValueError before anything starts. Close it with
+    NCCL from a GPU, gloo from the CPU). ``memory_fraction``: vLLM's gpu_memory_utilization; None: in this
+    process on CUDA, sized by :func:`colocated_vllm_kwargs` from ``policy_reserve()`` and ``kv_cache_tokens``,
+    elsewhere vLLM's default. A placement that cannot work raises ValueError before anything starts. Close it with
     :func:`closing_engine`."""
     start = start_engine if rank_and_world()[0] == 0 else start_engine.fn
     device = engine_device_of_rank(engine_device)
     if device is None:
         backend = in_process_backend(backend)
-        kwargs = {"gpu_memory_utilization": memory_fraction} if backend != "hf" else {}
+        if backend == "auto":
+            backend = "vllm" if vllm_available() else "hf"
+        kwargs = colocated_vllm_kwargs(memory_fraction, policy_reserve, kv_cache_tokens) if backend == "vllm" else {}
         return start(make_engine, model, backend, dtype=dtype, **kwargs)
     if backend == "auto":
         backend = "vllm" if vllm_available() else "hf"
-    kwargs = {"gpu_memory_utilization": memory_fraction} if backend == "vllm" else {}
+    kwargs = {"gpu_memory_utilization": memory_fraction} if backend == "vllm" and memory_fraction else {}
     threads = torch.get_num_threads() if device == "cpu" else None  # the trainer waits meanwhile
     return start(RemoteEngine, model, backend, device=device, dtype=dtype, threads=threads, **kwargs)
 
@@ -160,12 +195,20 @@ def engine_for(params: Any) -> Any:
     ``engine_dtype``, ``engine_memory_fraction`` and, where the parameters have it, ``engine_device``."""
     from a5core.models import resolve_model
 
+    model = resolve_model(params.model)
     return rollout_engine(
-        resolve_model(params.model),
+        model,
         params.backend,
         dtype=params.engine_dtype,
         memory_fraction=params.engine_memory_fraction,
         engine_device=getattr(params, "engine_device", None),
+        policy_reserve=lambda: policy_reserve_bytes(
+            model,
+            getattr(params, "policy_dtype", "float32"),
+            lora=bool(getattr(params, "lora_rank", 0)),
+            reference=bool(getattr(params, "kl_coef", 0)),
+        ),
+        kv_cache_tokens=rollout_tokens(params),
     )
 
 

@@ -71,7 +71,7 @@ def loop_token_ids(tokenizer) -> list[int]:
     return ids
 
 
-def build_model(tokenizer, seed: int = 0, strength: float = STRENGTH):
+def build_model(tokenizer, seed: int = 0, strength: float = STRENGTH, heads: int = 2):
     """Seeded tiny Qwen2 (fp32, eval mode) with the loop bias described in the module docstring.
 
     How the bias is planted: loop token ``i`` has embedding ``strength·e_i`` (a one-hot direction),
@@ -90,7 +90,7 @@ def build_model(tokenizer, seed: int = 0, strength: float = STRENGTH):
         hidden_size=HIDDEN,
         intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=2,  # head_dim 32: vLLM's CPU attention needs a multiple of 32
+        num_attention_heads=heads,  # 2: head_dim 32 (vLLM's CPU attention needs a multiple of 32); 1: 64 (FA3 on CUDA)
         num_key_value_heads=1,
         max_position_embeddings=2048,
         tie_word_embeddings=True,
@@ -121,12 +121,13 @@ def build_model(tokenizer, seed: int = 0, strength: float = STRENGTH):
     return model
 
 
-def build_tiny_lm(directory: Path | str, data_file: Path | str, seed: int = 0) -> Path:
-    """Train the tokenizer, build the model and save both to ``directory`` (created); returns it."""
+def build_tiny_lm(directory: Path | str, data_file: Path | str, seed: int = 0, heads: int = 2) -> Path:
+    """Train the tokenizer, build the model (``heads`` attention heads) and save both to ``directory``
+    (created); returns it."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(Path(data_file))
-    model = build_model(tokenizer, seed=seed)
+    model = build_model(tokenizer, seed=seed, heads=heads)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.bos_token_id = tokenizer.eos_token_id

@@ -20,6 +20,15 @@ Defaults chosen here (each can be overridden through ``backend_kwargs``):
 On CPU, vLLM's worker replaces ``torch.set_num_threads`` with a no-op for the whole process (it
 binds OpenMP threads to cores); the engine puts the real function back once vLLM has started, so
 training code in the same process still controls its thread count.
+
+Sharing one GPU with the training policy (``sleep_when_idle=True``, CUDA only), as verl and TRL colocate
+them: the engine sleeps between calls (vLLM's sleep level 1: the KV cache is released and the weights
+wait in host memory), so the policy's training pass has the whole GPU; ``generate`` and ``load_weights``
+wake it first, after returning the training pass's cached blocks to the driver. What the engine may take
+while awake is ``gpu_memory_utilization``; ``a5core.rollout.colocate`` derives it from the memory free at
+start and what the policy will hold, instead of a guessed fraction. ``kv_cache_tokens`` sizes the
+KV cache to the rollouts at hand (vLLM's ``kv_cache_memory_bytes``) rather than to all of that share: waking
+maps the cache anew each time, and mapping 100 GiB where 10 suffice cost ~2 s a GRPO step on an H200.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import torch
 from a5core import progress
 from a5core.policy import checkpoint_name
 from a5core.rollout import Completion, SamplingSettings, check_prompts, resolve_dtype
+from a5core.rollout.colocate import kv_bytes_per_token
 
 _VLLM_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -57,10 +67,21 @@ class VLLMEngine:
     ``model``: local directory or hub id. ``dtype``: as in ``make_engine``. ``device``: None, or the
     device type vLLM's platform uses (``"cuda"``, ``"cpu"``); vLLM picks the device itself.
     ``llm_kwargs`` go to ``vllm.LLM`` (e.g. ``gpu_memory_utilization``, ``max_model_len``,
-    ``max_num_seqs``, ``max_num_batched_tokens``, ``enforce_eager``, ``seed``).
+    ``max_num_seqs``, ``max_num_batched_tokens``, ``enforce_eager``, ``seed``). ``sleep_when_idle`` (CUDA):
+    sleep between calls beside a training policy; ``kv_cache_tokens`` (CUDA): a KV cache of that many tokens
+    (see the module docstring).
     """
 
-    def __init__(self, model: str, *, dtype: str | torch.dtype = "auto", device: str | None = None, **llm_kwargs: Any):
+    def __init__(
+        self,
+        model: str,
+        *,
+        dtype: str | torch.dtype = "auto",
+        device: str | None = None,
+        sleep_when_idle: bool = False,
+        kv_cache_tokens: int | None = None,
+        **llm_kwargs: Any,
+    ):
         set_vllm_env()
         import vllm
         from vllm.platforms import current_platform
@@ -76,6 +97,14 @@ class VLLMEngine:
         on_cpu = current_platform.is_cpu()
         llm_kwargs.setdefault("seed", 0)
         llm_kwargs.setdefault("logprobs_mode", "raw_logprobs")  # before temperature/top-p (the default)
+        if sleep_when_idle and on_cpu:
+            raise ValueError("sleep_when_idle needs vLLM on CUDA (its sleep mode maps GPU memory), not on the CPU")
+        self.sleep_when_idle = sleep_when_idle
+        self._awake = {"weights", "kv_cache"}  # what of the engine's GPU memory is mapped now
+        if sleep_when_idle:
+            llm_kwargs["enable_sleep_mode"] = True
+        if kv_cache_tokens is not None and not on_cpu:
+            llm_kwargs.setdefault("kv_cache_memory_bytes", kv_cache_tokens * kv_bytes_per_token(str(model), self.dtype))
         if on_cpu:
             llm_kwargs.setdefault("enforce_eager", True)
             llm_kwargs.setdefault("enable_chunked_prefill", False)
@@ -91,6 +120,7 @@ class VLLMEngine:
             torch.set_num_threads = set_num_threads
         self.tokenizer = self.llm.get_tokenizer()
         self._vllm = vllm
+        self._sleep()
 
     @staticmethod
     def _use_eager_logprob_ranks() -> None:
@@ -127,7 +157,11 @@ class VLLMEngine:
         token_prompts = [
             {"prompt_token_ids": ids} for ids in self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
         ]
-        outputs = self.llm.generate(token_prompts, self._sampling_params(sampling), use_tqdm=progress.enabled())
+        self._wake(("weights", "kv_cache"))
+        try:
+            outputs = self.llm.generate(token_prompts, self._sampling_params(sampling), use_tqdm=progress.enabled())
+        finally:
+            self._sleep()
         groups = []
         for output in outputs:
             completions = [self._completion(c, sampling.logprobs) for c in output.outputs]
@@ -158,11 +192,27 @@ class VLLMEngine:
         came from the old weights). Skipping either of the last two steps leaves outputs that
         silently differ from the policy's. Needs the in-process engine (see the module docstring).
         """
+        self._wake(("weights",))  # the KV cache stays released: the next generate takes it
         state = policy_model.state_dict()
         weights = ((checkpoint_name(name), tensor.detach()) for name, tensor in state.items())
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         self.llm.apply_model(_reprocess_tied_lm_head)
         self.llm.reset_prefix_cache()
+
+    def _sleep(self) -> None:
+        """With ``sleep_when_idle``: release the KV cache and move the weights to host memory (level 1)."""
+        if self.sleep_when_idle and self._awake:
+            self.llm.sleep(level=1)
+            self._awake = set()
+
+    def _wake(self, tags: tuple[str, ...]) -> None:
+        """Map back what ``tags`` name (``weights``, ``kv_cache``) that is asleep, after returning the blocks the
+        training pass left in PyTorch's cache to the driver (vLLM maps memory of its own)."""
+        wanted = [tag for tag in tags if tag not in self._awake]
+        if wanted:
+            torch.cuda.empty_cache()
+            self.llm.wake_up(tags=wanted)
+            self._awake.update(wanted)
 
 
 def _reprocess_tied_lm_head(model: torch.nn.Module) -> None:
