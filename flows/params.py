@@ -43,7 +43,10 @@ class ModelChoice(Settings):
         "Qwen/Qwen2.5-Math-1.5B",
         description="the model: hub id, local folder (e.g. an SFT stage's best_model), or smollm2-135m-instruct",
     )
-    backend: Backend = Field("auto", description="rollout engine (auto: vllm where installed, else hf)")
+    backend: Backend = Field(
+        "auto",
+        description="rollout engine (auto: vllm where installed, else hf; beside a training policy on a GPU, hf)",
+    )
 
 
 class EngineSettings(ModelChoice):

@@ -21,7 +21,7 @@ from a5core.rollout.colocate import (
     policy_reserve_bytes,
     rollout_tokens,
 )
-from tasks.engines import colocated_vllm_kwargs
+from tasks.engines import colocated_backend, colocated_vllm_kwargs
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +101,16 @@ def test_vllm_on_the_cpu_refuses_to_sleep(tiny_lm_dir):
 
     with pytest.raises(ValueError, match="sleep_when_idle needs vLLM on CUDA"):
         VLLMEngine(str(tiny_lm_dir), sleep_when_idle=True)
+
+
+def test_auto_beside_the_policy_is_hf_on_a_gpu(monkeypatch):
+    import tasks.engines
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert colocated_backend("auto") == "hf"
+    assert colocated_backend("vllm") == "vllm"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(tasks.engines, "vllm_available", lambda: True)
+    assert colocated_backend("auto") == "vllm"
+    monkeypatch.setattr(tasks.engines, "vllm_available", lambda: False)
+    assert colocated_backend("auto") == "hf"
