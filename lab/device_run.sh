@@ -42,6 +42,16 @@
 #                                       #   with its output (bench_N.txt); an entry's own --model-dir wins (SmolLM2-135M's
 #                                       #   architecture: --model-dir .devq/smollm2-135m-instruct). E.g.
 #       BENCH='benchmarks/rollout.py --skip-baseline --decodes full; benchmarks/grpo_step.py --lengths fixed'
+#   vLLM (lab/carry_vllm.sh: three calls carrying .devV1, .devV2, .devV3, the last running
+#   `bash lab/carry_vllm.sh install /tmp/vllm`) is on PYTHONPATH whenever /tmp/vllm exists. The learning parity of
+#   backend vllm against hf (two seeds each, from one SFT model, four GRPO runs side by side):
+#       PRE='sft1024 flows.sft_experiment --config params.yaml --profile gpu-small --sizes [1024] --filtered-data null
+#            --val-limit 128'
+#       CMDS='hf_s0 flows.grpo --config params.yaml --profile gpu-small --backend hf --seed 0;
+#             hf_s1 flows.grpo --config params.yaml --profile gpu-small --backend hf --seed 1;
+#             vllm_s0 flows.grpo --config params.yaml --profile gpu-small --backend vllm --engine-memory-fraction 0.15 --seed 0;
+#             vllm_s1 flows.grpo --config params.yaml --profile gpu-small --backend vllm --engine-memory-fraction 0.15 --seed 1'
+#       lab/device_run.sh par      (flows started side by side size no share of their own: give each vLLM run one)
 #   Any call may carry .devR/ray_site.tar.xz (Ray 2.60.0 for cp312, its unused libraries and Java jars left out,
 #   and prefect-ray 0.6.0; 29.7 MB): it is unpacked into /tmp/site, for `--runner ray`.
 #
@@ -52,7 +62,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/devrun_out}
 mkdir -p "$OUT" outputs/.devrun
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 A5_TRACEBACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+export PYTHONPATH=/tmp/site:/tmp/vllm VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 A5_TRACEBACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
   PREFECT_HOME=/tmp/prefect_home PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=300 \
   PREFECT_SERVER_ANALYTICS_ENABLED=false DO_NOT_TRACK=1 MLFLOW_DISABLE_TELEMETRY=true
 PY=$(command -v python || command -v python3)
