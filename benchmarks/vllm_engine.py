@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _model  # noqa: E402
 from benchmarks._lengths import drawn_lengths, forced_lengths  # noqa: E402
 from benchmarks._report import report  # noqa: E402
+from benchmarks.rollout import timed  # noqa: E402
 
 SHORTEST = 30
 PHASES = ("weight_sync", "generate", "grade", "old_log_probs", "train")
@@ -106,14 +107,6 @@ def vllm_lengths(engine, low: int, high: int, seed: int = 0):
         yield
     finally:
         engine.llm.generate = generate
-
-
-def timed(fn):
-    _model.cuda_sync()
-    start = time.perf_counter()
-    out = fn()
-    _model.cuda_sync()
-    return out, time.perf_counter() - start
 
 
 def rollouts(args) -> None:

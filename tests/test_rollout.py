@@ -7,13 +7,12 @@ outcomes. vLLM tests skip only when ``import vllm`` fails.
 
 from __future__ import annotations
 
-import copy
 import json
 import sys
 
 import pytest
 import torch
-from tiny_lm import LOOP_TEXT, STOP, loop_token_ids, plant_eos_after_stop
+from tiny_lm import LOOP_TEXT, STOP, loop_token_ids, pushed_variant
 
 from a5core.policy import get_response_log_probs, load_policy
 from a5core.rollout import BACKENDS, Completion, Engine, SamplingSettings, make_engine
@@ -255,12 +254,7 @@ def test_log_probs_match_the_policy(engine, prompts, policy, temperature, top_p)
 def test_load_weights_makes_the_engine_follow_the_policy(engine, prompts, policy):
     """Perturb every weight of a copy and plant EOS after </answer>, push it, compare with the policy itself."""
     model, tokenizer = policy
-    pushed = copy.deepcopy(model)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for param in pushed.parameters():
-            param.add_(torch.randn(param.shape, generator=generator) * 0.02)
-    plant_eos_after_stop(pushed, tokenizer)
+    pushed = pushed_variant(model, tokenizer)
     settings = SamplingSettings(temperature=0, max_tokens=30, stop=(), logprobs=True)
     before = engine.generate(prompts, settings)
     engine.load_weights(pushed)

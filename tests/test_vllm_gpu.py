@@ -15,7 +15,7 @@ import json
 
 import pytest
 import torch
-from tiny_lm import STOP, build_tiny_lm, plant_eos_after_stop
+from tiny_lm import STOP, build_tiny_lm, pushed_variant
 
 from a5core.policy import get_response_log_probs, load_policy
 from a5core.rollout import SamplingSettings, make_engine
@@ -103,12 +103,7 @@ def test_push_makes_the_engine_follow_the_policy(engine, policy, prompts):
     """Noise on every weight of a copy and EOS planted after </answer>: after the push the engine decodes what
     the pushed copy decodes, with its log-probs; pushing the original back restores the original output."""
     model, tokenizer = policy
-    pushed = copy.deepcopy(model)
-    generator = torch.Generator(device="cuda").manual_seed(0)
-    with torch.no_grad():
-        for param in pushed.parameters():
-            param.add_(torch.randn(param.shape, generator=generator, device="cuda", dtype=param.dtype) * 0.02)
-    plant_eos_after_stop(pushed, tokenizer)
+    pushed = pushed_variant(model, tokenizer)
     settings = SamplingSettings(temperature=0, max_tokens=30, stop=(), logprobs=True)
     before = engine.generate(prompts, settings)
     engine.load_weights(pushed)

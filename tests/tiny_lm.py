@@ -143,3 +143,17 @@ def plant_eos_after_stop(model, tokenizer) -> None:
     eye = torch.eye(HIDDEN)
     model.model.embed_tokens.weight[tokenizer.eos_token_id] = eye[EOS_DIM] * STRENGTH
     model.model.layers[-1].mlp.down_proj.weight[:, len(loop) - 1] = eye[EOS_DIM]
+
+
+def pushed_variant(model, tokenizer):
+    """A copy of ``model`` that decodes visibly otherwise: seeded noise (0.02) on every weight, and EOS planted
+    after ``</answer>``; for the weight-push tests."""
+    import copy
+
+    pushed = copy.deepcopy(model)
+    generator = torch.Generator(device=model.device).manual_seed(0)
+    with torch.no_grad():
+        for param in pushed.parameters():
+            param.add_(torch.randn(param.shape, generator=generator, device=param.device, dtype=param.dtype) * 0.02)
+    plant_eos_after_stop(pushed, tokenizer)
+    return pushed
