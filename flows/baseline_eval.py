@@ -26,7 +26,7 @@ from flows.params import BaselineEvalParams
 from tasks.checks import check_outputs, check_prompts_fit
 from tasks.evaluation import generate, grade, load_problems, log_evaluation_run, model_fingerprint, write_outputs
 from tasks.flow_summary import publish
-from tasks.tracking import UI_COMMAND, flow_run, tag_active_run, ui_address
+from tasks.tracking import UI_COMMAND, flow_run, ui_address
 
 
 @flow(name="baseline_eval")
@@ -49,7 +49,6 @@ def baseline_eval(params: BaselineEvalParams = BaselineEvalParams()) -> dict:
             evaluated[name] = (records, write_outputs(records, output_dir, None if name else params.metrics_path))
         run_name = f"{model_name}-{params.prompt}-{len(evaluated[''][0]) // params.n}"
         run_id = log_evaluation_run(params.experiment, run_name, params.tracking_uri, params.model_dump(), evaluated)
-        tag_active_run(**{"mlflow.runName": run_name})
     sets = {name: outputs for name, (_, outputs) in evaluated.items() if name}
     publish(
         "baseline_eval",

@@ -320,11 +320,12 @@ def log_settings(settings: dict[str, Any]) -> None:
 @contextmanager
 def mlflow_run(experiment: str, run_name: str, tracking_uri: str = DEFAULT_TRACKING_URI, **tags: Any) -> Iterator[Any]:
     """One MLflow run in ``experiment`` with :func:`run_tags` and ``tags``: a new one, ended on exit; or,
-    inside :func:`flow_run` of the same experiment, the flow's own run (tagged, and left open for it)."""
+    inside :func:`flow_run` of the same experiment, the flow's own run (named ``run_name`` and tagged, and left
+    open for it)."""
     experiment_id = ensure_experiment(experiment, tracking_uri)
     active = mlflow.active_run()
     if active is not None and active.info.experiment_id == experiment_id:
-        mlflow.set_tags({k: str(v) for k, v in tags.items()})
+        mlflow.set_tags({"mlflow.runName": run_name, **{k: str(v) for k, v in tags.items()}})
         yield active
         return
     with mlflow.start_run(
@@ -566,7 +567,7 @@ def register_model(
     active = mlflow.active_run()
     nested = active is not None and active.info.run_id != run_id
     reopen = contextlib.nullcontext() if active is not None and not nested else None
-    with reopen or mlflow.start_run(run_id=run_id, nested=nested):
+    with reopen or reopen_run(run_id, run.info.experiment_id, nested=nested):
         logged = mlflow.pyfunc.log_model(
             name="model",
             python_model=str(Path(__file__).with_name("hf_folder_model.py")),

@@ -193,8 +193,9 @@ def test_expert_iteration_resumes_after_kill_9(warm_policy_dir, flow_env, tmp_pa
     ]
     assert done["initial_accuracy"] is not None  # the starting policy, evaluated before round 0 (step 0)
 
-    runs = client.search_runs([client.get_experiment_by_name("expert_iteration").experiment_id])
-    assert [r.info.run_id for r in runs] == [run_id]  # no second run
+    found = client.search_runs([client.get_experiment_by_name("expert_iteration").experiment_id])
+    runs = [r for r in found if "mlflow.parentRunId" in r.data.tags]  # the flow's parent run holds the comparison
+    assert [r.info.run_id for r in runs] == [run_id] and len(found) == 2  # no second run
     assert runs[0].info.status == "FINISHED"
     for key in ("kept_fraction", "rollout_mean_token_entropy"):  # step k: after k rounds
         assert steps(client, run_id, key) == list(range(1, n_rounds + 1)), key  # round 1 logged once, not twice
@@ -413,8 +414,9 @@ def test_grpo_resumes_after_kill_9(tiny_lm_dir, flow_env, tmp_path):
     ):
         assert (tmp_path / "out" / name).stat().st_size > 0, name
 
-    runs = client.search_runs([client.get_experiment_by_name("grpo").experiment_id])
-    assert [r.info.run_id for r in runs] == [run_id]  # no second run
+    found = client.search_runs([client.get_experiment_by_name("grpo").experiment_id])
+    runs = [r for r in found if "mlflow.parentRunId" in r.data.tags]  # the flow's parent run holds the comparison
+    assert [r.info.run_id for r in runs] == [run_id] and len(found) == 2  # no second run
     assert runs[0].info.status == "FINISHED"
     for key in ("reward_mean", "loss", "grad_norm", "token_entropy", "time_train"):
         assert steps(client, run_id, key) == list(range(1, n_steps + 1)), key  # step 2 logged once, not twice
