@@ -32,20 +32,20 @@ def publish(
     title: str,
     rows: Sequence[dict[str, Any]],
     *,
-    experiment: str,
-    tracking_uri: str,
-    mlflow_run_id: str | None,
+    experiment: str | None = None,
+    tracking_uri: str | None = None,
+    mlflow_run_id: str | None = None,
     output_dir: str | Path | None = None,
     paths: dict[str, str] | None = None,
     models: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """Tell Prefect (logs, artifact) and the output folder (``run.json``) what flow ``flow`` did: ``rows``,
-    its headline table (a row a setting), the MLflow run ``mlflow_run_id`` of ``experiment``, ``paths`` it
+    its headline table (a row a setting), the MLflow run ``mlflow_run_id`` of ``experiment`` (if any), ``paths`` it
     wrote and the ``models`` it registered (:func:`tasks.tracking.register_model`'s results). Returns what
     ``run.json`` holds. Nothing off the tracking rank."""
     if not tracking_rank():
         return {}
-    address = ui_address(experiment, tracking_uri, mlflow_run_id) if mlflow_run_id else None
+    address = ui_address(experiment, tracking_uri, mlflow_run_id) if mlflow_run_id and experiment else None
     flow_run = prefect_flow_run()
     record = {
         "flow": flow,

@@ -253,9 +253,11 @@ def prefect_flow_run() -> dict[str, str]:
         return {}
     if not flow_run.id:
         return {}
+    from prefect.settings import PREFECT_UI_URL
+
     found = {"id": str(flow_run.id), "name": flow_run.name or "", "flow": flow_run.flow_name or ""}
-    if flow_run.ui_url:
-        found["url"] = flow_run.ui_url
+    if PREFECT_UI_URL.value():  # the UI's page of a flow run (runtime's ui_url is an older route)
+        found["url"] = f"{PREFECT_UI_URL.value().rstrip('/')}/runs/flow-run/{found['id']}"
     return found
 
 
