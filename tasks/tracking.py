@@ -363,16 +363,23 @@ def log_files_run(
     tags: dict[str, Any] | None = None,
     params: dict[str, Any] | None = None,
     metrics: dict[str, float] | None = None,
+    skip: tuple[str, ...] = (),
 ) -> str:
-    """One finished MLflow run holding ``files`` (a file, or a folder's contents) as artifacts, with its
-    tags, parameters and metrics; returns its id. The comparison and the report are logged so."""
+    """One finished MLflow run holding ``files`` (a file, or a folder's contents, less the entries named in
+    ``skip``) as artifacts, with its tags, parameters and metrics; returns its id. The comparison and the
+    report are logged so (inside :func:`flow_run`: into the flow's run)."""
     with mlflow_run(experiment, run_name, tracking_uri, **(tags or {})) as run:
         if params:
-            mlflow.log_params(params)
+            log_settings(params)
         if metrics:
             mlflow.log_metrics(metrics)
         for path in map(Path, files):
-            (mlflow.log_artifacts if path.is_dir() else mlflow.log_artifact)(str(path))
+            entries = sorted(p for p in path.iterdir() if p.name not in skip) if path.is_dir() else [path]
+            for entry in entries:
+                if entry.is_dir():
+                    mlflow.log_artifacts(str(entry), entry.name if path.is_dir() else None)
+                else:
+                    mlflow.log_artifact(str(entry))
         return run.info.run_id
 
 
