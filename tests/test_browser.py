@@ -91,7 +91,7 @@ def wait_for_text(driver, text: str, shot: Path) -> None:
 
     try:
         WebDriverWait(driver, WAIT_S, poll_frequency=0.5).until(
-            EC.visibility_of_element_located((By.XPATH, f"//*[contains(normalize-space(text()), '{text}')]"))
+            EC.visibility_of_element_located((By.XPATH, f"//*[text()[contains(normalize-space(.), '{text}')]]"))
         )
     except TimeoutException:
         driver.save_screenshot(str(shot.with_suffix(".failed.png")))
@@ -100,6 +100,18 @@ def wait_for_text(driver, text: str, shot: Path) -> None:
             f"{driver.find_element(By.TAG_NAME, 'body').text[:2000]}"
         ) from None
     driver.save_screenshot(str(shot))
+
+
+def click_text(driver, text: str) -> None:
+    """Click the innermost visible element that reads ``text`` (a tab, a link)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def shown(driver):
+        found = driver.find_elements(By.XPATH, f"//*[normalize-space(.)='{text}'][not(*[normalize-space(.)='{text}'])]")
+        return next((e for e in found if e.is_displayed()), False)
+
+    driver.execute_script("arguments[0].click();", WebDriverWait(driver, WAIT_S, poll_frequency=0.5).until(shown))
 
 
 def test_a_flow_run_shows_in_the_mlflow_and_prefect_uis(uis, browser, tiny_lm_dir, shared_data):
@@ -142,6 +154,9 @@ def test_a_flow_run_shows_in_the_mlflow_and_prefect_uis(uis, browser, tiny_lm_di
     flow_runs = httpx.post(f"{api}/flow_runs/filter", json={}, timeout=10).json()
     assert [(r["state_type"], r["parameters"]["params"]["limit"]) for r in flow_runs] == [("COMPLETED", 2)]
     flow_run = flow_runs[0]
+    (artifact,) = httpx.post(
+        f"{api}/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [flow_run["id"]]}}}, timeout=10
+    ).json()
     client = mlflow.MlflowClient(uis["tracking_uri"])
     (run,) = client.search_runs([client.get_experiment_by_name("baseline_eval").experiment_id])
 
@@ -153,13 +168,28 @@ def test_a_flow_run_shows_in_the_mlflow_and_prefect_uis(uis, browser, tiny_lm_di
         browser.get(ui_address("baseline_eval", uis["tracking_uri"], root=uis["mlflow"]))
         wait_for_text(browser, run.info.run_name, shots / "mlflow_experiment.png")
         assert "/runs?" in browser.current_url
-        browser.get(f"{uis['mlflow']}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}")
+        # The run page: its metrics, its settings as parameters, where it came from (the commit, the
+        # Prefect flow run it belongs to).
+        browser.get(ui_address("baseline_eval", uis["tracking_uri"], run.info.run_id, root=uis["mlflow"]))
         wait_for_text(browser, "accuracy", shots / "mlflow_run.png")
+        wait_for_text(browser, run.data.tags["mlflow.source.git.commit"][:7], shots / "mlflow_run.png")
+        wait_for_text(browser, "tracking_uri", shots / "mlflow_run.png")  # a parameter
+        wait_for_text(browser, flow_run["name"], shots / "mlflow_run.png")  # the tag prefect.flow_run_name
         browser.get(f"{uis['prefect']}/runs")
         wait_for_text(browser, flow_run["name"], shots / "prefect_flow_runs.png")
-        browser.get(f"{uis['prefect']}/runs/flow-run/{flow_run['id']}")
+        # The flow run's page, as MLflow links it (tag prefect.flow_run_url): its logs hold the numbers,
+        # its artifact the headline table and the MLflow run's address.
+        browser.get(run.data.tags["prefect.flow_run_url"])
         wait_for_text(browser, "Completed", shots / "prefect_flow_run.png")
         wait_for_text(browser, "start_engine", shots / "prefect_flow_run.png")  # its task runs' logs
+        wait_for_text(browser, "Zero-shot evaluation: set validation.jsonl", shots / "prefect_flow_run.png")
+        click_text(browser, "Artifacts")
+        wait_for_text(browser, "baseline-eval-summary", shots / "prefect_flow_run_artifacts.png")
+        browser.get(f"{uis['prefect']}/artifacts/artifact/{artifact['id']}")
+        wait_for_text(browser, "format_rate", shots / "prefect_artifact.png")  # the table, rendered
+        wait_for_text(browser, run.info.run_id, shots / "prefect_artifact.png")  # the MLflow run, linked
+        link = browser.find_element("xpath", f"//a[normalize-space(text())='{run.info.run_id}']")
+        assert link.get_attribute("href") == ui_address("baseline_eval", uis["tracking_uri"], run.info.run_id)
     finally:
         with contextlib.suppress(OSError):  # for people to look at; outputs/ is git-ignored
             SCREENSHOTS.mkdir(parents=True, exist_ok=True)
