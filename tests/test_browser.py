@@ -196,3 +196,63 @@ def test_a_flow_run_shows_in_the_mlflow_and_prefect_uis(uis, browser, tiny_lm_di
             for shot in shots.glob("*.png"):
                 shutil.copy2(shot, SCREENSHOTS / shot.name)
     assert all(shot.stat().st_size > 10_000 for shot in shots.glob("*.png"))
+
+
+def test_the_dvc_plots_page_offline_and_the_report_alone(uis, browser, tmp_path):
+    """``dvc plots show``'s page with the network off draws every stage's titled, labelled chart; the report's
+    HTML copied alone shows its case report and links each stage's MLflow run to the run's page."""
+    import mlflow
+    from test_dvc_plots import plotted_project, show_plots
+    from test_report import project, write
+
+    from flows.report import ReportParams, build_report
+    from tasks.tracking import UI_ROOT, ensure_experiment, ui_address
+
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    show_plots(plotted_project(tmp_path / "plotted"), tmp_path / "dvc_plots")
+    try:
+        browser.set_network_conditions(offline=True, latency=0, throughput=0)
+        browser.get((tmp_path / "dvc_plots/index.html").as_uri())
+        wait_for_text(browser, "GRPO: validation accuracy by step", shots / "dvc_plots.png")  # a chart's title
+        wait_for_text(browser, "EI round (0 = the starting policy)", shots / "dvc_plots.png")  # an axis label
+        wait_for_text(browser, "mean rollout reward", shots / "dvc_plots.png")
+        assert len(browser.find_elements("css selector", "svg.marks")) == 7  # every curve's chart drawn
+        loaded = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+        assert all(name.startswith("file:") for name in loaded), loaded  # nothing asked of the network
+        browser.delete_network_conditions()
+
+        # The report, from a project whose GRPO stage names its MLflow run (outputs/grpo/run.json).
+        root = tmp_path / "project"
+        project(root)
+        with mlflow.start_run(experiment_id=ensure_experiment("grpo", uis["tracking_uri"]), run_name="grpo") as run:
+            mlflow.log_params({"n_grpo_steps": 2, "validation_data": "arithmetic:16:1"})
+        record = {
+            "flow": "grpo",
+            "experiment": "grpo",
+            "tracking_uri": uis["tracking_uri"],
+            "mlflow_run_id": run.info.run_id,
+            "mlflow_run_url": ui_address("grpo", uis["tracking_uri"], run.info.run_id),
+        }
+        write(root / "outputs/grpo/run.json", record)
+        build_report(ReportParams(root=str(root), output_dir=str(root / "report"), ablations_from_mlflow=False))
+        alone = tmp_path / "elsewhere/report.html"  # the page without its folder
+        alone.parent.mkdir()
+        alone.write_bytes((root / "report/report.html").read_bytes())
+        browser.get(alone.as_uri())
+        wait_for_text(browser, "0.200 → 0.450", shots / "report.png")  # the headline
+        browser.find_element("css selector", "details#baseline-cases > summary").click()
+        wait_for_text(browser, "Evaluation case analysis", shots / "report_cases.png")  # the case report, in the page
+        images = browser.find_elements("css selector", "figure img")
+        assert images and all(browser.execute_script("return arguments[0].naturalWidth", i) > 0 for i in images)
+        link = browser.find_element("xpath", f"//a[code[normalize-space(.)='{run.info.run_id[:12]}']]")
+        assert link.get_attribute("href") == record["mlflow_run_url"]
+        browser.get(record["mlflow_run_url"].replace(UI_ROOT, uis["mlflow"]))  # the MLflow UI where it serves
+        wait_for_text(browser, "n_grpo_steps", shots / "report_mlflow_run.png")
+    finally:
+        with contextlib.suppress(Exception):
+            browser.delete_network_conditions()
+        with contextlib.suppress(OSError):
+            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+            for shot in shots.glob("*.png"):
+                shutil.copy2(shot, SCREENSHOTS / shot.name)
