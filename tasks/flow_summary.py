@@ -66,6 +66,8 @@ def publish(
         log.info("%s: %s", title, ", ".join(f"{k} {_cell(v)}" for k, v in row.items()))
     if address:
         log.info("MLflow run %s: %s", mlflow_run_id, address)
+    if paths:  # a project logger's record: in the run's logs through PREFECT_LOGGING_EXTRA_LOGGERS
+        logger.info("outputs: %s", ", ".join(f"{k} {v}" for k, v in paths.items()))
     if output_dir is not None:
         write_text_atomic(Path(output_dir) / RUN_FILE, json.dumps(record, indent=2) + "\n")
     if flow_run:

@@ -154,6 +154,9 @@ def test_a_flow_run_shows_in_the_mlflow_and_prefect_uis(uis, browser, tiny_lm_di
     flow_runs = httpx.post(f"{api}/flow_runs/filter", json={}, timeout=10).json()
     assert [(r["state_type"], r["parameters"]["params"]["limit"]) for r in flow_runs] == [("COMPLETED", 2)]
     flow_run = flow_runs[0]
+    logs = httpx.post(f"{api}/logs/filter", json={"logs": {"flow_run_id": {"any_": [flow_run["id"]]}}}, timeout=10)
+    by_logger = {(log["name"], log["message"].split(":")[0]) for log in logs.json()}
+    assert ("tasks.flow_summary", "outputs") in by_logger  # the project's loggers reach the run's logs
     (artifact,) = httpx.post(
         f"{api}/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [flow_run["id"]]}}}, timeout=10
     ).json()
