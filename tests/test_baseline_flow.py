@@ -123,7 +123,13 @@ def test_several_sets_and_samples_in_one_run(prefect_harness, tiny_lm_dir, share
 
     # Prefect: the flow run's artifact holds the headline and the MLflow run's address; its logs the numbers.
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        ArtifactFilterKey,
+        LogFilter,
+        LogFilterFlowRunId,
+    )
     from prefect.logging.handlers import APILogHandler
 
     APILogHandler().flush()  # the logs are sent in batches
@@ -132,7 +138,10 @@ def test_several_sets_and_samples_in_one_run(prefect_harness, tiny_lm_dir, share
     assert record["mlflow_run_id"] == run.info.run_id and record["prefect_flow_run_id"] == flow_run_id
     with get_client(sync_client=True) as client:
         (artifact,) = client.read_artifacts(
-            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["baseline-eval-summary"]))
+            artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=["baseline-eval-summary"]),
+                flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]),
+            )
         )
         logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
     assert str(artifact.flow_run_id) == flow_run_id
