@@ -253,9 +253,13 @@ def prefect_flow_run() -> dict[str, str]:
         return {}
     if not flow_run.id:
         return {}
+    from prefect.context import FlowRunContext
     from prefect.settings import PREFECT_UI_URL
 
     found = {"id": str(flow_run.id), "name": flow_run.name or "", "flow": flow_run.flow_name or ""}
+    context = FlowRunContext.get()
+    if context is not None and context.flow is not None:  # the module that defines the flow
+        found["module"] = context.flow.fn.__module__
     if PREFECT_UI_URL.value():  # the UI's page of a flow run (runtime's ui_url is an older route)
         found["url"] = f"{PREFECT_UI_URL.value().rstrip('/')}/runs/flow-run/{found['id']}"
     return found
@@ -266,7 +270,8 @@ def run_tags() -> dict[str, str]:
     the Prefect run that started it):
 
     - ``prefect.flow_run_id``, ``prefect.flow_run_name``, ``prefect.flow``, ``prefect.flow_run_url`` (the
-      Prefect UI's page of the flow run), when it runs inside one;
+      Prefect UI's page of the flow run), when it runs inside one; then also the run's description
+      (``mlflow.note.content``) links that page, and its source (``mlflow.source.name``) is the flow's module;
     - ``mlflow.source.git.commit`` (shown by MLflow as the run's commit; MLflow records none for a run that
       Prefect's engine starts), ``git.dirty`` (``true``: the tree had uncommitted changes to tracked files);
     - ``versions.python``, ``versions.a5`` and ``versions.<package>`` of :data:`VERSIONED_PACKAGES` installed;
@@ -280,10 +285,20 @@ def run_tags() -> dict[str, str]:
     for key in ("id", "name", "flow", "url"):
         if flow_run.get(key):
             tags[f"prefect.flow_run_{key}" if key != "flow" else "prefect.flow"] = flow_run[key]
+    if flow_run.get("module", "").startswith("flows."):  # not Prefect's engine, which MLflow would name
+        tags["mlflow.source.name"] = flow_run["module"].replace(".", "/") + ".py"
+        tags["mlflow.source.type"] = "LOCAL"
     commit = _git("rev-parse", "HEAD")
     if commit:
         tags["mlflow.source.git.commit"] = commit
         tags["git.dirty"] = str(bool(_git("status", "--porcelain", "--untracked-files=no"))).lower()
+    if flow_run.get("url"):  # the run's description: a link back to the Prefect flow run
+        tags["mlflow.note.content"] = (
+            f"Started by Prefect flow run [{flow_run['name']}]({flow_run['url']}) of flow `{flow_run['flow']}`"
+            + (f" at commit `{commit[:12]}`" + (" (uncommitted changes)" if tags["git.dirty"] == "true" else ""))
+            * bool(commit)
+            + "."
+        )
     tags["versions.python"] = platform.python_version()
     for package in ("a5", *VERSIONED_PACKAGES):
         try:

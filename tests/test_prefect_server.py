@@ -134,6 +134,9 @@ def test_a_served_deployment_runs_from_the_api(prefect_api, tiny_lm_dir, shared_
     assert "| set | problems | accuracy |" in artifacts[0]["data"] and runs[0].info.run_id in artifacts[0]["data"]
     assert runs[0].data.tags["prefect.flow_run_id"] == str(flow_run.id)
     assert runs[0].data.tags["prefect.flow_run_url"].endswith(f"/runs/flow-run/{flow_run.id}")
+    assert runs[0].data.tags["mlflow.source.name"] == "flows/baseline_eval.py"  # not Prefect's engine
+    assert runs[0].data.tags["mlflow.source.git.commit"][:12] in runs[0].data.tags["mlflow.note.content"]
+    assert runs[0].data.tags["prefect.flow_run_url"] in runs[0].data.tags["mlflow.note.content"]
 
 
 def test_engine_start_is_retried_twice(prefect_harness):
