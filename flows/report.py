@@ -301,7 +301,7 @@ def recorded_settings(root: Path, record: dict[str, Any] | None) -> dict[str, An
     store is not at hand (a relative SQLite store is looked for under ``root``; none is created)."""
     if record is None:
         return None
-    from tasks.tracking import sqlite_database, store_client
+    from tasks.tracking import run_params, sqlite_database
 
     uri = record["tracking_uri"]
     database = sqlite_database(uri)
@@ -310,11 +310,8 @@ def recorded_settings(root: Path, record: dict[str, Any] | None) -> dict[str, An
         if not database.is_file():
             return None
         uri = f"sqlite:///{database.resolve()}"
-    try:
-        params = store_client(uri).get_run(record["mlflow_run_id"]).data.params
-    except Exception:  # another store, a deleted run: the settings file stands in
-        return None
-    return {k: None if v == "None" else v for k, v in params.items()}
+    params = run_params(uri, record["mlflow_run_id"])
+    return None if params is None else {k: None if v == "None" else v for k, v in params.items()}
 
 
 def run_links(record: dict[str, Any] | None) -> str:

@@ -446,6 +446,17 @@ def run_records(reader: Any, run: Any, artifact: str = "generations.json") -> li
     return [dict(zip(table["columns"], row)) for row in table["data"]]
 
 
+def run_params(tracking_uri: str, run_id: str) -> dict[str, str] | None:
+    """The parameters run ``run_id`` of store ``tracking_uri`` recorded, or None when the store does not hold
+    it; the process's own store (``mlflow.set_tracking_uri``) is left as it is."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return dict(mlflow.MlflowClient(tracking_uri).get_run(run_id).data.params)
+    except MlflowException:
+        return None
+
+
 def tag_active_run(**tags: Any) -> None:
     """Set tags on the active MLflow run (values as strings)."""
     mlflow.set_tags({k: str(v) for k, v in tags.items()})

@@ -178,7 +178,8 @@ def test_expert_iteration_resumes_after_kill_9(warm_policy_dir, flow_env, tmp_pa
 
     stdout = run_to_completion("flows.expert_iteration", flags, tmp_path, flow_env)
 
-    assert f"mlflow run {run_id}" in stdout
+    parent_id = client.get_run(run_id).data.tags["mlflow.parentRunId"]  # the flow's run, its parent
+    assert f"mlflow run {parent_id}" in stdout
     assert snapshot(*before) == before  # round 0 and round 1's rollouts were not redone (fine-tuning: sft/loss below)
     assert not list(checkpoint.glob("round-*/sft"))  # every round is in model.pt: no SFT state is kept
     rounds = json.loads((checkpoint / "state.json").read_text())["rounds"]
@@ -381,7 +382,8 @@ def test_grpo_resumes_after_kill_9(tiny_lm_dir, flow_env, tmp_path):
 
     stdout, log = run_to_completion_logged("flows.grpo", flags, tmp_path, flow_env)
 
-    assert f"mlflow run {run_id}" in stdout
+    parent_id = client.get_run(run_id).data.tags["mlflow.parentRunId"]  # the flow's run, its parent
+    assert f"mlflow run {parent_id}" in stdout
     # Steps 0 and 1 came from the checkpoint: not trained again (the per-step INFO lines say which ran).
     assert "GRPO: resuming from" in log and "after step 1" in log
     assert [f"GRPO step {s}/{n_steps}:" in log for s in range(n_steps + 1)] == [False, False, True, True]
