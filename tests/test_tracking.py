@@ -91,7 +91,7 @@ def test_every_run_records_where_it_came_from_and_a_resumed_run_keeps_its_first_
 
     import mlflow
 
-    from tasks.tracking import log_settings, mlflow_run, run_tags
+    from tasks.tracking import log_settings, mlflow_run, reopen_run, run_tags
 
     tags = run_tags()
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
@@ -102,7 +102,7 @@ def test_every_run_records_where_it_came_from_and_a_resumed_run_keeps_its_first_
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     with mlflow_run("settings", "first", uri) as run:
         log_settings({"learning_rate": 1e-5, "output_dir": "out", "limit": None})
-    with mlflow.start_run(run_id=run.info.run_id):  # a later attempt, elsewhere
+    with reopen_run(run.info.run_id, run.info.experiment_id):  # a later attempt, elsewhere
         log_settings({"learning_rate": 1e-5, "output_dir": "elsewhere", "seed": 1})
     logged = mlflow.MlflowClient(uri).get_run(run.info.run_id)
     assert logged.data.params == {"learning_rate": "1e-05", "output_dir": "out", "limit": "None", "seed": "1"}
