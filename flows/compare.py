@@ -36,6 +36,7 @@ from a5core.sample_metrics import paired_difference, problem_scores
 from a5core.settings import defaults
 from flows.cli import flow_main, print_paths
 from flows.params import MLflowLogging, OutputDir, TrackingStore
+from tasks.flow_summary import publish
 from tasks.plots import plot_curves
 from tasks.tables import csv_text, markdown_table
 from tasks.tracking import find_runs, log_files_run, metric_points, run_labels, run_records, store_client
@@ -261,6 +262,15 @@ def compare(params: CompareParams) -> dict:
         )
     result = write_comparison(reader, runs, Path(params.output_dir), params.metrics, params.plot_metrics)
     result["mlflow_run_id"] = log_comparison_run(params, runs, result) if params.log_to_mlflow else None
+    publish(
+        "compare",
+        f"Comparison of {len(runs)} runs",
+        [{k: v for k, v in row.items() if k != "run_id"} for row in result["rows"]],
+        experiment=params.comparison_experiment if result["mlflow_run_id"] else None,
+        tracking_uri=params.tracking_uri,
+        mlflow_run_id=result["mlflow_run_id"],
+        paths=result["paths"],
+    )
     return result
 
 

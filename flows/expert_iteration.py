@@ -40,9 +40,10 @@ from flows.fanout import run_children
 from flows.params import EIParams
 from tasks.checks import check_difficulty, check_outputs, check_placement, check_prompts_fit
 from tasks.engines import closing_engine, engine_for
+from tasks.flow_summary import publish
 from tasks.plots import log_comparison
 from tasks.runs import Run, Trained, log_run_params, run_key, save_model_folder, training_run
-from tasks.tracking import start_resumable_run, tracked, tracking_rank
+from tasks.tracking import REGISTERED_MODELS, register_model, start_resumable_run, tracked, tracking_rank
 
 
 def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | None, as_task: bool = True) -> dict:
@@ -72,7 +73,8 @@ def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | Non
                 "curve": [
                     {"step": round_ + 1, "val_accuracy": h["val_accuracy"], "kept_fraction": h["kept_fraction"]}
                     for round_, h in enumerate(history)
-                ]
+                ],
+                "model_dir": str(run.folder / "model"),
             },
         )
 
@@ -100,32 +102,49 @@ def grid(params: EIParams) -> dict[str, EIParams]:
 
 @flow(name="expert_iteration")
 def expert_iteration_flow(params: EIParams = EIParams()) -> dict:
-    """One EI run, or (``sweep``) the grid as children of one parent run with a comparison plot."""
+    """One EI run, or (``sweep``) the grid, as the children of one parent run (``expert_iteration`` or
+    ``ei_sweep``) with the comparison plot, the children's curves and each child's policy registered."""
     out = Path(params.output_dir)
-    if not params.sweep:
-        with closing_engine(engine_for(params)) as engine:
-            row = run_ei("single", params, engine, None)
-        summary = [{k: row.get(k) for k in SUMMARY_KEYS}]
-        paths: dict[str, str] = {}
-        run_id = row["mlflow_run_id"]
-    else:
-        with start_resumable_run(
-            out / f"runs-{run_key(params)}" / "mlflow_run_id", params.experiment, "ei_sweep", params.tracking_uri
-        ) as parent:
-            log_run_params(params)
+    name = "ei_sweep" if params.sweep else "expert_iteration"
+    with start_resumable_run(
+        out / f"runs-{run_key(params)}" / "mlflow_run_id", params.experiment, name, params.tracking_uri
+    ) as parent:
+        log_run_params(params)
+        if params.sweep:
             rows = run_children(grid(params), run_ei, params, parent.info.run_id)
-            curves = [{"setting": r["setting"], **point} for r in rows for point in r["curve"]]
-            summary = [{k: r.get(k) for k in SUMMARY_KEYS} for r in rows]
-            if tracking_rank():
-                paths = log_comparison(
-                    out, curves, summary, "setting", "Expert Iteration: validation accuracy by round"
-                )
-            run_id = parent.info.run_id
-    if not tracking_rank():  # a torchrun rank other than 0 trained along; rank 0 reports
-        return {"summary": None, "paths": None, "mlflow_run_id": None}
+        else:
+            with closing_engine(engine_for(params)) as engine:
+                rows = [run_ei("single", params, engine, parent.info.run_id)]
+        if not tracking_rank():  # a torchrun rank other than 0 trained along; rank 0 reports
+            return {"summary": None, "paths": None, "mlflow_run_id": None}
+        curves = [
+            {"setting": r["setting"], "step": 0, "val_accuracy": r["initial_accuracy"], "kept_fraction": None}
+            for r in rows
+            if r.get("initial_accuracy") is not None
+        ]
+        curves += [{"setting": r["setting"], **point} for r in rows for point in r["curve"]]
+        summary = [{k: r.get(k) for k in SUMMARY_KEYS} for r in rows]
+        title = "Expert Iteration: validation accuracy by round"
+        paths = log_comparison(out, curves, summary, "setting", title)
+        models = [
+            register_model(r["model_dir"], REGISTERED_MODELS["expert_iteration"], r["mlflow_run_id"], r["setting"])
+            for r in rows
+            if Path(r.get("model_dir") or "").is_dir()
+        ]
     if params.metrics_path:
         write_text_atomic(Path(params.metrics_path), json.dumps(summary, indent=2) + "\n")
-    return {"summary": summary, "paths": paths, "mlflow_run_id": run_id}
+    publish(
+        "expert_iteration",
+        title.split(":")[0],
+        summary,
+        experiment=params.experiment,
+        tracking_uri=params.tracking_uri,
+        mlflow_run_id=parent.info.run_id,
+        output_dir=out,
+        paths=paths,
+        models=models,
+    )
+    return {"summary": summary, "paths": paths, "mlflow_run_id": parent.info.run_id, "models": models}
 
 
 def check_inputs(params: EIParams) -> None:

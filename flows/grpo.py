@@ -67,6 +67,7 @@ from flows.fanout import run_children
 from flows.params import GRPOParams
 from tasks.checks import check_grpo_run, check_placement
 from tasks.engines import closing_engine, engine_for
+from tasks.flow_summary import publish
 from tasks.plots import log_comparison
 from tasks.runs import (
     Run,
@@ -77,7 +78,14 @@ from tasks.runs import (
     save_model_folder,
     training_run,
 )
-from tasks.tracking import ensure_experiment, reopen_run, start_resumable_run, tag_active_run, tracked, tracking_rank
+from tasks.tracking import (
+    REGISTERED_MODELS,
+    register_model,
+    start_resumable_run,
+    tag_active_run,
+    tracked,
+    tracking_rank,
+)
 
 TREND_METRICS = ("reward_mean", "token_entropy", "response_tokens_mean")
 
@@ -125,6 +133,7 @@ def run_grpo(name: str, params: GRPOParams, engine: Engine, parent_run_id: str |
                 "trends": [
                     {"step": h["step"], **{k: h[k] for k in TREND_METRICS}} for h in history if "reward_mean" in h
                 ],
+                "model_dir": str(run.folder / "model"),
             },
         )
 
@@ -132,8 +141,9 @@ def run_grpo(name: str, params: GRPOParams, engine: Engine, parent_run_id: str |
     return run(name, f"grpo-{name}", params, engine, parent_run_id, train)
 
 
-def _report(params: GRPOParams, rows: list[dict], title: str) -> tuple[list[dict], dict[str, str]]:
-    """Summary table, curves and plots of ``rows`` into output_dir and the active MLflow run."""
+def _report(params: GRPOParams, rows: list[dict], title: str) -> tuple[list[dict], dict[str, str], list[dict]]:
+    """Summary table, curves and plots of ``rows`` into output_dir and the active (parent) MLflow run; each
+    child's final policy registered (``a5-grpo``)."""
     curves = [{"setting": r["setting"], **point} for r in rows for point in r["curve"]]
     trends = [{"setting": r["setting"], **point} for r in rows for point in r["trends"]]
     summary = [
@@ -151,38 +161,59 @@ def _report(params: GRPOParams, rows: list[dict], title: str) -> tuple[list[dict
         for r in rows
     ]
     paths = log_comparison(Path(params.output_dir), curves, summary, "setting", title, trends=trends)
+    models = [
+        register_model(r["model_dir"], REGISTERED_MODELS["grpo"], r["mlflow_run_id"], r["setting"])
+        for r in rows
+        if Path(r.get("model_dir") or "").is_dir()
+    ]
     if params.metrics_path:
         write_text_atomic(Path(params.metrics_path), json.dumps(summary, indent=2) + "\n")
-    return summary, paths
+    return summary, paths, models
+
+
+def run_sweep(run_name: str, children: dict[str, GRPOParams], parent_params: GRPOParams, title: str) -> dict:
+    """``children`` as the child runs of one parent MLflow run named ``run_name`` (resumable), then the
+    comparison, the registered policies and the flow run's summary (:func:`tasks.flow_summary.publish`)."""
+    params = parent_params
+    run_id_file = Path(params.output_dir) / f"runs-{run_key(parent_params)}" / "mlflow_run_id"
+    with start_resumable_run(run_id_file, params.experiment, run_name, params.tracking_uri) as parent:
+        log_run_params(parent_params)
+        if params.ablation is None:  # one run: the flow's own engine
+            with closing_engine(engine_for(params)) as engine:
+                rows = [run_grpo(name, child, engine, parent.info.run_id) for name, child in children.items()]
+        else:
+            rows = run_children(children, run_grpo, params, parent.info.run_id)
+        if not tracking_rank():
+            return {"summary": None, "paths": None, "mlflow_run_id": None}
+        summary, paths, models = _report(params, rows, title)
+        if params.ablation is not None:
+            tag_active_run(ablation=params.ablation)
+    publish(
+        run_name,
+        title.split(":")[0],
+        summary,
+        experiment=params.experiment,
+        tracking_uri=params.tracking_uri,
+        mlflow_run_id=parent.info.run_id,
+        output_dir=params.output_dir,
+        paths=paths,
+        models=models,
+    )
+    return {"summary": summary, "paths": paths, "mlflow_run_id": parent.info.run_id, "models": models}
 
 
 def run_ablation(name: str, params: GRPOParams) -> dict:
     """Ablation ``name`` as a parent MLflow run with one child run per setting; resumable."""
-    children = ablation_settings(name, params)
-    parent_params = params.model_copy(update={"ablation": name})
-    run_id_file = Path(params.output_dir) / f"runs-{run_key(parent_params)}" / "mlflow_run_id"
-    with start_resumable_run(run_id_file, params.experiment, name, params.tracking_uri) as parent:
-        log_run_params(parent_params)
-        rows = run_children(children, run_grpo, params, parent.info.run_id)
-        if not tracking_rank():
-            return {"summary": None, "paths": None, "mlflow_run_id": None}
-        summary, paths = _report(params, rows, f"GRPO {ABLATIONS[name][0]} ablation: validation accuracy")
-        tag_active_run(ablation=name)
-    return {"summary": summary, "paths": paths, "mlflow_run_id": parent.info.run_id}
+    title = f"GRPO {ABLATIONS[name][0]} ablation: validation accuracy"
+    return run_sweep(name, ablation_settings(name, params), params.model_copy(update={"ablation": name}), title)
 
 
 @flow(name="grpo")
 def grpo_flow(params: GRPOParams = GRPOParams()) -> dict:
-    """One GRPO run, or (``ablation`` set) that ablation."""
+    """One GRPO run (the child ``single`` of a parent run ``grpo``), or (``ablation`` set) that ablation."""
     if params.ablation is not None:
         return run_ablation(params.ablation, params)
-    with closing_engine(engine_for(params)) as engine:
-        row = run_grpo("single", params, engine, None)
-    if not tracking_rank():
-        return {"summary": None, "paths": None, "mlflow_run_id": None}
-    with reopen_run(row["mlflow_run_id"], ensure_experiment(params.experiment, params.tracking_uri)):
-        summary, paths = _report(params, [row], "GRPO: validation accuracy")
-    return {"summary": summary, "paths": paths, "mlflow_run_id": row["mlflow_run_id"]}
+    return run_sweep("grpo", {"single": params}, params, "GRPO: validation accuracy")
 
 
 def _ablation_flow(name: str) -> Any:

@@ -46,6 +46,7 @@ import sys
 import time
 from pathlib import Path
 
+import mlflow
 import torch
 from prefect import flow
 
@@ -62,8 +63,9 @@ from flows.params import LeaderboardParams
 from tasks.checks import check_grpo_run, check_prompts_fit
 from tasks.engines import closing_engine, engine_for
 from tasks.evaluation import validation_hook
+from tasks.flow_summary import publish
 from tasks.runs import Run, Trained, save_model_folder, training_run
-from tasks.tracking import tracking_rank
+from tasks.tracking import REGISTERED_MODELS, register_model, tracking_rank
 
 # What the flow returns and writes to summary.json (the run's row holds these and the skeleton's columns).
 SUMMARY_KEYS = (
@@ -99,6 +101,22 @@ def leaderboard(params: LeaderboardParams = LeaderboardParams()) -> dict:
         write_text_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
         if params.metrics_path:
             write_text_atomic(Path(params.metrics_path), json.dumps(summary, indent=2) + "\n")
+        models = []
+        if (out / "best").is_dir():  # the checkpoint the score was computed with
+            mlflow.set_tracking_uri(params.tracking_uri)
+            models.append(
+                register_model(out / "best", REGISTERED_MODELS["leaderboard"], row["mlflow_run_id"], "leaderboard")
+            )
+        publish(
+            "leaderboard",
+            "Leaderboard run",
+            [{k: v for k, v in summary.items() if k != "mlflow_run_id"}],
+            experiment=params.experiment,
+            tracking_uri=params.tracking_uri,
+            mlflow_run_id=row["mlflow_run_id"],
+            output_dir=out,
+            models=models,
+        )
     return summary
 
 

@@ -209,7 +209,7 @@ class BaselineEvalParams(Generation, RolloutSamplingFields, PromptSettings, Outp
     extra_sets: dict[str, str] = Field(
         {},
         description="more problem sets in the same run, name → source (e.g. math500: "
-        "../shared/data/math/math500.jsonl): outputs under output_dir/<name>/, metrics <name>/…",
+        "../shared/data/math/math500.jsonl): outputs under `output_dir/NAME/`, metrics `NAME/…`",
     )
 
     @field_validator("extra_sets")

@@ -11,6 +11,11 @@ sha256 of each ``data`` entry, and the sha256 of every other file a stage reads.
 on the manifest, so a changed dataset re-runs them, and an unchanged one leaves them cached.
 
     python -m flows.prepare_data --params params.yaml --out data/prepared/manifest.json
+
+It is also the Prefect flow ``prepare_data`` (a deployment of ``python -m flows.serve``). The command line
+runs it as a Prefect flow run when ``PREFECT_API_URL`` names a server (the run, its logs and its summary
+artifact show there); without one it runs plain, as ``dvc repro`` does on every call, without the
+temporary Prefect server (20 s) that a flow run would start.
 """
 
 from __future__ import annotations
@@ -18,13 +23,17 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import yaml
+from prefect import flow
+from pydantic import BaseModel, ConfigDict, Field
 
 from a5core.data import LOADERS, DataError, write_text_atomic
 from flows.cli import cli_main, profile_name, read_config, section_settings
+from tasks.flow_summary import publish
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
 HUB_EXAMPLE = "HuggingFaceH4/MATH-500"  # MATH's record keys: problem, solution, answer, subject, level, unique_id
@@ -108,6 +117,37 @@ def check_data_files(files: dict[str, list[str]], params_file: str, profile: str
     raise DataError("\n".join(lines))
 
 
+class PrepareDataParams(BaseModel):
+    """The data check's settings."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    config: str = Field("params.yaml", description="the settings file whose data files are checked")
+    profile: str | None = Field(None, description="the profile whose overrides apply (default: the file's)")
+    dvc_file: str = Field("dvc.yaml", description="its stages' outs are files the pipeline makes")
+    out: str = Field("data/prepared/manifest.json", description="the manifest written")
+
+
+@flow(name="prepare_data")
+def prepare_data(params: PrepareDataParams = PrepareDataParams()) -> dict:
+    """Check every data file the settings point at, validate the datasets, write the manifest; returns the
+    manifest, the profile and how many files the stages read."""
+    document = read_config(params.config)
+    profile = profile_name(document, params.profile, params.config)
+    files = data_files(document, profile, pipeline_outputs(Path(params.dvc_file)))
+    check_data_files(files, params.config, profile)
+    manifest = build_manifest(document.get("data") or {})
+    manifest_files = {path: {"sha256": _sha256(path), "keys": keys} for path, keys in sorted(files.items())}
+    write_text_atomic(params.out, json.dumps({"datasets": manifest, "files": manifest_files}, indent=2) + "\n")
+    publish(
+        "prepare_data",
+        "Data check",
+        [{"dataset": name, "records": e["records"], "source": e["source"]} for name, e in manifest.items()],
+        paths={"manifest": params.out},
+    )
+    return {"datasets": manifest, "files": manifest_files, "profile": profile}
+
+
 @cli_main("flows.prepare_data")
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -116,16 +156,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dvc-file", default="dvc.yaml", help="its stages' outs are files the pipeline makes")
     parser.add_argument("--out", default="data/prepared/manifest.json")
     args = parser.parse_args(argv)
-    document = read_config(args.params)
-    profile = profile_name(document, args.profile, args.params)
-    files = data_files(document, profile, pipeline_outputs(Path(args.dvc_file)))
-    check_data_files(files, args.params, profile)
-    manifest = build_manifest(document.get("data") or {})
-    manifest_files = {path: {"sha256": _sha256(path), "keys": keys} for path, keys in sorted(files.items())}
-    write_text_atomic(args.out, json.dumps({"datasets": manifest, "files": manifest_files}, indent=2) + "\n")
-    for name, entry in manifest.items():
+    params = PrepareDataParams(config=args.params, profile=args.profile, dvc_file=args.dvc_file, out=args.out)
+    result = (prepare_data if os.environ.get("PREFECT_API_URL") else prepare_data.fn)(params)
+    for name, entry in result["datasets"].items():
         print(f"{name:16} {entry['records']:>6} records  {entry['source']}")
-    print(f"{len(files)} data files read by the stages (profile {profile}): all present")
+    print(f"{len(result['files'])} data files read by the stages (profile {result['profile']}): all present")
 
 
 if __name__ == "__main__":

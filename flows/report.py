@@ -8,16 +8,22 @@ and ``outputs/sft_experiment/*.png``; ``metrics/expert_iteration.json`` and ``ou
 ablation (experiment ``grpo``, tag ``ablation``) with its children's final metrics and a validation
 accuracy plot. A stage with nothing on disk is reported as "not run".
 
+Each stage's section links its MLflow run (``outputs/<stage>/run.json``, written by the stage's flow) and
+states the settings the run recorded (its MLflow parameters; ``params.yaml``'s where the store is not at hand)
+and what it did (steps run, the sets it trained and validated on). The difficulty table has a section of its own
+(``metrics/difficulty.json``, its histogram).
+
 Writes ``outputs/report/``: ``report.md`` (plots linked from ``figures/``), ``report.html`` (the same page,
-plots embedded: one self-contained file; text from settings and files is escaped, and only http(s) and
-relative links become links), ``figures/*.png``, ``baseline_cases.md`` (the baseline's case report) and the
-marker ``.a5-report``. The folder is built beside the old one and swapped in, so a reader never sees half a
-report. Only a report folder is ever replaced: one holding the marker, or (written before the marker
-existed) nothing but report.md, report.html, baseline_cases.md and figures/*.png; any other non-empty
-``--output-dir`` (``outputs/baseline_eval``, say) is refused and left untouched. A ``--root`` that does not
-exist or holds no pipeline outputs (no ``metrics/`` and no ``outputs/<stage>/``) is an error, not a page of
-"not run". The report is logged as a run in MLflow experiment ``report`` (headline accuracies as metrics,
-the folder as artifacts). DVC stage ``report`` runs it after ``grpo``.
+plots and the baseline's case report embedded: one self-contained file; text from settings and files is
+escaped, and only http(s) and relative links become links), ``figures/*.png``, ``baseline_cases.md`` (the
+baseline's case report) and the marker ``.a5-report``. The folder is built beside the old one and swapped in,
+so a reader never sees half a report. Only a report folder is ever replaced: one holding the marker, or
+(written before the marker existed) nothing but report.md, report.html, baseline_cases.md and figures/*.png;
+any other non-empty ``--output-dir`` (``outputs/baseline_eval``, say) is refused and left untouched. A
+``--root`` that does not exist or holds no pipeline outputs (no ``metrics/`` and no ``outputs/<stage>/``) is
+an error, not a page of "not run". The report is logged as a run in MLflow experiment ``report`` (headline
+accuracies as metrics, the folder but its marker as artifacts; the run spans the report's making). DVC stage
+``report`` runs it after ``grpo``.
 
     python -m flows.report --config params.yaml
     python -m flows.report --root /path/to/another/checkout --output-dir /tmp/report --log-to-mlflow false
@@ -110,6 +116,11 @@ class Page:
         self.figures[name] = source
         self.blocks.append(("img", name, caption))
 
+    def document(self, file: str, summary: str, markdown: str) -> None:
+        """A Markdown document beside the report (``file``): linked from report.md, embedded in report.html
+        (folded under ``summary``), so the HTML page needs nothing beside it."""
+        self.blocks.append(("doc", file, summary, markdown))
+
 
 def _number(value: float) -> str:
     return f"{value:.3f}" if abs(value) < 1000 else f"{value:.0f}"
@@ -132,6 +143,8 @@ def to_markdown(title: str, page: Page) -> str:
             lines += [*markdown_table(block[1], number=_number).splitlines(), ""]
         elif block[0] == "img":
             lines += [f"![{block[2]}](figures/{block[1]})", ""]
+        elif block[0] == "doc":
+            lines += [f"{block[2]}: [{block[1]}]({block[1]}).", ""]
     return "\n".join(lines)
 
 
@@ -164,6 +177,50 @@ def _inline_html(text: str) -> str:
     return "".join(parts) + html.escape(text[at:], quote=False)
 
 
+_FENCE = re.compile(r"^(`{3,}|~{3,})")
+
+
+def markdown_html(text: str) -> str:
+    """The Markdown the project writes (a case report: headings, tables, paragraphs, fenced code of any
+    fence length) as HTML, every text escaped; inline `code`, **bold** and links as :func:`_inline_html`."""
+    out: list[str] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        fence = _FENCE.match(line)
+        if fence:
+            marker, body = fence[1], []
+            i += 1
+            while i < len(lines) and not (
+                lines[i].startswith(marker[0] * len(marker)) and set(lines[i].strip()) == {marker[0]}
+            ):
+                body.append(lines[i])
+                i += 1
+            out.append("<pre><code>" + html.escape("\n".join(body), quote=False) + "</code></pre>")
+        elif line.startswith("#"):
+            level = min(len(line) - len(line.lstrip("#")), 6)
+            out.append(f"<h{level}>{_inline_html(line[level:].strip())}</h{level}>")
+        elif line.startswith("|"):
+            rows = []
+            while i < len(lines) and lines[i].startswith("|"):
+                rows.append([c.strip() for c in re.split(r"(?<!\\)\|", lines[i].strip().strip("|"))])
+                i += 1
+            i -= 1
+            body_rows = [r for r in rows[1:] if not all(set(c) <= {"-", ":"} for c in r)]
+            head = "".join(f"<th>{_inline_html(c)}</th>" for c in rows[0])
+            cells = "".join("<tr>" + "".join(f"<td>{_inline_html(c)}</td>" for c in r) + "</tr>" for r in body_rows)
+            out.append(f"<table><thead><tr>{head}</tr></thead><tbody>{cells}</tbody></table>")
+        elif line.strip():
+            paragraph = [line]
+            while i + 1 < len(lines) and lines[i + 1].strip() and not re.match(r"^(#|\||`{3,}|~{3,})", lines[i + 1]):
+                i += 1
+                paragraph.append(lines[i])
+            out.append(f"<p>{_inline_html(' '.join(paragraph))}</p>")
+        i += 1
+    return "\n".join(out)
+
+
 def to_html(title: str, page: Page, figures_dir: Path) -> str:
     """The page as one HTML file, plots embedded as data URIs (it reads the same anywhere it is copied)."""
     body = [f"<h1>{html.escape(title)}</h1>"]
@@ -187,11 +244,21 @@ def to_html(title: str, page: Page, figures_dir: Path) -> str:
                 f"<figcaption>{html.escape(block[2])} "
                 f"(<code>figures/{html.escape(block[1])}</code>)</figcaption></figure>"
             )
+        elif block[0] == "doc":
+            anchor = html.escape(block[1].rsplit(".", 1)[0].replace("_", "-"))
+            body.append(
+                f'<details id="{anchor}"><summary>{_inline_html(block[2])} '
+                f'(<code>{html.escape(block[1])}</code>)</summary>\n<div class="doc">'
+                + markdown_html(block[3])
+                + "</div></details>"
+            )
     style = (
         "body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;line-height:1.45}"
         "table{border-collapse:collapse;margin:.5rem 0}td,th{border:1px solid #ccc;padding:.2rem .6rem;text-align:left}"
         "th{background:#f3f3f3}img{max-width:100%}figure{margin:1rem 0}figcaption{color:#555;font-size:.9rem}"
         "code{background:#f3f3f3;padding:0 .2rem}"
+        "details{margin:1rem 0;border:1px solid #ddd;padding:.4rem .8rem}summary{cursor:pointer;font-weight:600}"
+        "pre{background:#f6f6f6;padding:.5rem;overflow-x:auto;white-space:pre-wrap}"
     )
     return (
         f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
@@ -222,6 +289,56 @@ def stage_settings(params_file: Path | None) -> dict[str, dict[str, Any]]:
     return settings
 
 
+def stage_run(root: Path, stage: str) -> dict[str, Any] | None:
+    """What ``outputs/<stage>/run.json`` says (the stage's MLflow run, its Prefect flow run, the models it
+    registered: :func:`tasks.flow_summary.publish`), None when the stage wrote none."""
+    record = _read_json(root / "outputs" / stage / "run.json")
+    return record if isinstance(record, dict) and record.get("mlflow_run_id") else None
+
+
+def recorded_settings(root: Path, record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The settings the stage's MLflow run recorded (its parameters, "None" read as None), or None when its
+    store is not at hand (a relative SQLite store is looked for under ``root``; none is created)."""
+    if record is None:
+        return None
+    from tasks.tracking import run_params, sqlite_database
+
+    uri = record["tracking_uri"]
+    database = sqlite_database(uri)
+    if database is not None:
+        database = database if database.is_absolute() else root / database
+        if not database.is_file():
+            return None
+        uri = f"sqlite:///{database.resolve()}"
+    params = run_params(uri, record["mlflow_run_id"])
+    return None if params is None else {k: None if v == "None" else v for k, v in params.items()}
+
+
+def run_links(record: dict[str, Any] | None) -> str:
+    """``MLflow run [id](address) …; Prefect flow run …; registered model …`` for a stage's record."""
+    if record is None:
+        return ""
+    parts = []
+    if record.get("mlflow_run_url"):
+        parts.append(
+            f"MLflow run [`{record['mlflow_run_id'][:12]}`]({record['mlflow_run_url']}) "
+            f"(experiment `{record['experiment']}`)"
+        )
+    if record.get("prefect_flow_run_url"):
+        parts.append(f"Prefect flow run [{record['prefect_flow_run_id'][:8]}]({record['prefect_flow_run_url']})")
+    for model in record.get("models") or []:
+        parts.append(f"registered model `{model['name']}` version {model['version']} ({model['setting']})")
+    return ("; ".join(parts) + ".") if parts else ""
+
+
+def _section(params_file: Path | None, section: str) -> dict[str, Any]:
+    """One section of params.yaml with its profile's overrides ({} without the file)."""
+    if params_file is None or not params_file.is_file():
+        return {}
+    document = read_config(params_file)
+    return section_settings(document, section, profile_name(document, None, params_file), params_file)
+
+
 def stage_plots(folder: Path) -> list[Path]:
     """The PNGs a stage wrote at the top of its output folder, the usual ones first."""
     found = {p.name: p for p in sorted(folder.glob("*.png"))} if folder.is_dir() else {}
@@ -234,9 +351,11 @@ def _add_plots(page: Page, stage: str, folder: Path) -> None:
 
 
 def _settings(settings: dict[str, Any], *keys: str) -> str:
-    """``Settings: model `x`, n_grpo_steps `2`. `` for the keys params.yaml sets (nothing if none)."""
+    """``Settings: model `x`, n_grpo_steps `2`. `` for the keys the settings hold (nothing if none): those the
+    stage's MLflow run recorded (``_recorded``), else params.yaml's."""
     parts = [f"{k} `{settings[k]}`" for k in keys if settings.get(k) is not None]
-    return f"Settings: {', '.join(parts)}. " if parts else ""
+    source = " (as the run recorded them)" if settings.get("_recorded") else ""
+    return f"Settings{source}: {', '.join(parts)}. " if parts else ""
 
 
 def _best(rows: list[dict[str, Any]], key: str = "final_accuracy") -> dict[str, Any] | None:
@@ -306,8 +425,15 @@ def baseline_section(page: Page, root: Path, settings: dict[str, Any], out_files
         if verdict:
             page.p(verdict)
         out_files["baseline_cases.md"] = text
-        page.p("Examples of each category: [baseline_cases.md](baseline_cases.md).")
+        page.document("baseline_cases.md", "Examples of each category", text)
+    _link_run(page, root, "baseline_eval")
     return {"baseline_accuracy": summary["accuracy"], "baseline_format_rate": summary["format_rate"]}
+
+
+def _link_run(page: Page, root: Path, stage: str) -> None:
+    links = run_links(stage_run(root, stage))
+    if links:
+        page.p(links)
 
 
 def sft_section(page: Page, root: Path, settings: dict[str, Any]) -> dict[str, float]:
@@ -321,13 +447,16 @@ def sft_section(page: Page, root: Path, settings: dict[str, Any]) -> dict[str, f
         page.p(f"SFT sweep: {NOT_RUN}.")
         return {}
     best = _best(rows)
+    steps = ", ".join(f"{r['setting']} {r['steps']}" for r in rows if r.get("steps") is not None)
     page.p(
-        _settings(settings, "model", "sizes", "epochs", "learning_rate")
+        _settings(settings, "model", "train_data", "filtered_data", "validation_data", "sizes", "learning_rate")
+        + (f"Optimizer steps run: {steps}. " if steps else "")
         + "One run per training-set size (and the filtered set); final validation accuracy and format rate."
         + (f" Best: **{best['setting']}** at {best['final_accuracy']:.3f}." if best else "")
     )
     page.table(rows)
     _add_plots(page, "sft_experiment", root / "outputs/sft_experiment")
+    _link_run(page, root, "sft_experiment")
     return _before_after("sft_best", best)
 
 
@@ -344,12 +473,13 @@ def ei_section(page: Page, root: Path, settings: dict[str, Any]) -> dict[str, fl
         else f"A sweep of {len(rows)} settings (G × E × D_b)"
     )
     page.p(
-        _settings(settings, "model", "n_ei_steps", "train_data")
+        _settings(settings, "model", "n_ei_steps", "train_data", "validation_data")
         + f"{kind}."
         + (f" Best: **{best['setting']}** at {best['final_accuracy']:.3f}." if best else "")
     )
     page.table(rows)
     _add_plots(page, "expert_iteration", root / "outputs/expert_iteration")
+    _link_run(page, root, "expert_iteration")
     return _before_after("ei_best", best)
 
 
@@ -363,7 +493,7 @@ def grpo_section(page: Page, root: Path, settings: dict[str, Any]) -> dict[str, 
     single = [r.get("setting") for r in rows] == ["single"]
     what = "One run" if single else f"Ablation `{settings.get('ablation') or '?'}` ({len(rows)} settings)"
     page.p(
-        _settings(settings, "model", "n_grpo_steps", "loss_type", "learning_rate", "train_data")
+        _settings(settings, "model", "n_grpo_steps", "loss_type", "learning_rate", "train_data", "validation_data")
         + f"{what}."
         + (
             f" Final validation accuracy: **{best['final_accuracy']:.3f}**"
@@ -375,7 +505,33 @@ def grpo_section(page: Page, root: Path, settings: dict[str, Any]) -> dict[str, 
     )
     page.table(rows)
     _add_plots(page, "grpo", root / "outputs/grpo")
+    _link_run(page, root, "grpo")
     return _before_after("grpo_best", best)
+
+
+def difficulty_section(page: Page, root: Path, settings: dict[str, Any]) -> bool:
+    """The difficulty table's shares and histogram; nothing (False) where the stage has not run."""
+    summary = _read_json(root / "metrics/difficulty.json")
+    if not isinstance(summary, dict):
+        return False
+    page.h(1, "Questions by difficulty")
+    page.p(
+        _settings(settings, "model", "train_data", "limit", "n")
+        + f"{summary['questions']} training questions, {summary['samples_per_question']} samples each: "
+        + f"mean pass rate **{summary['mean_pass_rate']:.3f}**. A question solved never or always teaches GRPO "
+        "and EI nothing; the learnable ones are those in between."
+    )
+    page.table(
+        [
+            {"questions": label, "share": summary.get(f"difficulty_{key}")}
+            for key, label in (("unsolved", "never solved"), ("learnable", "sometimes solved"), ("solved", "always"))
+        ]
+    )
+    histogram = root / "outputs/difficulty/pass_rate_histogram.png"
+    if histogram.is_file():
+        page.figure(histogram, "difficulty_pass_rate_histogram.png", "difficulty: pass rates of the questions")
+    _link_run(page, root, "difficulty")
+    return True
 
 
 def ablations_section(page: Page, params: ReportParams, figure_sources: Path) -> int:
@@ -426,6 +582,7 @@ def leaderboard_section(page: Page, root: Path) -> dict[str, float]:
     page.h(1, "Leaderboard run")
     page.table([{k: v for k, v in summary.items() if k != "mlflow_run_id"}])
     _add_plots(page, "leaderboard", root / "outputs/leaderboard")
+    _link_run(page, root, "leaderboard")
     score = summary.get("final_score")
     return {"leaderboard_score": score} if isinstance(score, (int, float)) else {}
 
@@ -541,6 +698,12 @@ def build_report(params: ReportParams) -> dict[str, Any]:
     check_root(root)
     check_replaceable(out)  # before any work; swap_in checks again
     settings = stage_settings(root / params.params_file if params.params_file else None)
+    for stage in (*STAGE_SECTIONS, "difficulty"):  # the settings each stage's run recorded, where at hand
+        recorded = recorded_settings(root, stage_run(root, stage))
+        if recorded:
+            settings[stage] = {**settings.get(stage, {}), **recorded, "_recorded": True}
+        elif stage == "difficulty" and "difficulty" not in settings:
+            settings[stage] = _section(root / params.params_file if params.params_file else None, "difficulty")
     out.parent.mkdir(parents=True, exist_ok=True)
     built = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.new."))
     try:
@@ -552,6 +715,7 @@ def build_report(params: ReportParams) -> dict[str, Any]:
         metrics |= sft_section(page, root, settings.get("sft_experiment", {}))
         metrics |= ei_section(page, root, settings.get("expert_iteration", {}))
         metrics |= grpo_section(page, root, settings.get("grpo", {}))
+        difficulty = difficulty_section(page, root, settings.get("difficulty", {}))
         n_ablations = ablations_section(page, params, built / "figures")
         metrics |= leaderboard_section(page, root)
         lead = [
@@ -594,6 +758,7 @@ def build_report(params: ReportParams) -> dict[str, Any]:
         "ei": "ei_best_accuracy" in metrics,
         "grpo": "grpo_best_accuracy" in metrics,
         "ablations": n_ablations,
+        "difficulty": difficulty,
     }
     return {
         "report_md": str(out / "report.md"),
@@ -610,15 +775,38 @@ def log_report_run(params: ReportParams, result: dict[str, Any]) -> str:
 
     tags = {f"section_{k}": v for k, v in result["sections"].items()}
     return log_files_run(
-        params.experiment, "report", params.tracking_uri, [params.output_dir], tags=tags, metrics=result["metrics"]
+        params.experiment,
+        "report",
+        params.tracking_uri,
+        [params.output_dir],
+        tags=tags,
+        metrics=result["metrics"],
+        skip=(REPORT_MARKER,),
     )
 
 
 @flow(name="report")
 def report(params: ReportParams = ReportParams()) -> dict:
-    """The pipeline's one-page report (markdown + self-contained HTML), logged to MLflow."""
-    result = build_report(params)
-    result["mlflow_run_id"] = log_report_run(params, result) if params.log_to_mlflow else None
+    """The pipeline's one-page report (markdown + self-contained HTML), logged to MLflow (a run that spans
+    its making)."""
+    from tasks.flow_summary import publish
+    from tasks.tracking import flow_run
+
+    if params.log_to_mlflow:
+        with flow_run(params.experiment, "report", params.tracking_uri):
+            result = build_report(params)
+            result["mlflow_run_id"] = log_report_run(params, result)
+    else:
+        result = {**build_report(params), "mlflow_run_id": None}
+    publish(
+        "report",
+        "Pipeline report",
+        result["headline"],
+        experiment=params.experiment if params.log_to_mlflow else None,
+        tracking_uri=params.tracking_uri,
+        mlflow_run_id=result["mlflow_run_id"],
+        paths={"report": result["report_md"], "html": result["report_html"]},
+    )
     return {**result, "experiment": params.experiment}
 
 

@@ -4,8 +4,9 @@
     python -m flows.serve                          # from the repository root, in a second terminal
     python -m flows.serve --config params.yaml     # the forms' defaults from params.yaml (and its profile)
 
-Each flow module's ``@flow`` objects become one deployment named ``a5`` (``baseline_eval/a5``,
-``grpo/a5``, ``grpo_lr_sweep/a5``, ...). A flow takes one pydantic parameter model, so the UI's "Run"
+Each flow module's ``@flow`` objects become one deployment, titled by what it does (:func:`deployment_name`:
+``baseline_eval/Zero-shot evaluation``, ``grpo_lr_sweep/GRPO ablation: learning rate``, ...; all tagged
+``a5``). A flow takes one pydantic parameter model, so the UI's "Run"
 form has a field per parameter with its description, and the server rejects values the model rejects
 (deployments enforce their parameter schema). Runs execute in subprocesses of this process, in its
 working directory: relative paths (``outputs/``, ``sqlite:///mlflow.db``, ``../shared/data``) mean
@@ -26,9 +27,35 @@ from typing import Any
 
 import yaml
 
-DEPLOYMENT = "a5"
+TAG = "a5"
 DEFAULT_API_URL = "http://127.0.0.1:4200/api"
 NOT_FLOW_MODULES = {"cli", "serve"}
+# What each flow does, as its deployment's title (Prefect shows a deployment by its name); the GRPO ablations
+# are titled from their table (flows.ablations.ABLATIONS).
+TITLES = {
+    "prepare_data": "Data check: every data file, validated, into the manifest",
+    "sft_data": "SFT trace sets: MATH solutions, teacher traces, distillation, filtering",
+    "baseline_eval": "Zero-shot evaluation",
+    "sft_experiment": "SFT sweep over training-set sizes",
+    "expert_iteration": "Expert Iteration: one run or a G × E × D_b sweep",
+    "difficulty": "Pass rates by question (the difficulty table)",
+    "grpo": "GRPO: one run, or any ablation",
+    "leaderboard": "Leaderboard run: best accuracy within a time budget",
+    "compare": "Compare evaluation runs",
+    "report": "Pipeline report",
+}
+
+
+def deployment_name(flow: Any) -> str:
+    """The deployment's title: what the flow does (:data:`TITLES`, a GRPO ablation's title, else the first line
+    of the flow's description)."""
+    from flows.ablations import ABLATIONS
+
+    if flow.name in TITLES:
+        return TITLES[flow.name]
+    if flow.name in ABLATIONS:
+        return f"GRPO ablation: {ABLATIONS[flow.name][0]}"
+    return (flow.description or flow.name).strip().splitlines()[0].rstrip(".")
 
 
 def discover_flows() -> dict[str, Any]:
@@ -60,6 +87,8 @@ def config_defaults(flow: Any, config: Path) -> dict[str, Any]:
     from flows.cli import parse_params
 
     name, model = params_model(flow)
+    if "config" in model.model_fields:  # a flow that reads the settings file itself (prepare_data, sft_data)
+        return {name: {"config": str(config)}}
     section = "grpo" if flow.name.startswith("grpo_") else flow.name
     document = yaml.safe_load(config.read_text()) or {}
     if section not in document:
@@ -80,10 +109,10 @@ def deployments(config: Path | None = None) -> list[Any]:
         parameters = config_defaults(flow, config) if config is not None else {}
         result.append(
             flow.to_deployment(
-                name=DEPLOYMENT,
+                name=deployment_name(flow),
                 parameters=parameters,
                 description=flow.description,
-                tags=["a5"],
+                tags=[TAG],
                 entrypoint_type=EntrypointType.MODULE_PATH,
             )
         )

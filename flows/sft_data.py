@@ -25,7 +25,9 @@ Settings come from params.yaml's ``sft_data`` section, deep-merged with
   ``filtered``, ``kept_fraction`` (filtered / raw) and ``format_rate`` (of the deduplicated traces).
   An empty raw file (distillation disabled) gives an empty filtered file and null rates.
 
-Every output is written atomically (temporary file, then rename).
+Every output is written atomically (temporary file, then rename). Each command is also the Prefect flow
+``sft_data`` (``command`` one of the four; a deployment of ``python -m flows.serve``); the command line runs it
+as a flow run when ``PREFECT_API_URL`` names a server, else plain (see :mod:`flows.prepare_data`).
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationError
+from prefect import flow
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from a5core.data import DataError, load_math, load_sft_traces, write_jsonl_atomic, write_text_atomic
 from a5core.models import ModelResolutionError, resolve_model
@@ -55,6 +58,7 @@ from a5core.sft_data import (
 )
 from flows.cli import ConfigError, cli_main, profile_name, read_config, section_settings
 from flows.params import DistillParams, Prompt
+from tasks.flow_summary import publish
 
 OUT_DIR = Path("data/sft")
 DEFAULT_SETS = {
@@ -188,18 +192,75 @@ def _set_arg(value: str) -> tuple[str, str]:
     return name, path
 
 
+Command = Literal["math", "traces", "distill", "filter"]
+DEFAULT_OUTS = {
+    "math": DEFAULT_SETS["math_solutions"],
+    "traces": DEFAULT_SETS["teacher"],
+    "distill": DEFAULT_SETS["distilled"],
+}
+
+
+class SftDataRun(BaseModel):
+    """One of the trace-set commands, as the Prefect flow ``sft_data`` (and its deployment's form) takes it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: Command = Field(..., description="math | traces | distill: write a raw set; filter: the filtered sets")
+    config: str | None = Field("params.yaml", description="params file with an `sft_data` section (None: defaults)")
+    out: str | None = Field(None, description="math, traces, distill: the file written (default: data/sft/…)")
+    sets: dict[str, str] | None = Field(None, description="filter: raw sets to filter, name → file (default: all)")
+    out_dir: str = Field(str(OUT_DIR), description="filter: where the filtered sets go")
+    metrics: str | None = Field(str(DEFAULT_METRICS), description="filter: the sizes' metrics file")
+
+
+@flow(name="sft_data")
+def sft_data(params: SftDataRun) -> dict[str, Any]:
+    """Run one trace-set command; returns its result and the lines that tell what it wrote."""
+    settings = load_params(params.config)
+    out = params.out or str(DEFAULT_OUTS.get(params.command, ""))
+    if params.command == "math":
+        result = write_math(settings, out)
+        rows = [{"set": "math_solutions", "traces": result["traces"], "skipped": len(result["skipped"]), "out": out}]
+        lines = [
+            f"math_solutions: {result['traces']} traces → {out}; skipped (no or empty box): "
+            f"{len(result['skipped'])} {result['skipped']}"
+        ]
+    elif params.command == "traces":
+        result = write_traces(settings, out)
+        rows = [{"set": "teacher", "traces": result["traces"], "out": out}]
+        lines = [f"teacher: {result['traces']} traces from {settings.traces} → {out}"]
+    elif params.command == "distill":
+        result = write_distill(settings, out)
+        rows = [{"set": "distilled", "traces": result["traces"], "enabled": result["enabled"], "out": out}]
+        lines = [
+            f"distilled: {result['traces']} traces from {result['problems']} problems → {out}"
+            if result["enabled"]
+            else f"distilled: disabled (sft_data.distill.enabled: false) → empty {out}"
+        ]
+    else:
+        result = write_filtered(dict(params.sets or DEFAULT_SETS), params.out_dir, params.metrics, settings.dedup)
+        rows = [{"set": name, **m} for name, m in result.items()]
+        lines = [
+            f"{name:16} raw {m['raw']:>6}  duplicates {m['duplicates']:>4}  filtered {m['filtered']:>6}  kept "
+            + ("-" if m["kept_fraction"] is None else f"{m['kept_fraction']:.3f}")
+            for name, m in result.items()
+        ]
+    publish("sft_data", f"SFT data: {params.command}", rows)
+    return {"result": result, "lines": lines}
+
+
 @cli_main("flows.sft_data")
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    for name, out, what in (
-        ("math", DEFAULT_SETS["math_solutions"], "MATH solutions as traces"),
-        ("traces", DEFAULT_SETS["teacher"], "import a trace file"),
-        ("distill", DEFAULT_SETS["distilled"], "sample traces from a teacher"),
+    for name, what in (
+        ("math", "MATH solutions as traces"),
+        ("traces", "import a trace file"),
+        ("distill", "sample traces from a teacher"),
     ):
         sub = commands.add_parser(name, help=what)
         sub.add_argument("--config", help="params file with an `sft_data` section (default: built-in defaults)")
-        sub.add_argument("--out", default=str(out))
+        sub.add_argument("--out", default=str(DEFAULT_OUTS[name]))
     sub = commands.add_parser("filter", help="dedup + keep correct traces; sizes to the metrics file")
     sub.add_argument("--config")
     sub.add_argument(
@@ -215,33 +276,21 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     start = time.monotonic()
+    run = SftDataRun(
+        command=args.command,
+        config=args.config,
+        out=getattr(args, "out", None),
+        sets=dict(args.sets) if getattr(args, "sets", None) else None,
+        out_dir=getattr(args, "out_dir", str(OUT_DIR)),
+        metrics=getattr(args, "metrics", str(DEFAULT_METRICS)),
+    )
+    # A Prefect flow run where a server is running (PREFECT_API_URL), else plain: dvc repro runs these
+    # commands four times, and each flow run would start a temporary Prefect server (20 s).
     try:
-        params = load_params(args.config)
-        if args.command == "math":
-            result = write_math(params, args.out)
-            print(
-                f"math_solutions: {result['traces']} traces → {args.out}; skipped (no or empty box): "
-                f"{len(result['skipped'])} {result['skipped']}"
-            )
-        elif args.command == "traces":
-            result = write_traces(params, args.out)
-            print(f"teacher: {result['traces']} traces from {params.traces} → {args.out}")
-        elif args.command == "distill":
-            result = write_distill(params, args.out)
-            if result["enabled"]:
-                print(f"distilled: {result['traces']} traces from {result['problems']} problems → {args.out}")
-            else:
-                print(f"distilled: disabled (sft_data.distill.enabled: false) → empty {args.out}")
-        else:
-            metrics = write_filtered(dict(args.sets or DEFAULT_SETS), args.out_dir, args.metrics, params.dedup)
-            for name, m in metrics.items():
-                rate = "-" if m["kept_fraction"] is None else f"{m['kept_fraction']:.3f}"
-                print(
-                    f"{name:16} raw {m['raw']:>6}  duplicates {m['duplicates']:>4}  "
-                    f"filtered {m['filtered']:>6}  kept {rate}"
-                )
+        done = (sft_data if os.environ.get("PREFECT_API_URL") else sft_data.fn)(run)
     except (DataError, ConfigError, TeacherError, PromptTemplateError, ModelResolutionError, FileNotFoundError) as e:
         sys.exit(f"sft_data {args.command}: {e}")
+    print("\n".join(done["lines"]))
     print(f"({time.monotonic() - start:.1f} s)")
 
 

@@ -44,9 +44,18 @@ from flows.cli import flow_main, print_paths
 from flows.params import SFTExperimentParams
 from tasks.checks import check_outputs, check_prompts_fit
 from tasks.engines import closing_engine, engine_for
+from tasks.flow_summary import publish
 from tasks.plots import log_comparison
 from tasks.runs import Run, Trained, curve, log_run_params, run_key, save_model_folder, training_run
-from tasks.tracking import mlflow_logger, start_resumable_run, tag_active_run, tracked, tracking_rank
+from tasks.tracking import (
+    REGISTERED_MODELS,
+    mlflow_logger,
+    register_model,
+    start_resumable_run,
+    tag_active_run,
+    tracked,
+    tracking_rank,
+)
 
 
 def subsets(traces: list[Trace], sizes: list[int | str], seed: int) -> dict[str, list[Trace]]:
@@ -126,15 +135,31 @@ def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
             }
             for r in rows
         ]
+        models = []
         if params.save_models:  # the best by accuracy, a tie broken by format rate; named in the parent run
             best = max(rows, key=lambda r: (r["final_accuracy"], r["final_format_rate"]))
-            link_best_model(out / f"runs-{run_key(params)}" / best["setting"] / "model", out / "best_model")
+            best_model = out / f"runs-{run_key(params)}" / best["setting"] / "model"
+            link_best_model(best_model, out / "best_model")
             tag_active_run(best_setting=best["setting"])
+            models.append(
+                register_model(best_model, REGISTERED_MODELS["sft_experiment"], best["mlflow_run_id"], best["setting"])
+            )
         paths = log_comparison(out, curves, summary, "setting", "SFT: validation accuracy by training-set size")
         mlflow_logger()({f"final_accuracy_{r['setting']}": r["final_accuracy"] for r in rows}, 0)
         if params.metrics_path:
             write_text_atomic(Path(params.metrics_path), json.dumps(summary, indent=2) + "\n")
-    return {"summary": summary, "paths": paths, "mlflow_run_id": parent.info.run_id}
+    publish(
+        "sft_experiment",
+        "SFT sweep",
+        summary,
+        experiment=params.experiment,
+        tracking_uri=params.tracking_uri,
+        mlflow_run_id=parent.info.run_id,
+        output_dir=out,
+        paths=paths,
+        models=models,
+    )
+    return {"summary": summary, "paths": paths, "mlflow_run_id": parent.info.run_id, "models": models}
 
 
 def check_inputs(params: SFTExperimentParams) -> None:

@@ -68,6 +68,11 @@ def start_engine(factory: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``factory(*args, **kwargs)``, retried twice (10 s apart) if it raises what a retry can mend
     (:func:`retry_unless_deterministic`); the engine is never cached. A failure raises
     :class:`EngineStartError` naming the model, the settings and the cause."""
+    import gc
+
+    # An engine dropped earlier in this process and not yet collected (a flow before this one) tears down
+    # vLLM's process-wide distributed state when the collector finalizes it: finalized now, not under the new one.
+    gc.collect()
     try:
         return factory(*args, **kwargs)
     except Exception as error:

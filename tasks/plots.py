@@ -98,7 +98,8 @@ def log_comparison(
     *,
     trends: list[dict[str, Any]] | None = None,
 ) -> dict[str, str]:
-    """Write curves.csv, summary.md/json and the comparison plot; log them to the active (parent) run.
+    """Write curves.csv, summary.md/json and the comparison plot; log them to the active (parent) run, and
+    each child's curves as the parent's metrics ``val_accuracy/<setting>`` (and ``<trend>/<setting>``).
 
     curves: validation points (``series``, step, val_accuracy[, wall_seconds]); with wall_seconds a
     second plot shows accuracy against wall-clock time. trends: per-step training points (``series``,
@@ -127,4 +128,21 @@ def log_comparison(
             )
     for path in paths.values():
         mlflow.log_artifact(str(path))
+    log_child_curves(curves, series, ("val_accuracy",))
+    if trends:
+        log_child_curves(trends, series, [k for k in trends[0] if k not in (series, "step", "wall_seconds")])
     return {k: str(v) for k, v in paths.items()}
+
+
+def log_child_curves(rows: Sequence[dict[str, Any]], series: str, metrics: Sequence[str]) -> None:
+    """Each child's curve into the active (parent) run as ``<metric>/<setting>`` by step, so the parent's
+    chart view shows every setting's curve (MLflow draws a run's own metrics only). Resume-safe: a parent
+    continued by a later attempt does not get the points twice (:func:`tasks.tracking.mlflow_logger`)."""
+    import re
+
+    from tasks.tracking import mlflow_logger
+
+    log = mlflow_logger()
+    for row in rows:
+        name = re.sub(r"[^\w./ -]", "_", str(row[series]))
+        log({f"{metric}/{name}": row[metric] for metric in metrics if row.get(metric) is not None}, int(row["step"]))

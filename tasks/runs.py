@@ -198,18 +198,16 @@ def drop_resume_state(folder: Path) -> None:
 
 
 def log_run_params(params: Any, extra: dict[str, Any] | None = None) -> None:
-    """A run's parameters into the active MLflow run (tracking rank only), with ``extra``. As tags: the
-    starting model's real folder (``model_path``), and the fields :func:`run_key` ignores (where results go, how
-    fast and where it runs, how children are scheduled: an attempt that resumes the run may change them, and
-    MLflow refuses a parameter's second value)."""
+    """A run's parameters into the active MLflow run (tracking rank only), with ``extra``, every setting a
+    parameter (an attempt that resumes the run and changes one of the fields :func:`run_key` ignores, where
+    results go or how fast it runs, records the new value as a tag: :func:`tasks.tracking.log_settings`); the
+    starting model's real folder as the tag ``model_path``."""
     import mlflow
 
     if not tracking_rank():
         return
-    values = params.model_dump()
-    how = {key: values.pop(key) for key in (*RUN_KEY_IGNORED, *RUN_KEY_EXTRA_IGNORED) if key in values}
-    log_params_flat({**values, **(extra or {})})
-    mlflow.set_tags({"model_path": model_path(params.model), **{key: str(value) for key, value in how.items()}})
+    log_params_flat({**params.model_dump(), **(extra or {})})
+    mlflow.set_tags({"model_path": model_path(params.model)})
 
 
 def _starting_evaluation(run_id: str | None) -> dict[str, float]:

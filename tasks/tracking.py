@@ -12,6 +12,11 @@ Training runs are resumable (:func:`start_resumable_run`, :func:`mlflow_logger`)
 runs a training flow's code (see :func:`flows.cli.run_flow`), and one of them tracks: rank 0
 (:func:`tracking_rank`). On the other ranks :func:`start_resumable_run` and :func:`reopen_run` open no
 MLflow run (``run.info.run_id`` is None) and :func:`mlflow_logger` logs nothing.
+
+Every run the project starts carries :func:`run_tags`: the Prefect flow run it belongs to (id, name, UI
+address), the git commit it ran and whether the tree had uncommitted changes, the versions of the packages that
+decide a result, and the device. A run lasts as long as the work it records (:func:`flow_run` holds it open
+around a flow's whole body, with system metrics); its settings are parameters (:func:`log_settings`).
 """
 
 from __future__ import annotations
@@ -224,12 +229,142 @@ def check_store(tracking_uri: str, experiment: str) -> None:
         raise ValueError(problem) from None
 
 
+# The project's root (its git work tree, when it is one) and the packages whose versions a run records.
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+VERSIONED_PACKAGES = ("torch", "transformers", "vllm", "peft", "mlflow", "prefect", "dvc")
+
+
+def _git(*args: str) -> str | None:
+    import subprocess
+
+    try:
+        done = subprocess.run(["git", *args], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=20, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip()
+
+
+def prefect_flow_run() -> dict[str, str]:
+    """The Prefect flow run this code runs in: ``id``, ``name``, ``flow`` and the UI's ``url`` of its page
+    (where the server has a UI); {} outside a flow run."""
+    try:
+        from prefect.runtime import flow_run
+    except ImportError:  # pragma: no cover - prefect is a dependency
+        return {}
+    if not flow_run.id:
+        return {}
+    from prefect.context import FlowRunContext
+    from prefect.settings import PREFECT_UI_URL
+
+    found = {"id": str(flow_run.id), "name": flow_run.name or "", "flow": flow_run.flow_name or ""}
+    context = FlowRunContext.get()
+    if context is not None and context.flow is not None:  # the module that defines the flow
+        found["module"] = context.flow.fn.__module__
+    if PREFECT_UI_URL.value():  # the UI's page of a flow run (runtime's ui_url is an older route)
+        found["url"] = f"{PREFECT_UI_URL.value().rstrip('/')}/runs/flow-run/{found['id']}"
+    return found
+
+
+def run_tags() -> dict[str, str]:
+    """The tags every MLflow run of the project carries (the "Any run, again" provenance, and the way back to
+    the Prefect run that started it):
+
+    - ``prefect.flow_run_id``, ``prefect.flow_run_name``, ``prefect.flow``, ``prefect.flow_run_url`` (the
+      Prefect UI's page of the flow run), when it runs inside one; then also the run's description
+      (``mlflow.note.content``) links that page, and its source (``mlflow.source.name``) is the flow's module;
+    - ``mlflow.source.git.commit`` (shown by MLflow as the run's commit; MLflow records none for a run that
+      Prefect's engine starts), ``git.dirty`` (``true``: the tree had uncommitted changes to tracked files);
+    - ``versions.python``, ``versions.a5`` and ``versions.<package>`` of :data:`VERSIONED_PACKAGES` installed;
+    - ``device``: ``cuda`` with the GPUs' names and count, or ``cpu``.
+    """
+    import importlib.metadata
+    import platform
+
+    tags: dict[str, str] = {}
+    flow_run = prefect_flow_run()
+    for key in ("id", "name", "flow", "url"):
+        if flow_run.get(key):
+            tags[f"prefect.flow_run_{key}" if key != "flow" else "prefect.flow"] = flow_run[key]
+    if flow_run.get("module", "").startswith("flows."):  # not Prefect's engine, which MLflow would name
+        tags["mlflow.source.name"] = flow_run["module"].replace(".", "/") + ".py"
+        tags["mlflow.source.type"] = "LOCAL"
+    commit = _git("rev-parse", "HEAD")
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+        tags["git.dirty"] = str(bool(_git("status", "--porcelain", "--untracked-files=no"))).lower()
+    if flow_run.get("url"):  # the run's description: a link back to the Prefect flow run
+        tags["mlflow.note.content"] = (
+            f"Started by Prefect flow run [{flow_run['name']}]({flow_run['url']}) of flow `{flow_run['flow']}`"
+            + (f" at commit `{commit[:12]}`" + (" (uncommitted changes)" if tags["git.dirty"] == "true" else ""))
+            * bool(commit)
+            + "."
+        )
+    tags["versions.python"] = platform.python_version()
+    for package in ("a5", *VERSIONED_PACKAGES):
+        try:
+            tags[f"versions.{package}"] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    tags["device"] = _device()
+    return tags
+
+
+def _device() -> str:
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    names = Counter(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+    return "cuda: " + ", ".join(f"{count} × {name}" for name, count in names.items())
+
+
+def log_settings(settings: dict[str, Any]) -> None:
+    """A run's settings as MLflow parameters of the active run (values as strings, cut to MLflow's limit).
+    A run continued by a later attempt (a resumed training run) keeps the values it started with: MLflow
+    refuses a parameter's second value, so a setting the new attempt changed (where results go, how fast it
+    runs) is recorded as the tag ``changed_on_resume.<name>`` instead."""
+    run_id = mlflow.active_run().info.run_id
+    held = mlflow.MlflowClient().get_run(run_id).data.params
+    values = {k: str(v)[:6000] for k, v in settings.items()}
+    new = {k: v for k, v in values.items() if k not in held}
+    if new:
+        mlflow.log_params(new)
+    changed = {f"changed_on_resume.{k}": v for k, v in values.items() if k in held and held[k] != v}
+    if changed:
+        mlflow.set_tags(changed)
+
+
 @contextmanager
 def mlflow_run(experiment: str, run_name: str, tracking_uri: str = DEFAULT_TRACKING_URI, **tags: Any) -> Iterator[Any]:
-    """Start (and end) one MLflow run in ``experiment``."""
+    """One MLflow run in ``experiment`` with :func:`run_tags` and ``tags``: a new one, ended on exit; or,
+    inside :func:`flow_run` of the same experiment, the flow's own run (named ``run_name`` and tagged, and left
+    open for it)."""
+    experiment_id = ensure_experiment(experiment, tracking_uri)
+    active = mlflow.active_run()
+    if active is not None and active.info.experiment_id == experiment_id:
+        mlflow.set_tags({"mlflow.runName": run_name, **{k: str(v) for k, v in tags.items()}})
+        yield active
+        return
+    with mlflow.start_run(
+        experiment_id=experiment_id,
+        run_name=run_name,
+        tags={**run_tags(), **{k: str(v) for k, v in tags.items()}},
+    ) as run:
+        yield run
+
+
+@contextmanager
+def flow_run(experiment: str, run_name: str, tracking_uri: str = DEFAULT_TRACKING_URI) -> Iterator[Any]:
+    """The MLflow run of a flow that is not a training run (an evaluation, the difficulty table, the report),
+    open for the flow's whole body: its duration is the work's, and its system metrics (CPU, memory, GPU)
+    cover it. What the body logs with :func:`mlflow_run` in the same experiment goes into it. Off the
+    tracking rank: no run."""
+    if not tracking_rank():
+        yield UNTRACKED_RUN
+        return
     experiment_id = ensure_experiment(experiment, tracking_uri)
     with mlflow.start_run(
-        experiment_id=experiment_id, run_name=run_name, tags={k: str(v) for k, v in tags.items()}
+        experiment_id=experiment_id, run_name=run_name, tags=run_tags(), log_system_metrics=system_metrics_logging()
     ) as run:
         yield run
 
@@ -243,16 +378,23 @@ def log_files_run(
     tags: dict[str, Any] | None = None,
     params: dict[str, Any] | None = None,
     metrics: dict[str, float] | None = None,
+    skip: tuple[str, ...] = (),
 ) -> str:
-    """One finished MLflow run holding ``files`` (a file, or a folder's contents) as artifacts, with its
-    tags, parameters and metrics; returns its id. The comparison and the report are logged so."""
+    """One finished MLflow run holding ``files`` (a file, or a folder's contents, less the entries named in
+    ``skip``) as artifacts, with its tags, parameters and metrics; returns its id. The comparison and the
+    report are logged so (inside :func:`flow_run`: into the flow's run)."""
     with mlflow_run(experiment, run_name, tracking_uri, **(tags or {})) as run:
         if params:
-            mlflow.log_params(params)
+            log_settings(params)
         if metrics:
             mlflow.log_metrics(metrics)
         for path in map(Path, files):
-            (mlflow.log_artifacts if path.is_dir() else mlflow.log_artifact)(str(path))
+            entries = sorted(p for p in path.iterdir() if p.name not in skip) if path.is_dir() else [path]
+            for entry in entries:
+                if entry.is_dir():
+                    mlflow.log_artifacts(str(entry), entry.name if path.is_dir() else None)
+                else:
+                    mlflow.log_artifact(str(entry))
         return run.info.run_id
 
 
@@ -304,13 +446,24 @@ def run_records(reader: Any, run: Any, artifact: str = "generations.json") -> li
     return [dict(zip(table["columns"], row)) for row in table["data"]]
 
 
+def run_params(tracking_uri: str, run_id: str) -> dict[str, str] | None:
+    """The parameters run ``run_id`` of store ``tracking_uri`` recorded, or None when the store does not hold
+    it; the process's own store (``mlflow.set_tracking_uri``) is left as it is."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return dict(mlflow.MlflowClient(tracking_uri).get_run(run_id).data.params)
+    except MlflowException:
+        return None
+
+
 def tag_active_run(**tags: Any) -> None:
     """Set tags on the active MLflow run (values as strings)."""
     mlflow.set_tags({k: str(v) for k, v in tags.items()})
 
 
 def log_params_flat(params: dict[str, Any]) -> None:
-    """Log a (possibly nested) parameter dict; values are stringified and cut to MLflow's limit."""
+    """Log a (possibly nested) parameter dict (keys ``a.b``) with :func:`log_settings`."""
     flat: dict[str, str] = {}
 
     def walk(prefix: str, value: Any) -> None:
@@ -321,7 +474,7 @@ def log_params_flat(params: dict[str, Any]) -> None:
             flat[prefix] = str(value)[:6000]
 
     walk("", params)
-    mlflow.log_params(flat)
+    log_settings(flat)
 
 
 # What the ranks that do not track get for an MLflow run: a run id of None.
@@ -362,14 +515,15 @@ def start_resumable_run(
         return contextlib.nullcontext(UNTRACKED_RUN)
     experiment_id = ensure_experiment(experiment, tracking_uri)
     system_metrics = system_metrics_logging()  # system/* metrics (CPU, memory, GPU) where psutil is installed
-    if run_id_file.is_file():
+    if run_id_file.is_file():  # this attempt's provenance replaces the last one's
         return reopen_run(
             run_id_file.read_text().strip(),
             experiment_id,
             nested=parent_run_id is not None,
             log_system_metrics=system_metrics,
+            tags=run_tags(),
         )
-    tags = {"mlflow.parentRunId": parent_run_id} if parent_run_id else None
+    tags = {**run_tags(), **({"mlflow.parentRunId": parent_run_id} if parent_run_id else {})}
     run = mlflow.start_run(
         experiment_id=experiment_id,
         run_name=run_name,
@@ -412,3 +566,55 @@ def mlflow_logger(prefix: str = "") -> Callable[[dict[str, float], int], None]:
             mlflow.log_metrics(new, step=step)
 
     return log
+
+
+# The registered models' names: one a kind of trained policy, its versions the runs that trained one.
+REGISTERED_MODELS = {
+    "sft_experiment": "a5-sft",
+    "expert_iteration": "a5-expert-iteration",
+    "grpo": "a5-grpo",
+    "leaderboard": "a5-leaderboard",
+}
+REGISTERED_TAG = "registered_model"  # on a run whose model is registered: "NAME/VERSION"
+
+
+def register_model(
+    model_dir: str | Path, name: str, run_id: str, setting: str, metrics: dict[str, float] | None = None
+) -> dict[str, Any]:
+    """Log the Hugging Face folder ``model_dir`` as the MLflow model ``model`` of run ``run_id`` and register it
+    as a version of ``name`` (weights not copied: :mod:`tasks.hf_folder_model` loads them from the folder).
+    The version's description is the run's final metrics (``metrics``, else the run's ``final_*``), its tags
+    the setting and the run. Done once a run: a run already registered returns its version (tag
+    :data:`REGISTERED_TAG`). Returns ``name``, ``version``, ``setting``, ``run_id``, ``model_dir``."""
+    client = mlflow.MlflowClient()
+    run = client.get_run(run_id)
+    found = {"name": name, "setting": setting, "run_id": run_id, "model_dir": str(Path(model_dir).resolve())}
+    if REGISTERED_TAG in run.data.tags:
+        return {**found, "version": run.data.tags[REGISTERED_TAG].rpartition("/")[2]}
+    if metrics is None:
+        metrics = {k: v for k, v in sorted(run.data.metrics.items()) if k.startswith("final_")}
+    description = (
+        f"The policy of run `{run.info.run_name}` (setting `{setting}`, experiment run {run_id}), saved at "
+        f"`{found['model_dir']}`.\n\n"
+        + "\n".join(f"- {k}: {v:.4g}" for k, v in metrics.items())
+        + '\n\nLoad it: `mlflow.pyfunc.load_model("models:/NAME/VERSION").predict([prompt])`.'
+    )
+    active = mlflow.active_run()
+    nested = active is not None and active.info.run_id != run_id
+    reopen = contextlib.nullcontext() if active is not None and not nested else None
+    with reopen or reopen_run(run_id, run.info.experiment_id, nested=nested):
+        logged = mlflow.pyfunc.log_model(
+            name="model",
+            python_model=str(Path(__file__).with_name("hf_folder_model.py")),
+            model_config={"model_dir": found["model_dir"]},
+            pip_requirements=["mlflow", "torch", "transformers"],
+            registered_model_name=name,
+            tags={"setting": setting},
+        )
+        version = str(logged.registered_model_version)
+        client.update_model_version(name, version, description=description.replace("NAME/VERSION", f"{name}/{version}"))
+        client.set_model_version_tag(name, version, "setting", setting)
+        client.set_model_version_tag(name, version, "mlflow_run_id", run_id)
+        mlflow.set_tag(REGISTERED_TAG, f"{name}/{version}")
+    client.update_registered_model(name, description=f"a5's {name.removeprefix('a5-')} policies, one version a run.")
+    return {**found, "version": version}

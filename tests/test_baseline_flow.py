@@ -111,6 +111,45 @@ def test_several_sets_and_samples_in_one_run(prefect_harness, tiny_lm_dir, share
     artifacts = {a.path for a in mlflow.MlflowClient(params.tracking_uri).list_artifacts(run.info.run_id, "math500")}
     assert {"math500/summary.json", "math500/report.md", "math500/generations.json"} <= artifacts
 
+    # The run spans the evaluation (generation included), its settings are parameters, and it says where it
+    # came from: the Prefect flow run, the commit.
+    written = (tmp_path / "out/math500/records.jsonl").stat().st_mtime * 1000
+    assert run.info.start_time <= written <= run.info.end_time
+    assert run.data.params["tracking_uri"] == params.tracking_uri and run.data.params["limit"] == "3"
+    tags = run.data.tags
+    assert len(tags["mlflow.source.git.commit"]) == 40 and tags["git.dirty"] in ("true", "false")
+    assert tags["versions.torch"] and tags["device"] == "cpu"
+    assert tags["mlflow.runName"] == f"{tiny_lm_dir.name}-r1_zero-3"  # named once the problems are counted
+
+    # Prefect: the flow run's artifact holds the headline and the MLflow run's address; its logs the numbers.
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        ArtifactFilterKey,
+        LogFilter,
+        LogFilterFlowRunId,
+    )
+    from prefect.logging.handlers import APILogHandler
+
+    APILogHandler().flush()  # the logs are sent in batches
+    flow_run_id = tags["prefect.flow_run_id"]
+    record = json.loads((tmp_path / "out/run.json").read_text())
+    assert record["mlflow_run_id"] == run.info.run_id and record["prefect_flow_run_id"] == flow_run_id
+    with get_client(sync_client=True) as client:
+        (artifact,) = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=["baseline-eval-summary"]),
+                flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]),
+            )
+        )
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+    assert str(artifact.flow_run_id) == flow_run_id
+    assert "| set | problems | accuracy | accuracy_se | format_rate |" in artifact.data
+    assert "| math500 | 3 |" in artifact.data and f"[{run.info.run_id}]({record['mlflow_run_url']})" in artifact.data
+    headline = [log.message for log in logs if log.message.startswith("Zero-shot evaluation: set math500")]
+    assert headline and "problems 3, accuracy" in headline[0]
+
 
 def test_an_extra_set_name_must_be_a_folder_name():
     import pytest

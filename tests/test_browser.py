@@ -91,7 +91,7 @@ def wait_for_text(driver, text: str, shot: Path) -> None:
 
     try:
         WebDriverWait(driver, WAIT_S, poll_frequency=0.5).until(
-            EC.visibility_of_element_located((By.XPATH, f"//*[contains(normalize-space(text()), '{text}')]"))
+            EC.visibility_of_element_located((By.XPATH, f"//*[text()[contains(normalize-space(.), '{text}')]]"))
         )
     except TimeoutException:
         driver.save_screenshot(str(shot.with_suffix(".failed.png")))
@@ -100,6 +100,18 @@ def wait_for_text(driver, text: str, shot: Path) -> None:
             f"{driver.find_element(By.TAG_NAME, 'body').text[:2000]}"
         ) from None
     driver.save_screenshot(str(shot))
+
+
+def click_text(driver, text: str) -> None:
+    """Click the innermost visible element that reads ``text`` (a tab, a link)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def shown(driver):
+        found = driver.find_elements(By.XPATH, f"//*[normalize-space(.)='{text}'][not(*[normalize-space(.)='{text}'])]")
+        return next((e for e in found if e.is_displayed()), False)
+
+    driver.execute_script("arguments[0].click();", WebDriverWait(driver, WAIT_S, poll_frequency=0.5).until(shown))
 
 
 def test_a_flow_run_shows_in_the_mlflow_and_prefect_uis(uis, browser, tiny_lm_dir, shared_data):
@@ -142,6 +154,12 @@ def test_a_flow_run_shows_in_the_mlflow_and_prefect_uis(uis, browser, tiny_lm_di
     flow_runs = httpx.post(f"{api}/flow_runs/filter", json={}, timeout=10).json()
     assert [(r["state_type"], r["parameters"]["params"]["limit"]) for r in flow_runs] == [("COMPLETED", 2)]
     flow_run = flow_runs[0]
+    logs = httpx.post(f"{api}/logs/filter", json={"logs": {"flow_run_id": {"any_": [flow_run["id"]]}}}, timeout=10)
+    by_logger = {(log["name"], log["message"].split(":")[0]) for log in logs.json()}
+    assert ("tasks.flow_summary", "outputs") in by_logger  # the project's loggers reach the run's logs
+    (artifact,) = httpx.post(
+        f"{api}/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [flow_run["id"]]}}}, timeout=10
+    ).json()
     client = mlflow.MlflowClient(uis["tracking_uri"])
     (run,) = client.search_runs([client.get_experiment_by_name("baseline_eval").experiment_id])
 
@@ -153,16 +171,91 @@ def test_a_flow_run_shows_in_the_mlflow_and_prefect_uis(uis, browser, tiny_lm_di
         browser.get(ui_address("baseline_eval", uis["tracking_uri"], root=uis["mlflow"]))
         wait_for_text(browser, run.info.run_name, shots / "mlflow_experiment.png")
         assert "/runs?" in browser.current_url
-        browser.get(f"{uis['mlflow']}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}")
+        # The run page: its metrics, its settings as parameters, where it came from (the commit, the
+        # Prefect flow run it belongs to).
+        browser.get(ui_address("baseline_eval", uis["tracking_uri"], run.info.run_id, root=uis["mlflow"]))
         wait_for_text(browser, "accuracy", shots / "mlflow_run.png")
+        wait_for_text(browser, run.data.tags["mlflow.source.git.commit"][:7], shots / "mlflow_run.png")
+        wait_for_text(browser, "tracking_uri", shots / "mlflow_run.png")  # a parameter
+        wait_for_text(browser, flow_run["name"], shots / "mlflow_run.png")  # the tag prefect.flow_run_name
         browser.get(f"{uis['prefect']}/runs")
         wait_for_text(browser, flow_run["name"], shots / "prefect_flow_runs.png")
-        browser.get(f"{uis['prefect']}/runs/flow-run/{flow_run['id']}")
+        # The flow run's page, as MLflow links it (tag prefect.flow_run_url): its logs hold the numbers,
+        # its artifact the headline table and the MLflow run's address.
+        browser.get(run.data.tags["prefect.flow_run_url"])
         wait_for_text(browser, "Completed", shots / "prefect_flow_run.png")
         wait_for_text(browser, "start_engine", shots / "prefect_flow_run.png")  # its task runs' logs
+        wait_for_text(browser, "Zero-shot evaluation: set validation.jsonl", shots / "prefect_flow_run.png")
+        click_text(browser, "Artifacts")
+        wait_for_text(browser, "baseline-eval-summary", shots / "prefect_flow_run_artifacts.png")
+        browser.get(f"{uis['prefect']}/artifacts/artifact/{artifact['id']}")
+        wait_for_text(browser, "format_rate", shots / "prefect_artifact.png")  # the table, rendered
+        wait_for_text(browser, run.info.run_id, shots / "prefect_artifact.png")  # the MLflow run, linked
+        link = browser.find_element("xpath", f"//a[normalize-space(text())='{run.info.run_id}']")
+        assert link.get_attribute("href") == ui_address("baseline_eval", uis["tracking_uri"], run.info.run_id)
     finally:
         with contextlib.suppress(OSError):  # for people to look at; outputs/ is git-ignored
             SCREENSHOTS.mkdir(parents=True, exist_ok=True)
             for shot in shots.glob("*.png"):
                 shutil.copy2(shot, SCREENSHOTS / shot.name)
     assert all(shot.stat().st_size > 10_000 for shot in shots.glob("*.png"))
+
+
+def test_the_dvc_plots_page_offline_and_the_report_alone(uis, browser, tmp_path):
+    """``dvc plots show``'s page with the network off draws every stage's titled, labelled chart; the report's
+    HTML copied alone shows its case report and links each stage's MLflow run to the run's page."""
+    import mlflow
+    from test_dvc_plots import plotted_project, show_plots
+    from test_report import project, write
+
+    from flows.report import ReportParams, build_report
+    from tasks.tracking import UI_ROOT, ensure_experiment, ui_address
+
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    show_plots(plotted_project(tmp_path / "plotted"), tmp_path / "dvc_plots")
+    try:
+        browser.set_network_conditions(offline=True, latency=0, throughput=0)
+        browser.get((tmp_path / "dvc_plots/index.html").as_uri())
+        wait_for_text(browser, "GRPO: validation accuracy by step", shots / "dvc_plots.png")  # a chart's title
+        wait_for_text(browser, "EI round (0 = the starting policy)", shots / "dvc_plots.png")  # an axis label
+        wait_for_text(browser, "mean rollout reward", shots / "dvc_plots.png")
+        assert len(browser.find_elements("css selector", "svg.marks")) == 7  # every curve's chart drawn
+        loaded = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+        assert all(name.startswith("file:") for name in loaded), loaded  # nothing asked of the network
+        browser.delete_network_conditions()
+
+        # The report, from a project whose GRPO stage names its MLflow run (outputs/grpo/run.json).
+        root = tmp_path / "project"
+        project(root)
+        with mlflow.start_run(experiment_id=ensure_experiment("grpo", uis["tracking_uri"]), run_name="grpo") as run:
+            mlflow.log_params({"n_grpo_steps": 2, "validation_data": "arithmetic:16:1"})
+        record = {
+            "flow": "grpo",
+            "experiment": "grpo",
+            "tracking_uri": uis["tracking_uri"],
+            "mlflow_run_id": run.info.run_id,
+            "mlflow_run_url": ui_address("grpo", uis["tracking_uri"], run.info.run_id),
+        }
+        write(root / "outputs/grpo/run.json", record)
+        build_report(ReportParams(root=str(root), output_dir=str(root / "report"), ablations_from_mlflow=False))
+        alone = tmp_path / "elsewhere/report.html"  # the page without its folder
+        alone.parent.mkdir()
+        alone.write_bytes((root / "report/report.html").read_bytes())
+        browser.get(alone.as_uri())
+        wait_for_text(browser, "0.200 → 0.450", shots / "report.png")  # the headline
+        browser.find_element("css selector", "details#baseline-cases > summary").click()
+        wait_for_text(browser, "Evaluation case analysis", shots / "report_cases.png")  # the case report, in the page
+        images = browser.find_elements("css selector", "figure img")
+        assert images and all(browser.execute_script("return arguments[0].naturalWidth", i) > 0 for i in images)
+        link = browser.find_element("xpath", f"//a[code[normalize-space(.)='{run.info.run_id[:12]}']]")
+        assert link.get_attribute("href") == record["mlflow_run_url"]
+        browser.get(record["mlflow_run_url"].replace(UI_ROOT, uis["mlflow"]))  # the MLflow UI where it serves
+        wait_for_text(browser, "n_grpo_steps", shots / "report_mlflow_run.png")
+    finally:
+        with contextlib.suppress(Exception):
+            browser.delete_network_conditions()
+        with contextlib.suppress(OSError):
+            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+            for shot in shots.glob("*.png"):
+                shutil.copy2(shot, SCREENSHOTS / shot.name)

@@ -178,7 +178,8 @@ def test_expert_iteration_resumes_after_kill_9(warm_policy_dir, flow_env, tmp_pa
 
     stdout = run_to_completion("flows.expert_iteration", flags, tmp_path, flow_env)
 
-    assert f"mlflow run {run_id}" in stdout
+    parent_id = client.get_run(run_id).data.tags["mlflow.parentRunId"]  # the flow's run, its parent
+    assert f"mlflow run {parent_id}" in stdout
     assert snapshot(*before) == before  # round 0 and round 1's rollouts were not redone (fine-tuning: sft/loss below)
     assert not list(checkpoint.glob("round-*/sft"))  # every round is in model.pt: no SFT state is kept
     rounds = json.loads((checkpoint / "state.json").read_text())["rounds"]
@@ -193,8 +194,9 @@ def test_expert_iteration_resumes_after_kill_9(warm_policy_dir, flow_env, tmp_pa
     ]
     assert done["initial_accuracy"] is not None  # the starting policy, evaluated before round 0 (step 0)
 
-    runs = client.search_runs([client.get_experiment_by_name("expert_iteration").experiment_id])
-    assert [r.info.run_id for r in runs] == [run_id]  # no second run
+    found = client.search_runs([client.get_experiment_by_name("expert_iteration").experiment_id])
+    runs = [r for r in found if "mlflow.parentRunId" in r.data.tags]  # the flow's parent run holds the comparison
+    assert [r.info.run_id for r in runs] == [run_id] and len(found) == 2  # no second run
     assert runs[0].info.status == "FINISHED"
     for key in ("kept_fraction", "rollout_mean_token_entropy"):  # step k: after k rounds
         assert steps(client, run_id, key) == list(range(1, n_rounds + 1)), key  # round 1 logged once, not twice
@@ -380,7 +382,8 @@ def test_grpo_resumes_after_kill_9(tiny_lm_dir, flow_env, tmp_path):
 
     stdout, log = run_to_completion_logged("flows.grpo", flags, tmp_path, flow_env)
 
-    assert f"mlflow run {run_id}" in stdout
+    parent_id = client.get_run(run_id).data.tags["mlflow.parentRunId"]  # the flow's run, its parent
+    assert f"mlflow run {parent_id}" in stdout
     # Steps 0 and 1 came from the checkpoint: not trained again (the per-step INFO lines say which ran).
     assert "GRPO: resuming from" in log and "after step 1" in log
     assert [f"GRPO step {s}/{n_steps}:" in log for s in range(n_steps + 1)] == [False, False, True, True]
@@ -413,8 +416,9 @@ def test_grpo_resumes_after_kill_9(tiny_lm_dir, flow_env, tmp_path):
     ):
         assert (tmp_path / "out" / name).stat().st_size > 0, name
 
-    runs = client.search_runs([client.get_experiment_by_name("grpo").experiment_id])
-    assert [r.info.run_id for r in runs] == [run_id]  # no second run
+    found = client.search_runs([client.get_experiment_by_name("grpo").experiment_id])
+    runs = [r for r in found if "mlflow.parentRunId" in r.data.tags]  # the flow's parent run holds the comparison
+    assert [r.info.run_id for r in runs] == [run_id] and len(found) == 2  # no second run
     assert runs[0].info.status == "FINISHED"
     for key in ("reward_mean", "loss", "grad_norm", "token_entropy", "time_train"):
         assert steps(client, run_id, key) == list(range(1, n_steps + 1)), key  # step 2 logged once, not twice

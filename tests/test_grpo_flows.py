@@ -10,6 +10,16 @@ from flows.grpo import ABLATIONS, GRPOParams, ablation_settings, grpo_baseline_a
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
+def single_run(client, result):
+    """A one-run flow's training run: the child ``single`` of the flow's parent run."""
+    parent = client.get_run(result["mlflow_run_id"])
+    (run,) = client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+    )
+    assert run.data.params["setting"] == "single"
+    return run
+
+
 def tiny_params(tmp_path, model, **overrides) -> GRPOParams:
     settings = dict(
         model=str(model),
@@ -41,7 +51,7 @@ def test_single_run_logs_every_step_and_the_validation_curves(prefect_harness, t
     result = grpo_flow(params)
     assert [r["setting"] for r in result["summary"]] == ["single"]
     client = mlflow.MlflowClient(tracking_uri=params.tracking_uri)
-    run = client.get_run(result["mlflow_run_id"])
+    run = single_run(client, result)
     per_step = {
         "reward_mean",
         "format_reward_mean",
@@ -77,6 +87,13 @@ def test_single_run_logs_every_step_and_the_validation_curves(prefect_harness, t
     for name in ("accuracy_vs_step.png", "accuracy_vs_wall_clock.png", "token_entropy_vs_step.png", "curves.csv"):
         assert (out / name).stat().st_size > 0, name
     assert json.loads((tmp_path / "metrics.json").read_text()) == result["summary"]
+    # The parent run holds the comparison and the child's curve; the final policy is registered (a5-grpo).
+    parent = result["mlflow_run_id"]
+    assert {"accuracy_vs_step.png", "summary.md"} <= {a.path for a in client.list_artifacts(parent)}
+    assert sorted(m.step for m in client.get_metric_history(parent, "val_accuracy/single")) == [0, 1, 2]
+    ((model,),) = [result["models"]]
+    assert (model["name"], model["run_id"]) == ("a5-grpo", run.info.run_id)
+    assert client.get_model_version("a5-grpo", model["version"]).run_id == run.info.run_id
 
 
 def test_an_ablation_is_a_parent_with_a_child_per_setting_and_resumes(
@@ -108,8 +125,9 @@ def test_an_ablation_is_a_parent_with_a_child_per_setting_and_resumes(
     again = grpo_baseline_ablation(params.model_copy(update=scheduled))
     assert again["mlflow_run_id"] == result["mlflow_run_id"] and again["summary"] == result["summary"]
     parent = mlflow.MlflowClient(params.tracking_uri).get_run(result["mlflow_run_id"])
-    assert {key: parent.data.tags[key] for key in scheduled} == {key: str(v) for key, v in scheduled.items()}
-    assert not set(scheduled) & set(parent.data.params)
+    changed = {key: parent.data.tags[f"changed_on_resume.{key}"] for key in scheduled}
+    assert changed == {key: str(v) for key, v in scheduled.items()}
+    assert {key: parent.data.params[key] for key in scheduled} == {key: str(getattr(params, key)) for key in scheduled}
 
 
 def test_every_ablation_builds_valid_settings():
@@ -268,7 +286,7 @@ def test_a_dapo_and_kl_run_through_the_flow(prefect_harness, tiny_lm_dir, tmp_pa
     )
     result = grpo_flow(params)
     client = mlflow.MlflowClient(tracking_uri=params.tracking_uri)
-    run = client.get_run(result["summary"] and result["mlflow_run_id"])
+    run = single_run(client, result)
     assert {"kl", "sampling_draws", "kept_groups", "overlong_penalty_mean"} <= set(run.data.metrics)
     assert run.data.params["kl_coef"] == "0.05" and run.data.params["length_normalization"] == "token_mean"
     assert len(client.get_metric_history(run.info.run_id, "kl")) == params.n_grpo_steps
@@ -282,6 +300,7 @@ def test_one_step_off_through_the_flow_with_the_engine_in_its_own_process(prefec
     params = tiny_params(tmp_path, tiny_lm_dir, n_grpo_steps=3, pipeline_depth=1, tis_cap=2.0, engine_device="cpu")
     result = grpo_flow(params)
     client = mlflow.MlflowClient(tracking_uri=params.tracking_uri)
-    versions = client.get_metric_history(result["mlflow_run_id"], "rollout_policy_version")
+    run_id = single_run(client, result).info.run_id
+    versions = client.get_metric_history(run_id, "rollout_policy_version")
     assert [m.value for m in sorted(versions, key=lambda m: m.step)] == [0, 0, 1]
-    assert len(client.get_metric_history(result["mlflow_run_id"], "time_wait_rollouts")) == 2
+    assert len(client.get_metric_history(run_id, "time_wait_rollouts")) == 2

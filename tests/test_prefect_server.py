@@ -16,6 +16,8 @@ from servers import background, listening_addresses, log_tail, quiet_env, runnin
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPECTED_FLOWS = {
+    "prepare_data",
+    "sft_data",
     "baseline_eval",
     "sft_experiment",
     "expert_iteration",
@@ -58,20 +60,33 @@ def test_a_served_deployment_runs_from_the_api(prefect_api, tiny_lm_dir, shared_
         "profile: small\nbaseline_eval: {limit: 3, max_tokens: 64}\n"
         "profiles: {small: {baseline_eval: {max_tokens: 5}}}\n"
     )
+    from flows.serve import deployment_name, discover_flows
+
+    # Every flow a user runs has a deployment titled by what it does; no two share a title.
+    titles = {name: deployment_name(flow) for name, flow in discover_flows().items()}
+    assert set(titles) == EXPECTED_FLOWS | {"compare", "difficulty", "leaderboard", "report"}
+    assert len(set(titles.values())) == len(titles) and titles["baseline_eval"] == "Zero-shot evaluation"
+    assert titles["grpo_lr_sweep"] == "GRPO ablation: learning rate"
     with background(
         [sys.executable, "-m", "flows.serve", "--config", str(config)], serve_log, env, cwd=tmp_path
     ) as serve:
         deadline, waiting = time.monotonic() + 90, set(EXPECTED_FLOWS)
         while waiting:  # serve registers the deployments one by one
             assert serve.poll() is None and time.monotonic() < deadline, f"not served: {waiting}\n{log_tail(serve_log)}"
-            waiting = {f for f in waiting if httpx.get(f"{url}/deployments/name/{f}/a5", timeout=5).status_code != 200}
+            waiting = {
+                f for f in waiting if httpx.get(f"{url}/deployments/name/{f}/{titles[f]}", timeout=5).status_code != 200
+            }
             time.sleep(0.5)
-        deployment = httpx.get(f"{url}/deployments/name/baseline_eval/a5", timeout=5).json()
+        assert httpx.get(f"{url}/deployments/name/sft_data/{titles['sft_data']}", timeout=5).json()["parameters"] == {
+            "params": {"config": str(config)}
+        }
+        deployment = httpx.get(f"{url}/deployments/name/baseline_eval/{titles['baseline_eval']}", timeout=5).json()
         assert (
             deployment["enforce_parameter_schema"] and deployment["entrypoint"] == "flows.baseline_eval.baseline_eval"
         )
         fields = deployment["parameter_openapi_schema"]["definitions"]["BaselineEvalParams"]["properties"]
         assert {"model", "limit", "temperature", "max_tokens"} <= set(fields)  # the UI's form: a field per parameter
+        assert "outputs under `output_dir/NAME/`" in fields["extra_sets"]["description"]  # no <name> for HTML to eat
         defaults = deployment["parameters"]["params"]
         assert (defaults["limit"], defaults["max_tokens"], defaults["temperature"]) == (3, 5, 1.0)
 
@@ -87,8 +102,14 @@ def test_a_served_deployment_runs_from_the_api(prefect_api, tiny_lm_dir, shared_
         }
         with temporary_settings({PREFECT_API_URL: url}):
             with pytest.raises(Exception, match="temperature|minimum|Validation"):
-                run_deployment("baseline_eval/a5", parameters={"params": {**params, "temperature": -1}}, timeout=0)
-            flow_run = run_deployment("baseline_eval/a5", parameters={"params": params}, timeout=150, poll_interval=1)
+                run_deployment(
+                    f"baseline_eval/{titles['baseline_eval']}",
+                    parameters={"params": {**params, "temperature": -1}},
+                    timeout=0,
+                )
+            flow_run = run_deployment(
+                f"baseline_eval/{titles['baseline_eval']}", parameters={"params": params}, timeout=150, poll_interval=1
+            )
         assert flow_run.state is not None and flow_run.state.is_completed(), f"{flow_run.state}\n{log_tail(serve_log)}"
 
     out = tmp_path / "out"
@@ -105,6 +126,17 @@ def test_a_served_deployment_runs_from_the_api(prefect_api, tiny_lm_dir, shared_
     assert {"load_problems", "generate", "start_engine", "grade"} <= {
         t["task_key"].split("-")[0] for t in task_runs
     } | {t["name"].rsplit("-", 1)[0] for t in task_runs}
+    # Started from the deployment, the run tells Prefect what it did, and MLflow where it was started.
+    artifacts = httpx.post(
+        f"{url}/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [str(flow_run.id)]}}}, timeout=10
+    ).json()
+    assert [a["key"] for a in artifacts] == ["baseline-eval-summary"]
+    assert "| set | problems | accuracy |" in artifacts[0]["data"] and runs[0].info.run_id in artifacts[0]["data"]
+    assert runs[0].data.tags["prefect.flow_run_id"] == str(flow_run.id)
+    assert runs[0].data.tags["prefect.flow_run_url"].endswith(f"/runs/flow-run/{flow_run.id}")
+    assert runs[0].data.tags["mlflow.source.name"] == "flows/baseline_eval.py"  # not Prefect's engine
+    assert runs[0].data.tags["mlflow.source.git.commit"][:12] in runs[0].data.tags["mlflow.note.content"]
+    assert runs[0].data.tags["prefect.flow_run_url"] in runs[0].data.tags["mlflow.note.content"]
 
 
 def test_engine_start_is_retried_twice(prefect_harness):

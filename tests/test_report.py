@@ -28,8 +28,17 @@ BASELINE = {
 CASES = (
     "# Evaluation case analysis\n\n8 responses to 8 problems: accuracy 0.250.\n\n"
     "Of the 4 format-0 responses, 1 contain a correct answer that the r1_zero format rules rejected "
-    "(format/parser failures); the rest hold no correct answer (model failures).\n\n## format1_answer1 (2)\n"
+    "(format/parser failures); the rest hold no correct answer (model failures).\n\n## format1_answer1 (2)\n\n"
+    "**Response**\n\n````\nx <script>alert(7)</script>\n```\nstill inside\n````\n\n**Ground truth:** `4`\n"
 )
+DIFFICULTY = {
+    "questions": 16,
+    "samples_per_question": 4,
+    "mean_pass_rate": 0.4,
+    "difficulty_unsolved": 0.25,
+    "difficulty_learnable": 0.5,
+    "difficulty_solved": 0.25,
+}
 SFT = [
     {"setting": "128", "n_examples": 128, "steps": 8, "final_accuracy": 0.1, "final_format_rate": 0.9},
     {
@@ -64,7 +73,7 @@ def plot(path):
     plot_curves(path, [{"setting": "a", "step": s, "v": s / 10} for s in range(3)], "step", "v", "setting", path.stem)
 
 
-def project(root, stages=("baseline", "sft", "ei", "grpo")):
+def project(root, stages=("baseline", "sft", "ei", "grpo", "difficulty")):
     """A project folder holding what the named stages write."""
     params = {
         "profile": "cpu",
@@ -87,6 +96,10 @@ def project(root, stages=("baseline", "sft", "ei", "grpo")):
         plot(root / "outputs/sft_experiment/accuracy_vs_step.png")
     if "ei" in stages:
         write(root / "metrics/expert_iteration.json", EI)
+        plot(root / "outputs/expert_iteration/accuracy_vs_step.png")
+    if "difficulty" in stages:
+        write(root / "metrics/difficulty.json", DIFFICULTY)
+        plot(root / "outputs/difficulty/pass_rate_histogram.png")
     if "grpo" in stages:
         write(root / "metrics/grpo.json", GRPO)
         for name in ("token_entropy_vs_step", "accuracy_vs_wall_clock", "accuracy_vs_step"):
@@ -111,12 +124,37 @@ def log_ablation(uri, name, finals):
     return parent.info.run_id
 
 
+def sft_run(uri, root):
+    """The SFT stage's parent run as the flow leaves it: its settings as parameters (epochs 2, though the
+    run stopped at max_steps), and outputs/sft_experiment/run.json naming it."""
+    import mlflow
+
+    from tasks.tracking import ensure_experiment, ui_address
+
+    with mlflow.start_run(experiment_id=ensure_experiment("sft_experiment", uri)) as run:
+        mlflow.log_params({"model": "smollm2-sft", "epochs": 2, "max_steps": 8, "train_data": "arithmetic:64:1"})
+        mlflow.log_params({"validation_data": "arithmetic:16:1", "val_limit": None, "sizes": "['full']"})
+    record = {
+        "flow": "sft_experiment",
+        "experiment": "sft_experiment",
+        "tracking_uri": "sqlite:///mlflow.db",  # relative: under the report's root
+        "mlflow_run_id": run.info.run_id,
+        "mlflow_run_url": ui_address("sft_experiment", uri, run.info.run_id),
+        "prefect_flow_run_id": None,
+        "prefect_flow_run_url": None,
+        "models": [{"name": "a5-sft", "version": "3", "setting": "filtered"}],
+    }
+    write(root / "outputs/sft_experiment/run.json", record)
+    return record
+
+
 def test_full_report_with_plots_ablations_and_mlflow_run(prefect_harness, tmp_path, monkeypatch):
     import mlflow
 
     monkeypatch.chdir(tmp_path)
     project(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sft = sft_run(uri, tmp_path)
     log_ablation(uri, "grpo_baseline_ablation", {"no_baseline": 0.2, "reinforce_with_baseline": 0.4})  # older
     newest = log_ablation(uri, "grpo_baseline_ablation", {"no_baseline": 0.25, "reinforce_with_baseline": 0.5})
 
@@ -129,7 +167,7 @@ def test_full_report_with_plots_ablations_and_mlflow_run(prefect_harness, tmp_pa
     # The headline: each stage before it trained (where it evaluated its starting model) → after.
     assert "| stage | validated on | accuracy | format rate |" in md
     assert "| Zero-shot baseline |  | 0.250 | 0.500 |" in md
-    assert "| SFT (best setting) |  | 0.000 → 0.300 | 0.100 → 0.950 |" in md
+    assert "| SFT (best setting) | arithmetic:16:1 | 0.000 → 0.300 | 0.100 → 0.950 |" in md  # as its run recorded
     assert "| Expert Iteration (best) |  | 0.350 | 0.970 |" in md
     assert "| GRPO (best) | validation.jsonl | 0.200 → 0.450 | 0.500 → 0.990 |" in md
     assert "Settings: model `smollm2-135m-instruct`." in md  # the profile's override, as the stage ran
@@ -137,14 +175,30 @@ def test_full_report_with_plots_ablations_and_mlflow_run(prefect_harness, tmp_pa
     assert "Of the 4 format-0 responses, 1 contain a correct answer" in md
     assert "Finish reasons: length 3, stop 5; `length` responses hit `max_tokens`." in md
     assert "Best: **filtered** at 0.300." in md and "| teacher | 10 | 0 | 6 | 0.600 | 0.800 |" in md
-    assert "Settings: n_grpo_steps `2`. One run." in md and "Final validation accuracy: **0.450**." in md
+    assert "Settings: n_grpo_steps `2`, validation_data `../shared/data/math/validation.jsonl`. One run." in md
+    assert "Final validation accuracy: **0.450**." in md
+    # SFT: the settings its MLflow run recorded, the steps it ran (not "epochs 2"), a link to the run.
+    assert (
+        "Settings (as the run recorded them): model `smollm2-sft`, train_data `arithmetic:64:1`, "
+        "validation_data `arithmetic:16:1`, sizes `['full']`. Optimizer steps run: 128 8, filtered 4." in md
+    )
+    assert "epochs" not in md
+    assert (
+        f"MLflow run [`{sft['mlflow_run_id'][:12]}`]({sft['mlflow_run_url']}) (experiment `sft_experiment`); "
+        "registered model `a5-sft` version 3 (filtered)." in md
+    )
+    # The difficulty table.
+    assert "## Questions by difficulty" in md and "mean pass rate **0.400**" in md
+    assert "| sometimes solved | 0.500 |" in md
     assert "not run" not in md
     figures = re.findall(r"!\[[^\]]*\]\(figures/([^)]+)\)", md)
     assert figures == [
         "sft_experiment_accuracy_vs_step.png",
+        "expert_iteration_accuracy_vs_step.png",
         "grpo_accuracy_vs_step.png",
         "grpo_accuracy_vs_wall_clock.png",
         "grpo_token_entropy_vs_step.png",
+        "difficulty_pass_rate_histogram.png",
         "ablation_grpo_baseline_ablation_val_accuracy.png",
     ]
     for name in figures:
@@ -157,8 +211,22 @@ def test_full_report_with_plots_ablations_and_mlflow_run(prefect_harness, tmp_pa
     page = (out / "report.html").read_text()
     assert page.count('<img src="data:image/png;base64,') == len(figures)
     assert "<td>format0_answer0</td>" in page and "<strong>0.450</strong>" in page
+    # The case report is in the page, rendered (a longer fence keeps the ``` inside it, escaped), so
+    # report.html needs nothing beside it: every link is a web address or a data URI.
+    assert '<details id="baseline-cases"><summary>Examples of each category' in page
+    assert "<h2>format1_answer1 (2)</h2>" in page and "<code>4</code>" in page
+    assert "<pre><code>x &lt;script&gt;alert(7)&lt;/script&gt;\n```\nstill inside</code></pre>" in page
+    assert all(link.startswith(("http://", "data:image/png")) for link in re.findall(r'(?:href|src)="([^"]*)"', page))
+    assert f'<a href="{sft["mlflow_run_url"]}">' in page
 
-    assert result["sections"] == {"baseline": True, "sft": True, "ei": True, "grpo": True, "ablations": 1}
+    assert result["sections"] == {
+        "baseline": True,
+        "sft": True,
+        "ei": True,
+        "grpo": True,
+        "ablations": 1,
+        "difficulty": True,
+    }
     client = mlflow.MlflowClient(tracking_uri=uri)
     run = client.get_run(result["mlflow_run_id"])
     assert client.get_experiment(run.info.experiment_id).name == "report"
@@ -177,7 +245,9 @@ def test_full_report_with_plots_ablations_and_mlflow_run(prefect_harness, tmp_pa
         "grpo_best_initial_format_rate": 0.5,
     }
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"report.md", "report.html", "figures", "baseline_cases.md"} <= artifacts
+    assert artifacts == {"report.md", "report.html", "figures", "baseline_cases.md"}  # not the folder's marker
+    # The run spans the report's making (its start before the page was written).
+    assert run.info.start_time <= (out / "report.html").stat().st_mtime * 1000 <= run.info.end_time
 
 
 def test_missing_stages_say_not_run_and_a_rerun_replaces_the_folder(prefect_harness, tmp_path, monkeypatch):
@@ -206,6 +276,8 @@ def test_missing_stages_say_not_run_and_a_rerun_replaces_the_folder(prefect_harn
     assert result["sections"]["sft"] is False and result["mlflow_run_id"] is None
     assert sorted(p.name for p in (tmp_path / "outputs").iterdir()) == [
         "baseline_eval",
+        "difficulty",
+        "expert_iteration",
         "grpo",
         "report",
         "sft_experiment",
@@ -315,7 +387,7 @@ def test_html_escapes_what_settings_and_files_hold_and_links_only_http_and_relat
     main(["--config", "params.yaml", "--log-to-mlflow", "false", "--title", "<script>alert(6)</script>"])
 
     page = (tmp_path / "outputs/report/report.html").read_text()
-    assert re.findall(r"href=\"([^\"]*)\"", page) == ["baseline_cases.md"]  # the report's own link, and no other
+    assert re.findall(r"href=\"([^\"]*)\"", page) == []  # no link from settings or files
     assert "<script" not in page.lower()
     assert "<code>[x](javascript:alert(1))</code>" in page and "&lt;script&gt;alert(2)&lt;/script&gt;" in page
     assert "[y](javascript:alert(3))" in page and "[z](JaVaScRiPt:alert(4))" in page

@@ -82,3 +82,29 @@ def test_the_store_lock_of_a_sqlite_uri_lies_beside_its_database(tmp_path, monke
         "store",
         "store/mlflow.db.lock",
     ]
+
+
+def test_every_run_records_where_it_came_from_and_a_resumed_run_keeps_its_first_settings(tmp_path):
+    """run_tags: the commit and whether the tree was dirty, the versions, the device; no Prefect tags outside a
+    flow run. log_settings: parameters once; a resumed run's changed setting goes to a tag, not an error."""
+    import subprocess
+
+    import mlflow
+
+    from tasks.tracking import log_settings, mlflow_run, reopen_run, run_tags
+
+    tags = run_tags()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    assert tags["mlflow.source.git.commit"] == head and tags["git.dirty"] in ("true", "false")
+    assert tags["versions.torch"] == __import__("torch").__version__ and tags["versions.mlflow"] == mlflow.__version__
+    assert tags["device"] == "cpu" and not any(key.startswith("prefect.") for key in tags)
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with mlflow_run("settings", "first", uri) as run:
+        log_settings({"learning_rate": 1e-5, "output_dir": "out", "limit": None})
+    with reopen_run(run.info.run_id, run.info.experiment_id):  # a later attempt, elsewhere
+        log_settings({"learning_rate": 1e-5, "output_dir": "elsewhere", "seed": 1})
+    logged = mlflow.MlflowClient(uri).get_run(run.info.run_id)
+    assert logged.data.params == {"learning_rate": "1e-05", "output_dir": "out", "limit": "None", "seed": "1"}
+    assert logged.data.tags["changed_on_resume.output_dir"] == "elsewhere"
+    assert logged.data.tags["mlflow.source.git.commit"] == head

@@ -2,6 +2,7 @@
 
 import json
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 
@@ -198,7 +199,26 @@ def test_sft_on_generated_arithmetic_hands_its_best_model_to_the_next_stage(
     assert best.is_symlink() and (best / "config.json").is_file() and (best / "model.safetensors").is_file()
     import mlflow
 
-    assert mlflow.MlflowClient(params.tracking_uri).get_run(result["mlflow_run_id"]).data.tags["best_setting"] == "full"
+    client = mlflow.MlflowClient(params.tracking_uri)
+    assert client.get_run(result["mlflow_run_id"]).data.tags["best_setting"] == "full"
+
+    # The best model is registered (a5-sft), its run's final metrics its description; loaded back through the
+    # registry it generates. Its weights are the saved folder's: the MLflow model holds no second copy.
+    (child,) = children_of(result["mlflow_run_id"], "sft_experiment")["run_id"]
+    assert result["models"] == [
+        {"name": "a5-sft", "setting": "full", "run_id": child, "model_dir": str(best.resolve()), "version": "1"}
+    ]
+    version = client.get_model_version("a5-sft", "1")
+    assert version.run_id == child and version.tags["setting"] == "full"
+    final = client.get_run(child).data.metrics["final_val_accuracy"]
+    assert f"- final_val_accuracy: {final:.4g}" in version.description
+    policy = mlflow.pyfunc.load_model("models:/a5-sft/1", model_config={"max_new_tokens": 6})
+    (completion,) = policy.predict(["What is 1 + 2?"])
+    assert isinstance(completion, str) and completion.strip()
+    logged = Path(mlflow.artifacts.download_artifacts("models:/a5-sft/1", dst_path=str(tmp_path / "logged")))
+    assert (logged / "MLmodel").is_file() and not list(logged.rglob("*.safetensors"))
+    # The parent's chart view has the child's curve.
+    assert {m.step for m in client.get_metric_history(result["mlflow_run_id"], "val_accuracy/full")} == {0, 1}
     key = run_key(GRPOParams(model=str(best)))
     sft_experiment(params.model_copy(update={"learning_rate": 1e-3}))  # another SFT run: the link moves
     assert run_key(GRPOParams(model=str(best))) != key
