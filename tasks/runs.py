@@ -47,7 +47,8 @@ from a5core.prompts import PromptTemplate, load_prompt
 from a5core.question_sampling import load_pass_rates
 from a5core.rollout import Engine, SamplingSettings
 from a5core.settings import HOW_FAST_FIELDS
-from tasks.evaluation import model_fingerprint, validation_hook
+from tasks.evaluation import validation_hook
+from tasks.fingerprints import file_digest, model_fingerprint
 from tasks.tracking import log_params_flat, mlflow_logger, start_resumable_run, tracking_rank
 
 # Where results go and how fast they come, not what runs: changing these keeps a run's folder (and resumes it).
@@ -57,11 +58,16 @@ RUN_KEY_IGNORED = ("output_dir", "metrics_path", "experiment", "tracking_uri", *
 def params_key(params: Any, ignore: tuple[str, ...] = RUN_KEY_IGNORED) -> str:
     """A short hash of a flow's parameters: runs with other settings get other folders (and MLflow runs),
     so a resumed run never picks up a checkpoint or a 'done' marker written under different settings.
-    A ``model`` that is a local folder counts by its files too (:func:`tasks.evaluation.model_fingerprint`):
-    a stage that starts from another stage's saved model runs again when that model was trained again."""
+    What a setting names counts by its contents (:mod:`tasks.fingerprints`): a ``model`` that is a local
+    folder by its files (a stage that starts from another stage's saved model runs again when that model
+    was trained again), and every setting naming a file (data, prompt template, difficulty table) by its
+    bytes (an edited or newly pulled data file is another run, not a finished one)."""
     values = params.model_dump(exclude=set(ignore))
     if isinstance(values.get("model"), str) and Path(values["model"]).expanduser().is_dir():
         values["model_files"] = model_fingerprint(values["model"])
+    files = {k: v for k, v in values.items() if isinstance(v, str) and v and Path(v).expanduser().is_file()}
+    if files:
+        values["file_contents"] = {k: file_digest(v) for k, v in sorted(files.items())}
     dump = json.dumps(values, sort_keys=True, default=str)
     return hashlib.sha256(dump.encode()).hexdigest()[:10]
 
