@@ -42,7 +42,7 @@ from pydantic import ConfigDict, Field, ValidationError
 
 from a5core.data import DataError, load_math, load_sft_traces, write_jsonl_atomic, write_text_atomic
 from a5core.models import ModelResolutionError, resolve_model
-from a5core.prompts import PromptTemplateError, load_prompt
+from a5core.prompts import load_prompt
 from a5core.rollout import make_engine
 from a5core.sft_data import (
     OpenAICompletionsTeacher,
@@ -55,6 +55,7 @@ from a5core.sft_data import (
 )
 from flows.cli import ConfigError, cli_main, profile_name, read_config, section_settings
 from flows.params import DistillParams, Prompt
+from tasks.outputs import check_output_dir, check_output_file
 
 OUT_DIR = Path("data/sft")
 DEFAULT_SETS = {
@@ -216,6 +217,11 @@ def main(argv: list[str] | None = None) -> None:
 
     start = time.monotonic()
     try:
+        if args.command == "filter":
+            check_output_dir(args.out_dir, "SFTData", "--out-dir")
+            check_output_file(args.metrics, "--metrics", json_object=True)
+        else:
+            check_output_file(args.out, "--out")
         params = load_params(args.config)
         if args.command == "math":
             result = write_math(params, args.out)
@@ -240,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
                     f"{name:16} raw {m['raw']:>6}  duplicates {m['duplicates']:>4}  "
                     f"filtered {m['filtered']:>6}  kept {rate}"
                 )
-    except (DataError, ConfigError, TeacherError, PromptTemplateError, ModelResolutionError, FileNotFoundError) as e:
+    except (ValueError, TeacherError, ModelResolutionError, FileNotFoundError) as e:  # DataError: a ValueError
         sys.exit(f"sft_data {args.command}: {e}")
     print(f"({time.monotonic() - start:.1f} s)")
 
