@@ -41,6 +41,7 @@ from flows.params import EIParams
 from tasks.checks import check_difficulty, check_outputs, check_placement, check_prompts_fit
 from tasks.engines import closing_engine, engine_for
 from tasks.plots import log_comparison
+from tasks.run_lock import run_lock
 from tasks.runs import Run, Trained, log_run_params, run_key, save_model_folder, training_run
 from tasks.tracking import start_resumable_run, tracked, tracking_rank
 
@@ -109,9 +110,12 @@ def expert_iteration_flow(params: EIParams = EIParams()) -> dict:
         paths: dict[str, str] = {}
         run_id = row["mlflow_run_id"]
     else:
-        with start_resumable_run(
-            out / f"runs-{run_key(params)}" / "mlflow_run_id", params.experiment, "ei_sweep", params.tracking_uri
-        ) as parent:
+        with (
+            run_lock(out / f"runs-{run_key(params)}"),
+            start_resumable_run(
+                out / f"runs-{run_key(params)}" / "mlflow_run_id", params.experiment, "ei_sweep", params.tracking_uri
+            ) as parent,
+        ):
             log_run_params(params)
             rows = run_children(grid(params), run_ei, params, parent.info.run_id)
             curves = [{"setting": r["setting"], **point} for r in rows for point in r["curve"]]

@@ -68,6 +68,7 @@ from flows.params import GRPOParams
 from tasks.checks import check_grpo_run, check_placement
 from tasks.engines import closing_engine, engine_for
 from tasks.plots import log_comparison
+from tasks.run_lock import run_lock
 from tasks.runs import (
     Run,
     Trained,
@@ -161,7 +162,10 @@ def run_ablation(name: str, params: GRPOParams) -> dict:
     children = ablation_settings(name, params)
     parent_params = params.model_copy(update={"ablation": name})
     run_id_file = Path(params.output_dir) / f"runs-{run_key(parent_params)}" / "mlflow_run_id"
-    with start_resumable_run(run_id_file, params.experiment, name, params.tracking_uri) as parent:
+    with (
+        run_lock(run_id_file.parent),
+        start_resumable_run(run_id_file, params.experiment, name, params.tracking_uri) as parent,
+    ):
         log_run_params(parent_params)
         rows = run_children(children, run_grpo, params, parent.info.run_id)
         if not tracking_rank():

@@ -4,8 +4,9 @@ the leaderboard run.
 :func:`training_run` is the skeleton they share; a flow gives it the body that trains. Around the body:
 
 - the run's folder, ``output_dir/runs-<key>/<name>`` (the key a hash of the settings, so changed settings
-  never pick up another run's checkpoint or MLflow run), and its ``done.json``: a finished run returns
-  its row without training again;
+  never pick up another run's checkpoint or MLflow run), locked while the run works there
+  (:func:`tasks.run_lock.run_lock`: a second process with the same settings is refused), and its
+  ``done.json``: a finished run returns its row without training again;
 - a resumable MLflow run (a child of ``parent_run_id`` in a sweep), its parameters and the starting
   model's real folder (tag ``model_path``) logged on the tracking rank;
 - the policy loaded on the GPU if there is one, in ``policy_dtype``;
@@ -49,6 +50,7 @@ from a5core.rollout import Engine, SamplingSettings
 from a5core.settings import HOW_FAST_FIELDS
 from tasks.evaluation import validation_hook
 from tasks.fingerprints import file_digest, model_fingerprint
+from tasks.run_lock import run_lock
 from tasks.tracking import log_params_flat, mlflow_logger, start_resumable_run, tracking_rank
 
 # Where results go and how fast they come, not what runs: changing these keeps a run's folder (and resumes it).
@@ -140,58 +142,59 @@ def training_run(
     ``logged``: more parameters for the MLflow run (a sweep setting's size, say)."""
     folder = Path(params.output_dir) / f"runs-{run_key(params)}" / name
     done = folder / "done.json"
-    if done.is_file():
-        return json.loads(done.read_text())
-    validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
-    template, reward_fn = load_prompt(params.prompt), REWARD_FNS[params.grader]
-    sampling = SamplingSettings(
-        n=params.val_samples,
-        temperature=params.temperature,
-        max_tokens=params.max_tokens,
-        stop=template.stop,
-        seed=params.seed,
-    )
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    with start_resumable_run(
-        folder / "mlflow_run_id", params.experiment, run_name, params.tracking_uri, parent_run_id
-    ) as mlflow_run:
-        log_run_params(params, {"setting": name, **(logged or {})})
-        model, tokenizer = load_policy(params.model, dtype=getattr(torch, params.policy_dtype), device=device)
-        run = Run(
-            name,
-            folder,
-            mlflow_run.info.run_id,
-            params,
-            engine,
-            model,
-            tokenizer,
-            validation,
-            template,
-            reward_fn,
-            sampling,
-            mlflow_logger(),
-            load_pass_rates(params.difficulty_table) if getattr(params, "difficulty_table", None) else None,
+    with run_lock(folder):  # one process at a time trains here
+        if done.is_file():
+            return json.loads(done.read_text())
+        validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
+        template, reward_fn = load_prompt(params.prompt), REWARD_FNS[params.grader]
+        sampling = SamplingSettings(
+            n=params.val_samples,
+            temperature=params.temperature,
+            max_tokens=params.max_tokens,
+            stop=template.stop,
+            seed=params.seed,
         )
-        trained = body(run)
-        final = trained.final
-        if final is None:
-            model.eval()
-            final = run.validation(params.val_limit)(model, trained.step)
-        run.log({f"final_{k}": v for k, v in final.items()}, trained.step)
-        start = _starting_evaluation(mlflow_run.info.run_id)
-        row = {
-            "setting": name,
-            "initial_accuracy": start.get("val_accuracy"),
-            "initial_format_rate": start.get("val_format_rate"),
-            "final_accuracy": final["val_accuracy"],
-            "final_format_rate": final["val_format_rate"],
-            **trained.row,
-            "mlflow_run_id": mlflow_run.info.run_id,
-        }
-    if tracking_rank():
-        write_text_atomic(done, json.dumps(row))
-        drop_resume_state(folder)
-    return row
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        with start_resumable_run(
+            folder / "mlflow_run_id", params.experiment, run_name, params.tracking_uri, parent_run_id
+        ) as mlflow_run:
+            log_run_params(params, {"setting": name, **(logged or {})})
+            model, tokenizer = load_policy(params.model, dtype=getattr(torch, params.policy_dtype), device=device)
+            run = Run(
+                name,
+                folder,
+                mlflow_run.info.run_id,
+                params,
+                engine,
+                model,
+                tokenizer,
+                validation,
+                template,
+                reward_fn,
+                sampling,
+                mlflow_logger(),
+                load_pass_rates(params.difficulty_table) if getattr(params, "difficulty_table", None) else None,
+            )
+            trained = body(run)
+            final = trained.final
+            if final is None:
+                model.eval()
+                final = run.validation(params.val_limit)(model, trained.step)
+            run.log({f"final_{k}": v for k, v in final.items()}, trained.step)
+            start = _starting_evaluation(mlflow_run.info.run_id)
+            row = {
+                "setting": name,
+                "initial_accuracy": start.get("val_accuracy"),
+                "initial_format_rate": start.get("val_format_rate"),
+                "final_accuracy": final["val_accuracy"],
+                "final_format_rate": final["val_format_rate"],
+                **trained.row,
+                "mlflow_run_id": mlflow_run.info.run_id,
+            }
+        if tracking_rank():
+            write_text_atomic(done, json.dumps(row))
+            drop_resume_state(folder)
+        return row
 
 
 def drop_resume_state(folder: Path) -> None:
