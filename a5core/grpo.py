@@ -94,7 +94,7 @@ import torch
 from pydantic import Field, StrictBool, model_validator
 
 from a5core import distributed, progress
-from a5core.checkpoint import NonFiniteLossError, fingerprint
+from a5core.checkpoint import NonFiniteLossError, fingerprint, read_state
 from a5core.data import Problem, write_text_atomic
 from a5core.lora import LoRASettings, add_adapters
 from a5core.losses import (
@@ -415,7 +415,7 @@ def grpo(
         logger.info("GRPO: resuming from %s after step %d", checkpoint, step)
     clock = checkpoint / "wall_clock.json" if checkpoint else None
     if clock is not None and clock.is_file():  # the time a killed attempt spent after its last checkpoint
-        spent = json.loads(clock.read_text())
+        spent = read_state(clock, ("wall_seconds",), "delete it: the run's clock restarts at its checkpoint's")
         if spent.get("fingerprint") == expected:
             elapsed = max(elapsed, spent["wall_seconds"])
     started = time.monotonic() - elapsed

@@ -40,6 +40,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from a5core import distributed
+from a5core.checkpoint import read_state
 from a5core.data import Problem, write_text_atomic
 from a5core.lora import has_adapters, merged_state_dict
 from a5core.policy import load_policy
@@ -144,7 +145,8 @@ def training_run(
     done = folder / "done.json"
     with run_lock(folder):  # one process at a time trains here
         if done.is_file():
-            return json.loads(done.read_text())
+            recovery = f"the run finished (its checkpoint tensors are gone): delete {folder} to train it again"
+            return read_state(done, ("setting", "mlflow_run_id"), recovery)
         validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
         template, reward_fn = load_prompt(params.prompt), REWARD_FNS[params.grader]
         sampling = SamplingSettings(
