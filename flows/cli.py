@@ -36,6 +36,7 @@ from pydantic import BaseModel, ValidationError
 
 from a5core.checkpoint import CheckpointMismatchError, NonFiniteLossError
 from a5core.data import DataError
+from a5core.guards import DivergenceError
 from a5core.models import ModelResolutionError
 from a5core.out_of_memory import MicrobatchOutOfMemoryError
 from a5core.prompts import PromptTemplateError
@@ -52,6 +53,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     CheckpointMismatchError,
     ModelResolutionError,
     NonFiniteLossError,
+    DivergenceError,
     MicrobatchOutOfMemoryError,
     FileNotFoundError,
     ValueError,
