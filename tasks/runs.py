@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
 from collections import Counter
 from collections.abc import Callable
@@ -52,7 +53,10 @@ from a5core.settings import HOW_FAST_FIELDS
 from tasks.evaluation import validation_hook
 from tasks.fingerprints import file_digest, model_fingerprint
 from tasks.run_lock import run_lock
-from tasks.tracking import log_params_flat, mlflow_logger, start_resumable_run, tracking_rank
+from tasks.tracking import artifact_paths, log_params_flat, mlflow_logger, start_resumable_run, tracking_rank
+
+logger = logging.getLogger(__name__)
+ARTIFACTS = "artifacts.json"  # in a finished run's folder: its MLflow run's artifacts when it finished
 
 # Where results go and how fast they come, not what runs: changing these keeps a run's folder (and resumes it).
 RUN_KEY_IGNORED = ("output_dir", "metrics_path", "experiment", "tracking_uri", *HOW_FAST_FIELDS)
@@ -146,7 +150,10 @@ def training_run(
     with run_lock(folder):  # one process at a time trains here
         if done.is_file():
             recovery = f"the run finished (its checkpoint tensors are gone): delete {folder} to train it again"
-            return read_state(done, ("setting", "mlflow_run_id"), recovery)
+            row = read_state(done, ("setting", "mlflow_run_id"), recovery)
+            if tracking_rank():
+                warn_of_lost_artifacts(folder, row["mlflow_run_id"], params.tracking_uri)
+            return row
         validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
         template, reward_fn = load_prompt(params.prompt), REWARD_FNS[params.grader]
         sampling = SamplingSettings(
@@ -194,9 +201,36 @@ def training_run(
                 "mlflow_run_id": mlflow_run.info.run_id,
             }
         if tracking_rank():
+            write_text_atomic(folder / ARTIFACTS, json.dumps(artifact_paths(params.tracking_uri, row["mlflow_run_id"])))
             write_text_atomic(done, json.dumps(row))
             drop_resume_state(folder)
         return row
+
+
+def warn_of_lost_artifacts(folder: Path, run_id: str, tracking_uri: str) -> None:
+    """Say which artifacts a finished run's MLflow run has lost since it finished (``ARTIFACTS`` lists what
+    it held then): deleted from ``mlruns/``, they are not made again, since the run is not trained again."""
+    from mlflow.exceptions import MlflowException
+
+    listed = folder / ARTIFACTS
+    if not listed.is_file():
+        return
+    again = f"they are not made again (the run is not trained again): delete {folder} to train it again"
+    try:
+        missing = sorted(set(json.loads(listed.read_text())) - set(artifact_paths(tracking_uri, run_id)))
+    except (ValueError, MlflowException, OSError) as error:
+        logger.warning("%s finished before; its MLflow run %s cannot be read (%s): %s", folder, run_id, error, again)
+        return
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        logger.warning(
+            "%s finished before; its MLflow run %s has lost %d of the artifacts it logged while training (%s): %s",
+            folder,
+            run_id,
+            len(missing),
+            shown,
+            again,
+        )
 
 
 def drop_resume_state(folder: Path) -> None:

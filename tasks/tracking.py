@@ -308,6 +308,16 @@ def run_records(reader: Any, run: Any, artifact: str = "generations.json") -> li
     return [dict(zip(table["columns"], row)) for row in table["data"]]
 
 
+def artifact_paths(tracking_uri: str, run_id: str) -> list[str]:
+    """Every artifact file of run ``run_id``, by its path in the run, sorted."""
+    client = mlflow.MlflowClient(tracking_uri)
+    found, folders = [], [None]
+    while folders:
+        for info in client.list_artifacts(run_id, folders.pop()):
+            (folders if info.is_dir else found).append(info.path)
+    return sorted(found)
+
+
 def tag_active_run(**tags: Any) -> None:
     """Set tags on the active MLflow run (values as strings)."""
     mlflow.set_tags({k: str(v) for k, v in tags.items()})

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_bad_input import trace_record, user_error
+from test_bad_input import math_record, trace_record, user_error
 from test_flow_resume import cli_flags
 
 from a5core.data import write_jsonl_atomic
@@ -45,8 +45,6 @@ def argv(model: Path, project: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def stopped_run(prefect_harness, tiny_lm_dir, tmp_path_factory) -> Path:
     """A project folder holding the stopped run (see :func:`argv`)."""
-    from test_bad_input import math_record
-
     project = tmp_path_factory.mktemp("stopped")
     write_jsonl_atomic(project / "traces.jsonl", [trace_record(i) for i in range(8)])
     write_jsonl_atomic(project / "math.jsonl", [math_record(i) for i in range(4)])
@@ -126,3 +124,30 @@ def test_a_damaged_mlflow_store_is_named_before_an_engine_starts(project, tiny_l
     what = "the database is damaged" if damage == "truncate" else "the file is not an SQLite database"
     assert message.startswith(f"flows.sft_experiment: error: MLflow store sqlite:///{store}: {what}"), message
     assert "move the file aside" in message
+
+
+def test_a_finished_run_says_which_deleted_artifacts_it_does_not_make_again(
+    prefect_harness, tiny_lm_dir, tmp_path, monkeypatch, caplog
+):
+    """A finished run's MLflow artifacts deleted from mlruns/: run again, it is not trained again, and it says
+    which of the artifacts it logged while training are gone for good (the comparison is logged anew)."""
+    import flows.sft_experiment
+
+    monkeypatch.chdir(tmp_path)  # artifacts under ./mlruns
+    write_jsonl_atomic(tmp_path / "traces.jsonl", [trace_record(i) for i in range(4)])
+    write_jsonl_atomic(tmp_path / "math.jsonl", [math_record(i) for i in range(2)])
+    run_argv = [*argv(tiny_lm_dir, tmp_path), "--learning-rate", "1e-3", "--eval-every", "1", "--val-subset", "2"]
+    flows.sft_experiment.main(run_argv)
+    (run,) = tmp_path.glob("out/runs-*/full")
+    run_id = (run / "mlflow_run_id").read_text().strip()
+    (tables,) = tmp_path.glob(f"mlruns/sft_experiment/{run_id}/artifacts/generations")
+    lost = sorted(f"generations/{p.name}" for p in tables.iterdir())
+    assert lost and set(lost) <= set(json.loads((run / "artifacts.json").read_text()))
+    shutil.rmtree(tables)
+    with caplog.at_level("WARNING", logger="tasks.runs"):
+        flows.sft_experiment.main(run_argv)
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "tasks.runs"]
+    assert (
+        f"its MLflow run {run_id} has lost {len(lost)} of the artifacts it logged while training ({lost[0]}" in warning
+    )
+    assert warning.endswith(f"delete {run.relative_to(tmp_path)} to train it again")
