@@ -75,17 +75,17 @@ def _post_once(
     parts = urllib.parse.urlsplit(url)
     connection_type = HTTPSConnection if parts.scheme == "https" else HTTPConnection
     connection = connection_type(parts.hostname, parts.port, timeout=remaining)
-    expired = threading.Event()
+    connection.connect()  # within the remaining time (the socket's timeout)
+    sock, expired = connection.sock, threading.Event()  # the response reads it after the connection lets go
 
     def expire() -> None:  # unblocks whatever read or write is waiting on the socket
         expired.set()
-        if connection.sock is not None:
-            try:
-                connection.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
-    timer = threading.Timer(remaining, expire)
+    timer = threading.Timer(max(deadline - time.monotonic(), 0), expire)
     timer.daemon = True
     timer.start()
     try:

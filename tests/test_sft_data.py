@@ -478,24 +478,35 @@ def test_credentials_never_follow_a_redirect_to_another_port(server, tmp_path, s
 
 
 def test_a_trickling_teacher_is_cut_off_at_the_requests_deadline():
-    """A reply sent a byte every 0.2 s (40 bytes, 8 s in all, a valid reply at the end) against a 1 s
-    deadline: the request times out instead of waiting for it (each byte came well within 1 s)."""
-    reply = json.dumps({"choices": [{"index": 0, "text": "x" * 10}]}).encode()
+    """A reply announced as 600 bytes and sent a byte every 0.2 s (two minutes in all) against a 1 s deadline:
+    the request is cut off at its deadline, though every byte came well within it."""
 
     def trickle(handler):
         handler.send_response(200)
-        handler.send_header("Content-Length", str(len(reply)))
+        handler.send_header("Content-Length", "600")
         handler.end_headers()
-        for byte in reply:
-            handler.wfile.write(bytes([byte]))
+        for _ in range(600):
+            handler.wfile.write(b" ")
             handler.wfile.flush()
             time.sleep(0.2)
 
     slow = RawServer(trickle)
-    try:
-        teacher = OpenAICompletionsTeacher(f"{slow.url}/v1", "m", timeout_s=1.0, max_retries=0)
-        with pytest.raises(TeacherError, match=r"failed after 1 attempt\(s\): timed out after 1 s"):
+    failures = []
+    teacher = OpenAICompletionsTeacher(f"{slow.url}/v1", "m", timeout_s=1.0, max_retries=0)
+
+    def request():
+        try:
             teacher.generate(["p"], SamplingSettings())
+        except TeacherError as error:
+            failures.append(str(error))
+
+    try:
+        asking = threading.Thread(target=request, daemon=True)
+        asking.start()
+        asking.join(timeout=60)  # a guard against the two minutes, not a timing assertion
+        assert not asking.is_alive(), "the request outlived its deadline"
+        (failure,) = failures
+        assert failure.endswith("failed after 1 attempt(s): timed out after 1 s (the deadline of a whole request)")
     finally:
         slow.close()
 
