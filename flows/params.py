@@ -164,7 +164,7 @@ class MetricsFile(Settings):
     @classmethod
     def _a_metrics_file(cls, value: str | None) -> str | None:
         if value:
-            check_output_file(value, "metrics_path", json_object=True)
+            check_output_file(value, "metrics_path", metrics=True)
         return value
 
 

@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.command == "filter":
             check_output_dir(args.out_dir, "SFTData", "--out-dir")
-            check_output_file(args.metrics, "--metrics", json_object=True)
+            check_output_file(args.metrics, "--metrics", metrics=True)
         else:
             check_output_file(args.out, "--out")
         params = load_params(args.config)

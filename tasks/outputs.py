@@ -7,7 +7,7 @@ replace something that is not this flow's output:
 - a file path that is an existing folder (written at the end, it failed after all the work);
 - a file git tracks (``params.yaml``, ``dvc.yaml``, code, documents), unless ``dvc.yaml`` declares it a
   stage's output (a metrics file DVC keeps in git);
-- a metrics file that exists and is not a JSON object (what a flow writes there), e.g. ``params.yaml``;
+- a metrics file that exists and is not JSON's object or list (what flows write there), e.g. ``params.yaml``;
 - an output folder that is an existing file, holds files git tracks (a source folder such as ``.`` or
   ``docs``), or holds another flow's outputs: the report's (marker ``.a5-report``) or another kind of
   run's (marker ``.a5-outputs``, naming it, which :func:`claim_output_dir` writes once the checks pass).
@@ -56,9 +56,9 @@ def dvc_outputs(project: Path = Path(".")) -> set[Path]:
     return declared
 
 
-def check_output_file(path: str | os.PathLike, what: str, json_object: bool = False) -> None:
+def check_output_file(path: str | os.PathLike, what: str, metrics: bool = False) -> None:
     """Refuse to write file ``path`` (setting ``what``) over a folder, a file git tracks that ``dvc.yaml``
-    does not declare an output, or (``json_object``: a metrics file) a file that is not a JSON object."""
+    does not declare an output, or (``metrics``) a file that is not a JSON object or list."""
     path = Path(path).expanduser()
     if path.is_dir():
         raise ValueError(f"{what} {path}: a folder; give the path of a file to write")
@@ -68,14 +68,14 @@ def check_output_file(path: str | os.PathLike, what: str, json_object: bool = Fa
         raise ValueError(
             f"{what} {path}: a file git tracks, not an output of this flow; not replacing it: give another path"
         )
-    if json_object:
+    if metrics:
         try:
-            is_object = isinstance(json.loads(path.read_text(encoding="utf-8")), dict)
+            is_metrics = isinstance(json.loads(path.read_text(encoding="utf-8")), (dict, list))
         except (OSError, ValueError):
-            is_object = False
-        if not is_object:
+            is_metrics = False
+        if not is_metrics:
             raise ValueError(
-                f"{what} {path}: exists and is not a metrics file (a JSON object); not replacing it: "
+                f"{what} {path}: exists and is not a metrics file (JSON: an object or a list); not replacing it: "
                 "give another path, or delete it if it is an old output"
             )
 

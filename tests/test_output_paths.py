@@ -58,7 +58,7 @@ def test_a_folder_given_as_the_metrics_file_is_refused_before_any_work(project, 
 def test_an_untracked_file_that_is_not_a_metrics_file_is_refused(project, capsys, monkeypatch):
     (project / "notes.txt").write_text("my notes\n")
     err = refused(["--metrics-path", "notes.txt"], capsys, monkeypatch)
-    assert "metrics_path notes.txt: exists and is not a metrics file (a JSON object)" in err
+    assert "metrics_path notes.txt: exists and is not a metrics file (JSON: an object or a list)" in err
     assert (project / "notes.txt").read_text() == "my notes\n"
 
 
@@ -100,3 +100,12 @@ def test_sft_data_refuses_the_same(project):
     with pytest.raises(SystemExit, match="sft_data math: --out metrics: a folder"):
         flows.sft_data.main(["math", "--out", "metrics"])
     assert json.loads((project / "metrics/eval.json").read_text()) == {"accuracy": 0.5}
+
+
+def test_an_earlier_runs_metrics_file_is_replaced(project):
+    """What the flows write there, a JSON object (an evaluation's summary) or a list (a sweep's rows), is
+    theirs to replace: the same command runs again."""
+    (project / "rows.json").write_text('[{"setting": "single", "final_accuracy": 0.5}]\n')
+    (project / "summary.json").write_text('{"accuracy": 0.5}\n')
+    assert GRPOParams(metrics_path="rows.json").metrics_path == "rows.json"
+    assert BaselineEvalParams(metrics_path="summary.json").metrics_path == "summary.json"
