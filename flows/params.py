@@ -26,8 +26,8 @@ from a5core.settings import RolloutSamplingFields, SamplingFields, Settings, def
 from a5core.sft import SFTConfig
 from flows.ablations import AblationName
 from tasks.engines import parse_engine_devices
-from tasks.outputs import check_output_dir, check_output_file, output_kind
-from tasks.tracking import DEFAULT_TRACKING_URI
+from tasks.outputs import check_output_dir, check_output_file, git_tracked, output_kind
+from tasks.tracking import DEFAULT_TRACKING_URI, sqlite_database
 
 Backend = Literal[BACKENDS]
 EngineDtype = Literal[DTYPES]
@@ -170,6 +170,14 @@ class MetricsFile(Settings):
 
 class TrackingStore(Settings):
     tracking_uri: str = Field(DEFAULT_TRACKING_URI, description="MLflow tracking store")
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _a_store(cls, value: str) -> str:
+        database = sqlite_database(value)
+        if database is not None and database.is_file() and git_tracked(database):
+            raise ValueError(f"tracking_uri {value}: {database} is a file git tracks, not an MLflow store")
+        return value
 
 
 class Experiment(Settings):

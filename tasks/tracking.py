@@ -53,7 +53,10 @@ _STORE_PROBLEMS = {
     "readonly database": ("it is read-only", _INTACT),
     "database or disk is full": ("the disk holding it is full", _INTACT),
     "unable to open database file": ("it cannot be opened (its folder is missing or not writable)", _INTACT),
-    "file is not a database": ("the file is not an SQLite database (overwritten?)", _DAMAGED),
+    "file is not a database": (
+        "the file is not an SQLite database",
+        "if the address names the wrong file, fix it; if the store was overwritten, " + _DAMAGED,
+    ),
     "database disk image is malformed": ("the database is damaged (truncated?)", _DAMAGED),
 }
 

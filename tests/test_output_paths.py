@@ -92,6 +92,8 @@ def test_the_deployment_forms_models_refuse_the_same(project):
     with pytest.raises(ValidationError, match="table metrics: a folder"):
         DifficultyParams(table="metrics")
     assert GRPOParams(metrics_path="metrics/eval.json").metrics_path == "metrics/eval.json"  # DVC's, in git
+    with pytest.raises(ValidationError, match="tracking_uri sqlite:///params.yaml: params.yaml is a file git tracks"):
+        BaselineEvalParams(tracking_uri="sqlite:///params.yaml")
 
 
 def test_sft_data_refuses_the_same(project):
