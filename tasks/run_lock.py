@@ -44,7 +44,13 @@ def run_lock(folder: str | os.PathLike) -> Iterator[None]:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as error:
+        raise ValueError(
+            f"{path}: cannot be opened as the run's lock file ({error.strerror}); a lock file is an ordinary file "
+            "that the run creates: remove what is there, or make the folder writable"
+        ) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

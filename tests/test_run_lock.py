@@ -77,3 +77,12 @@ def test_the_lock_names_its_holder_and_is_released(tmp_path):
     with run_lock(tmp_path):  # its holder is gone: the kernel dropped the lock
         pass
     assert (tmp_path / LOCK_FILE).read_text() == ""  # emptied on release
+
+
+def test_a_lock_path_that_cannot_be_a_file_is_named(tmp_path):
+    (tmp_path / LOCK_FILE).mkdir()
+    with pytest.raises(
+        ValueError, match=rf"^{tmp_path / LOCK_FILE}: cannot be opened as the run's lock file \(Is a directory\)"
+    ):
+        with run_lock(tmp_path):
+            pass
