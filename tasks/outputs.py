@@ -7,10 +7,11 @@ replace something that is not this flow's output:
 - a file path that is an existing folder (written at the end, it failed after all the work);
 - a file git tracks (``params.yaml``, ``dvc.yaml``, code, documents), unless ``dvc.yaml`` declares it a
   stage's output (a metrics file DVC keeps in git);
-- a metrics file that exists and is not JSON's object or list (what flows write there), e.g. ``params.yaml``;
+- a metrics file that exists and is not a JSON object or list (what flows write there), e.g. ``params.yaml``;
 - an output folder that is an existing file, holds files git tracks (a source folder such as ``.`` or
-  ``docs``), or holds another flow's outputs: the report's (marker ``.a5-report``) or another kind of
-  run's (marker ``.a5-outputs``, naming it, which :func:`claim_output_dir` writes once the checks pass).
+  ``docs``; the ``.gitignore`` and ``.dvc`` files DVC commits beside its outputs do not count), or holds
+  another flow's outputs: the report's (marker ``.a5-report``) or another kind of run's (marker
+  ``.a5-outputs``, naming it, which :func:`claim_output_dir` writes once the checks pass).
 """
 
 from __future__ import annotations
@@ -100,7 +101,8 @@ def check_output_dir(folder: str | os.PathLike, owner: str, what: str = "output_
             f"{what} {folder}: holds the outputs of another kind of run ({other}, see {marker}); not writing "
             "there: choose another folder"
         )
-    tracked = git_tracked(folder, recursive=True)
+    # DVC keeps its outputs out of git with a .gitignore beside them (and .dvc files): those mark an output folder
+    tracked = [name for name in git_tracked(folder, recursive=True) if not name.endswith((".gitignore", ".dvc"))]
     if tracked:
         listed = ", ".join(tracked[:3]) + (f" and {len(tracked) - 3} more" if len(tracked) > 3 else "")
         raise ValueError(

@@ -111,3 +111,12 @@ def test_an_earlier_runs_metrics_file_is_replaced(project):
     (project / "summary.json").write_text('{"accuracy": 0.5}\n')
     assert GRPOParams(metrics_path="rows.json").metrics_path == "rows.json"
     assert BaselineEvalParams(metrics_path="summary.json").metrics_path == "summary.json"
+
+
+def test_a_dvc_output_folder_with_its_committed_gitignore_is_an_output_folder(project):
+    """DVC commits a .gitignore beside the outputs it keeps out of git (data/sft/.gitignore): not a source file."""
+    (project / "data/sft").mkdir(parents=True)
+    (project / "data/sft/.gitignore").write_text("/math_solutions.jsonl\n")
+    subprocess.run(["git", "add", "data/sft/.gitignore"], check=True)
+    assert BaselineEvalParams(output_dir="data/sft").output_dir == "data/sft"
+    flows.sft_data.check_output_dir("data/sft", "SFTData", "--out-dir")
