@@ -21,7 +21,7 @@ PLOTS = "grpo_baseline_ablation"  # the figures' name prefix
 
 
 def _load_module():
-    spec = importlib.util.spec_from_file_location("results_writeup", ROOT / "experiments" / "results_writeup.py")
+    spec = importlib.util.spec_from_file_location("results_writeup", ROOT / "lab" / "results_writeup.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
