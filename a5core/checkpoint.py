@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import random
 import shutil
 from collections.abc import Iterable, Sequence
@@ -38,6 +39,41 @@ class NonFiniteLossError(FloatingPointError):
 
 class CheckpointMismatchError(ValueError):
     """The checkpoint directory holds a run with another configuration or other training data."""
+
+
+class CorruptStateError(ValueError):
+    """A file a run resumes from cannot be read (truncated, overwritten, missing): the message names the
+    file, says what is wrong with it and how to recover."""
+
+
+def read_state(path: Path, required: Sequence[str], recovery: str) -> dict[str, Any]:
+    """The JSON object in ``path``, which must hold the keys ``required``; CorruptStateError naming the
+    file, what is wrong and ``recovery`` (what to do: "delete … to …") otherwise."""
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as error:  # JSONDecodeError, UnicodeDecodeError are ValueErrors
+        raise CorruptStateError(f"{path}: unreadable ({error}); {recovery}") from None
+    if not isinstance(state, dict):
+        raise CorruptStateError(f"{path}: a JSON {type(state).__name__}, not the state's object; {recovery}")
+    missing = [key for key in required if key not in state]
+    if missing:
+        raise CorruptStateError(f"{path}: not a run's state (no {', '.join(map(repr, missing))}); {recovery}")
+    return state
+
+
+def load_tensors(path: Path, recovery: str, map_location: Any = None) -> Any:
+    """``torch.load(path)`` of tensors only (``weights_only``: a tampered file cannot run code); a missing
+    or unreadable file (truncated: "failed finding central directory") raises CorruptStateError naming it,
+    what is wrong and ``recovery``."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except torch.OutOfMemoryError:
+        raise
+    except FileNotFoundError:
+        raise CorruptStateError(f"{path}: missing; {recovery}") from None
+    except (RuntimeError, EOFError, ValueError, OSError, pickle.UnpicklingError) as error:
+        detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise CorruptStateError(f"{path}: unreadable ({detail}); {recovery}") from None
 
 
 def fingerprint(settings: dict[str, Any], records: Iterable[Sequence[str]], what: str) -> dict[str, Any]:
@@ -117,7 +153,8 @@ def load_checkpoint(
     """Restore ``directory/latest`` into model, optimizer, scheduler and the RNGs; return its state.json.
 
     None when there is no checkpoint. A finished run (state ``finished`` true) only restores the model.
-    Raises CheckpointMismatchError, naming what differs, when its fingerprint is not ``expected``.
+    Raises CheckpointMismatchError, naming what differs, when its fingerprint is not ``expected``, and
+    CorruptStateError, naming the file and the folder to delete, for a file of it that cannot be read.
     """
     latest, previous = directory / "latest", directory / ".latest.previous"
     if not latest.exists() and previous.exists():  # a crash between the two renames of a save
@@ -125,18 +162,19 @@ def load_checkpoint(
     shutil.rmtree(directory / ".latest.partial", ignore_errors=True)  # a save the crash interrupted
     if not (latest / "state.json").is_file():
         return None
-    state = json.loads((latest / "state.json").read_text())
+    recovery = f"delete {directory} to train this run again from its start (its MLflow run and outputs stay)"
+    state = read_state(latest / "state.json", ("step", "finished", "fingerprint"), recovery)
     if state["fingerprint"] != expected:
         raise CheckpointMismatchError(_describe_mismatch(latest, state["fingerprint"], expected))
     device = next(model.parameters()).device
-    model.load_state_dict(torch.load(latest / "model.pt", map_location=device, weights_only=True))
+    model.load_state_dict(load_tensors(latest / "model.pt", recovery, device))
     if state.get("finished"):
         return state
-    saved = torch.load(latest / "optimizer.pt", map_location=device, weights_only=True)
+    saved = load_tensors(latest / "optimizer.pt", recovery, device)
     optimizer.load_state_dict(saved["optimizer"])
     if scheduler is not None:
         scheduler.load_state_dict(saved["scheduler"])
-    rng = torch.load(latest / "rng.pt", weights_only=True)
+    rng = load_tensors(latest / "rng.pt", recovery)
     random.setstate(rng["python"])
     name, keys, *rest = rng["numpy"]
     np.random.set_state((name, np.array(keys, dtype=np.uint32), *rest))

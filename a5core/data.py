@@ -63,7 +63,7 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
     """
     path = Path(path).expanduser()
     if not path.is_file():
-        raise DataError(f"{path}: no such data file")
+        raise DataError(f"{path}: " + ("not a regular file" if path.exists() else "no such data file"))
     seen = False
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, start=1):

@@ -158,13 +158,14 @@ def case_report(records: Sequence[dict[str, Any]], per_category: int = 3, seed: 
         for r in rng.sample(members, min(per_category, len(members))):
             lines += [
                 "",
-                f"### {r['unique_id']} (sample {r['sample']}, {r['response_tokens']} tokens, {r['finish_reason']})",
+                f"### {code_span(r['unique_id'])} (sample {r['sample']}, {r['response_tokens']} tokens, "
+                f"{code_span(r['finish_reason'])})",
             ]
             if name == "format0_answer0":
                 found = lenient_answer(r["response"])
                 verdict = "correct: format failure" if id(r) in missed else "not correct: model failure"
                 lines.append(
-                    f"Lenient read of the answer: `{found}` ({verdict})."
+                    f"Lenient read of the answer: {code_span(found)} ({verdict})."
                     if found
                     else "No answer found in the text: model failure."
                 )
@@ -172,19 +173,38 @@ def case_report(records: Sequence[dict[str, Any]], per_category: int = 3, seed: 
                 "",
                 "**Prompt**",
                 "",
-                "```",
-                r["prompt"],
-                "```",
+                code_block(r["prompt"]),
                 "",
                 "**Response**",
                 "",
-                "```",
-                r["response"],
-                "```",
+                code_block(r["response"]),
                 "",
-                f"**Ground truth:** `{r['ground_truth']}`",
+                f"**Ground truth:** {code_span(r['ground_truth'])}",
             ]
     return "\n".join(lines) + "\n"
+
+
+# Data and model output go into the case report as code, which a Markdown viewer shows as text: never as
+# HTML (an <img onerror=…> in a problem), a link or a heading. CommonMark ends a code block or span only at
+# a backtick run of its delimiter's length, so the delimiter is longer than any run in the text.
+
+
+def _delimiter(text: str, shortest: int) -> str:
+    return "`" * max(shortest, max(map(len, re.findall(r"`+", text)), default=0) + 1)
+
+
+def code_block(text: str) -> str:
+    """``text`` as a fenced code block whose fence no line of it can close."""
+    fence = _delimiter(text, 3)
+    return f"{fence}\n{text}\n{fence}"
+
+
+def code_span(value: Any) -> str:
+    """``str(value)`` as an inline code span, on one line (a line break inside could start a new block)."""
+    text = " ".join(str(value).splitlines()) or " "
+    tick = _delimiter(text, 1)
+    pad = " " if text[0] in "` " or text[-1] in "` " else ""
+    return f"{tick}{pad}{text}{pad}{tick}"
 
 
 # ----------------------------------------------------------------------------- log_generations

@@ -44,6 +44,7 @@ import torch
 from pydantic import Field
 
 from a5core import distributed, progress
+from a5core.checkpoint import load_tensors, read_state
 from a5core.data import Problem, Trace, load_sft_traces, write_jsonl_atomic, write_text_atomic
 from a5core.evaluation import grade_completions, response_entropies
 from a5core.lora import LoRASettings, add_adapters
@@ -123,7 +124,9 @@ def expert_iteration(
     add_adapters(model, config)  # before a resume loads model.pt (the adapters' tensors are in it)
     root = Path(checkpoint_dir) if checkpoint_dir else None
     state = (
-        json.loads((root / "state.json").read_text()) if root and (root / "state.json").is_file() else {"rounds": []}
+        read_state(root / "state.json", ("rounds",), f"delete {root} to run Expert Iteration again from round 0")
+        if root and (root / "state.json").is_file()
+        else {"rounds": []}
     )
     if state["rounds"]:
         _load_weights(model, root / "model.pt")
@@ -143,7 +146,9 @@ def expert_iteration(
         kept_path = round_dir / "kept.jsonl" if round_dir else None
         if kept_path is not None and kept_path.is_file():
             kept = load_sft_traces(kept_path) if kept_path.stat().st_size else []
-            rollouts = json.loads((round_dir / "rollouts.json").read_text())
+            rollouts = read_state(
+                round_dir / "rollouts.json", ("metrics", "outcomes"), f"delete {round_dir} to roll the round out again"
+            )
             metrics, outcomes = rollouts["metrics"], rollouts["outcomes"]
         else:
             kept, metrics, outcomes = _rollout_round(
@@ -183,7 +188,8 @@ def expert_iteration(
 def _load_weights(model: torch.nn.Module, path: Path) -> None:
     """Load the whole weights saved at ``path`` into ``model``, sharded (each rank keeps its shards) or not.
     Tensors only (``weights_only=True``, said explicitly): a tampered file cannot run code when unpickled."""
-    distributed.load_whole_state_dict(model, torch.load(path, map_location="cpu", weights_only=True))
+    recovery = f"delete {path.parent} to run Expert Iteration again from round 0"
+    distributed.load_whole_state_dict(model, load_tensors(path, recovery, "cpu"))
 
 
 def _save_round(model: torch.nn.Module, root: Path, run_state: dict[str, Any]) -> None:

@@ -94,8 +94,9 @@ import torch
 from pydantic import Field, StrictBool, model_validator
 
 from a5core import distributed, progress
-from a5core.checkpoint import NonFiniteLossError, fingerprint
+from a5core.checkpoint import NonFiniteLossError, fingerprint, read_state
 from a5core.data import Problem, write_text_atomic
+from a5core.guards import DivergenceGuard, warn_if_groups_are_uniform
 from a5core.lora import LoRASettings, add_adapters
 from a5core.losses import (
     RATIO_LOSS_TYPES,
@@ -165,7 +166,7 @@ class GRPOConfig(
     n_grpo_steps: int = Field(200, ge=1, description="GRPO steps (a rollout batch each)")
     advantage_eps: float = Field(1e-6, ge=0, allow_inf_nan=False, description="added to the group std")
     rollout_batch_size: int = Field(256, ge=1, description="rollouts per step: questions × group_size")
-    group_size: int = Field(8, ge=1, description="rollouts per question")
+    group_size: int = Field(8, ge=2, description="rollouts per question (>= 2: advantages compare a group's)")
     epochs_per_rollout_batch: int = Field(1, ge=1, description="passes over each rollout batch (> 1: off-policy)")
     train_batch_size: int = Field(
         256, ge=1, description="rollouts per optimizer step (< rollout_batch_size: off-policy)"
@@ -374,6 +375,7 @@ def grpo(
     :class:`a5core.checkpoint.NonFiniteLossError` before the update, the last checkpoint intact.
     """
     problems = list(problems)
+    warn_if_groups_are_uniform(config.temperature, config.group_size)
     if len(problems) < config.prompts_per_step:
         raise ValueError(f"GRPO samples {config.prompts_per_step} questions per step but got {len(problems)} problems")
     world = distributed.rank_and_world()[1]
@@ -415,7 +417,7 @@ def grpo(
         logger.info("GRPO: resuming from %s after step %d", checkpoint, step)
     clock = checkpoint / "wall_clock.json" if checkpoint else None
     if clock is not None and clock.is_file():  # the time a killed attempt spent after its last checkpoint
-        spent = json.loads(clock.read_text())
+        spent = read_state(clock, ("wall_seconds",), "delete it: the run's clock restarts at its checkpoint's")
         if spent.get("fingerprint") == expected:
             elapsed = max(elapsed, spent["wall_seconds"])
     started = time.monotonic() - elapsed
@@ -561,6 +563,9 @@ class _Trainer:
     ):
         self.model, self.tokenizer, self.optimizer, self.params = model, tokenizer, optimizer, params
         self.config, self.device, self.checkpoint = config, device, checkpoint
+        self.guard = DivergenceGuard(
+            fixed_scale=False, vanishing_gradient=config.loss_type not in ("grpo_clip", "gspo")
+        )
         self.sampler, self.template, self.reference, self.pool = sampler, template, reference, pool
         # The next step's rollouts being generated: (step, the policy version sampling them, its questions, future).
         self.in_flight: tuple[int, int, list[Problem], concurrent.futures.Future] | None = None
@@ -910,6 +915,7 @@ class _Trainer:
                         f"loss {got['loss']}, grad_norm {got['grad_norm']}; training stopped before the update; {kept} "
                         "still holds the last good step"
                     )
+                self.guard.check(f"GRPO step {step + 1} of {config.n_grpo_steps}", got["loss"], got["grad_norm"])
                 self.optimizer.step()
                 optimizer_steps += 1
                 sums["loss"] += got["loss"]

@@ -29,6 +29,7 @@ from a5core.checkpoint import (  # noqa: F401  (the errors are part of this modu
     fingerprint,
 )
 from a5core.data import Trace
+from a5core.guards import DivergenceGuard
 from a5core.lora import LoRASettings, add_adapters
 from a5core.out_of_memory import naming_the_microbatch
 from a5core.policy import (
@@ -217,6 +218,7 @@ def train_sft(
     positions = _positions(examples, tokenizer, config.max_seq_len) if budget is not None else None
     pad_id = pad_id_of(tokenizer)
     steps_bar = progress.bar(desc="SFT", total=total_steps, initial=step, unit="step", leave=True)
+    guard = DivergenceGuard(fixed_scale=True)
     while step < total_steps:
         if order_epoch != epoch:
             order = torch.randperm(n, generator=torch.Generator().manual_seed(config.seed + epoch)).tolist()
@@ -270,6 +272,7 @@ def train_sft(
                 f"SFT step {step + 1} of {total_steps}: loss {loss_value}, grad_norm {grad_norm_value}; "
                 f"training stopped before the update{kept}"
             )
+        guard.check(f"SFT step {step + 1} of {total_steps}", loss_value, grad_norm_value)
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         scheduler.step()

@@ -40,15 +40,14 @@ import json
 import os
 import re
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from http.client import HTTPException
 from typing import Any
 
+from a5core import http_post
 from a5core.data import DataError, Problem, Trace, load_sft_traces
 from a5core.grading import extract_boxed, r1_zero_reward_fn
 from a5core.prompts import PromptTemplate
@@ -161,6 +160,12 @@ def distill(
 # -------------------------------------------------------------------------------- served teachers
 
 
+# The most bytes a teacher's reply may take: a JSON object of ``answers`` completions of at most ``max_tokens``
+# tokens each. 64 bytes a token is generous (a token is a few characters; JSON escapes one in at most 6
+# bytes); a larger reply is not an answer to the request, and is refused before it fills memory.
+REPLY_BYTES_BASE, REPLY_BYTES_PER_ANSWER, REPLY_BYTES_PER_TOKEN = 64 << 10, 4 << 10, 64
+
+
 class TeacherError(RuntimeError):
     """A teacher server could not be reached, kept failing, or answered something unusable."""
 
@@ -186,9 +191,13 @@ class OpenAICompletionsTeacher:
     The chat API is not used on purpose: r1_zero is a continuation prompt ending in ``<think>``; a chat
     endpoint would wrap it in a chat template and the reply would not continue the reasoning.
 
-    Failures: HTTP 5xx and 429, refused/reset connections and timeouts (``timeout_s`` per request)
-    are retried ``max_retries`` times, waiting ``backoff_s``, 2·``backoff_s``, 4·``backoff_s``…; then,
-    or at once for any other HTTP error or a malformed reply, a :class:`TeacherError` naming the URL.
+    Failures: HTTP 5xx and 429, refused/reset connections and timeouts (``timeout_s``: the deadline of a
+    whole request, connecting and reading included, so a server that trickles its reply is cut off) are
+    retried ``max_retries`` times, waiting ``backoff_s``, 2·``backoff_s``, 4·``backoff_s``…; then, or at once
+    for any other HTTP error, a malformed reply, a reply larger than its request can need
+    (:data:`REPLY_BYTES_PER_TOKEN` bytes a token of ``max_tokens``, and a little more) or a redirect, a
+    :class:`TeacherError` naming the URL. A redirect is followed only to the same origin, keeping the
+    method (307, 308; :mod:`a5core.http_post`): the credentials never go to another address.
 
     Credentials: ``api_key`` goes in a Bearer header; a user and password in ``base_url``
     (``http://user:pw@host/v1``) are sent as HTTP Basic authentication instead of in the address.
@@ -291,6 +300,8 @@ class OpenAICompletionsTeacher:
 
     def _post(self, body: dict[str, Any]) -> Any:
         data = json.dumps(body).encode()
+        answers = len(body["prompt"]) * body["n"]
+        max_bytes = REPLY_BYTES_BASE + answers * (REPLY_BYTES_PER_ANSWER + REPLY_BYTES_PER_TOKEN * body["max_tokens"])
         headers = {"Content-Type": "application/json"}
         user_info = urllib.parse.urlsplit(self.base_url).netloc.rpartition("@")[0]
         if self.api_key:
@@ -302,26 +313,31 @@ class OpenAICompletionsTeacher:
         for attempt in range(self.max_retries + 1):
             if attempt:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
-            request = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                    raw = response.read()
-            except urllib.error.HTTPError as e:
-                detail = e.read()[:500].decode("utf-8", "replace").strip()
-                failure = f"HTTP {e.code} {e.reason}: {detail}"
-                if e.code < 500 and e.code != 429:
-                    raise TeacherError(f"POST {self.shown_url}: {failure}") from None
-            except (urllib.error.URLError, TimeoutError, ConnectionError, HTTPException, OSError) as e:
-                reason = e.reason if isinstance(e, urllib.error.URLError) else e
-                if isinstance(reason, TimeoutError):
-                    failure = f"timed out after {self.timeout_s:g} s"
-                else:
-                    failure = f"connection failed ({type(reason).__name__}: {reason})"
-            else:
-                try:
-                    return json.loads(raw)
-                except ValueError:
-                    raise TeacherError(f"POST {self.shown_url}: reply is not JSON: {raw[:200]!r}") from None
+                reply = http_post.post(self.url, data, headers, self.timeout_s, max_bytes)
+            except http_post.ReplyTooLarge as e:
+                raise TeacherError(
+                    f"POST {self.shown_url}: {e} for {answers} completion(s) of at most {body['max_tokens']} tokens; "
+                    "refused (is base_url an OpenAI-compatible completions server?)"
+                ) from None
+            except http_post.RedirectRefused as e:
+                raise TeacherError(f"POST {self.shown_url}: {e}") from None
+            except TimeoutError:
+                failure = f"timed out after {self.timeout_s:g} s (the deadline of a whole request)"
+                continue
+            except (HTTPException, OSError) as e:
+                failure = f"connection failed ({type(e).__name__}: {e})"
+                continue
+            if reply.status >= 400:
+                detail = reply.body[:500].decode("utf-8", "replace").strip()
+                failure = f"HTTP {reply.status} {reply.reason}: {detail}"
+                if reply.status < 500 and reply.status != 429:
+                    raise TeacherError(f"POST {self.shown_url}: {failure}")
+                continue
+            try:
+                return json.loads(reply.body)
+            except ValueError:
+                raise TeacherError(f"POST {self.shown_url}: reply is not JSON: {reply.body[:200]!r}") from None
         raise TeacherError(f"POST {self.shown_url} failed after {self.max_retries + 1} attempt(s): {failure}")
 
 

@@ -24,7 +24,7 @@ from a5core.prompts import load_prompt
 from flows.cli import flow_main, print_paths
 from flows.params import BaselineEvalParams
 from tasks.checks import check_outputs, check_prompts_fit
-from tasks.evaluation import generate, grade, load_problems, log_evaluation_run, model_fingerprint, write_outputs
+from tasks.evaluation import generate, grade, load_problems, log_evaluation_run, write_outputs
 from tasks.flow_summary import publish
 from tasks.tracking import UI_COMMAND, flow_run, ui_address
 
@@ -41,9 +41,7 @@ def baseline_eval(params: BaselineEvalParams = BaselineEvalParams()) -> dict:
         for name, source in {"": params.data, **params.extra_sets}.items():
             problems = load_problems(source, params.data_format, params.limit)
             prompts = [template.format(p.problem) for p in problems]
-            completions = generate(
-                params.model, model_fingerprint(params.model), params.backend, params.dtype, prompts, sampling
-            )
+            completions = generate(params.model, params.backend, params.dtype, prompts, sampling)
             records = grade(problems, prompts, completions, params.grader)
             output_dir = str(Path(params.output_dir) / name) if name else params.output_dir
             evaluated[name] = (records, write_outputs(records, output_dir, None if name else params.metrics_path))

@@ -7,9 +7,10 @@ overrides for its selected ``profile`` (or ``--profile NAME``), and the flags. A
 and a bad value exits with its message.
 
 Every flow's ``main`` is wrapped by :func:`cli_main`: logging at INFO for the project's own loggers (the
-loops' one line per step), and bad input (a data file, a prompt template, a model path, settings, a
-NaN loss, a checkpoint of another run, a micro-batch too large for the GPU) ends the command with one message
-on stderr and exit status 1, not a traceback. ``A5_TRACEBACK=1`` shows the traceback instead.
+loops' one line per step), a Ctrl-C ends it with one line (exit status 130), and bad input (a data file, a
+prompt template, a model path, settings, a NaN loss, a checkpoint of another run, a micro-batch too large for
+the GPU) ends the command with one message on stderr and exit status 1, not a traceback. ``A5_TRACEBACK=1``
+shows the traceback instead.
 
 Several GPUs: ``torchrun --nproc-per-node N -m flows.grpo ...`` (also sft_experiment, expert_iteration,
 leaderboard). A flow's ``main`` runs it through :func:`run_flow`: every rank runs the same flow code
@@ -25,6 +26,7 @@ import errno
 import functools
 import logging
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,6 +36,7 @@ from pydantic import BaseModel, ValidationError
 
 from a5core.checkpoint import CheckpointMismatchError, NonFiniteLossError
 from a5core.data import DataError
+from a5core.guards import DivergenceError
 from a5core.models import ModelResolutionError
 from a5core.out_of_memory import MicrobatchOutOfMemoryError
 from a5core.prompts import PromptTemplateError
@@ -50,6 +53,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     CheckpointMismatchError,
     ModelResolutionError,
     NonFiniteLossError,
+    DivergenceError,
     MicrobatchOutOfMemoryError,
     FileNotFoundError,
     ValueError,
@@ -97,6 +101,13 @@ def cli_main(prog: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
             configure_logging()
             try:
                 return main(argv)
+            except KeyboardInterrupt:  # Ctrl-C: one line, the shell's status for an interrupted command
+                print(
+                    f"{prog}: interrupted; what was written is intact (atomic writes, checkpoints): "
+                    "the same command resumes",
+                    file=sys.stderr,
+                )
+                raise SystemExit(130) from None
             except Exception as error:
                 message = None if _show_tracebacks() else user_error_message(error)
                 if message is None:

@@ -28,7 +28,7 @@ from a5core.question_sampling import pass_rate_table
 from flows.cli import flow_main, print_paths
 from flows.params import DifficultyParams
 from tasks.checks import check_outputs, check_prompts_fit
-from tasks.evaluation import generate, grade, model_fingerprint
+from tasks.evaluation import generate, grade
 from tasks.flow_summary import publish
 from tasks.plots import plot_histogram
 from tasks.tracking import flow_run, log_files_run
@@ -45,9 +45,7 @@ def difficulty(params: DifficultyParams = DifficultyParams()) -> dict:
         problems = load_problem_set(params.train_data, params.train_format, params.seed, "train")[: params.limit]
         prompts = [template.format(p.problem) for p in problems]
         sampling = params.sampling_for(template)
-        completions = generate(
-            params.model, model_fingerprint(params.model), params.backend, params.dtype, prompts, sampling
-        )
+        completions = generate(params.model, params.backend, params.dtype, prompts, sampling)
         records = grade(problems, prompts, completions, params.grader)
         rewards = [float(r["answer_reward"]) for r in records]  # n consecutive samples a question
         correct = [rewards[i * params.n : (i + 1) * params.n] for i in range(len(problems))]

@@ -42,6 +42,7 @@ from tasks.checks import check_difficulty, check_outputs, check_placement, check
 from tasks.engines import closing_engine, engine_for
 from tasks.flow_summary import publish
 from tasks.plots import log_comparison
+from tasks.run_lock import run_lock
 from tasks.runs import Run, Trained, log_run_params, run_key, save_model_folder, training_run
 from tasks.tracking import REGISTERED_MODELS, register_model, start_resumable_run, tracked, tracking_rank
 
@@ -106,9 +107,12 @@ def expert_iteration_flow(params: EIParams = EIParams()) -> dict:
     ``ei_sweep``) with the comparison plot, the children's curves and each child's policy registered."""
     out = Path(params.output_dir)
     name = "ei_sweep" if params.sweep else "expert_iteration"
-    with start_resumable_run(
-        out / f"runs-{run_key(params)}" / "mlflow_run_id", params.experiment, name, params.tracking_uri
-    ) as parent:
+    with (
+        run_lock(out / f"runs-{run_key(params)}"),
+        start_resumable_run(
+            out / f"runs-{run_key(params)}" / "mlflow_run_id", params.experiment, name, params.tracking_uri
+        ) as parent,
+    ):
         log_run_params(params)
         if params.sweep:
             rows = run_children(grid(params), run_ei, params, parent.info.run_id)

@@ -69,6 +69,7 @@ from tasks.checks import check_grpo_run, check_placement
 from tasks.engines import closing_engine, engine_for
 from tasks.flow_summary import publish
 from tasks.plots import log_comparison
+from tasks.run_lock import run_lock
 from tasks.runs import (
     Run,
     Trained,
@@ -176,7 +177,10 @@ def run_sweep(run_name: str, children: dict[str, GRPOParams], parent_params: GRP
     comparison, the registered policies and the flow run's summary (:func:`tasks.flow_summary.publish`)."""
     params = parent_params
     run_id_file = Path(params.output_dir) / f"runs-{run_key(parent_params)}" / "mlflow_run_id"
-    with start_resumable_run(run_id_file, params.experiment, run_name, params.tracking_uri) as parent:
+    with (
+        run_lock(run_id_file.parent),
+        start_resumable_run(run_id_file, params.experiment, run_name, params.tracking_uri) as parent,
+    ):
         log_run_params(parent_params)
         if params.ablation is None:  # one run: the flow's own engine
             with closing_engine(engine_for(params)) as engine:

@@ -26,7 +26,8 @@ from a5core.settings import RolloutSamplingFields, SamplingFields, Settings, def
 from a5core.sft import SFTConfig
 from flows.ablations import AblationName
 from tasks.engines import parse_engine_devices
-from tasks.tracking import DEFAULT_TRACKING_URI
+from tasks.outputs import check_output_dir, check_output_file, git_tracked, output_kind
+from tasks.tracking import DEFAULT_TRACKING_URI, sqlite_database
 
 Backend = Literal[BACKENDS]
 EngineDtype = Literal[DTYPES]
@@ -158,13 +159,34 @@ class Generation(ModelChoice, SamplingFields):
 class OutputDir(Settings):
     output_dir: str = Field("outputs", description="where the run's files go")
 
+    @field_validator("output_dir")
+    @classmethod
+    def _an_output_folder(cls, value: str) -> str:
+        check_output_dir(value, output_kind(cls))
+        return value
+
 
 class MetricsFile(Settings):
     metrics_path: str | None = Field(None, description="the DVC metrics file (None: none)")
 
+    @field_validator("metrics_path")
+    @classmethod
+    def _a_metrics_file(cls, value: str | None) -> str | None:
+        if value:
+            check_output_file(value, "metrics_path", metrics=True)
+        return value
+
 
 class TrackingStore(Settings):
     tracking_uri: str = Field(DEFAULT_TRACKING_URI, description="MLflow tracking store")
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _a_store(cls, value: str) -> str:
+        database = sqlite_database(value)
+        if database is not None and database.is_file() and git_tracked(database):
+            raise ValueError(f"tracking_uri {value}: {database} is a file git tracks, not an MLflow store")
+        return value
 
 
 class Experiment(Settings):
@@ -227,6 +249,12 @@ class DifficultyParams(Generation, RolloutSamplingFields, PromptSettings, TrainD
 
     table: str = Field("data/difficulty/pass_rates.csv", description="the pass-rate table written (a csv)")
 
+    @field_validator("table")
+    @classmethod
+    def _a_table_file(cls, value: str) -> str:
+        check_output_file(value, "table")
+        return value
+
 
 @defaults(model="Qwen/Qwen2.5-Math-7B", n=4)
 class DistillParams(Generation):
@@ -240,7 +268,7 @@ class DistillParams(Generation):
     )
     base_url: str = Field("http://127.0.0.1:8000/v1", description="teacher: openai; POSTs {base_url}/completions")
     api_key_env: str | None = Field(None, description="name of the environment variable holding the API key")
-    timeout_s: float = Field(600.0, gt=0, description="teacher: openai; seconds per request")
+    timeout_s: float = Field(600.0, gt=0, description="teacher: openai; deadline of a whole request, in seconds")
     max_retries: int = Field(4, ge=0, description="teacher: openai; retries of a failed request")
     batch_size: int = Field(16, gt=0, description="prompts per request (openai)")
     concurrency: int = Field(4, gt=0, description="requests in flight (openai)")

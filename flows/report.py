@@ -49,6 +49,7 @@ from a5core.data import write_text_atomic
 from a5core.settings import defaults
 from flows.cli import flow_main, print_paths, profile_name, read_config, section_settings
 from flows.params import Experiment, MLflowLogging, OutputDir, TrackingStore
+from tasks.outputs import REPORT_MARKER  # written into every report folder: the mark of a folder this flow made
 from tasks.tables import markdown_table
 
 NOT_RUN = "not run"
@@ -76,8 +77,6 @@ STAGE_SECTIONS = {
 }
 # The stage folders under outputs/ the report reads (with metrics/, what a root that ran the pipeline holds).
 STAGE_OUTPUTS = ("baseline_eval", "sft_experiment", "expert_iteration", "grpo", "leaderboard")
-# Written into every report folder: the mark of a folder this flow made, which it may replace.
-REPORT_MARKER = ".a5-report"
 # What a report folder holds besides the marker (and figures/*.png): a folder of nothing else is a report too.
 REPORT_FILES = ("report.md", "report.html", "baseline_cases.md")
 

@@ -45,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from a5core.data import DataError, load_math, load_sft_traces, write_jsonl_atomic, write_text_atomic
 from a5core.models import ModelResolutionError, resolve_model
-from a5core.prompts import PromptTemplateError, load_prompt
+from a5core.prompts import load_prompt
 from a5core.rollout import make_engine
 from a5core.sft_data import (
     OpenAICompletionsTeacher,
@@ -59,6 +59,7 @@ from a5core.sft_data import (
 from flows.cli import ConfigError, cli_main, profile_name, read_config, section_settings
 from flows.params import DistillParams, Prompt
 from tasks.flow_summary import publish
+from tasks.outputs import check_output_dir, check_output_file
 
 OUT_DIR = Path("data/sft")
 DEFAULT_SETS = {
@@ -287,8 +288,13 @@ def main(argv: list[str] | None = None) -> None:
     # A Prefect flow run where a server is running (PREFECT_API_URL), else plain: dvc repro runs these
     # commands four times, and each flow run would start a temporary Prefect server (20 s).
     try:
+        if args.command == "filter":
+            check_output_dir(args.out_dir, "SFTData", "--out-dir")
+            check_output_file(args.metrics, "--metrics", metrics=True)
+        else:
+            check_output_file(args.out, "--out")
         done = (sft_data if os.environ.get("PREFECT_API_URL") else sft_data.fn)(run)
-    except (DataError, ConfigError, TeacherError, PromptTemplateError, ModelResolutionError, FileNotFoundError) as e:
+    except (ValueError, TeacherError, ModelResolutionError, FileNotFoundError) as e:  # DataError: a ValueError
         sys.exit(f"sft_data {args.command}: {e}")
     print("\n".join(done["lines"]))
     print(f"({time.monotonic() - start:.1f} s)")

@@ -46,6 +46,7 @@ from tasks.checks import check_outputs, check_prompts_fit
 from tasks.engines import closing_engine, engine_for
 from tasks.flow_summary import publish
 from tasks.plots import log_comparison
+from tasks.run_lock import run_lock
 from tasks.runs import Run, Trained, curve, log_run_params, run_key, save_model_folder, training_run
 from tasks.tracking import (
     REGISTERED_MODELS,
@@ -110,6 +111,7 @@ def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
         settings["filtered"] = load_trace_set(params.filtered_data, template, params.seed)
     engine = engine_for(params)
     with (
+        run_lock(out / f"runs-{run_key(params)}"),
         start_resumable_run(
             out / f"runs-{run_key(params)}" / "mlflow_run_id", params.experiment, "sft_experiment", params.tracking_uri
         ) as parent,

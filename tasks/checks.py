@@ -4,7 +4,8 @@ minutes of loading and generating.
 
 - :func:`check_prompts_fit`: the model path, the prompt template, and every problem's prompt plus
   ``max_tokens`` within the model's context;
-- :func:`check_outputs`: the output folder, the metrics file's folder and the MLflow store take writes;
+- :func:`check_outputs`: the output folder, the metrics file's folder and the MLflow store take writes
+  (what they may replace is checked as the parameters are read: :mod:`tasks.outputs`);
 - :func:`check_grpo_run`: a GRPO run's problems, placement and all of the above (the grpo and leaderboard
   flows).
 """
@@ -21,6 +22,7 @@ from a5core.problem_sets import load_problem_set
 from a5core.prompts import load_prompt
 from a5core.question_sampling import load_pass_rates
 from tasks.engines import parse_engine_devices
+from tasks.outputs import claim_output_dir, output_kind
 from tasks.tracking import check_store
 
 
@@ -39,9 +41,11 @@ def check_prompts_fit(params: Any, problem_sets: dict[str, list[Problem]], max_t
 
 def check_outputs(params: Any) -> None:
     """The run's ``output_dir``, the folder of its ``metrics_path`` and its MLflow store (``tracking_uri``,
-    ``experiment``) take writes."""
+    ``experiment``) take writes; the output folder is marked as this kind of run's
+    (:func:`tasks.outputs.claim_output_dir`)."""
     if getattr(params, "output_dir", None):
         check_writable_folder(params.output_dir, "output_dir")
+        claim_output_dir(params.output_dir, output_kind(type(params)))
     if getattr(params, "metrics_path", None):
         check_writable_folder(Path(params.metrics_path).parent, "the folder of metrics_path")
     if getattr(params, "tracking_uri", None):

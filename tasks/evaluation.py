@@ -3,7 +3,6 @@ baseline evaluation), and :func:`validation_hook`, the training loops' ``evaluat
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -12,7 +11,8 @@ from typing import Any
 import mlflow
 import torch
 from prefect import task
-from prefect.cache_policies import INPUTS, TASK_SOURCE
+from prefect.cache_policies import NO_CACHE, TASK_SOURCE, CacheKeyFnPolicy
+from prefect.utilities.hashing import hash_objects
 
 from a5core import distributed
 from a5core.data import PROBLEM_LOADERS, Problem, write_jsonl_atomic, write_text_atomic
@@ -22,35 +22,40 @@ from a5core.problem_sets import REWARD_FNS
 from a5core.prompts import PromptTemplate
 from a5core.rollout import Completion, Engine, SamplingSettings, make_engine
 from tasks.engines import retry_unless_deterministic, start_engine
+from tasks.fingerprints import model_fingerprint
 from tasks.tracking import tracking_rank
 
-
-def model_fingerprint(model: str) -> str:
-    """Identify a model's weights for caching: a hub id as is; a local folder by its files' sizes and mtimes."""
-    path = Path(model).expanduser()
-    if not path.is_dir():
-        return model
-    files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in path.iterdir() if p.is_file())
-    return hashlib.sha256(json.dumps([str(path.resolve()), files]).encode()).hexdigest()
+# Cached results stay with the folder a flow runs in (beside outputs/ and mlflow.db), not in Prefect's
+# storage under the home folder, which every clone on the machine shares.
+RESULTS = Path(".a5-cache/prefect-results")
 
 
-@task(cache_policy=INPUTS + TASK_SOURCE, persist_result=True)
+@task(cache_policy=NO_CACHE)
 def load_problems(source: str, data_format: str, limit: int | None) -> list[Problem]:
-    """The first ``limit`` problems (all if None) of a MATH or GSM8K source."""
+    """The first ``limit`` problems (all if None) of a MATH or GSM8K source. Not cached: a key on the
+    file's contents would read the file anyway, and a key on its path would miss an edit."""
     return PROBLEM_LOADERS[data_format](source)[:limit]
 
 
+def generation_key(context: Any, inputs: dict[str, Any]) -> str:
+    """:func:`generate`'s cache key: its inputs with the model counted by its weights
+    (:func:`tasks.fingerprints.model_fingerprint`), not its name or path; the prompts are their text."""
+    return hash_objects({**inputs, "model": model_fingerprint(inputs["model"])}, raise_on_failure=True)
+
+
 @task(
-    cache_policy=INPUTS + TASK_SOURCE,
+    cache_policy=TASK_SOURCE + CacheKeyFnPolicy(cache_key_fn=generation_key),
     persist_result=True,
+    result_storage=RESULTS,
     retries=1,
     retry_delay_seconds=5,
     retry_condition_fn=retry_unless_deterministic,
 )
 def generate(
-    model: str, fingerprint: str, backend: str, dtype: str, prompts: list[str], sampling: SamplingSettings
+    model: str, backend: str, dtype: str, prompts: list[str], sampling: SamplingSettings
 ) -> list[list[Completion]]:
-    """Completions for every prompt; cached on the model (and its weights' fingerprint), prompts and sampling.
+    """Completions for every prompt; cached on the model's weights, the prompts' text and the sampling
+    (:func:`generation_key`).
 
     Retried once unless the cause is deterministic (a bad setting or path): starting an engine is the
     flaky step (device memory, a busy port).

@@ -1,10 +1,15 @@
-"""Prefect's temporary API server, stopped with the flow process that started it, even after a kill -9.
+"""Prefect's temporary API server: out of reach of the terminal's Ctrl-C, stopped with the flow process that
+started it, even after a kill -9 or a SIGTERM.
 
 Without ``PREFECT_API_URL``, running a flow starts a temporary Prefect server as a child process
-(uvicorn, ~300 MB, listening on 127.0.0.1) and stops it from an exit handler. A killed flow process runs
-no exit handler, and the server kept running. :func:`stop_temporary_server_with_this_process` makes
-Prefect start, beside each such server, a watcher (``_orphan_watch.py``) that stops the server once this
-process is gone.
+(uvicorn, ~300 MB, listening on 127.0.0.1) and stops it from an exit handler.
+:func:`stop_temporary_server_with_this_process` changes two things about each such server:
+
+- it starts in a session (and process group) of its own. In the flow's group, a Ctrl-C reached the server
+  too, which died first, and the interrupted flow then retried its calls to the gone server for minutes
+  with tracebacks; now the flow ends at once (its exit handler stops the server);
+- a watcher (``_orphan_watch.py``) starts beside it and stops it once this process is gone: a killed flow
+  process (kill -9, or a SIGTERM, whose default action runs no exit handler) left the server running.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 WATCHER = Path(__file__).with_name("_orphan_watch.py")
 
@@ -34,11 +40,13 @@ def stop_temporary_server_with_this_process() -> None:
     import, stays unimported)."""
     if os.environ.get("PREFECT_API_URL"):
         return
+    import prefect.server.api.server as server_module
     from prefect.server.api.server import SubprocessASGIServer
 
     start = SubprocessASGIServer._run_uvicorn_command
     if getattr(start, "watched", False):
         return
+    server_module.subprocess = _InOwnSession()  # the module's Popen: the server's, alone
 
     def start_watched(server: SubprocessASGIServer) -> subprocess.Popen:
         process = start(server)
@@ -47,3 +55,18 @@ def stop_temporary_server_with_this_process() -> None:
 
     start_watched.watched = True  # type: ignore[attr-defined]
     SubprocessASGIServer._run_uvicorn_command = start_watched  # type: ignore[method-assign]
+
+
+class _PopenInOwnSession(subprocess.Popen):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{**kwargs, "start_new_session": True})
+
+
+class _InOwnSession:
+    """``subprocess`` as Prefect's server module sees it: its ``Popen`` (the temporary server's) starts the
+    process in a session of its own; everything else is the real module's."""
+
+    Popen = _PopenInOwnSession
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(subprocess, name)

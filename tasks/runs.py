@@ -4,8 +4,9 @@ the leaderboard run.
 :func:`training_run` is the skeleton they share; a flow gives it the body that trains. Around the body:
 
 - the run's folder, ``output_dir/runs-<key>/<name>`` (the key a hash of the settings, so changed settings
-  never pick up another run's checkpoint or MLflow run), and its ``done.json``: a finished run returns
-  its row without training again;
+  never pick up another run's checkpoint or MLflow run), locked while the run works there
+  (:func:`tasks.run_lock.run_lock`: a second process with the same settings is refused), and its
+  ``done.json``: a finished run returns its row without training again;
 - a resumable MLflow run (a child of ``parent_run_id`` in a sweep), its parameters and the starting
   model's real folder (tag ``model_path``) logged on the tracking rank;
 - the policy loaded on the GPU if there is one, in ``policy_dtype``;
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
 from collections import Counter
 from collections.abc import Callable
@@ -39,6 +41,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from a5core import distributed
+from a5core.checkpoint import read_state
 from a5core.data import Problem, write_text_atomic
 from a5core.lora import has_adapters, merged_state_dict
 from a5core.policy import load_policy
@@ -47,8 +50,13 @@ from a5core.prompts import PromptTemplate, load_prompt
 from a5core.question_sampling import load_pass_rates
 from a5core.rollout import Engine, SamplingSettings
 from a5core.settings import HOW_FAST_FIELDS
-from tasks.evaluation import model_fingerprint, validation_hook
-from tasks.tracking import log_params_flat, mlflow_logger, start_resumable_run, tracking_rank
+from tasks.evaluation import validation_hook
+from tasks.fingerprints import file_digest, model_fingerprint
+from tasks.run_lock import run_lock
+from tasks.tracking import artifact_paths, log_params_flat, mlflow_logger, start_resumable_run, tracking_rank
+
+logger = logging.getLogger(__name__)
+ARTIFACTS = "artifacts.json"  # in a finished run's folder: its MLflow run's artifacts when it finished
 
 # Where results go and how fast they come, not what runs: changing these keeps a run's folder (and resumes it).
 RUN_KEY_IGNORED = ("output_dir", "metrics_path", "experiment", "tracking_uri", *HOW_FAST_FIELDS)
@@ -57,11 +65,16 @@ RUN_KEY_IGNORED = ("output_dir", "metrics_path", "experiment", "tracking_uri", *
 def params_key(params: Any, ignore: tuple[str, ...] = RUN_KEY_IGNORED) -> str:
     """A short hash of a flow's parameters: runs with other settings get other folders (and MLflow runs),
     so a resumed run never picks up a checkpoint or a 'done' marker written under different settings.
-    A ``model`` that is a local folder counts by its files too (:func:`tasks.evaluation.model_fingerprint`):
-    a stage that starts from another stage's saved model runs again when that model was trained again."""
+    What a setting names counts by its contents (:mod:`tasks.fingerprints`): a ``model`` that is a local
+    folder by its files (a stage that starts from another stage's saved model runs again when that model
+    was trained again), and every setting naming a file (data, prompt template, difficulty table) by its
+    bytes (an edited or newly pulled data file is another run, not a finished one)."""
     values = params.model_dump(exclude=set(ignore))
     if isinstance(values.get("model"), str) and Path(values["model"]).expanduser().is_dir():
         values["model_files"] = model_fingerprint(values["model"])
+    files = {k: v for k, v in values.items() if isinstance(v, str) and v and Path(v).expanduser().is_file()}
+    if files:
+        values["file_contents"] = {k: file_digest(v) for k, v in sorted(files.items())}
     dump = json.dumps(values, sort_keys=True, default=str)
     return hashlib.sha256(dump.encode()).hexdigest()[:10]
 
@@ -134,58 +147,90 @@ def training_run(
     ``logged``: more parameters for the MLflow run (a sweep setting's size, say)."""
     folder = Path(params.output_dir) / f"runs-{run_key(params)}" / name
     done = folder / "done.json"
-    if done.is_file():
-        return json.loads(done.read_text())
-    validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
-    template, reward_fn = load_prompt(params.prompt), REWARD_FNS[params.grader]
-    sampling = SamplingSettings(
-        n=params.val_samples,
-        temperature=params.temperature,
-        max_tokens=params.max_tokens,
-        stop=template.stop,
-        seed=params.seed,
-    )
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    with start_resumable_run(
-        folder / "mlflow_run_id", params.experiment, run_name, params.tracking_uri, parent_run_id
-    ) as mlflow_run:
-        log_run_params(params, {"setting": name, **(logged or {})})
-        model, tokenizer = load_policy(params.model, dtype=getattr(torch, params.policy_dtype), device=device)
-        run = Run(
-            name,
-            folder,
-            mlflow_run.info.run_id,
-            params,
-            engine,
-            model,
-            tokenizer,
-            validation,
-            template,
-            reward_fn,
-            sampling,
-            mlflow_logger(),
-            load_pass_rates(params.difficulty_table) if getattr(params, "difficulty_table", None) else None,
+    with run_lock(folder):  # one process at a time trains here
+        if done.is_file():
+            recovery = f"the run finished (its checkpoint tensors are gone): delete {folder} to train it again"
+            row = read_state(done, ("setting", "mlflow_run_id"), recovery)
+            if tracking_rank():
+                warn_of_lost_artifacts(folder, row["mlflow_run_id"], params.tracking_uri)
+            return row
+        validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
+        template, reward_fn = load_prompt(params.prompt), REWARD_FNS[params.grader]
+        sampling = SamplingSettings(
+            n=params.val_samples,
+            temperature=params.temperature,
+            max_tokens=params.max_tokens,
+            stop=template.stop,
+            seed=params.seed,
         )
-        trained = body(run)
-        final = trained.final
-        if final is None:
-            model.eval()
-            final = run.validation(params.val_limit)(model, trained.step)
-        run.log({f"final_{k}": v for k, v in final.items()}, trained.step)
-        start = _starting_evaluation(mlflow_run.info.run_id)
-        row = {
-            "setting": name,
-            "initial_accuracy": start.get("val_accuracy"),
-            "initial_format_rate": start.get("val_format_rate"),
-            "final_accuracy": final["val_accuracy"],
-            "final_format_rate": final["val_format_rate"],
-            **trained.row,
-            "mlflow_run_id": mlflow_run.info.run_id,
-        }
-    if tracking_rank():
-        write_text_atomic(done, json.dumps(row))
-        drop_resume_state(folder)
-    return row
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        with start_resumable_run(
+            folder / "mlflow_run_id", params.experiment, run_name, params.tracking_uri, parent_run_id
+        ) as mlflow_run:
+            log_run_params(params, {"setting": name, **(logged or {})})
+            model, tokenizer = load_policy(params.model, dtype=getattr(torch, params.policy_dtype), device=device)
+            run = Run(
+                name,
+                folder,
+                mlflow_run.info.run_id,
+                params,
+                engine,
+                model,
+                tokenizer,
+                validation,
+                template,
+                reward_fn,
+                sampling,
+                mlflow_logger(),
+                load_pass_rates(params.difficulty_table) if getattr(params, "difficulty_table", None) else None,
+            )
+            trained = body(run)
+            final = trained.final
+            if final is None:
+                model.eval()
+                final = run.validation(params.val_limit)(model, trained.step)
+            run.log({f"final_{k}": v for k, v in final.items()}, trained.step)
+            start = _starting_evaluation(mlflow_run.info.run_id)
+            row = {
+                "setting": name,
+                "initial_accuracy": start.get("val_accuracy"),
+                "initial_format_rate": start.get("val_format_rate"),
+                "final_accuracy": final["val_accuracy"],
+                "final_format_rate": final["val_format_rate"],
+                **trained.row,
+                "mlflow_run_id": mlflow_run.info.run_id,
+            }
+        if tracking_rank():
+            write_text_atomic(folder / ARTIFACTS, json.dumps(artifact_paths(params.tracking_uri, row["mlflow_run_id"])))
+            write_text_atomic(done, json.dumps(row))
+            drop_resume_state(folder)
+        return row
+
+
+def warn_of_lost_artifacts(folder: Path, run_id: str, tracking_uri: str) -> None:
+    """Say which artifacts a finished run's MLflow run has lost since it finished (``ARTIFACTS`` lists what
+    it held then): deleted from ``mlruns/``, they are not made again, since the run is not trained again."""
+    from mlflow.exceptions import MlflowException
+
+    listed = folder / ARTIFACTS
+    if not listed.is_file():
+        return
+    again = f"they are not made again (the run is not trained again): delete {folder} to train it again"
+    try:
+        missing = sorted(set(json.loads(listed.read_text())) - set(artifact_paths(tracking_uri, run_id)))
+    except (ValueError, MlflowException, OSError) as error:
+        logger.warning("%s finished before; its MLflow run %s cannot be read (%s): %s", folder, run_id, error, again)
+        return
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        logger.warning(
+            "%s finished before; its MLflow run %s has lost %d of the artifacts it logged while training (%s): %s",
+            folder,
+            run_id,
+            len(missing),
+            shown,
+            again,
+        )
 
 
 def drop_resume_state(folder: Path) -> None:

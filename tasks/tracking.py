@@ -48,11 +48,21 @@ UI_COMMAND = "mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1"
 UI_ROOT = "http://127.0.0.1:5000"
 
 
-# What SQLite says when a store cannot take writes, and what it means for the user.
+# What SQLite says when a store cannot take writes or be read, what it means for the user, and what to do.
+_INTACT = "what was logged before is intact: fix the store, or pass another --tracking-uri, and run again"
+_DAMAGED = (
+    "its runs cannot be read back: move the file aside (keep it for a recovery tool) and run again to start a "
+    "new store; runs resumed from their checkpoints then say which MLflow run they cannot find"
+)
 _STORE_PROBLEMS = {
-    "readonly database": "it is read-only",
-    "database or disk is full": "the disk holding it is full",
-    "unable to open database file": "it cannot be opened (its folder is missing or not writable)",
+    "readonly database": ("it is read-only", _INTACT),
+    "database or disk is full": ("the disk holding it is full", _INTACT),
+    "unable to open database file": ("it cannot be opened (its folder is missing or not writable)", _INTACT),
+    "file is not a database": (
+        "the file is not an SQLite database",
+        "if the address names the wrong file, fix it; if the store was overwritten, " + _DAMAGED,
+    ),
+    "database disk image is malformed": ("the database is damaged (truncated?)", _DAMAGED),
 }
 
 
@@ -66,15 +76,12 @@ def exception_chain(error: BaseException) -> list[BaseException]:
 
 
 def store_problem(error: BaseException) -> str | None:
-    """A message for an MLflow store that cannot take writes, found in the error's chain (MLflow wraps
-    SQLite's OperationalError), else None."""
+    """A message for an MLflow store that cannot take writes or cannot be read, found in the error's chain
+    (MLflow wraps SQLite's errors), else None."""
     for error in exception_chain(error):
-        for needle, meaning in _STORE_PROBLEMS.items():
+        for needle, (meaning, advice) in _STORE_PROBLEMS.items():
             if needle in str(error):
-                return (
-                    f"MLflow store {mlflow.get_tracking_uri()}: {meaning} (SQLite: {needle}); what was logged "
-                    "before is intact: fix the store, or pass another --tracking-uri, and run again"
-                )
+                return f"MLflow store {mlflow.get_tracking_uri()}: {meaning} (SQLite: {needle}); {advice}"
     return None
 
 
@@ -457,6 +464,16 @@ def run_params(tracking_uri: str, run_id: str) -> dict[str, str] | None:
         return None
 
 
+def artifact_paths(tracking_uri: str, run_id: str) -> list[str]:
+    """Every artifact file of run ``run_id``, by its path in the run, sorted."""
+    client = mlflow.MlflowClient(tracking_uri)
+    found, folders = [], [None]
+    while folders:
+        for info in client.list_artifacts(run_id, folders.pop()):
+            (folders if info.is_dir else found).append(info.path)
+    return sorted(found)
+
+
 def tag_active_run(**tags: Any) -> None:
     """Set tags on the active MLflow run (values as strings)."""
     mlflow.set_tags({k: str(v) for k, v in tags.items()})
@@ -517,7 +534,7 @@ def start_resumable_run(
     system_metrics = system_metrics_logging()  # system/* metrics (CPU, memory, GPU) where psutil is installed
     if run_id_file.is_file():  # this attempt's provenance replaces the last one's
         return reopen_run(
-            run_id_file.read_text().strip(),
+            stored_run_id(run_id_file, tracking_uri),
             experiment_id,
             nested=parent_run_id is not None,
             log_system_metrics=system_metrics,
@@ -533,6 +550,25 @@ def start_resumable_run(
     )
     write_text_atomic(run_id_file, run.info.run_id)
     return run
+
+
+def stored_run_id(run_id_file: Path, tracking_uri: str) -> str:
+    """The MLflow run id ``run_id_file`` holds, which must name a run of the store; ValueError naming the
+    file and what to do otherwise (a damaged file, or a store replaced since the run began)."""
+    from mlflow.exceptions import MlflowException
+
+    run_id = run_id_file.read_text(encoding="utf-8", errors="replace").strip()
+    try:
+        if run_id.isalnum():
+            mlflow.MlflowClient(tracking_uri).get_run(run_id)
+            return run_id
+    except MlflowException:
+        pass
+    raise ValueError(
+        f"{run_id_file}: names MLflow run {run_id[:40]!r}, which {tracking_uri} does not hold (a damaged file, or a "
+        "store replaced since the run began); delete the file to log the run as a new MLflow run (its checkpoint "
+        "still resumes)"
+    )
 
 
 def mlflow_logger(prefix: str = "") -> Callable[[dict[str, float], int], None]:

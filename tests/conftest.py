@@ -56,8 +56,13 @@ def tiny_lm_dir(tmp_path_factory, shared_data) -> Path:
 
 @pytest.fixture(scope="session")
 def prefect_harness():
-    """A temporary Prefect API (its own database) for flow tests; started once per session."""
+    """A temporary Prefect API (its own database) for flow tests; started once per session, and stopped with
+    this process however it ends (a test run stopped with SIGTERM runs no exit handler)."""
     from prefect.testing.utilities import prefect_test_harness
+
+    from tasks.prefect_server import stop_temporary_server_with_this_process
+
+    stop_temporary_server_with_this_process()
 
     with prefect_test_harness(server_startup_timeout=120):
         yield

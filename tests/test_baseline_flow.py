@@ -158,3 +158,34 @@ def test_an_extra_set_name_must_be_a_folder_name():
 
     with pytest.raises(ValueError, match="extra set name '../x'"):
         BaselineEvalParams(extra_sets={"../x": "a.jsonl"})
+
+
+def test_the_case_report_of_hostile_data_carries_no_live_html(
+    prefect_harness, tiny_lm_dir, tmp_path, capsys, monkeypatch
+):
+    """A data file whose problem holds a fenced block and an <img onerror>, whose id and answer hold HTML
+    and backticks: the command's report.md, rendered by a CommonMark viewer, shows them as text."""
+    from markdown_it import MarkdownIt
+
+    from a5core.data import write_jsonl_atomic
+    from flows.baseline_eval import main
+
+    record = {
+        "unique_id": "<img src=x onerror=alert(1)>",
+        "problem": "Solve:\n```\n<img src=x onerror=alert(2)>\n```\n<script>alert(3)</script>",
+        "solution": "$\\boxed{7}$",
+        "answer": "`<b>7</b>`",
+        "level": "Level 1",
+        "type": "Algebra",
+    }
+    write_jsonl_atomic(tmp_path / "hostile.jsonl", [record])
+    monkeypatch.chdir(tmp_path)  # MLflow's artifacts and the cached results go under the working directory
+    main(
+        ["--model", str(tiny_lm_dir), "--backend", "hf", "--data", str(tmp_path / "hostile.jsonl"), "--max-tokens", "4"]
+        + ["--output-dir", str(tmp_path / "out"), "--metrics-path", "null"]
+        + ["--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
+    )
+    capsys.readouterr()
+    page = MarkdownIt("commonmark").render((tmp_path / "out/report.md").read_text())
+    assert "<img" not in page and "<script" not in page and "<b>" not in page
+    assert "&lt;img src=x onerror=alert(2)&gt;" in page and "&lt;script&gt;alert(3)&lt;/script&gt;" in page

@@ -93,6 +93,12 @@ def test_missing_local_file(tmp_path):
         load_math("./data/math/validation.jsonl")
 
 
+def test_a_data_path_that_is_not_a_regular_file_is_refused_unread(tmp_path):
+    for path in ("/dev/zero", tmp_path):  # an endless device, a folder
+        with pytest.raises(DataError, match=rf"^{path}: not a regular file$"):
+            load_math(path)
+
+
 def test_hub_source_error_is_clear():
     # HF_HUB_OFFLINE=1 (conftest): the real datasets code path runs and fails fast.
     with pytest.raises(

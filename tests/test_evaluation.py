@@ -192,3 +192,29 @@ def test_log_generations_rows_and_length_metrics(tiny_model):
     assert metrics["mean_response_tokens"] == 2.5
     assert metrics["mean_response_tokens_correct"] == 3.0 and metrics["mean_response_tokens_incorrect"] == 2.0
     assert 0 < metrics["mean_token_entropy"] <= 4.2
+
+
+HOSTILE = (
+    "```\n<img src=x onerror=alert(1)>\n```\n`` ` ``\n<script>alert(2)</script>\n\n# a heading\n"
+    "[a link](javascript:alert(3))"
+)
+
+
+def rendered_html(markdown: str) -> str:
+    """The page a CommonMark viewer shows (raw HTML allowed, as GitHub-style viewers allow it)."""
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark").render(markdown)
+
+
+def test_the_case_report_shows_hostile_text_as_text_never_as_html():
+    """A problem holding a fenced block and HTML, an answer holding backticks, a hostile id and ground truth:
+    each stays inside its code block or span, so the viewer renders no tag, link or heading of theirs."""
+    problems = [Problem("<img src=x onerror=alert(4)>", HOSTILE, "`<b>7</b>`\n\n# x")]
+    engine = ScriptedEngine([HOSTILE + " </think> <answer> `<i>7</i>` </answer>", "``` <img src=y onerror=z> 7"])
+    records, _ = evaluate(engine, problems, load_prompt("r1_zero"), r1_zero_reward_fn, SamplingSettings(n=2))
+    page = rendered_html(case_report(records))
+    assert "<img" not in page and "<script" not in page and "<a " not in page and "<b>" not in page
+    assert page.count("<h1>") == 1 and page.count("<h3>") == 2  # the report's own headings alone
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page and "&lt;img src=x onerror=alert(4)&gt;" in page
+    assert "<code>`&lt;b&gt;7&lt;/b&gt;`  # x</code>" in page  # the ground truth, whole, on one line

@@ -211,6 +211,62 @@ def test_a_killed_flow_leaves_no_prefect_server_running(tmp_path):
             raise AssertionError("the temporary Prefect server outlived its killed flow process by 60 s") from None
 
 
+INTERRUPTIBLE_FLOW = HANGING_FLOW.replace(
+    "from flows.cli import run_flow", "from flows.cli import cli_main, run_flow"
+).replace(
+    "run_flow(hang, Params(marker=sys.argv[1]))",
+    'cli_main("flows.hang")(lambda argv: run_flow(hang, Params(marker=argv[0])))(sys.argv[1:])',
+)
+
+
+def test_ctrl_c_ends_a_flow_at_once_with_one_line_and_stops_its_server(tmp_path):
+    """Ctrl-C in a terminal signals the whole foreground process group. The temporary server, in a session
+    of its own, does not get it: the flow ends (status 130, one line, no traceback) instead of retrying a
+    dead server for minutes, and stops its server on the way out."""
+    import os
+    import signal
+
+    import psutil
+
+    marker, log = tmp_path / "running", tmp_path / "flow.log"
+    env = quiet_env(tmp_path, PYTHONPATH=str(ROOT))
+    with background([sys.executable, "-c", INTERRUPTIBLE_FLOW, str(marker)], log, env, cwd=tmp_path) as flow_process:
+        deadline = time.monotonic() + 180
+        while not marker.exists():
+            assert flow_process.poll() is None and time.monotonic() < deadline, log_tail(log)
+            time.sleep(0.2)
+        (server,) = [
+            p
+            for p in psutil.Process(flow_process.pid).children(recursive=True)
+            if any("uvicorn" in part for part in p.cmdline())
+        ]
+        assert os.getpgid(server.pid) != os.getpgid(flow_process.pid)
+        os.killpg(flow_process.pid, signal.SIGINT)  # what the terminal does
+        try:
+            flow_process.wait(timeout=60)  # a guard against the minutes of retries, not a timing assertion
+        except Exception:
+            raise AssertionError(f"the flow did not end on Ctrl-C:\n{log_tail(log)}") from None
+        server.wait(timeout=30)
+    output = log.read_text()
+    assert flow_process.returncode == 130 and "Traceback" not in output, output[-3000:]
+    assert [line for line in output.splitlines() if line.startswith("flows.hang: ")] == [
+        "flows.hang: interrupted; what was written is intact (atomic writes, checkpoints): the same command resumes"
+    ]
+
+
+def test_the_test_sessions_prefect_server_is_watched(prefect_harness):
+    """The harness's server (a test run's) is stopped with this process too: a run stopped with SIGTERM, which
+    runs no exit handler, left it serving for the better part of an hour."""
+    import os
+
+    import psutil
+
+    (server,) = [p for p in psutil.Process().children() if any("uvicorn" in part for part in p.cmdline())]
+    commands = [p.info["cmdline"] or [] for p in psutil.process_iter(["cmdline"])]
+    watchers = [command[-2:] for command in commands if any(part.endswith("_orphan_watch.py") for part in command)]
+    assert [str(os.getpid()), str(server.pid)] in watchers
+
+
 def test_an_engine_start_that_cannot_succeed_is_not_retried(prefect_harness):
     """A bad setting or a missing file fails the same way every time: one start, not three."""
     from prefect import flow

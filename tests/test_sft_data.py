@@ -375,6 +375,155 @@ def test_credentials_in_the_teacher_url_go_in_a_header_and_never_into_a_message(
     assert "connection failed" in str(stopped.value.code) and "s3cret" not in str(stopped.value.code)
 
 
+class RawServer:
+    """A server on 127.0.0.1 whose ``reply(handler)`` writes each response by hand; records every request's
+    method, path and headers (GETs too: a redirected POST may arrive as one)."""
+
+    def __init__(self, reply):
+        self.requests: list[dict] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                server.requests.append({"method": self.command, "path": self.path, "headers": dict(self.headers)})
+                try:
+                    reply(self)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            do_GET = do_POST
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _redirect(status: int, location: str):
+    def reply(handler):
+        handler.send_response(status)
+        handler.send_header("Location", location)
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
+
+    return reply
+
+
+def _send(handler, data: bytes, length: bool = True):
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    if length:
+        handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
+def test_credentials_never_follow_a_redirect_to_another_port(server, tmp_path, shared_data):
+    """A 302 or 307 to another origin is refused, named, and the other server gets nothing: neither the
+    API key through the command line nor a URL's user and password; a 307 on the same origin is followed."""
+    elsewhere = RawServer(lambda handler: _send(handler, b"{}"))
+    redirects = []
+    try:
+        for status in (302, 307):
+            redirecting = RawServer(_redirect(status, f"{elsewhere.url}/v1/completions"))
+            redirects.append(redirecting)
+            config = _config(
+                tmp_path,
+                shared_data,
+                distill={
+                    "enabled": True,
+                    "base_url": f"{redirecting.url}/v1",
+                    "api_key_env": "A5_TEST_TEACHER_KEY",
+                    "model": "m",
+                    "problems": str(shared_data / "math/train.jsonl"),
+                    "limit": 1,
+                },
+            )
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setenv("A5_TEST_TEACHER_KEY", "sk-s3cret")
+                with pytest.raises(SystemExit) as stopped:
+                    flow.main(["distill", "--config", str(config), "--out", str(tmp_path / "d.jsonl")])
+            assert f"redirected ({status}) to {elsewhere.url}/v1/completions; not followed" in stopped.value.code
+            assert redirecting.requests[0]["headers"]["Authorization"] == "Bearer sk-s3cret"
+        basic = OpenAICompletionsTeacher(redirects[1].url.replace("http://", "http://alice:pw@") + "/v1", "m")
+        with pytest.raises(TeacherError, match="not followed"):
+            basic.generate(["p"], SamplingSettings())
+        assert elsewhere.requests == []
+
+        def moved_on_the_same_origin(handler):
+            if handler.path == "/v1/completions":
+                _redirect(307, "/v2/completions")(handler)
+            else:
+                _send(handler, json.dumps({"choices": [{"index": 0, "text": " ok"}]}).encode())
+
+        same_origin = RawServer(moved_on_the_same_origin)
+        redirects.append(same_origin)
+        teacher = OpenAICompletionsTeacher(f"{same_origin.url}/v1", "m", api_key="k")
+        assert teacher.generate(["p"], SamplingSettings())[0][0].text == " ok"
+        assert [(r["path"], r["headers"]["Authorization"]) for r in same_origin.requests] == [
+            ("/v1/completions", "Bearer k"),
+            ("/v2/completions", "Bearer k"),
+        ]
+    finally:
+        for s in (elsewhere, *redirects):
+            s.close()
+
+
+def test_a_trickling_teacher_is_cut_off_at_the_requests_deadline():
+    """A reply announced as 600 bytes and sent a byte every 0.2 s (two minutes in all) against a 1 s deadline:
+    the request is cut off at its deadline, though every byte came well within it."""
+
+    def trickle(handler):
+        handler.send_response(200)
+        handler.send_header("Content-Length", "600")
+        handler.end_headers()
+        for _ in range(600):
+            handler.wfile.write(b" ")
+            handler.wfile.flush()
+            time.sleep(0.2)
+
+    slow = RawServer(trickle)
+    failures = []
+    teacher = OpenAICompletionsTeacher(f"{slow.url}/v1", "m", timeout_s=1.0, max_retries=0)
+
+    def request():
+        try:
+            teacher.generate(["p"], SamplingSettings())
+        except TeacherError as error:
+            failures.append(str(error))
+
+    try:
+        asking = threading.Thread(target=request, daemon=True)
+        asking.start()
+        asking.join(timeout=60)  # a guard against the two minutes, not a timing assertion
+        assert not asking.is_alive(), "the request outlived its deadline"
+        (failure,) = failures
+        assert failure.endswith("failed after 1 attempt(s): timed out after 1 s (the deadline of a whole request)")
+    finally:
+        slow.close()
+
+
+@pytest.mark.parametrize("announced", [True, False])
+def test_a_reply_far_larger_than_max_tokens_allows_is_refused(announced):
+    """2 MB for one completion of at most 16 tokens, with or without a Content-Length: refused, named."""
+    big = json.dumps({"choices": [{"index": 0, "text": "y" * 2_000_000}]}).encode()
+    flood = RawServer(lambda handler: _send(handler, big, length=announced))
+    try:
+        teacher = OpenAICompletionsTeacher(f"{flood.url}/v1", "m", max_retries=0)
+        with pytest.raises(TeacherError, match=r"/v1/completions: reply .*bytes.* of at most 16 tokens; refused"):
+            teacher.generate(["p"], SamplingSettings(max_tokens=16))
+    finally:
+        flood.close()
+
+
 # --------------------------------------------------------------------------------------- CLI
 
 

@@ -1,0 +1,73 @@
+"""One process at a time in a run's folder: two identical runs started together would otherwise train into
+the same checkpoint and log into the same MLflow run.
+
+:func:`run_lock` holds an exclusive ``flock`` on ``FOLDER/run.lock`` while a run (or a sweep's parent run)
+works there, and writes the holder's pid, host and command into the file. A second process is refused at
+once with :class:`RunInUseError` naming the folder and the holder. The kernel drops the lock when its holder
+dies, however it dies, so a lock is never stale: a pid left in the file by a killed run is overwritten by
+the next one. Under torchrun only the tracking rank locks (the ranks of one launch are one run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+from tasks.tracking import tracking_rank
+
+LOCK_FILE = "run.lock"
+
+
+class RunInUseError(ValueError):
+    """Another process is running in this run's folder."""
+
+
+def _command(pid: int) -> str:
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+    return command if len(command) <= 160 else command[:157] + "..."
+
+
+@contextlib.contextmanager
+def run_lock(folder: str | os.PathLike) -> Iterator[None]:
+    """Hold ``folder``'s run lock (the folder made if missing) for the ``with`` block; RunInUseError when
+    another process holds it."""
+    if not tracking_rank():
+        yield
+        return
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as error:
+        raise ValueError(
+            f"{path}: cannot be opened as the run's lock file ({error.strerror}); a lock file is an ordinary file "
+            "that the run creates: remove what is there, or make the folder writable"
+        ) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+            raise RunInUseError(
+                f"run folder {folder} is in use by {holder}: a run with the same settings is running there; "
+                "wait for it to end (or stop it), then run again to continue it"
+            ) from None
+        command = _command(os.getpid())
+        holder = f"process {os.getpid()} on {socket.gethostname()}" + (f" ({command})" if command else "")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (holder + "\n").encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

@@ -1,0 +1,122 @@
+"""Output settings cannot replace what is not an output: a tracked input (params.yaml), a folder given as a
+file, another flow's output folder, a source folder. Each is refused as the parameters are read, on the
+command line and in the parameter model the Prefect deployments validate, before any work."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+import flows.baseline_eval
+import flows.sft_data
+from flows.params import BaselineEvalParams, DifficultyParams, GRPOParams
+from tasks.outputs import OUTPUT_MARKER, REPORT_MARKER
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch) -> Path:
+    """A git repository holding params.yaml, dvc.yaml (declaring metrics/eval.json) and both tracked, as cwd."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text("baseline_eval:\n  limit: 2\n")
+    (tmp_path / "dvc.yaml").write_text("stages:\n  eval:\n    cmd: x\n    metrics:\n      - metrics/eval.json:\n")
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics/eval.json").write_text('{"accuracy": 0.5}\n')
+    subprocess.run(["git", "init", "-q"], check=True)
+    subprocess.run(["git", "add", "params.yaml", "dvc.yaml", "metrics/eval.json"], check=True)
+    return tmp_path
+
+
+def refused(argv: list[str], capsys, monkeypatch) -> str:
+    """Run flows.baseline_eval's main with ``argv``: it must stop with exit status 2 before any engine
+    starts; its one-line message."""
+    monkeypatch.setattr("tasks.evaluation.make_engine", lambda *a, **k: pytest.fail("an engine started"))
+    with pytest.raises(SystemExit) as stopped:
+        flows.baseline_eval.main(["--data", "missing.jsonl", *argv])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    return err
+
+
+def test_a_tracked_input_is_not_replaced_by_the_metrics_file(project, capsys, monkeypatch):
+    before = (project / "params.yaml").read_bytes()
+    err = refused(["--metrics-path", "params.yaml"], capsys, monkeypatch)
+    assert "metrics_path params.yaml: a file git tracks, not an output of this flow" in err
+    assert (project / "params.yaml").read_bytes() == before
+
+
+def test_a_folder_given_as_the_metrics_file_is_refused_before_any_work(project, capsys, monkeypatch):
+    (project / "outputs").mkdir()
+    err = refused(["--metrics-path", "outputs"], capsys, monkeypatch)
+    assert "metrics_path outputs: a folder; give the path of a file to write" in err
+
+
+def test_an_untracked_file_that_is_not_a_metrics_file_is_refused(project, capsys, monkeypatch):
+    (project / "notes.txt").write_text("my notes\n")
+    err = refused(["--metrics-path", "notes.txt"], capsys, monkeypatch)
+    assert "metrics_path notes.txt: exists and is not a metrics file (JSON: an object or a list)" in err
+    assert (project / "notes.txt").read_text() == "my notes\n"
+
+
+def test_the_reports_folder_and_a_source_folder_are_not_output_folders(project, capsys, monkeypatch):
+    report = project / "outputs/report"
+    report.mkdir(parents=True)
+    (report / REPORT_MARKER).write_text("")
+    (report / "report.md").write_text("# the report\n")
+    err = refused(["--output-dir", "outputs/report"], capsys, monkeypatch)
+    assert "output_dir outputs/report: holds the report flow's outputs (.a5-report)" in err
+    assert (report / "report.md").read_text() == "# the report\n"
+    err = refused(["--output-dir", "."], capsys, monkeypatch)
+    assert "output_dir .: holds files git tracks (dvc.yaml, metrics/eval.json, params.yaml)" in err
+
+
+def test_a_folder_of_another_kind_of_run_is_refused_and_ones_own_is_claimed(project):
+    from tasks.checks import check_outputs
+
+    params = BaselineEvalParams(output_dir="outputs/eval", metrics_path=None, tracking_uri="sqlite:///mlflow.db")
+    check_outputs(params)  # what the command line checks before an engine starts: the folder is claimed
+    assert (project / "outputs/eval" / OUTPUT_MARKER).read_text() == "BaselineEval\n"
+    BaselineEvalParams(output_dir="outputs/eval")  # its own kind: fine
+    with pytest.raises(ValidationError, match=r"outputs/eval: holds the outputs of another kind of run \(BaselineEval"):
+        GRPOParams(output_dir="outputs/eval")
+
+
+def test_the_deployment_forms_models_refuse_the_same(project):
+    """The models flows.serve deploys validate each flow run's parameters: the same refusals."""
+    with pytest.raises(ValidationError, match="metrics_path params.yaml: a file git tracks"):
+        GRPOParams(metrics_path="params.yaml")
+    with pytest.raises(ValidationError, match="table metrics: a folder"):
+        DifficultyParams(table="metrics")
+    assert GRPOParams(metrics_path="metrics/eval.json").metrics_path == "metrics/eval.json"  # DVC's, in git
+    with pytest.raises(ValidationError, match="tracking_uri sqlite:///params.yaml: params.yaml is a file git tracks"):
+        BaselineEvalParams(tracking_uri="sqlite:///params.yaml")
+
+
+def test_sft_data_refuses_the_same(project):
+    with pytest.raises(SystemExit, match="sft_data filter: --metrics params.yaml: a file git tracks"):
+        flows.sft_data.main(["filter", "--metrics", "params.yaml"])
+    with pytest.raises(SystemExit, match="sft_data math: --out metrics: a folder"):
+        flows.sft_data.main(["math", "--out", "metrics"])
+    assert json.loads((project / "metrics/eval.json").read_text()) == {"accuracy": 0.5}
+
+
+def test_an_earlier_runs_metrics_file_is_replaced(project):
+    """What the flows write there, a JSON object (an evaluation's summary) or a list (a sweep's rows), is
+    theirs to replace: the same command runs again."""
+    (project / "rows.json").write_text('[{"setting": "single", "final_accuracy": 0.5}]\n')
+    (project / "summary.json").write_text('{"accuracy": 0.5}\n')
+    assert GRPOParams(metrics_path="rows.json").metrics_path == "rows.json"
+    assert BaselineEvalParams(metrics_path="summary.json").metrics_path == "summary.json"
+
+
+def test_a_dvc_output_folder_with_its_committed_gitignore_is_an_output_folder(project):
+    """DVC commits a .gitignore beside the outputs it keeps out of git (data/sft/.gitignore): not a source file."""
+    (project / "data/sft").mkdir(parents=True)
+    (project / "data/sft/.gitignore").write_text("/math_solutions.jsonl\n")
+    subprocess.run(["git", "add", "data/sft/.gitignore"], check=True)
+    assert BaselineEvalParams(output_dir="data/sft").output_dir == "data/sft"
+    flows.sft_data.check_output_dir("data/sft", "SFTData", "--out-dir")

@@ -1,0 +1,88 @@
+"""Two identical runs started together do not share a run: the second is refused at once, naming the run's
+folder and the process working there; a lock left by a dead process is no lock."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from test_flow_resume import flow_env, grpo_flags, kill_mid_run  # noqa: F401  (flow_env: a fixture)
+
+from tasks.run_lock import LOCK_FILE, RunInUseError, run_lock
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_a_second_identical_run_is_refused_while_the_first_trains(tiny_lm_dir, flow_env, tmp_path):  # noqa: F811
+    from mlflow import MlflowClient
+
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    flags = grpo_flags(tiny_lm_dir, tracking_uri)
+    refusals = []
+
+    def second_run() -> None:  # the first is frozen after step 1's metrics, its run folder locked
+        result = subprocess.run(
+            [sys.executable, "-m", "flows.grpo", *flags],
+            cwd=tmp_path,
+            env=flow_env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        refusals.append(result)
+
+    kill_mid_run("flows.grpo", flags, "reward_mean", 1, tmp_path, flow_env, second_run)
+    (refused,) = refusals
+    (run_dir,) = (tmp_path / "out").glob("runs-*/single")
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    message = refused.stderr.strip().splitlines()[-1]
+    assert message.startswith(f"flows.grpo: error: run folder {run_dir.relative_to(tmp_path)} is in use by process ")
+    assert "flow_kill_target.py flows.grpo" in message  # the first run's command
+    client = MlflowClient(tracking_uri)
+    (only,) = client.search_runs([client.get_experiment_by_name("grpo").experiment_id])
+    assert only.info.run_id == (run_dir / "mlflow_run_id").read_text().strip()
+    assert sorted(m.step for m in client.get_metric_history(only.info.run_id, "reward_mean")) == [1]
+
+
+def test_a_lock_left_by_a_dead_process_is_taken(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / LOCK_FILE).write_text(f"process {dead.stdout.strip()} on host (python -m flows.grpo)\n")
+    with run_lock(tmp_path):
+        assert (tmp_path / LOCK_FILE).read_text().startswith(f"process {os.getpid()} on ")
+
+
+def test_the_lock_names_its_holder_and_is_released(tmp_path):
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from tasks.run_lock import run_lock\n"
+            "with run_lock(sys.argv[1]):\n    print('held', flush=True); time.sleep(60)",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(RunInUseError, match=rf"run folder {tmp_path} is in use by process {holder.pid} on "):
+            with run_lock(tmp_path):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with run_lock(tmp_path):  # its holder is gone: the kernel dropped the lock
+        pass
+    assert (tmp_path / LOCK_FILE).read_text() == ""  # emptied on release
+
+
+def test_a_lock_path_that_cannot_be_a_file_is_named(tmp_path):
+    (tmp_path / LOCK_FILE).mkdir()
+    with pytest.raises(
+        ValueError, match=rf"^{tmp_path / LOCK_FILE}: cannot be opened as the run's lock file \(Is a directory\)"
+    ):
+        with run_lock(tmp_path):
+            pass
