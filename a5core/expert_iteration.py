@@ -69,7 +69,7 @@ STATUS_KEYS = (
 )  # the per-round status line's metrics
 
 
-@defaults(max_seq_len=1536)
+@defaults(learning_rate=1e-5, epochs=1, max_seq_len=1536)
 class EIConfig(
     OptimizerSettings,
     RolloutSamplingFields,

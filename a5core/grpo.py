@@ -126,6 +126,7 @@ from a5core.settings import (
     RolloutSamplingFields,
     SeedSettings,
     SpeedSettings,
+    defaults,
 )
 
 logger = logging.getLogger(__name__)
@@ -144,6 +145,7 @@ STATUS_KEYS = (
 RewardFn = Callable[[str, Any], dict[str, float]]
 
 
+@defaults(learning_rate=1e-5, checkpoint_every=10)
 class GRPOConfig(
     OptimizerSettings,
     RolloutSamplingFields,

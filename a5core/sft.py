@@ -101,7 +101,7 @@ STATUS_KEYS = ("loss", "token_nll", "lr", "grad_norm", "val_accuracy")  # the pe
 UNFINGERPRINTED_FIELDS = ("checkpoint_every", "eval_every", *HOW_FAST_FIELDS)
 
 
-@defaults(learning_rate=2e-5, epochs=2, checkpoint_every=20)
+@defaults(learning_rate=2e-5, epochs=2, max_seq_len=1024, checkpoint_every=20)
 class SFTConfig(OptimizerSettings, SFTBatchSettings, LoRASettings, SpeedSettings, PeriodicSettings, SeedSettings):
     """Settings of one SFT run; invalid values raise ``ValueError`` naming the field.
 
