@@ -11,7 +11,7 @@ Every sequence runs the full 512 tokens (``min_tokens`` = ``max_tokens``: random
 stop at random), and the stop-string machinery stays on (stop ``</answer>``). Then (``--lengths varied``)
 each row ends at a length drawn log-uniformly between 30 and 512 tokens (``benchmarks/_lengths.py``):
 tokens/s counts the tokens generated. Also checks the compiled loop against the eager one (greedy tokens)
-and the engine's log-probs against the policy's. Targets: ≥ 50k tok/s (issue 17); varied lengths within
+and the engine's log-probs against the policy's. Targets: ≥ 50k tok/s; varied lengths within
 80% of that.
 
     python benchmarks/rollout.py [--model-dir DIR] [--batch 256 --prompt 200 --new 512] [--tiny]
