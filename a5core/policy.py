@@ -125,11 +125,11 @@ def pack_prompt_and_output_ids(
     """Concatenate token-id lists pairwise and right-pad: what :func:`tokenize_prompt_and_output` returns,
     from ids (e.g. the exact tokens an engine sampled). B pairs → input_ids, labels, response_mask (B, L−1),
     with L − 1 rounded up to a multiple of ``pad_to_multiple`` (padding: no label in the response mask)."""
-    longest = max(len(p) + len(o) for p, o in zip(prompt_ids, output_ids))
+    longest = max(len(p) + len(o) for p, o in zip(prompt_ids, output_ids, strict=True))
     length = -(-(longest - 1) // pad_to_multiple) * pad_to_multiple + 1
     ids = torch.full((len(prompt_ids), length), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompt_ids), length), dtype=torch.bool)
-    for row, (p, o) in enumerate(zip(prompt_ids, output_ids)):
+    for row, (p, o) in enumerate(zip(prompt_ids, output_ids, strict=True)):
         ids[row, : len(p) + len(o)] = torch.tensor([*p, *o], dtype=torch.long)
         mask[row, len(p) : len(p) + len(o)] = True
     return {"input_ids": ids[:, :-1], "labels": ids[:, 1:], "response_mask": mask[:, 1:]}

@@ -380,7 +380,7 @@ def _positions(examples: list[Trace], tokenizer: Any, max_seq_len: int) -> list[
     """Each example's trained positions: prompt + response tokens − 1, cut at ``max_seq_len − 1``."""
     prompts = tokenizer([t.prompt for t in examples], add_special_tokens=False)["input_ids"]
     responses = tokenizer([t.response for t in examples], add_special_tokens=False)["input_ids"]
-    return [min(len(p) + len(r) - 1, max_seq_len - 1) for p, r in zip(prompts, responses)]
+    return [min(len(p) + len(r) - 1, max_seq_len - 1) for p, r in zip(prompts, responses, strict=True)]
 
 
 def run_fingerprint(config: SFTConfig, examples: Sequence[Trace]) -> dict[str, Any]:

@@ -157,7 +157,7 @@ def distill(
         )
     return [
         Trace(prompt, getattr(c, "text", c), problem.answer)
-        for problem, prompt, group in zip(problems, prompts, groups)
+        for problem, prompt, group in zip(problems, prompts, groups, strict=True)
         for c in group
     ]
 
@@ -373,7 +373,7 @@ def filter_correct(traces: Sequence[Trace]) -> tuple[list[Trace], dict[str, Any]
     an empty input.
     """
     rewards = r1_zero_reward_fn.batch([t.response for t in traces], [t.ground_truth for t in traces])
-    kept = [t for t, r in zip(traces, rewards) if r["reward"] == 1.0]
+    kept = [t for t, r in zip(traces, rewards, strict=True) if r["reward"] == 1.0]
     n = len(traces)
     return kept, {
         "raw": n,

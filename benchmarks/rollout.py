@@ -168,7 +168,7 @@ def main() -> None:
         compiled_out = engine.generate(check, greedy)
         eager_out = HFEngine(model, tokenizer, batch_size=8, compile=False).generate(check, greedy)
         scored = engine.generate(check, SamplingSettings(temperature=1.0, max_tokens=64, seed=1, logprobs=True))
-    same = sum(a[0].token_ids == b[0].token_ids for a, b in zip(compiled_out, eager_out))
+    same = sum(a[0].token_ids == b[0].token_ids for a, b in zip(compiled_out, eager_out, strict=True))
     prompt_ids = tokenizer(check, add_special_tokens=False)["input_ids"]
     packed = pack_prompt_and_output_ids(prompt_ids, [g[0].token_ids for g in scored], tokenizer.pad_token_id or 0)
     with torch.no_grad():

@@ -415,7 +415,7 @@ def plot(path: Path, series: dict[str, list[tuple[float, float]]], x: str, y: st
 
     figure, axes = plt.subplots(figsize=(6.4, 3.8))
     for name, points in series.items():
-        axes.plot(*zip(*sorted(points)), marker="o", markersize=3, label=name)
+        axes.plot(*zip(*sorted(points), strict=True), marker="o", markersize=3, label=name)
     if y in UNIT_METRICS and all(0 <= v <= 1 for points in series.values() for _, v in points):
         axes.set_ylim(-0.02, 1.02)
     if x == "step":
