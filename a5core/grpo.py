@@ -108,7 +108,7 @@ from a5core.grpo_pieces import KLPenalty, MicroBatches, PhaseTimer, StepStats, T
 from a5core.grpo_rollouts import DynamicSampling, Rollouts, rollout_source
 from a5core.lora import LoRASettings, add_adapters
 from a5core.losses import KLEstimator, LengthNormalization
-from a5core.pg_losses import LossType, PolicyGradientLoss, from_settings, users_of
+from a5core.pg_losses import LossType, PolicyGradientLoss, policy_gradient_loss, users_of
 from a5core.policy import (
     COMPILED_ACTIVATION_BUDGET,
     compile_decoder_layers,
@@ -259,7 +259,7 @@ class GRPOConfig(
     @property
     def policy_loss(self) -> PolicyGradientLoss:
         """The policy-gradient loss of ``loss_type``, with the clip ranges it reads (:mod:`a5core.pg_losses`)."""
-        return from_settings(self)
+        return policy_gradient_loss(self)
 
     @property
     def needs_old_log_probs(self) -> bool:

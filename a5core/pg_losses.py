@@ -1,6 +1,6 @@
 """The policy-gradient losses as small configured objects, one per ``loss_type``.
 
-A GRPO run builds its loss once from its settings (:func:`from_settings`); the loss carries its clip
+A GRPO run builds its loss once from its settings (:func:`policy_gradient_loss`); the loss carries its clip
 ranges, says whether the rollouts' old log-probs must be computed before training
 (``needs_old_log_probs``) and which of its own metrics a step reports (``metrics``). The formulas are
 the pure functions of :mod:`a5core.losses`; :data:`POLICY_GRADIENT_LOSSES` is the one place where a
@@ -31,8 +31,9 @@ Inputs = Mapping[str, Any]  # advantages, raw_rewards, old_log_probs, response_m
 
 @dataclass(frozen=True)
 class PolicyGradientLoss:
-    """A per-token policy-gradient loss. ``inputs``: what :meth:`per_token` reads (its keyword arguments and
-    clip range), for the error of a call without them; ``settings``: the GRPOConfig fields it is built from."""
+    """A per-token policy-gradient loss. ``inputs``: the keys :meth:`per_token` reads (and "cliprange" where
+    it clips), for the handout interface's error when one is missing; ``settings``: the GRPOConfig fields it is
+    built from."""
 
     needs_old_log_probs: ClassVar[bool] = False
     metrics: ClassVar[tuple[str, ...]] = ()
@@ -140,7 +141,7 @@ def loss_class(loss_type: str) -> type[PolicyGradientLoss]:
     return POLICY_GRADIENT_LOSSES[loss_type]
 
 
-def from_settings(settings: Any) -> PolicyGradientLoss:
+def policy_gradient_loss(settings: Any) -> PolicyGradientLoss:
     """The loss of a GRPO config (its ``loss_type`` and the clip ranges that loss reads)."""
     return loss_class(settings.loss_type).from_settings(settings)
 
