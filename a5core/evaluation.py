@@ -41,7 +41,11 @@ def grade_completions(
     """One record per completion: id, sample index, prompt, response, ground truth, rewards, length."""
     if not len(problems) == len(prompts) == len(completions):
         raise ValueError(f"{len(problems)} problems, {len(prompts)} prompts, {len(completions)} completion lists")
-    flat = [(p, prompt, i, c) for p, prompt, cs in zip(problems, prompts, completions) for i, c in enumerate(cs)]
+    flat = [
+        (p, prompt, i, c)
+        for p, prompt, cs in zip(problems, prompts, completions, strict=True)
+        for i, c in enumerate(cs)
+    ]
     rewards = grade_batch(reward_fn, [c.text for *_, c in flat], [p.answer for p, *_ in flat])
     return [
         {
@@ -55,7 +59,7 @@ def grade_completions(
             "finish_reason": c.finish_reason,
             "answer": lenient_answer(c.text),
         }
-        for (p, prompt, i, c), reward in zip(flat, rewards)
+        for (p, prompt, i, c), reward in zip(flat, rewards, strict=True)
     ]
 
 
@@ -137,7 +141,7 @@ def case_report(records: Sequence[dict[str, Any]], per_category: int = 3, seed: 
     leniently_correct = answers_equivalent_batch(
         [(lenient_answer(r["response"]), r["ground_truth"]) for r in unformatted]
     )
-    missed = {id(r) for r, ok in zip(unformatted, leniently_correct) if ok}
+    missed = {id(r) for r, ok in zip(unformatted, leniently_correct, strict=True) if ok}
     summary = summarize(records)
     lines = [
         "# Evaluation case analysis",
@@ -264,7 +268,7 @@ def log_generations(
             )
         }
         | {"mean_token_entropy": e}
-        for r, e in zip(sample, entropies)
+        for r, e in zip(sample, entropies, strict=True)
     ]
 
     def mean_length(rs: list[dict[str, Any]]) -> float:

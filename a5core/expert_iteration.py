@@ -70,7 +70,7 @@ STATUS_KEYS = (
 )  # the per-round status line's metrics
 
 
-@defaults(max_seq_len=1536)
+@defaults(learning_rate=1e-5, epochs=1, max_seq_len=1536)
 class EIConfig(
     OptimizerSettings,
     RolloutSamplingFields,
@@ -123,43 +123,23 @@ def expert_iteration(
     rank = distributed.rank_and_world()[0]
     add_adapters(model, config)  # before a resume loads model.pt (the adapters' tensors are in it)
     root = Path(checkpoint_dir) if checkpoint_dir else None
-    state = (
-        read_state(root / "state.json", ("rounds",), f"delete {root} to run Expert Iteration again from round 0")
-        if root and (root / "state.json").is_file()
-        else {"rounds": []}
-    )
-    if state["rounds"]:
-        _load_weights(model, root / "model.pt")
-    history: list[dict[str, float]] = state["rounds"]
     sampler = QuestionSampler(problems, config, pass_rates)
-    if "sampler" in state:
-        sampler.load_state(state["sampler"])
-    if history:
-        logger.info("EI: resuming from %s after round %d of %d", root, len(history), config.n_ei_steps)
+    history = _resume(model, sampler, root, config)
     if not history and evaluate is not None:
         start = evaluate(model, 0)  # the starting policy: step 0 of the curves
         if rank == 0:
             log(start, 0)
+    by_id = {p.unique_id: p for p in problems}
     rounds_bar = progress.bar(desc="EI", total=config.n_ei_steps, initial=len(history), unit="round", leave=True)
     for step in range(len(history), config.n_ei_steps):
         round_dir = root / f"round-{step}" if root else None
-        kept_path = round_dir / "kept.jsonl" if round_dir else None
-        if kept_path is not None and kept_path.is_file():
-            kept = load_sft_traces(kept_path) if kept_path.stat().st_size else []
-            rollouts = read_state(
-                round_dir / "rollouts.json", ("metrics", "outcomes"), f"delete {round_dir} to roll the round out again"
-            )
-            metrics, outcomes = rollouts["metrics"], rollouts["outcomes"]
-        else:
-            kept, metrics, outcomes = _rollout_round(
-                model, tokenizer, engine, sampler, template, reward_fn, config, step
-            )
-            if round_dir is not None and rank == 0:
-                write_jsonl_atomic(kept_path, [asdict(t) for t in kept])
-                write_text_atomic(round_dir / "rollouts.json", json.dumps({"metrics": metrics, "outcomes": outcomes}))
-        by_id = {p.unique_id: p for p in problems}
+        # 1-3. Sample, grade, keep the correct rollouts (or, resumed, the round's kept set as it was saved).
+        kept, metrics, outcomes = _kept_set(
+            model, tokenizer, engine, sampler, template, reward_fn, config, step, round_dir
+        )
         sampler.observe([by_id[uid] for uid in outcomes["questions"]], outcomes["correct"], step + 1)
         metrics.update(sampler.metrics())
+        # 4. Fine-tune on them (the SFT loop's own checkpoint inside the round resumes a killed round).
         if kept:
             final = train_sft(
                 model,
@@ -170,6 +150,7 @@ def expert_iteration(
                 log=lambda m, s, step=step: log({f"sft/{k}": v for k, v in m.items()}, step + 1),
             )
             metrics["sft_loss"] = final.get("loss", float("nan"))
+        # 5. Evaluate and log the round.
         if evaluate is not None:
             metrics.update(evaluate(model, step + 1))
         history.append(metrics)
@@ -183,6 +164,48 @@ def expert_iteration(
                 shutil.rmtree(round_dir / "sft", ignore_errors=True)
     rounds_bar.close()
     return history
+
+
+def _resume(model: torch.nn.Module, sampler: QuestionSampler, root: Path | None, config: EIConfig) -> list[dict]:
+    """The finished rounds' metrics under ``root`` (none: a fresh run), their weights loaded into ``model``
+    and the question sampler's state restored."""
+    state_file = root / "state.json" if root else None
+    if state_file is None or not state_file.is_file():
+        return []
+    state = read_state(state_file, ("rounds",), f"delete {root} to run Expert Iteration again from round 0")
+    if state["rounds"]:
+        _load_weights(model, root / "model.pt")
+        logger.info("EI: resuming from %s after round %d of %d", root, len(state["rounds"]), config.n_ei_steps)
+    if "sampler" in state:
+        sampler.load_state(state["sampler"])
+    return state["rounds"]
+
+
+def _kept_set(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    engine: Engine,
+    sampler: QuestionSampler,
+    template: PromptTemplate,
+    reward_fn: Callable[[str, Any], dict[str, float]],
+    config: EIConfig,
+    step: int,
+    round_dir: Path | None,
+) -> tuple[list[Trace], dict[str, float], dict[str, list]]:
+    """Round ``step``'s kept traces, rollout metrics and outcomes: read back from ``round_dir`` if the round
+    saved them (a resumed round trains on exactly the same data), else sampled now and saved."""
+    kept_path = round_dir / "kept.jsonl" if round_dir else None
+    if kept_path is not None and kept_path.is_file():
+        kept = load_sft_traces(kept_path) if kept_path.stat().st_size else []
+        rollouts = read_state(
+            round_dir / "rollouts.json", ("metrics", "outcomes"), f"delete {round_dir} to roll the round out again"
+        )
+        return kept, rollouts["metrics"], rollouts["outcomes"]
+    kept, metrics, outcomes = _rollout_round(model, tokenizer, engine, sampler, template, reward_fn, config, step)
+    if round_dir is not None and distributed.rank_and_world()[0] == 0:
+        write_jsonl_atomic(kept_path, [asdict(t) for t in kept])
+        write_text_atomic(round_dir / "rollouts.json", json.dumps({"metrics": metrics, "outcomes": outcomes}))
+    return kept, metrics, outcomes
 
 
 def _load_weights(model: torch.nn.Module, path: Path) -> None:

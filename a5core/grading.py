@@ -371,7 +371,7 @@ class SymbolicGrader:
         with self._lock:
             known = {p: self._cache[p] for p in pairs if p in self._cache}
         todo = [p for p in dict.fromkeys(pairs) if p not in known]
-        verdicts = dict(zip(todo, self._run(todo)))
+        verdicts = dict(zip(todo, self._run(todo), strict=True))
         with self._lock:
             if len(self._cache) + len(verdicts) > 200_000:
                 self._cache.clear()
@@ -448,89 +448,22 @@ class SymbolicGrader:
     # -- one call's comparisons
 
     def _run(self, pairs: list[tuple[str, str]]) -> list[bool]:
-        results = [False] * len(pairs)
         if not pairs:
-            return results
-        pending = list(range(len(pairs)))[::-1]
-        mine: list[_Worker] = []  # the workers this call has checked out
-        done = 0
+            return []
         with (
             selectors.DefaultSelector() as selector,
             progress.bar(desc="grade (symbolic)", total=len(pairs), unit="answer") as graded,
         ):
-
-            def hold(workers: list[_Worker]) -> None:
-                for worker in workers:
-                    mine.append(worker)
-                    selector.register(worker.proc.stdout, selectors.EVENT_READ, worker)
-
-            def let_go(worker: _Worker) -> None:
-                mine.remove(worker)
-                selector.unregister(worker.proc.stdout)
-
-            def retire(worker: _Worker) -> None:
-                """Kill it; keep its replacement if there is work left, else return that to the pool."""
-                let_go(worker)
-                fresh = self._replace(worker)
-                if fresh is not None and pending:
-                    hold([fresh])
-                elif fresh is not None:
-                    self._checkin(fresh)
-
+            call = _Call(self, pairs, selector)
             try:
-                while done < len(pairs):
-                    free = sum(w.task is None for w in mine)
-                    if len(pending) > free:  # more workers; wait for one only when holding none
-                        hold(self._checkout(len(pending) - free, wait=not mine))
-                    now = time.monotonic()
-                    for worker in list(mine):
-                        if worker.task is not None:
-                            continue
-                        if not pending or (len(mine) > 1 and self._others_waiting()):
-                            let_go(worker)  # nothing left for it here, or another call has no worker
-                            self._checkin(worker)
-                        elif worker.ready:
-                            i = pending.pop()
-                            try:
-                                worker.send(i, pairs[i], now + self.deadline_s)
-                            except OSError:  # it died while idle
-                                pending.append(i)
-                                retire(worker)
-                    deadlines = [w.task[1] for w in mine if w.task]
-                    wait = max(0.0, min(deadlines) - now) if deadlines else None
-                    for key, _ in selector.select(wait):
-                        worker = key.data
-                        line = worker.proc.stdout.readline()
-                        if worker.ready and worker.task is not None and line:
-                            results[worker.task[0]] = line.strip() == "1"
-                            worker.task = None
-                            done += 1
-                        elif not worker.ready and line.strip() == "ready":
-                            worker.ready = True
-                        elif not worker.ready and (line or self._owns(worker)):
-                            let_go(worker)  # died or spoke nonsense while starting: give up on symbolic grading
-                            self._drop(worker)
-                            raise RuntimeError(f"symbolic grading worker failed to start ({_WORKER_SCRIPT})")
-                        else:  # it died: killed by close(), crashed, out of memory
-                            if worker.task is not None:
-                                worker.task = None
-                                done += 1  # result stays False
-                            retire(worker)
-                    now = time.monotonic()
-                    for worker in list(mine):
-                        if worker.task is not None and worker.task[1] <= now:
-                            worker.task = None
-                            done += 1  # result stays False
-                            retire(worker)
-                    graded.update(done - graded.n)
+                while call.done < len(pairs):
+                    now = call.dispatch()
+                    call.read(now)
+                    call.expire()
+                    graded.update(call.done - graded.n)
             finally:
-                for worker in list(mine):
-                    let_go(worker)
-                    if worker.task is None:
-                        self._checkin(worker)
-                    else:  # interrupted mid-comparison: its answer would reach the worker's next user
-                        self._drop(worker)
-        return results
+                call.release()
+        return call.results
 
     def close(self) -> None:
         """Kill every worker, idle or busy (a call in flight grades its unfinished pairs False and
@@ -549,6 +482,103 @@ class SymbolicGrader:
 
 _default_grader: SymbolicGrader | None = None
 _default_grader_lock = threading.Lock()
+
+
+class _Call:
+    """One :meth:`SymbolicGrader.equal` call's comparisons on the pool's workers: the pairs still pending (popped
+    from the end), the workers it holds (``mine``, each watched by ``selector``), the results and how many are
+    done. A pair whose worker overran its deadline or died stays False."""
+
+    def __init__(self, grader: SymbolicGrader, pairs: list[tuple[str, str]], selector: selectors.BaseSelector):
+        self.grader, self.pairs, self.selector = grader, pairs, selector
+        self.results = [False] * len(pairs)
+        self.pending = list(range(len(pairs)))[::-1]
+        self.mine: list[_Worker] = []
+        self.done = 0
+
+    def hold(self, workers: list[_Worker]) -> None:
+        for worker in workers:
+            self.mine.append(worker)
+            self.selector.register(worker.proc.stdout, selectors.EVENT_READ, worker)
+
+    def let_go(self, worker: _Worker) -> None:
+        self.mine.remove(worker)
+        self.selector.unregister(worker.proc.stdout)
+
+    def retire(self, worker: _Worker) -> None:
+        """Kill it; keep its replacement if there is work left, else return that to the pool."""
+        self.let_go(worker)
+        fresh = self.grader._replace(worker)
+        if fresh is not None and self.pending:
+            self.hold([fresh])
+        elif fresh is not None:
+            self.grader._checkin(fresh)
+
+    def dispatch(self) -> float:
+        """Take more workers while pairs outnumber free ones (waiting for one only when holding none), give
+        each ready idle worker a pair, return the ones with nothing left (or that another call needs); the time."""
+        free = sum(w.task is None for w in self.mine)
+        if len(self.pending) > free:
+            self.hold(self.grader._checkout(len(self.pending) - free, wait=not self.mine))
+        now = time.monotonic()
+        for worker in list(self.mine):
+            if worker.task is not None:
+                continue
+            if not self.pending or (len(self.mine) > 1 and self.grader._others_waiting()):
+                self.let_go(worker)  # nothing left for it here, or another call has no worker
+                self.grader._checkin(worker)
+            elif worker.ready:
+                i = self.pending.pop()
+                try:
+                    worker.send(i, self.pairs[i], now + self.grader.deadline_s)
+                except OSError:  # it died while idle
+                    self.pending.append(i)
+                    self.retire(worker)
+        return now
+
+    def read(self, now: float) -> None:
+        """Read what the workers said, waiting at most until the nearest deadline."""
+        deadlines = [w.task[1] for w in self.mine if w.task]
+        wait = max(0.0, min(deadlines) - now) if deadlines else None
+        for key, _ in self.selector.select(wait):
+            self.heard(key.data, key.data.proc.stdout.readline())
+
+    def heard(self, worker: _Worker, line: str) -> None:
+        """A line from ``worker``: an answer, its start-up greeting, or (empty) its death."""
+        if worker.ready and worker.task is not None and line:
+            self.results[worker.task[0]] = line.strip() == "1"
+            worker.task = None
+            self.done += 1
+        elif not worker.ready and line.strip() == "ready":
+            worker.ready = True
+        elif not worker.ready and (line or self.grader._owns(worker)):
+            self.let_go(worker)  # died or spoke nonsense while starting: give up on symbolic grading
+            self.grader._drop(worker)
+            raise RuntimeError(f"symbolic grading worker failed to start ({_WORKER_SCRIPT})")
+        else:  # it died: killed by close(), crashed, out of memory
+            if worker.task is not None:
+                worker.task = None
+                self.done += 1  # result stays False
+            self.retire(worker)
+
+    def expire(self) -> None:
+        """Retire the workers past their pair's deadline (the pair stays False)."""
+        now = time.monotonic()
+        for worker in list(self.mine):
+            if worker.task is not None and worker.task[1] <= now:
+                worker.task = None
+                self.done += 1  # result stays False
+                self.retire(worker)
+
+    def release(self) -> None:
+        """Return the idle workers this call holds; kill a busy one (interrupted mid-comparison: its answer
+        would reach the worker's next user)."""
+        for worker in list(self.mine):
+            self.let_go(worker)
+            if worker.task is None:
+                self.grader._checkin(worker)
+            else:
+                self.grader._drop(worker)
 
 
 def default_grader() -> SymbolicGrader:
@@ -594,11 +624,13 @@ def answers_equivalent_batch(
             results[i] = True
         else:
             symbolic.extend(
-                (i, (_light_cleanup(prediction), _light_cleanup(t))) for t, v in zip(truths, verdicts) if v is None
+                (i, (_light_cleanup(prediction), _light_cleanup(t)))
+                for t, v in zip(truths, verdicts, strict=True)
+                if v is None
             )
     if symbolic:
         verdicts = (grader or default_grader()).equal([pair for _, pair in symbolic])
-        for (i, _), verdict in zip(symbolic, verdicts):
+        for (i, _), verdict in zip(symbolic, verdicts, strict=True):
             results[i] = results[i] or verdict
     return results
 
@@ -635,10 +667,10 @@ class AnswerRewardFn:
             raise ValueError(f"{len(responses)} responses but {len(ground_truths)} ground truths")
         extracted = [self.extract(r) for r in responses]
         correct = answers_equivalent_batch(
-            [(answer, truth) for (_, answer), truth in zip(extracted, ground_truths)], grader
+            [(answer, truth) for (_, answer), truth in zip(extracted, ground_truths, strict=True)], grader
         )
         rewards = []
-        for (formatted, _), ok in zip(extracted, correct):
+        for (formatted, _), ok in zip(extracted, correct, strict=True):
             answer_reward = float(formatted and ok)
             rewards.append({"format_reward": float(formatted), "answer_reward": answer_reward, "reward": answer_reward})
         return rewards
@@ -657,5 +689,7 @@ def grade_batch(
     """Grade many responses: in parallel for an AnswerRewardFn, one by one for any other callable."""
     if isinstance(reward_fn, AnswerRewardFn):
         return reward_fn.batch(responses, ground_truths)  # its symbolic comparisons show a bar
-    pairs = progress.bar(zip(responses, ground_truths), desc="grade", total=len(responses), unit="response")
+    pairs = progress.bar(
+        zip(responses, ground_truths, strict=True), desc="grade", total=len(responses), unit="response"
+    )
     return [reward_fn(r, t) for r, t in pairs]

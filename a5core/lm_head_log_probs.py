@@ -65,7 +65,7 @@ class _LinearLogProbs(torch.autograd.Function):
         for start in range(0, hidden.shape[0], chunk_tokens):
             rows = slice(start, start + chunk_tokens)
             pieces.append(forward_chunk(hidden[rows] @ weight.T, labels[rows], with_entropy))
-        log_probs, logsumexp, entropy = (torch.cat(parts) for parts in zip(*pieces))
+        log_probs, logsumexp, entropy = (torch.cat(parts) for parts in zip(*pieces, strict=True))
         ctx.save_for_backward(hidden, weight, labels, logsumexp)
         ctx.chunk_tokens = chunk_tokens
         ctx.mark_non_differentiable(entropy)

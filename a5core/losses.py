@@ -11,9 +11,6 @@ from typing import Any, Literal, get_args
 
 import torch
 
-LossType = Literal["no_baseline", "reinforce_with_baseline", "grpo_clip", "grpo_no_clip", "gspo"]
-LOSS_TYPES: tuple[str, ...] = get_args(LossType)
-RATIO_LOSS_TYPES = ("grpo_clip", "grpo_no_clip", "gspo")  # losses that need the old policy's log-probs
 # Per-sequence mean over response tokens, their sum over a constant, or (DAPO) every response token of the
 # train batch weighted alike (see docs/length_normalization.md).
 LengthNormalization = Literal["masked_mean", "masked_normalize", "token_mean"]
@@ -217,7 +214,7 @@ def compute_policy_gradient_loss(
     cliprange_high: float | None = None,
     response_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Dispatch to the per-token loss of ``loss_type``.
+    """The handout's dispatcher: the per-token loss of ``loss_type`` (a loss of :mod:`a5core.pg_losses`).
 
     policy_log_probs: (B, T); raw_rewards, advantages: (B, 1); old_log_probs, response_mask: (B, T) →
     loss (B, T). ``no_baseline`` needs raw_rewards; ``reinforce_with_baseline`` needs advantages;
@@ -226,25 +223,17 @@ def compute_policy_gradient_loss(
     response_mask and cliprange (its own, far smaller than grpo_clip's; cliprange_high optional).
     A missing argument raises ValueError naming it.
     """
+    from a5core.pg_losses import loss_class  # the losses are built on this module's functions
 
-    def need(**arguments: Any) -> None:
-        missing = [name for name, value in arguments.items() if value is None]
-        if missing:
-            raise ValueError(f"loss_type {loss_type!r} needs {', '.join(missing)}")
-
-    if loss_type == "no_baseline":
-        need(raw_rewards=raw_rewards)
-        return compute_naive_policy_gradient_loss(raw_rewards, policy_log_probs), {}
-    if loss_type == "reinforce_with_baseline":
-        need(advantages=advantages)
-        return compute_naive_policy_gradient_loss(advantages, policy_log_probs), {}
-    if loss_type == "grpo_clip":
-        need(advantages=advantages, old_log_probs=old_log_probs, cliprange=cliprange)
-        return compute_grpo_clip_loss(advantages, policy_log_probs, old_log_probs, cliprange, cliprange_high)
-    if loss_type == "grpo_no_clip":
-        need(advantages=advantages, old_log_probs=old_log_probs)
-        return compute_grpo_no_clip_loss(advantages, policy_log_probs, old_log_probs)
-    if loss_type == "gspo":
-        need(advantages=advantages, old_log_probs=old_log_probs, response_mask=response_mask, cliprange=cliprange)
-        return compute_gspo_loss(advantages, policy_log_probs, old_log_probs, response_mask, cliprange, cliprange_high)
-    raise ValueError(f"unknown loss_type {loss_type!r}; expected one of {', '.join(LOSS_TYPES)}")
+    loss = loss_class(loss_type)
+    given = dict(
+        raw_rewards=raw_rewards,
+        advantages=advantages,
+        old_log_probs=old_log_probs,
+        response_mask=response_mask,
+        cliprange=cliprange,
+    )
+    missing = [name for name in loss.inputs if given[name] is None]
+    if missing:
+        raise ValueError(f"loss_type {loss_type!r} needs {', '.join(missing)}")
+    return loss.with_clip_range(cliprange, cliprange_high).per_token(policy_log_probs, given)

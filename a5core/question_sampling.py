@@ -99,13 +99,13 @@ class QuestionSampler:
         table every ``difficulty_refresh_every`` steps; moves the curriculum on."""
         group = len(correct) // max(len(questions), 1)
         shares = [sum(correct[i * group : (i + 1) * group]) / group for i in range(len(questions))]
-        self.pending.update({q.unique_id: share for q, share in zip(questions, shares)})
+        self.pending.update({q.unique_id: share for q, share in zip(questions, shares, strict=True)})
         every = self.settings.difficulty_refresh_every
         if every and step % every == 0:
             self.rates.update(self.pending)
             self.pending.clear()
         if self.settings.question_sampling == "curriculum" and self.level != self.levels[-1]:
-            at_level = [s for q, s in zip(questions, shares) if q.level == self.level]
+            at_level = [s for q, s in zip(questions, shares, strict=True) if q.level == self.level]
             if at_level and sum(at_level) / len(at_level) >= self.settings.curriculum_threshold:
                 self.level = self.levels[self.levels.index(self.level) + 1]
 
@@ -148,7 +148,7 @@ def pass_rate_table(problems: Sequence[Problem], correct: Sequence[Sequence[floa
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(TABLE_COLUMNS)
-    for problem, samples in zip(problems, correct):
+    for problem, samples in zip(problems, correct, strict=True):
         rate = sum(samples) / len(samples)
         writer.writerow([problem.unique_id, problem.level or "", len(samples), int(sum(samples)), f"{rate:.6g}"])
     return out.getvalue()

@@ -2,11 +2,16 @@
 
 Each loop takes one frozen settings model (:class:`a5core.sft.SFTConfig`, :class:`a5core.expert_iteration.EIConfig`,
 :class:`a5core.grpo.GRPOConfig`), composed from the groups below, so that a setting two loops share (the
-learning rate, the sampling temperature) has one declaration: its type, constraints, description and
-default. The flows' parameter models (``flows/params.py``) compose the same groups with the pipeline's own
-(engine, data, tracking), so the command lines, the Prefect UI's forms and ``params.yaml``'s validation all
-derive from these declarations. Where a loop or flow wants another default for a shared setting, it says so
-with :func:`defaults` (:func:`override_defaults`), which changes the default and nothing else.
+learning rate, the sampling temperature) has one declaration: its type, constraints and description. The
+flows' parameter models (``flows/params.py``) compose the same groups with the pipeline's own (engine, data,
+tracking), so the command lines, the Prefect UI's forms and ``params.yaml``'s validation all derive from
+these declarations.
+
+Each setting has one default. A group gives it where every loop agrees (the sampling temperature); where the
+loops differ (the learning rate: 2e-5 for SFT, 1e-5 for EI and GRPO), the group gives none and each loop's
+config states its own with :func:`defaults` (:func:`override_defaults`), on the config's class. A flow with a
+purpose of its own (the leaderboard's tuned recipe) may restate a loop's default the same way, once; a
+restatement of the value it replaces is refused.
 """
 
 from __future__ import annotations
@@ -53,6 +58,9 @@ def override_defaults(model: Model, /, **defaults: Any) -> Model:
     unknown = set(defaults) - set(model.model_fields)
     if unknown:
         raise TypeError(f"{model.__name__} has no field(s) {', '.join(sorted(unknown))}")
+    same = [name for name, value in defaults.items() if model.model_fields[name].default == value]
+    if same:
+        raise TypeError(f"{model.__name__} already has these defaults for {', '.join(sorted(same))}: one place each")
     fields = {
         name: (
             model.model_fields[name].annotation,
@@ -72,9 +80,9 @@ def defaults(**values: Any) -> Any:
 
 
 class OptimizerSettings(Settings):
-    """AdamW and gradient clipping."""
+    """AdamW and gradient clipping (the learning rate's default: each loop's)."""
 
-    learning_rate: float = Field(1e-5, gt=0, allow_inf_nan=False, description="AdamW learning rate")
+    learning_rate: float = Field(gt=0, allow_inf_nan=False, description="AdamW learning rate")
     weight_decay: float = Field(0.0, ge=0, allow_inf_nan=False, description="AdamW weight decay")
     beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1")
     beta2: float = Field(0.95, ge=0, lt=1, description="AdamW beta2")
@@ -122,11 +130,18 @@ class SpeedSettings(Settings):
 HOW_FAST_FIELDS = ("compile_layers", "fsdp_reshard_after_forward", "max_tokens_per_microbatch")
 
 
+# The engines' own sampling defaults (a5core.rollout.SamplingSettings): the settings that pass a value straight
+# to an engine take their default from here, so the two cannot disagree.
+ENGINE_SAMPLING = SamplingSettings()
+
+
 class SamplingFields(Settings):
     """How responses are sampled (the stop strings come with the prompt template)."""
 
-    temperature: float = Field(1.0, ge=0, allow_inf_nan=False, description="sampling temperature (0: greedy)")
-    max_tokens: int = Field(1024, ge=1, description="response cap")
+    temperature: float = Field(
+        ENGINE_SAMPLING.temperature, ge=0, allow_inf_nan=False, description="sampling temperature (0: greedy)"
+    )
+    max_tokens: int = Field(ENGINE_SAMPLING.max_tokens, ge=1, description="response cap")
 
     def sampling(self, stop: Sequence[str], **overrides: Any) -> SamplingSettings:
         """These settings as SamplingSettings, with the prompt template's ``stop`` strings (and ``n``, ``seed``
@@ -153,12 +168,12 @@ class RolloutSamplingFields(SamplingFields):
 
 
 class SFTBatchSettings(Settings):
-    """What one SFT optimizer step takes."""
+    """What one SFT optimizer step takes (epochs and max_seq_len: each loop's default)."""
 
     batch_size: int = Field(32, ge=1, description="sequences per optimizer step")
     microbatch_size: int = Field(2, ge=1, description="sequences per forward/backward (per rank)")
-    epochs: int = Field(1, ge=1, description="passes over the examples")
-    max_seq_len: int = Field(1024, ge=2, description="prompt + response tokens; longer sequences lose their end")
+    epochs: int = Field(ge=1, description="passes over the examples")
+    max_seq_len: int = Field(ge=2, description="prompt + response tokens; longer sequences lose their end")
 
     @model_validator(mode="after")
     def _whole_microbatches(self) -> "SFTBatchSettings":
@@ -170,14 +185,14 @@ class SFTBatchSettings(Settings):
 
 
 class PeriodicSettings(Settings):
-    """How often a run evaluates and checkpoints (0: only at the end)."""
+    """How often a run evaluates and checkpoints (0: only at the end; checkpoint_every: each loop's default)."""
 
     eval_every: int = Field(
         10,
         ge=0,
         description="optimizer steps between validations, after one of the starting model (0: only at the end)",
     )
-    checkpoint_every: int = Field(10, ge=0, description="optimizer steps between checkpoints (0: only at the end)")
+    checkpoint_every: int = Field(ge=0, description="optimizer steps between checkpoints (0: only at the end)")
 
 
 class SeedSettings(Settings):

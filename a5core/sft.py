@@ -2,9 +2,51 @@
 
 ``train_sft(model, tokenizer, traces, SFTConfig(...), evaluate=..., log=...)`` is one plain loop: no
 trainer class, metrics leave through ``log(metrics, step)``, weights reach an inference engine through
-the caller's ``evaluate(model, step)``. The loop's docstring explains the algorithm's choices; the
-checkpoint layout is :mod:`a5core.checkpoint`'s. Under torchrun it trains on several GPUs with FSDP2
-(see :mod:`a5core.distributed` and the loop's docstring).
+the caller's ``evaluate(model, step)``. :func:`sft_step` is one optimizer step, top to bottom.
+
+The objective is the handout's: for each sequence, the summed log-probability of its response tokens
+divided by ``normalize_constant``; the loss of a step is minus its mean over the step's sequences. Prompt
+and padding tokens carry no loss.
+
+Data order: epoch ``e`` walks the examples in the permutation drawn by a ``torch.Generator`` seeded with
+``seed + e``, ``batch_size`` at a time. The last batch of an epoch keeps the remainder when
+``len(examples)`` is not a multiple of ``batch_size`` (each epoch draws a new permutation, so no example
+is dropped; a set smaller than one batch still trains); that step averages over its smaller batch. One
+epoch is therefore ``ceil(n / batch_size)`` optimizer steps, and the run ``epochs`` of them, or
+``max_steps`` if that is fewer.
+
+A step: the batch is cut into micro-batches of ``microbatch_size`` (or by ``max_tokens_per_microbatch``);
+each is tokenised on its own (so padding only reaches its longest member), cut to ``max_seq_len`` tokens,
+run forward (under bf16 autocast when the model is on CUDA; the model's own dtype is the caller's choice)
+and back-propagated through :func:`a5core.policy.sft_microbatch_train_step`, whose divisor makes the
+accumulated gradient the gradient of the batch mean. Then the gradient norm is clipped to ``grad_clip``
+and AdamW (fused on CUDA) steps at the scheduled learning rate (see :func:`lr_multiplier`). A NaN/inf loss
+or gradient norm raises :class:`NonFiniteLossError` naming the step *before* the update: the weights stay
+those of the previous step and no checkpoint is written from them.
+
+Each step calls ``log`` with ``loss`` (per-sequence mean, not scaled for accumulation), ``token_nll``
+(mean negative log-prob per response token), ``lr`` (the rate the step used), ``grad_norm`` (before
+clipping), ``tokens`` (response tokens trained on), ``truncated`` (sequences cut by ``max_seq_len``) and
+``epoch`` (epochs done, fractional). ``evaluate(model, step)`` runs every ``eval_every`` steps and after the
+last one, with the model in eval mode; what it returns is merged, as named, into that step's metrics. With
+``eval_every`` set, a run that starts fresh also evaluates the starting model, logged at step 0 (the first
+point of every curve, the "before" of the run). The returned dict is the last step's metrics (with the
+final evaluation) plus ``step``.
+
+Checkpoints (``checkpoint_dir``; layout in :mod:`a5core.checkpoint`): ``latest/`` holds weights, optimizer,
+scheduler, RNG states and the data position, every ``checkpoint_every`` steps and after the last. A run
+whose checkpoint exists resumes from it exactly, and refuses (:class:`CheckpointMismatchError`) if it was
+written with another config or other examples. A finished checkpoint is not trained again: its final
+weights are loaded into ``model`` and its final metrics returned.
+
+Several ranks (torchrun; the caller has called :func:`a5core.distributed.init_from_env` before loading the
+model): ``model`` is FSDP2-sharded in place (and stays so). Rank r takes sequences r, r + N, … of each
+batch, ``microbatch_size`` at a time (so ``microbatch_size`` is per rank), and each micro-batch's loss is
+divided by the batch's global number of sequences: the update is the one process's, whatever N and
+``microbatch_size``. The metrics are the whole batch's (reduced over ranks) and the same on every rank;
+only rank 0 calls ``log``; every rank calls ``evaluate`` with the sharded model (push it to an engine with
+:func:`a5core.distributed.full_weights`) and gets the same return value. Checkpoints are written whole by
+rank 0 and resume on any number of ranks.
 """
 
 from __future__ import annotations
@@ -15,6 +57,7 @@ import math
 import os
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -59,7 +102,7 @@ STATUS_KEYS = ("loss", "token_nll", "lr", "grad_norm", "val_accuracy")  # the pe
 UNFINGERPRINTED_FIELDS = ("checkpoint_every", "eval_every", *HOW_FAST_FIELDS)
 
 
-@defaults(learning_rate=2e-5, epochs=2, checkpoint_every=20)
+@defaults(learning_rate=2e-5, epochs=2, max_seq_len=1024, checkpoint_every=20)
 class SFTConfig(OptimizerSettings, SFTBatchSettings, LoRASettings, SpeedSettings, PeriodicSettings, SeedSettings):
     """Settings of one SFT run; invalid values raise ``ValueError`` naming the field.
 
@@ -100,6 +143,26 @@ def lr_multiplier(step: int, warmup_steps: int, total_steps: int, schedule: str)
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+@dataclass
+class _Run:
+    """What every step of a run uses: the settings, the policy, its optimizer and schedule, the examples."""
+
+    config: SFTConfig
+    model: torch.nn.Module
+    tokenizer: Any
+    examples: list[Trace]
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    params: list[torch.nn.Parameter]
+    device: torch.device
+    autocast: contextlib.AbstractContextManager
+    positions: list[int] | None  # under a token budget: each example's trained positions
+    total_steps: int
+    checkpoint: Path | None
+    last_shape: tuple[int, ...] | None = None  # the latest micro-batch's (rows, positions)
+    guard: DivergenceGuard = field(default_factory=lambda: DivergenceGuard(fixed_scale=True))
+
+
 def train_sft(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -110,64 +173,146 @@ def train_sft(
     evaluate: Callable[[torch.nn.Module, int], dict[str, float]] | None = None,
     log: Callable[[dict[str, float], int], None] = lambda metrics, step: None,
 ) -> dict[str, float]:
-    """Fine-tune ``model`` in place on ``(trace.prompt, trace.response)`` pairs; return the last metrics.
-
-    The objective is the handout's: for each sequence, the summed log-probability of its response
-    tokens divided by ``normalize_constant``; the loss of a step is minus its mean over the step's
-    sequences. Prompt and padding tokens carry no loss.
-
-    Data order: epoch ``e`` walks the examples in the permutation drawn by a ``torch.Generator``
-    seeded with ``seed + e``, ``batch_size`` at a time. The last batch of an epoch keeps the
-    remainder when ``len(examples)`` is not a multiple of ``batch_size`` (each epoch draws a new
-    permutation, so no example is dropped; a set smaller than one batch still trains); that step
-    averages over its smaller batch. One epoch is therefore ``ceil(n / batch_size)`` optimizer steps,
-    and the run ``epochs`` of them, or ``max_steps`` if that is fewer.
-
-    A step: the batch is cut into micro-batches of ``microbatch_size``; each is tokenised on its own
-    (so padding only reaches its longest member), cut to ``max_seq_len`` tokens, run forward (under
-    bf16 autocast when the model is on CUDA; the model's own dtype is the caller's choice) and
-    back-propagated through ``sft_microbatch_train_step``, whose divisor makes the accumulated
-    gradient the gradient of the batch mean. Then the gradient norm is clipped to ``grad_clip`` and
-    AdamW (fused on CUDA) steps at the scheduled learning rate (see :func:`lr_multiplier`).
-
-    A NaN/inf loss or gradient norm raises :class:`NonFiniteLossError` naming the step *before* the
-    update: the weights stay those of the previous step and no checkpoint is written from them.
-
-    Each step calls ``log`` with ``loss`` (per-sequence mean, not scaled for accumulation),
-    ``token_nll`` (mean negative log-prob per response token), ``lr`` (the rate the step used),
-    ``grad_norm`` (before clipping), ``tokens`` (response tokens trained on), ``truncated``
-    (sequences cut by ``max_seq_len``) and ``epoch`` (epochs done, fractional). ``evaluate(model,
-    step)`` runs every ``eval_every`` steps and after the last one, with the model in eval mode; what
-    it returns is merged, as named, into that step's metrics. With ``eval_every`` set, a run that starts
-    fresh also evaluates the starting model, logged at step 0 (the first point of every curve, the
-    "before" of the run). The returned dict is the last step's
-    metrics (with the final evaluation) plus ``step``.
-
-    Checkpoints (``checkpoint_dir``): ``latest/`` holds weights, optimizer, scheduler, RNG states and
-    the data position, every ``checkpoint_every`` steps and after the last. A run whose checkpoint
-    exists resumes from it exactly, and refuses (:class:`CheckpointMismatchError`) if it was written
-    with another config or other examples. A finished checkpoint is not trained again: its final
-    weights are loaded into ``model`` and its final metrics returned.
-
-    Several ranks (torchrun; the caller has called :func:`a5core.distributed.init_from_env` before
-    loading the model): ``model`` is FSDP2-sharded in place (and stays so). Rank r takes sequences r,
-    r + N, … of each batch, ``microbatch_size`` at a time (so ``microbatch_size`` is per rank), and
-    each micro-batch's loss is divided by the batch's global number of sequences: the update is the one
-    process's, whatever N and ``microbatch_size``. The metrics are the whole batch's (reduced over
-    ranks) and the same on every rank; only rank 0 calls ``log``; every rank calls ``evaluate`` with
-    the sharded model (push it to an engine with :func:`a5core.distributed.full_weights`) and gets the
-    same return value. Checkpoints are written whole by rank 0 and resume on any number of ranks.
-    """
+    """Fine-tune ``model`` in place on ``(trace.prompt, trace.response)`` pairs; return the last metrics
+    (with ``step``). The objective, data order, metrics, checkpoints and several ranks: the module docstring."""
     examples = list(examples)
     if not examples:
         raise ValueError("train_sft needs at least one example")
-    n = len(examples)
-    steps_per_epoch = math.ceil(n / config.batch_size)
-    total_steps = steps_per_epoch * config.epochs
-    if config.max_steps is not None:
-        total_steps = min(total_steps, config.max_steps)
+    steps_per_epoch = math.ceil(len(examples) / config.batch_size)
+    total_steps = min(steps_per_epoch * config.epochs, config.max_steps or math.inf)
+    checkpoint = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    run = _setup(model, tokenizer, examples, config, total_steps, checkpoint)
+    fingerprint = run_fingerprint(config, examples)
+    state = _start(run, fingerprint, steps_per_epoch)
+    if state["finished"]:
+        return {**state["metrics"], "step": state["step"]}
+    step, epoch, batch_in_epoch, metrics = state["step"], state["epoch"], state["batch_in_epoch"], state["metrics"]
+    rank = distributed.rank_and_world()[0]
+    was_training = model.training
+    if step == 0 and evaluate is not None and config.eval_every:
+        model.eval()
+        start = evaluate(model, 0)  # the starting model: step 0 of the curves
+        if rank == 0:
+            log(start, 0)
+    model.train()
+    steps_bar = progress.bar(desc="SFT", total=total_steps, initial=step, unit="step", leave=True)
+    while step < total_steps:
+        order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(config.seed + epoch)).tolist()
+        batch = order[batch_in_epoch * config.batch_size : (batch_in_epoch + 1) * config.batch_size]
+        metrics = sft_step(run, batch, step)
+        step, batch_in_epoch = step + 1, batch_in_epoch + 1
+        if batch_in_epoch == steps_per_epoch:
+            epoch, batch_in_epoch = epoch + 1, 0
+        metrics["epoch"] = step / steps_per_epoch
+        if evaluate is not None and (step == total_steps or (config.eval_every and step % config.eval_every == 0)):
+            model.eval()
+            metrics.update(evaluate(model, step))
+            model.train()
+        if rank == 0:
+            log(metrics, step)
+            progress.log_step(logger, "SFT step", step, total_steps, metrics, STATUS_KEYS)
+        steps_bar.update(1)
+        steps_bar.set_postfix(loss=f"{metrics['loss']:.4g}", refresh=False)
+        if checkpoint and (step == total_steps or (config.checkpoint_every and step % config.checkpoint_every == 0)):
+            position = {"step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "total_steps": total_steps}
+            progress_state = {
+                **position,
+                "finished": step == total_steps,
+                "metrics": metrics,
+                "fingerprint": fingerprint,
+            }
+            distributed.save_checkpoint(checkpoint, model, run.optimizer, run.scheduler, progress_state)
+    steps_bar.close()
+    run.optimizer.zero_grad(set_to_none=True)  # free the gradients (a model's worth of memory) for what comes next
+    model.train(was_training)
+    return {**metrics, "step": step}
+
+
+def sft_step(run: _Run, batch_order: list[int], step: int) -> dict[str, float]:
+    """One optimizer step on the examples ``batch_order``: micro-batch losses, back-propagated and
+    accumulated; the gradient norm clipped; AdamW at the scheduled rate. Returns the step's metrics, the
+    whole batch's (summed over ranks)."""
+    config, model, device, world = run.config, run.model, run.device, distributed.rank_and_world()[1]
+    batch = [run.examples[i] for i in batch_order]
+    run.optimizer.zero_grad(set_to_none=True)
+    loss = torch.zeros((), device=device)
+    nll = torch.zeros((), device=device)
+    tokens = torch.zeros((), dtype=torch.long, device=device)
+    truncated = 0
+    budget = config.max_tokens_per_microbatch
+    lengths = None if run.positions is None else [run.positions[i] for i in batch_order]
+    microbatches = distributed.rank_microbatches(range(len(batch)), config.microbatch_size, lengths, budget)
+    count = f"microbatch_size {config.microbatch_size}: lower it"
+    with naming_the_microbatch(f"SFT step {step + 1}", budget, count, lambda: run.last_shape):
+        for index in distributed.accumulating(model, microbatches):
+            micro = [batch[i] for i in index] or batch[:1]  # an empty share still runs a pass (FSDP2), at weight 0
+            input_ids, labels, response_mask, cut = _microbatch(run, micro, live=bool(index))
+            truncated += cut
+            run.last_shape = tuple(input_ids.shape)
+            with run.autocast:
+                log_probs = get_response_log_probs(model, input_ids, labels)["log_probs"]  # (b, T) fp32
+            # Dividing each micro-batch mean by len(batch) / (len(micro) · world) makes the sum over
+            # micro-batches the batch mean (× world: FSDP2 averages the ranks' gradients).
+            micro_loss, meta = sft_microbatch_train_step(
+                log_probs, response_mask, len(batch) / (len(micro) * world), config.normalize_constant
+            )
+            loss += micro_loss / world
+            nll -= (log_probs.detach() * response_mask).sum()
+            tokens += meta["response_tokens"]
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.params, config.grad_clip if config.grad_clip > 0 else math.inf)
+    grad_norm_value = distributed.full_tensor(grad_norm).item()
+    sums = torch.stack(
+        [loss.double(), nll.double(), tokens.double(), torch.tensor(truncated, dtype=torch.float64, device=device)]
+    )
+    loss_value, nll_value, token_count, truncated = distributed.global_sum(sums).tolist()  # the whole batch's
+    if not (math.isfinite(loss_value) and math.isfinite(grad_norm_value)):
+        kept = f"; {run.checkpoint / 'latest'}, if written, still holds the last good step" if run.checkpoint else ""
+        raise NonFiniteLossError(
+            f"SFT step {step + 1} of {run.total_steps}: loss {loss_value}, grad_norm {grad_norm_value}; "
+            f"training stopped before the update{kept}"
+        )
+    run.guard.check(f"SFT step {step + 1} of {run.total_steps}", loss_value, grad_norm_value)
+    lr = run.scheduler.get_last_lr()[0]
+    run.optimizer.step()
+    run.scheduler.step()
+    return {
+        "loss": loss_value,
+        "token_nll": nll_value / max(token_count, 1),
+        "lr": lr,
+        "grad_norm": grad_norm_value,
+        "tokens": token_count,
+        "truncated": truncated,
+    }
+
+
+def _microbatch(run: _Run, micro: list[Trace], live: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """A micro-batch's input_ids, labels, response_mask (b, T) on the device, cut to ``max_seq_len`` tokens
+    (under a token budget padded to a multiple of 64 positions, so compiled layers see few shapes), and how
+    many sequences the cut shortened. Not ``live`` (an empty share's stand-in): no response token."""
+    encoded = tokenize_prompt_and_output([t.prompt for t in micro], [t.response for t in micro], run.tokenizer)
+    if not live:
+        encoded["response_mask"].zero_()
+    keep = run.config.max_seq_len - 1  # positions of (input, label) pairs within max_seq_len tokens
+    cut = int(encoded["response_mask"][:, keep:].any(dim=-1).sum())
+    input_ids, labels, response_mask = (encoded[k][:, :keep] for k in ("input_ids", "labels", "response_mask"))
+    if run.config.max_tokens_per_microbatch is not None:
+        input_ids, labels, response_mask = pad_positions(input_ids, labels, response_mask, pad_id_of(run.tokenizer))
+    input_ids, labels, response_mask = (x.to(run.device) for x in (input_ids, labels, response_mask))
+    return input_ids, labels, response_mask, cut
+
+
+def _setup(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    examples: list[Trace],
+    config: SFTConfig,
+    total_steps: int,
+    checkpoint: Path | None,
+) -> _Run:
+    """The policy made ready to train (LoRA adapters, FSDP2 sharding, AdamW and its schedule, gradient
+    checkpointing, compiled layers)."""
     add_adapters(model, config)
-    rank, world = distributed.setup_model(model, config.fsdp_reshard_after_forward)
+    distributed.setup_model(model, config.fsdp_reshard_after_forward)
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = config.adamw(params)
@@ -179,153 +324,66 @@ def train_sft(
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if config.compile_layers:
         compile_decoder_layers(model, activation_memory_budget=COMPILED_ACTIVATION_BUDGET)
+    budget = config.max_tokens_per_microbatch
+    positions = _positions(examples, tokenizer, config.max_seq_len) if budget is not None else None
+    return _Run(
+        config,
+        model,
+        tokenizer,
+        examples,
+        optimizer,
+        scheduler,
+        params,
+        device,
+        autocast,
+        positions,
+        total_steps,
+        checkpoint,
+    )
 
-    # Start fresh, or resume where the checkpoint left off.
-    fingerprint = run_fingerprint(config, examples)
-    checkpoint = Path(checkpoint_dir) if checkpoint_dir is not None else None
-    state = distributed.load_checkpoint(checkpoint, fingerprint, model, optimizer, scheduler) if checkpoint else None
+
+def _start(run: _Run, fingerprint: dict[str, Any], steps_per_epoch: int) -> dict[str, Any]:
+    """Where the run starts: its checkpoint's position (the weights, optimizer, schedule and RNG states
+    loaded), or step 0 with every RNG seeded."""
+    config, checkpoint = run.config, run.checkpoint
+    state = (
+        distributed.load_checkpoint(checkpoint, fingerprint, run.model, run.optimizer, run.scheduler)
+        if checkpoint
+        else None
+    )
     if state is not None and state["finished"]:
         logger.info("SFT: %s holds a finished run (%d steps); not training again", checkpoint, state["step"])
-        return {**state["metrics"], "step": state["step"]}
+        return state
     if state is None:
-        step, epoch, batch_in_epoch, metrics = 0, 0, 0, {}
+        state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "metrics": {}, "finished": False}
         random.seed(config.seed)
         np.random.seed(config.seed)
         torch.manual_seed(config.seed)  # all devices
     else:
-        step, epoch, batch_in_epoch, metrics = state["step"], state["epoch"], state["batch_in_epoch"], state["metrics"]
-        logger.info("SFT: resuming from %s at step %d (epoch %d, batch %d)", checkpoint, step, epoch, batch_in_epoch)
+        logger.info(
+            "SFT: resuming from %s at step %d (epoch %d, batch %d)",
+            checkpoint,
+            state["step"],
+            state["epoch"],
+            state["batch_in_epoch"],
+        )
     logger.info(
         "SFT: %d examples, %d steps (%d per epoch), batch %d = %d micro-batches of %d",
-        n,
-        total_steps,
+        len(run.examples),
+        run.total_steps,
         steps_per_epoch,
         config.batch_size,
         config.batch_size // config.microbatch_size,
         config.microbatch_size,
     )
-
-    was_training = model.training
-    if state is None and evaluate is not None and config.eval_every:
-        model.eval()
-        start = evaluate(model, 0)  # the starting model: step 0 of the curves
-        if rank == 0:
-            log(start, 0)
-    model.train()
-    order, order_epoch = None, None
-    budget = config.max_tokens_per_microbatch
-    # Under a token budget: each example's trained positions (prompt + response − 1, at most max_seq_len − 1).
-    positions = _positions(examples, tokenizer, config.max_seq_len) if budget is not None else None
-    pad_id = pad_id_of(tokenizer)
-    steps_bar = progress.bar(desc="SFT", total=total_steps, initial=step, unit="step", leave=True)
-    guard = DivergenceGuard(fixed_scale=True)
-    while step < total_steps:
-        if order_epoch != epoch:
-            order = torch.randperm(n, generator=torch.Generator().manual_seed(config.seed + epoch)).tolist()
-            order_epoch = epoch
-        batch_order = order[batch_in_epoch * config.batch_size : (batch_in_epoch + 1) * config.batch_size]
-        batch = [examples[i] for i in batch_order]
-
-        optimizer.zero_grad(set_to_none=True)
-        loss = torch.zeros((), device=device)
-        nll = torch.zeros((), device=device)
-        tokens = torch.zeros((), dtype=torch.long, device=device)
-        truncated = 0
-        batch_positions = None if positions is None else [positions[i] for i in batch_order]
-        microbatches = distributed.rank_microbatches(range(len(batch)), config.microbatch_size, batch_positions, budget)
-        shape = None  # the latest micro-batch's (rows, positions), for an out-of-memory error
-        count = f"microbatch_size {config.microbatch_size}: lower it"
-        with naming_the_microbatch(f"SFT step {step + 1}", budget, count, lambda: shape):
-            for index in distributed.accumulating(model, microbatches):
-                # an empty share still runs a pass (FSDP2), at zero weight
-                micro = [batch[i] for i in index] or batch[:1]
-                encoded = tokenize_prompt_and_output([t.prompt for t in micro], [t.response for t in micro], tokenizer)
-                if not index:
-                    encoded["response_mask"].zero_()
-                keep = config.max_seq_len - 1  # positions of (input, label) pairs within max_seq_len tokens
-                truncated += int(encoded["response_mask"][:, keep:].any(dim=-1).sum())
-                keys = ("input_ids", "labels", "response_mask")
-                input_ids, labels, response_mask = (encoded[k][:, :keep] for k in keys)
-                if budget is not None:  # a multiple of 64 positions: compiled layers see few shapes
-                    input_ids, labels, response_mask = pad_positions(input_ids, labels, response_mask, pad_id)
-                input_ids, labels, response_mask = (x.to(device) for x in (input_ids, labels, response_mask))
-                shape = tuple(input_ids.shape)
-                with autocast:
-                    log_probs = get_response_log_probs(model, input_ids, labels)["log_probs"]  # (b, T) fp32
-                # Dividing each micro-batch mean by len(batch) / (len(micro) · world) makes the sum over
-                # micro-batches the batch mean (× world: FSDP2 averages the ranks' gradients).
-                micro_loss, meta = sft_microbatch_train_step(
-                    log_probs, response_mask, len(batch) / (len(micro) * world), config.normalize_constant
-                )
-                loss += micro_loss / world
-                nll -= (log_probs.detach() * response_mask).sum()
-                tokens += meta["response_tokens"]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip if config.grad_clip > 0 else math.inf)
-        grad_norm_value = distributed.full_tensor(grad_norm).item()
-        sums = torch.stack(
-            [loss.double(), nll.double(), tokens.double(), torch.tensor(truncated, dtype=torch.float64, device=device)]
-        )
-        loss_value, nll_value, token_count, truncated = distributed.global_sum(sums).tolist()  # the whole batch's
-        if not (math.isfinite(loss_value) and math.isfinite(grad_norm_value)):
-            kept = f"; {checkpoint / 'latest'}, if written, still holds the last good step" if checkpoint else ""
-            raise NonFiniteLossError(
-                f"SFT step {step + 1} of {total_steps}: loss {loss_value}, grad_norm {grad_norm_value}; "
-                f"training stopped before the update{kept}"
-            )
-        guard.check(f"SFT step {step + 1} of {total_steps}", loss_value, grad_norm_value)
-        lr = scheduler.get_last_lr()[0]
-        optimizer.step()
-        scheduler.step()
-
-        step += 1
-        batch_in_epoch += 1
-        if batch_in_epoch == steps_per_epoch:
-            epoch, batch_in_epoch = epoch + 1, 0
-        metrics = {
-            "loss": loss_value,
-            "token_nll": nll_value / max(token_count, 1),
-            "lr": lr,
-            "grad_norm": grad_norm_value,
-            "tokens": token_count,
-            "truncated": truncated,
-            "epoch": step / steps_per_epoch,
-        }
-        if evaluate is not None and (step == total_steps or (config.eval_every and step % config.eval_every == 0)):
-            model.eval()
-            metrics.update(evaluate(model, step))
-            model.train()
-        if rank == 0:
-            log(metrics, step)
-            progress.log_step(logger, "SFT step", step, total_steps, metrics, STATUS_KEYS)
-        steps_bar.update(1)
-        steps_bar.set_postfix(loss=f"{loss_value:.4g}", refresh=False)
-        if checkpoint and (step == total_steps or (config.checkpoint_every and step % config.checkpoint_every == 0)):
-            distributed.save_checkpoint(
-                checkpoint,
-                model,
-                optimizer,
-                scheduler,
-                {
-                    "step": step,
-                    "epoch": epoch,
-                    "batch_in_epoch": batch_in_epoch,
-                    "total_steps": total_steps,
-                    "finished": step == total_steps,
-                    "metrics": metrics,
-                    "fingerprint": fingerprint,
-                },
-            )
-    steps_bar.close()
-    optimizer.zero_grad(set_to_none=True)  # free the gradients (a model's worth of memory) for what comes next
-    model.train(was_training)
-    return {**metrics, "step": step}
+    return state
 
 
 def _positions(examples: list[Trace], tokenizer: Any, max_seq_len: int) -> list[int]:
     """Each example's trained positions: prompt + response tokens − 1, cut at ``max_seq_len − 1``."""
     prompts = tokenizer([t.prompt for t in examples], add_special_tokens=False)["input_ids"]
     responses = tokenizer([t.response for t in examples], add_special_tokens=False)["input_ids"]
-    return [min(len(p) + len(r) - 1, max_seq_len - 1) for p, r in zip(prompts, responses)]
+    return [min(len(p) + len(r) - 1, max_seq_len - 1) for p, r in zip(prompts, responses, strict=True)]
 
 
 def run_fingerprint(config: SFTConfig, examples: Sequence[Trace]) -> dict[str, Any]:

@@ -47,15 +47,19 @@ from dataclasses import dataclass, field, replace
 from http.client import HTTPException
 from typing import Any
 
+from pydantic import Field
+
 from a5core import http_post
 from a5core.data import DataError, Problem, Trace, load_sft_traces
 from a5core.grading import extract_boxed, r1_zero_reward_fn
 from a5core.prompts import PromptTemplate
 from a5core.rollout import Completion, SamplingSettings, check_prompts
+from a5core.settings import Settings
 
 __all__ = [
     "OpenAICompletionsTeacher",
     "TeacherError",
+    "TeacherSettings",
     "dedup_traces",
     "distill",
     "filter_correct",
@@ -152,7 +156,7 @@ def distill(
         )
     return [
         Trace(prompt, getattr(c, "text", c), problem.answer)
-        for problem, prompt, group in zip(problems, prompts, groups)
+        for problem, prompt, group in zip(problems, prompts, groups, strict=True)
         for c in group
     ]
 
@@ -168,6 +172,19 @@ REPLY_BYTES_BASE, REPLY_BYTES_PER_ANSWER, REPLY_BYTES_PER_TOKEN = 64 << 10, 4 <<
 
 class TeacherError(RuntimeError):
     """A teacher server could not be reached, kept failing, or answered something unusable."""
+
+
+class TeacherSettings(Settings):
+    """How to reach a served teacher (:class:`OpenAICompletionsTeacher`): its address, patience and batching."""
+
+    base_url: str = Field("http://127.0.0.1:8000/v1", description="teacher: openai; POSTs {base_url}/completions")
+    timeout_s: float = Field(600.0, gt=0, description="teacher: openai; deadline of a whole request, in seconds")
+    max_retries: int = Field(4, ge=0, description="teacher: openai; retries of a failed request")
+    batch_size: int = Field(16, gt=0, description="prompts per request (openai)")
+    concurrency: int = Field(4, gt=0, description="requests in flight (openai)")
+
+
+_SERVED = TeacherSettings()  # the client's defaults are these settings'
 
 
 @dataclass
@@ -207,12 +224,17 @@ class OpenAICompletionsTeacher:
     base_url: str
     model: str
     api_key: str | None = field(default=None, repr=False)
-    timeout_s: float = 600.0
-    max_retries: int = 4
+    timeout_s: float = _SERVED.timeout_s
+    max_retries: int = _SERVED.max_retries
     backoff_s: float = 1.0
-    batch_size: int = 16
-    concurrency: int = 4
+    batch_size: int = _SERVED.batch_size
+    concurrency: int = _SERVED.concurrency
     extra_body: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def served(cls, settings: TeacherSettings, model: str, api_key: str | None = None) -> OpenAICompletionsTeacher:
+        """The client of the teacher ``settings`` describe, serving ``model``."""
+        return cls(model=model, api_key=api_key, **settings.values_of(TeacherSettings))
 
     def __post_init__(self) -> None:
         if not re.match(r"\Ahttps?://[^/\s]+", self.base_url or ""):
@@ -367,7 +389,7 @@ def filter_correct(traces: Sequence[Trace]) -> tuple[list[Trace], dict[str, Any]
     an empty input.
     """
     rewards = r1_zero_reward_fn.batch([t.response for t in traces], [t.ground_truth for t in traces])
-    kept = [t for t, r in zip(traces, rewards) if r["reward"] == 1.0]
+    kept = [t for t, r in zip(traces, rewards, strict=True) if r["reward"] == 1.0]
     n = len(traces)
     return kept, {
         "raw": n,

@@ -1,4 +1,4 @@
-"""One GRPO step with the engine on a GPU of its own: synchronous against one-step-off (issue 21).
+"""One GRPO step with the engine on a GPU of its own: synchronous against one-step-off.
 
 The policy (Qwen2.5-Math-1.5B's architecture at random weights, compiled decoder layers, micro-batches by
 ``--token-budget``) trains on cuda:0; the engine is a RemoteEngine (hf backend) on cuda:1, started from the
@@ -13,7 +13,7 @@ one after the other, on the same engine.
 Reported per depth: the first step (it compiles) apart, then the warm steps' median and maximum, each phase's
 median (``generate`` is the engine's time, in the background at depth 1; ``wait_rollouts`` is how long the
 trainer waited for them), the fraction of generation hidden behind training (1 − wait_rollouts / generate)
-and the warm median against depth 0's. Target (issue 21): depth 1 at ≤ 0.6× the time of depth 0.
+and the warm median against depth 0's. Target: depth 1 at ≤ 0.6× the time of depth 0.
 
     python benchmarks/async_step.py [--model-dir DIR] [--steps 11] [--depths 0 1] [--token-budget 32768]
     python benchmarks/async_step.py --tiny --steps 3      # CPU check: both ends on the CPU (gloo), not recorded

@@ -60,7 +60,7 @@ def profile_loop(args) -> None:
         print(f"== {attention} attention, {decode} decode", flush=True)
         with use_attention(attention), decode_mode(decode) as shrink:
             engine = HFEngine(model, tokenizer, batch_size=args.batch, shrink=shrink)
-            ms = per_step_ms(lambda i: engine.generate(prompts, settings), 1) / args.loop
+            ms = per_step_ms(lambda i, engine=engine: engine.generate(prompts, settings), 1) / args.loop
             print(f"shrink={shrink}: {ms:.2f} ms per new token, prefill included", flush=True)
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
             with profile(activities=activities) as prof:
@@ -68,7 +68,7 @@ def profile_loop(args) -> None:
                 _model.cuda_sync()
             print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25), flush=True)
             profiler = cProfile.Profile()
-            profiler.runcall(lambda: (engine.generate(prompts, settings), _model.cuda_sync()))
+            profiler.runcall(lambda engine=engine: (engine.generate(prompts, settings), _model.cuda_sync()))
             pstats.Stats(profiler).sort_stats("tottime").print_stats(20)
             engine = None
 
@@ -144,7 +144,7 @@ def main() -> None:
     logits = torch.randn(b, model.config.vocab_size, device=device)
     eos = torch.tensor([0], device=device)
     for settings in (SamplingSettings(temperature=1.0), SamplingSettings(temperature=1.0, top_p=0.9)):
-        ms = per_step_ms(lambda i: engine._sample(logits, settings, 10, eos), args.steps)
+        ms = per_step_ms(lambda i, settings=settings: engine._sample(logits, settings, 10, eos), args.steps)
         print(f"sample (top_p {settings.top_p}): {ms:.2f} ms", flush=True)
 
 

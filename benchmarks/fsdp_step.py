@@ -99,7 +99,11 @@ def worker(args: argparse.Namespace) -> dict:
     )
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     peaks = gather_lists([peak])
-    step_s = statistics.median([b - a for a, b in zip(ends, ends[1:])][-args.steps :]) if rank == 0 else float("nan")
+    step_s = (
+        statistics.median([b - a for a, b in zip(ends, ends[1:], strict=False)][-args.steps :])
+        if rank == 0
+        else float("nan")
+    )
     return {"ranks": world, "step_s": step_s, "peak_gib": peaks, "backend": "nccl" if device.type == "cuda" else "gloo"}
 
 

@@ -14,7 +14,7 @@ policy's weights (``--policy-dtypes``): bf16, colocated with the engine (no weig
 default ``policy_dtype`` (bf16 autocast; the engine decodes a bf16 copy, synced each step); and the decode step's
 cache attention (``--attentions``, ``benchmarks/_attention.py``): the engine's ``sdpa``, or the ``matmul`` it replaced.
 The first step compiles (CUDA graph of the decode step; compiled decoder layers) and is reported apart;
-the warm steps' median and maximum are the figures. Targets (issue 17): median ≤ 4.5 s, max ≤ 5.5 s.
+the warm steps' median and maximum are the figures. Targets: median ≤ 4.5 s, max ≤ 5.5 s.
 
     python benchmarks/grpo_step.py [--model-dir DIR] [--steps 11] [--lengths fixed varied]
         [--token-budgets 0 16384 32768] [--count-steps N] [--decodes full shrinking shrinking-static]

@@ -4,7 +4,7 @@ Compares, in one process on one model: the plain transformers path (full logits,
 the baseline), the fused LM-head log-softmax (``a5core.policy.get_response_log_probs``) and the fused head
 with compiled decoder layers (``a5core.policy.compile_decoder_layers``), at several activation-memory
 budgets (torch's partitioner recomputes the cheapest activations in backward) and, optionally, with full
-activation checkpointing. Target (issue 17; issue 7's was ≥ 45k): ≥ 55k tok/s and ≤ 40 GiB peak on one H200.
+activation checkpointing. Target: ≥ 55k tok/s and ≤ 40 GiB peak on one H200.
 ``--profile``: instead, the first compiled setting's step under torch.profiler: its GPU time by kind of kernel
 (GEMMs, attention, Triton-fused element-wise, optimizer, the rest) and the top kernels.
 

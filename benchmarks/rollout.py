@@ -11,7 +11,7 @@ Every sequence runs the full 512 tokens (``min_tokens`` = ``max_tokens``: random
 stop at random), and the stop-string machinery stays on (stop ``</answer>``). Then (``--lengths varied``)
 each row ends at a length drawn log-uniformly between 30 and 512 tokens (``benchmarks/_lengths.py``):
 tokens/s counts the tokens generated. Also checks the compiled loop against the eager one (greedy tokens)
-and the engine's log-probs against the policy's. Targets: ≥ 50k tok/s (issue 17); varied lengths within
+and the engine's log-probs against the policy's. Targets: ≥ 50k tok/s; varied lengths within
 80% of that.
 
     python benchmarks/rollout.py [--model-dir DIR] [--batch 256 --prompt 200 --new 512] [--tiny]
@@ -168,7 +168,7 @@ def main() -> None:
         compiled_out = engine.generate(check, greedy)
         eager_out = HFEngine(model, tokenizer, batch_size=8, compile=False).generate(check, greedy)
         scored = engine.generate(check, SamplingSettings(temperature=1.0, max_tokens=64, seed=1, logprobs=True))
-    same = sum(a[0].token_ids == b[0].token_ids for a, b in zip(compiled_out, eager_out))
+    same = sum(a[0].token_ids == b[0].token_ids for a, b in zip(compiled_out, eager_out, strict=True))
     prompt_ids = tokenizer(check, add_special_tokens=False)["input_ids"]
     packed = pack_prompt_and_output_ids(prompt_ids, [g[0].token_ids for g in scored], tokenizer.pad_token_id or 0)
     with torch.no_grad():

@@ -129,16 +129,16 @@ def rollouts(args) -> None:
                 engine = HFEngine(model, tokenizer, batch_size=args.batch)
                 varied = lambda e=engine: forced_lengths(e, SHORTEST, args.new, seed=1)  # noqa: E731
                 label = "a5 hf engine"
-            _, first = timed(lambda: engine.generate(prompts, sampling))
-            groups, seconds = timed(lambda: engine.generate(prompts, sampling))
+            _, first = timed(lambda e=engine: e.generate(prompts, sampling))
+            groups, seconds = timed(lambda e=engine: e.generate(prompts, sampling))
             assert all(len(group[0].token_ids) == args.new for group in groups)
             fixed = len(prompts) * args.new / seconds
             rows.append([label, "fixed", f"{first:.1f}", f"{seconds:.2f}", f"{fixed:,.0f}", "—"])
             print(rows[-1], flush=True)
             if "varied" in args.lengths:
                 with varied():
-                    timed(lambda: engine.generate(prompts, sampling))  # the shapes they reach compile here
-                    groups, seconds = timed(lambda: engine.generate(prompts, sampling))
+                    timed(lambda e=engine: e.generate(prompts, sampling))  # the shapes they reach compile here
+                    groups, seconds = timed(lambda e=engine: e.generate(prompts, sampling))
                 generated = sum(len(group[0].token_ids) for group in groups)
                 mean = generated / len(groups)
                 speed = generated / seconds

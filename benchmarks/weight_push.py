@@ -62,7 +62,7 @@ def change(model) -> None:
 def log_prob_gap(engine: RemoteEngine, model, tokenizer) -> float:
     """Max |engine log-prob − policy log-prob| over the engine's greedy tokens for ``QUESTIONS``."""
     gap = 0.0
-    for question, (completion,) in zip(QUESTIONS, engine.generate(QUESTIONS, CHECK)):
+    for question, (completion,) in zip(QUESTIONS, engine.generate(QUESTIONS, CHECK), strict=True):
         prompt_ids = tokenizer(question, add_special_tokens=False)["input_ids"]
         ids = torch.tensor([prompt_ids + list(completion.token_ids)], device=model.device)
         policy = get_response_log_probs(model, ids[:, :-1], ids[:, 1:])["log_probs"][0, len(prompt_ids) - 1 :]

@@ -125,7 +125,7 @@ def comparison_rows(runs: list[Any], metrics: list[str]) -> tuple[list[dict[str,
     params = differing_params(runs)
     several_experiments = len({r.info.experiment_id for r in runs}) > 1
     rows = []
-    for label, run in zip(run_labels(runs), runs):
+    for label, run in zip(run_labels(runs), runs, strict=True):
         row: dict[str, Any] = {"run": label, "run_id": run.info.run_id}
         if several_experiments:
             row["experiment_id"] = run.info.experiment_id
@@ -140,7 +140,7 @@ def paired_rows(client: Any, runs: list[Any]) -> list[dict[str, Any]]:
     difference in per-problem accuracy against the first such run (:func:`a5core.sample_metrics.paired_difference`);
     [] when fewer than two runs hold records."""
     scored = []
-    for label, run in zip(run_labels(runs), runs):
+    for label, run in zip(run_labels(runs), runs, strict=True):
         records = run_records(client, run)
         if records:
             scored.append((label, problem_scores(records)))

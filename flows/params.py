@@ -22,8 +22,16 @@ from a5core.grpo import GRPOConfig
 from a5core.problem_sets import GRADER_PROMPTS, RewardName
 from a5core.prompts import PromptTemplate, builtin_prompt_names
 from a5core.rollout import BACKENDS, DTYPES, SamplingSettings
-from a5core.settings import RolloutSamplingFields, SamplingFields, Settings, defaults
+from a5core.settings import (
+    ENGINE_SAMPLING,
+    HOW_FAST_FIELDS,
+    RolloutSamplingFields,
+    SamplingFields,
+    Settings,
+    defaults,
+)
 from a5core.sft import SFTConfig
+from a5core.sft_data import TeacherSettings
 from flows.ablations import AblationName
 from tasks.engines import parse_engine_devices
 from tasks.outputs import check_output_dir, check_output_file, git_tracked, output_kind
@@ -140,12 +148,13 @@ class PromptSettings(Prompt):
 
 class Generation(ModelChoice, SamplingFields):
     """How an evaluation or a teacher samples: the model, and n samples a problem (the stop strings: the
-    prompt's, unless ``stop`` says otherwise)."""
+    prompt's, unless ``stop`` says otherwise; the seed: 0, reproducible). What is passed to the engine as it is
+    starts from the engine's own default (:data:`a5core.settings.ENGINE_SAMPLING`)."""
 
     dtype: EngineDtype = Field("auto", description="engine dtype: auto (bf16 on GPU, fp32 on CPU), bfloat16, float32")
     limit: int | None = Field(None, ge=1, description="only the first N problems")
-    n: int = Field(1, ge=1, description="samples per problem")
-    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling")
+    n: int = Field(ENGINE_SAMPLING.n, ge=1, description="samples per problem")
+    top_p: float = Field(ENGINE_SAMPLING.top_p, gt=0, le=1, description="nucleus sampling")
     stop: list[str] | None = Field(None, description="stop strings, kept in the response (None: the prompt's)")
     seed: int | None = Field(0, description="sampling seed")
 
@@ -214,6 +223,21 @@ class Outputs(OutputDir, MetricsFile, Experiment, TrackingStore):
     """Where a run's files, metrics file and MLflow run go."""
 
 
+# Where a run's files and MLflow records go, where its engine and children run and how fast a step runs: not
+# what a run computes. params.yaml leaves these to the flows' defaults (dvc.yaml names the outputs); a profile
+# for a machine may set them. Every other field of a flow is listed in its params.yaml section.
+PLACEMENT_FIELDS = frozenset(
+    {
+        *Outputs.model_fields,
+        *MLflowLogging.model_fields,
+        *ChildRunner.model_fields,
+        *HOW_FAST_FIELDS,
+        "engine_memory_fraction",
+        "engine_device",
+    }
+)
+
+
 # --------------------------------------------------------------------------------------- the flows
 
 
@@ -257,8 +281,9 @@ class DifficultyParams(Generation, RolloutSamplingFields, PromptSettings, TrainD
 
 
 @defaults(model="Qwen/Qwen2.5-Math-7B", n=4)
-class DistillParams(Generation):
-    """Distillation from a teacher (``flows.sft_data distill``): a served model or a local engine."""
+class DistillParams(Generation, TeacherSettings):
+    """Distillation from a teacher (``flows.sft_data distill``): a served model (how to reach it:
+    :class:`a5core.sft_data.TeacherSettings`) or a local engine."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -266,12 +291,7 @@ class DistillParams(Generation):
     teacher: Literal["openai", "engine"] = Field(
         "openai", description="openai: a /v1/completions server; engine: make_engine"
     )
-    base_url: str = Field("http://127.0.0.1:8000/v1", description="teacher: openai; POSTs {base_url}/completions")
     api_key_env: str | None = Field(None, description="name of the environment variable holding the API key")
-    timeout_s: float = Field(600.0, gt=0, description="teacher: openai; deadline of a whole request, in seconds")
-    max_retries: int = Field(4, ge=0, description="teacher: openai; retries of a failed request")
-    batch_size: int = Field(16, gt=0, description="prompts per request (openai)")
-    concurrency: int = Field(4, gt=0, description="requests in flight (openai)")
     problems: str = Field("../shared/data/math/train.jsonl", description="MATH problems to distill")
 
 
@@ -309,9 +329,10 @@ class EIParams(EIConfig, EngineSettings, TrainProblems, Validation, PromptSettin
     sweep_questions_per_step: list[int] = Field([512, 1024, 2048], min_length=1, description="D_b values of the sweep")
 
 
-@defaults(output_dir="outputs/grpo", metrics_path="metrics/grpo.json", experiment="grpo", val_subset=1024)
-class GRPOParams(GRPOConfig, EngineSettings, TrainProblems, Validation, PromptSettings, ChildRunner, Outputs):
-    """One GRPO run or (``ablation``) an A5 ablation (flow ``grpo`` and the ablation flows)."""
+class GRPORunParams(GRPOConfig, EngineSettings, TrainProblems, Validation, PromptSettings, Outputs):
+    """One GRPO run: the loop's settings (:class:`a5core.grpo.GRPOConfig`) and the pipeline's (the engine, the
+    problems, validation, the prompt, where outputs go). The grpo flow adds its ablations; the leaderboard its
+    budget and rules."""
 
     engine_device: str | None = Field(
         None,
@@ -319,6 +340,19 @@ class GRPOParams(GRPOConfig, EngineSettings, TrainProblems, Validation, PromptSe
         "(cuda:1, cpu): in a process of its own there, weights pushed over NCCL/gloo; "
         "under torchrun one device per rank, comma-separated (cuda:4,cuda:5)",
     )
+
+    @field_validator("engine_device")
+    @classmethod
+    def _devices(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_engine_devices(value)
+        return value
+
+
+@defaults(output_dir="outputs/grpo", metrics_path="metrics/grpo.json", experiment="grpo", val_subset=1024)
+class GRPOParams(GRPORunParams, ChildRunner):
+    """One GRPO run or (``ablation``) an A5 ablation (flow ``grpo`` and the ablation flows)."""
+
     ablation: AblationName | None = Field(None, description="run this ablation instead of one run")
     sweep_learning_rates: list[float] = Field([3e-6, 1e-5, 3e-5, 1e-4], min_length=1, description="grpo_lr_sweep")
     sweep_epochs_per_rollout_batch: list[int] = Field([2, 4], min_length=1, description="grpo_off_policy_sweep")
@@ -327,12 +361,8 @@ class GRPOParams(GRPOConfig, EngineSettings, TrainProblems, Validation, PromptSe
     clip_train_batch_size: int = Field(128, ge=1, description="grpo_clip_ablation's off-policy setting")
     sweep_kl_coefs: list[PositiveFloat] = Field([0.001, 0.01], description="grpo_kl_ablation's KL coefficients")
 
-    @field_validator("engine_device")
-    @classmethod
-    def _devices(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_engine_devices(value)
-        return value
+
+_SFT = SFTConfig()  # the leaderboard's SFT phase starts from the SFT loop's defaults
 
 
 @defaults(
@@ -344,9 +374,10 @@ class GRPOParams(GRPOConfig, EngineSettings, TrainProblems, Validation, PromptSe
     n_grpo_steps=100_000,
     val_subset=512,
 )
-class LeaderboardParams(GRPOParams):
+class LeaderboardParams(GRPORunParams):
     """The leaderboard run (flow ``leaderboard``): GRPO within a wall-clock budget, an optional SFT phase
-    first, scored by the A5 rules. Its defaults follow the public leaderboard's best entries."""
+    first, scored by the A5 rules. Its GRPO defaults that differ from the loop's follow the public
+    leaderboard's best entries."""
 
     budget_hours: float = Field(4.0, gt=0, description="wall-clock budget of the whole flow, evaluation included")
     final_eval_limit: int | None = Field(
@@ -362,9 +393,11 @@ class LeaderboardParams(GRPOParams):
         "or arithmetic:N:DIGITS[:columns] (generated r1_zero traces)",
     )
     sft_max_steps: int = Field(0, ge=0, description="SFT optimizer steps (0: no SFT phase)")
-    sft_learning_rate: float = Field(2e-5, gt=0, description="the SFT phase's learning rate")
-    sft_batch_size: int = Field(32, gt=0, description="the SFT phase's sequences per optimizer step")
-    sft_microbatch_size: int = Field(2, gt=0, description="the SFT phase's sequences per forward/backward")
+    sft_learning_rate: float = Field(_SFT.learning_rate, gt=0, description="the SFT phase's learning rate")
+    sft_batch_size: int = Field(_SFT.batch_size, gt=0, description="the SFT phase's sequences per optimizer step")
+    sft_microbatch_size: int = Field(
+        _SFT.microbatch_size, gt=0, description="the SFT phase's sequences per forward/backward"
+    )
 
     @model_validator(mode="after")
     def _the_rules(self) -> "LeaderboardParams":

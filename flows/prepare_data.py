@@ -120,7 +120,7 @@ def check_data_files(files: dict[str, list[str]], params_file: str, profile: str
 class PrepareDataParams(BaseModel):
     """The data check's settings."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     config: str = Field("params.yaml", description="the settings file whose data files are checked")
     profile: str | None = Field(None, description="the profile whose overrides apply (default: the file's)")

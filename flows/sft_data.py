@@ -125,15 +125,7 @@ def make_teacher(d: DistillParams) -> Any:
             api_key = os.environ.get(d.api_key_env)
             if not api_key:
                 raise DataError(f"sft_data.distill.api_key_env: environment variable {d.api_key_env} is not set")
-        return OpenAICompletionsTeacher(
-            d.base_url,
-            d.model,
-            api_key=api_key,
-            timeout_s=d.timeout_s,
-            max_retries=d.max_retries,
-            batch_size=d.batch_size,
-            concurrency=d.concurrency,
-        )
+        return OpenAICompletionsTeacher.served(d, d.model, api_key)
     return make_engine(resolve_model(d.model), d.backend, dtype=d.dtype)
 
 

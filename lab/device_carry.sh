@@ -24,7 +24,7 @@
 #                                       #   Qwen2.5-Math-1.5B's and SmolLM2-135M's (from its converted folder)
 #
 # site and ray unpack on the device with `tar -C /tmp/site -xJf FILE` (used with PYTHONPATH=/tmp/site); how they travel:
-# docs/results/context.md, "How it ran on the device". Each mode starts from scratch: its build folder
+# lab/context.md, "How it ran on the device". Each mode starts from scratch: its build folder
 # (/tmp/carrybuild-MODE) is made anew and removed at the end. PY: the python 3.12 that builds the wheels and
 # runs pip (default /root/.pyenv/versions/3.12.1/bin/python; pip is upgraded in a venv of its own); KEEP=1 keeps
 # the build folder.
@@ -100,7 +100,7 @@ ray() {
   pack .devR/ray_site.tar.xz
 }
 
-data() {  # flows.sft_data as docs/results/context.md runs it (written outside the tree, which device calls copy)
+data() {  # flows.sft_data as lab/context.md runs it (written outside the tree, which device calls copy)
   local venv=.venv/bin/python stage=/tmp/carrybuild-data
   rm -rf "$stage" && mkdir -p "$stage/data/sft" "$stage/shared/data/math" .devA
   $venv -m flows.sft_data math --config params.yaml --out "$stage/data/sft/math_solutions.jsonl"

@@ -1,7 +1,7 @@
 """Generate ``docs/results.md`` from the runs' own records, never by hand.
 
-    python lab/results_writeup.py [--runs docs/results/runs] [--out docs/results.md] \\
-        [--figures docs/results] [--context docs/results/context.md]
+    python lab/results_writeup.py [--runs lab/records] [--out docs/results.md] \\
+        [--figures docs/results] [--context lab/context.md]
 
 Every ``*.tar.gz`` under ``--runs`` is unpacked into a temporary folder and each ``mlflow.db`` in it read
 through sqlite3, read-only (no migration; the runs/params/tags/metrics tables every MLflow store has). A run
@@ -415,7 +415,7 @@ def plot(path: Path, series: dict[str, list[tuple[float, float]]], x: str, y: st
 
     figure, axes = plt.subplots(figsize=(6.4, 3.8))
     for name, points in series.items():
-        axes.plot(*zip(*sorted(points)), marker="o", markersize=3, label=name)
+        axes.plot(*zip(*sorted(points), strict=True), marker="o", markersize=3, label=name)
     if y in UNIT_METRICS and all(0 <= v <= 1 for points in series.values() for _, v in points):
         axes.set_ylim(-0.02, 1.02)
     if x == "step":
@@ -633,14 +633,14 @@ def write_atomic(path: Path, text: str) -> None:
 def main(argv: list[str] | None = None) -> Path:
     """Parse the arguments, render the page and write it; returns its path."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=Path, default=Path("docs/results/runs"), help="folder of record archives")
+    parser.add_argument("--runs", type=Path, default=Path("lab/records"), help="folder of record archives")
     parser.add_argument("--out", type=Path, default=Path("docs/results.md"), help="the page to write")
     parser.add_argument("--figures", type=Path, default=Path("docs/results"), help="folder for the PNG plots")
-    parser.add_argument("--context", type=Path, default=None, help="hand-kept prose (default: FIGURES/context.md)")
+    parser.add_argument("--context", type=Path, default=Path("lab/context.md"), help="hand-kept prose on top")
     args = parser.parse_args(argv)
     if not any(args.runs.glob("*.tar.gz")):
         parser.error(f"no *.tar.gz record archives under {args.runs}")
-    write_atomic(args.out, render(args.runs, args.figures, args.context or args.figures / "context.md", args.out))
+    write_atomic(args.out, render(args.runs, args.figures, args.context, args.out))
     print(f"wrote {args.out}")
     return args.out
 

@@ -72,10 +72,12 @@ def plot_histogram(path: Path, values: Sequence[float], edges: Sequence[float], 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [f"{edges[0]:g}"] + [f"({a:g}, {b:g}{')' if b == edges[-1] else ']'}" for a, b in zip(edges, edges[1:])]
+    labels = [f"{edges[0]:g}"] + [
+        f"({a:g}, {b:g}{')' if b == edges[-1] else ']'}" for a, b in zip(edges, edges[1:], strict=False)
+    ]
     labels.append(f"{edges[-1]:g}")
     counts = [sum(v == edges[0] for v in values)]
-    counts += [sum(a < v <= b and v != edges[-1] for v in values) for a, b in zip(edges, edges[1:])]
+    counts += [sum(a < v <= b and v != edges[-1] for v in values) for a, b in zip(edges, edges[1:], strict=False)]
     counts.append(sum(v == edges[-1] for v in values))
     figure, axes = plt.subplots(figsize=(7, 4))
     axes.bar(labels, counts)

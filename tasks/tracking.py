@@ -78,9 +78,9 @@ def exception_chain(error: BaseException) -> list[BaseException]:
 def store_problem(error: BaseException) -> str | None:
     """A message for an MLflow store that cannot take writes or cannot be read, found in the error's chain
     (MLflow wraps SQLite's errors), else None."""
-    for error in exception_chain(error):
+    for cause in exception_chain(error):
         for needle, (meaning, advice) in _STORE_PROBLEMS.items():
-            if needle in str(error):
+            if needle in str(cause):
                 return f"MLflow store {mlflow.get_tracking_uri()}: {meaning} (SQLite: {needle}); {advice}"
     return None
 
@@ -142,14 +142,14 @@ def _get_run(client: Any, run_id: str, tracking_uri: str, flag: str) -> Any:
 def run_labels(runs: list[Any]) -> list[str]:
     """Run names, with a short id added where two runs share a name."""
     names = [r.info.run_name or r.info.run_id[:8] for r in runs]
-    return [f"{n} ({r.info.run_id[:8]})" if names.count(n) > 1 else n for n, r in zip(names, runs)]
+    return [f"{n} ({r.info.run_id[:8]})" if names.count(n) > 1 else n for n, r in zip(names, runs, strict=True)]
 
 
 def metric_points(client: Any, runs: list[Any], metric: str, labels: list[str] | None = None) -> list[dict[str, Any]]:
     """Every logged value of ``metric`` for each run that has it: rows of run label (``labels``, or
     :func:`run_labels`), step, value."""
     points = []
-    for label, run in zip(labels or run_labels(runs), runs):
+    for label, run in zip(labels or run_labels(runs), runs, strict=True):
         if metric in run.data.metrics:
             points += [
                 {"run": label, "step": m.step, metric: m.value}
@@ -450,7 +450,7 @@ def run_records(reader: Any, run: Any, artifact: str = "generations.json") -> li
     with tempfile.TemporaryDirectory() as folder:
         path = reader.download_artifacts(run.info.run_id, artifact, folder)
         table = json.loads(Path(path).read_text())
-    return [dict(zip(table["columns"], row)) for row in table["data"]]
+    return [dict(zip(table["columns"], row, strict=True)) for row in table["data"]]
 
 
 def run_params(tracking_uri: str, run_id: str) -> dict[str, str] | None:

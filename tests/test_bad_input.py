@@ -364,14 +364,14 @@ def test_grpo_nan_loss_stops_with_the_step_named_and_the_checkpoint_intact(
 
     import a5core.grpo
 
-    real, calls = a5core.grpo.grpo_microbatch_train_step, []
+    real, calls = a5core.grpo.policy_gradient_backward, []
 
     def nan_from_step_2(*args, **kwargs):  # two micro-batches a step
         loss, meta = real(*args, **kwargs)
         calls.append(1)
         return (loss * float("nan") if len(calls) > 2 else loss), meta
 
-    monkeypatch.setattr(a5core.grpo, "grpo_microbatch_train_step", nan_from_step_2)
+    monkeypatch.setattr(a5core.grpo, "policy_gradient_backward", nan_from_step_2)
     message = user_error(
         "grpo",
         flags("grpo", inputs, tmp_path, n_grpo_steps=3, eval_every=1, checkpoint_every=1, val_subset=2, val_limit=2),

@@ -30,6 +30,6 @@ def test_every_row_ends_at_its_drawn_length(tiny_tokenizer):
         groups = engine.generate(["What is 1 + 1?", "What is 2 + 2?", "What is 3 + 3?", "Name a prime."], sampling)
     completions = [c for group in groups for c in group]
     assert [len(c.token_ids) for c in completions] == drawn and len(drawn) == 12  # two chunks of 6
-    assert all(c.finish_reason == ("length" if n == 24 else "stop") for c, n in zip(completions, drawn))
+    assert all(c.finish_reason == ("length" if n == 24 else "stop") for c, n in zip(completions, drawn, strict=True))
     plain = engine.generate(["What is 1 + 1?"], sampling)  # closed: the engine is itself again
     assert all(len(c.token_ids) == 24 for c in plain[0])

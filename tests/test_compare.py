@@ -212,7 +212,9 @@ def test_evaluation_runs_get_their_paired_difference(prefect_harness, tmp_path, 
         with mlflow.start_run(run_name=name) as run:
             mlflow.log_metric("accuracy", 0.5)
             rows = [(uid, i, float(r)) for uid, rewards in problems.items() for i, r in enumerate(rewards)]
-            columns = dict(zip(("unique_id", "sample", "answer_reward"), map(list, zip(*rows))))
+            columns = dict(
+                zip(("unique_id", "sample", "answer_reward"), map(list, zip(*rows, strict=True)), strict=True)
+            )
             mlflow.log_table(columns, artifact_file="generations.json")
             ids[name] = run.info.run_id
     params = CompareParams(runs=[ids["base"], ids["tuned"]], tracking_uri=uri, output_dir=str(tmp_path / "out"))

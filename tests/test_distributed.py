@@ -115,7 +115,7 @@ def test_sft_on_two_ranks_updates_and_logs_like_one(loop_runs):
     one, two = loop_runs
     assert_same_weights(one["sft"]["weights"], two["sft"]["weights"], atol=2e-5)
     assert [s for s, _ in two["sft"]["log"]] == [1, 2]  # rank 0 logs, once per step
-    for (_, want), (_, got) in zip(one["sft"]["log"], two["sft"]["log"]):
+    for (_, want), (_, got) in zip(one["sft"]["log"], two["sft"]["log"], strict=True):
         assert_same_metrics(want, got, rel=1e-5)
     assert two["sft"]["returned"]["tokens"] == one["sft"]["returned"]["tokens"]  # summed over the ranks
 
@@ -137,7 +137,7 @@ def test_grpo_on_two_ranks_updates_and_logs_like_one(loop_runs):
     assert_same_weights(one["grpo"]["weights"], two["grpo"]["weights"], atol=2e-4)
     assert two["grpo"]["pushes"] == pytest.approx(one["grpo"]["pushes"], rel=1e-6)  # whole weights reach the engine
     assert [s for s, _ in two["grpo"]["log"]] == [1, 2]
-    for want, got in zip(one["grpo"]["history"], two["grpo"]["history"]):
+    for want, got in zip(one["grpo"]["history"], two["grpo"]["history"], strict=True):
         assert got["optimizer_steps"] == 4 and got["clip_fraction"] > 0
         assert_same_metrics(want, got, rel=1e-4)
 
@@ -147,7 +147,7 @@ def test_token_budget_micro_batches_on_two_ranks_update_like_one_process(loop_ru
     one, two = loop_runs
     assert_same_weights(one["sft"]["weights"], two["sft_budget"]["weights"], atol=2e-5)
     assert_same_weights(one["grpo"]["weights"], two["grpo_budget"]["weights"], atol=2e-4)
-    for want, got in zip(one["grpo"]["history"], two["grpo_budget"]["history"]):
+    for want, got in zip(one["grpo"]["history"], two["grpo_budget"]["history"], strict=True):
         assert_same_metrics(want, got, rel=1e-4)
 
 

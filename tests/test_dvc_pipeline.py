@@ -138,3 +138,76 @@ def test_dvc_repro_then_nothing_to_do(tmp_path, tiny_lm_dir, shared_data):
     assert (repo / "outputs/baseline_eval/records.jsonl").read_bytes() == records
     assert (repo / "data/sft/math_solutions.jsonl").stat().st_size > 0
     assert stages_run(repro()) == ["prepare_data"]  # what was pulled is what the pipeline made
+
+
+# ------------------------------------------------------------------------------ what a stage depends on
+
+
+def project_imports(module: str) -> set[str]:
+    """The project's files (a5core, tasks, flows) that ``module`` imports, transitively, at any depth of a
+    function (a lazy import decides the code path too), packages' __init__ included."""
+    import ast
+
+    def file_of(name: str) -> Path | None:
+        path = ROOT / Path(*name.split("."))
+        return next((p for p in (path / "__init__.py", path.with_suffix(".py")) if p.is_file()), None)
+
+    seen: set[Path] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        path = file_of(name)
+        if path is None or path in seen:
+            continue
+        seen.add(path)
+        todo += [".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)]  # the packages above
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                todo += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                todo += [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+    return {str(path.relative_to(ROOT)) for path in seen}
+
+
+def test_every_stage_depends_on_the_code_its_command_runs():
+    """A stage's deps cover every project file its command imports: a5core, tasks and the flows modules,
+    flows/params.py (the parameters' defaults) among them."""
+    for name, stage in yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"].items():
+        deps = [str(d) for d in stage["deps"]]
+        for module in set(re.findall(r"python -m (flows\.\w+)", stage["cmd"])):
+            uncovered = [f for f in project_imports(module) if not any(f == d or f.startswith(d + "/") for d in deps)]
+            assert not uncovered, (name, uncovered)
+
+
+def test_a_changed_default_shows_in_dvc_status(tmp_path):
+    """With the grpo stage's state recorded, changing a default in flows/params.py makes `dvc status` name the
+    stage (its outputs stand in as empty files: nothing runs)."""
+    repo = tmp_path / "a5"
+    for part in ("a5core", "tasks", "flows", ".dvc"):
+        shutil.copytree(ROOT / part, repo / part, ignore=shutil.ignore_patterns("__pycache__", "tmp", "cache"))
+    for name in ("dvc.yaml", "params.yaml", ".dvcignore"):
+        shutil.copy(ROOT / name, repo / name)
+    stage = yaml.safe_load((repo / "dvc.yaml").read_text())["stages"]["grpo"]
+    for path in (
+        [d for d in stage["deps"] if not (repo / d).exists()]
+        + stage["outs"]
+        + [next(iter(m)) for m in stage["plots"] + stage["metrics"]]
+    ):
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_text("{}\n")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+
+    def dvc(*args: str) -> str:
+        result = subprocess.run(["dvc", *args], cwd=repo, env=env, capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout
+
+    dvc("commit", "--force", "grpo")
+    assert "up to date" in dvc("status", "grpo")
+    params = repo / "flows/params.py"
+    before = params.read_text()
+    assert before.count('experiment="grpo", val_subset=1024)') == 1
+    params.write_text(before.replace('experiment="grpo", val_subset=1024)', 'experiment="grpo", val_subset=1000)'))
+    status = dvc("status", "grpo")
+    assert "grpo:" in status and "modified:" in status and "flows/params.py" in status, status

@@ -216,7 +216,7 @@ def assert_same_metrics(want: dict, got: dict, rel: float) -> None:
     assert got["metrics"].keys() == want["metrics"].keys()
     for key, points in want["metrics"].items():
         assert [s for s, _ in got["metrics"][key]] == [s for s, _ in points], key  # each step logged once
-        for (_, a), (_, b) in zip(points, got["metrics"][key]):
+        for (_, a), (_, b) in zip(points, got["metrics"][key], strict=True):
             assert b == pytest.approx(a, rel=rel, abs=1e-6), key
 
 

@@ -29,7 +29,7 @@ def test_all_validation_solutions_grade_correct(shared_data):
     rows = [json.loads(line) for line in (shared_data / "math/validation.jsonl").open()]
     responses = [f"{r['solution']} </think> <answer> {extract_boxed(r['solution'])} </answer>" for r in rows]
     rewards = r1_zero_reward_fn.batch(responses, [r["answer"] for r in rows])
-    wrong = [r["unique_id"] for r, reward in zip(rows, rewards) if reward != CORRECT]
+    wrong = [r["unique_id"] for r, reward in zip(rows, rewards, strict=True) if reward != CORRECT]
     assert len(rows) == 5000 and wrong == []
 
 
@@ -139,6 +139,6 @@ def test_batch_equals_one_by_one():
     responses = [f"</think> <answer> {a} </answer>" for a in ["\\sqrt{8}", "3", "x=2", "(1,2)", "A"]]
     truths = ["2\\sqrt{2}", "4", "2", "(1, 2)", "\\text{(A)}"]
     batched = grade_batch(r1_zero_reward_fn, responses, truths)
-    assert batched == [r1_zero_reward_fn(r, t) for r, t in zip(responses, truths)]
+    assert batched == [r1_zero_reward_fn(r, t) for r, t in zip(responses, truths, strict=True)]
     assert [b["reward"] for b in batched] == [1.0, 0.0, 1.0, 1.0, 1.0]
     assert grade_batch(lambda r, t: {"reward": 1.0}, ["a"], ["b"]) == [{"reward": 1.0}]

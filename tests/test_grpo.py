@@ -455,7 +455,7 @@ def test_grpo_raises_reward_and_the_baseline_helps(formatted_policy, tokenizer):
     assert all(curve[0] < 0.1 for curve in with_baseline), with_baseline
     assert sum(curve[-1] for curve in with_baseline) / 3 > 0.6, with_baseline
     without = [run_toy_grpo(formatted_policy, tokenizer, "no_baseline", seed) for seed in range(3)]
-    gap = sum(w[-1] - n[-1] for w, n in zip(with_baseline, without)) / 3
+    gap = sum(w[-1] - n[-1] for w, n in zip(with_baseline, without, strict=True)) / 3
     assert gap > 0.2, (without, with_baseline)
 
 

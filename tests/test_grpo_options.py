@@ -389,13 +389,13 @@ def test_one_step_off_overlaps_generation_with_training_and_records_versions(tok
     import a5core.grpo as module
 
     started = [threading.Event() for _ in range(4)]
-    real_train = module._Trainer.train
+    real_train = module._train_batches
 
-    def train(self, batch, step):
+    def train(config, n, step):
         started[step].set()
-        return real_train(self, batch, step)
+        return real_train(config, n, step)
 
-    monkeypatch.setattr(module._Trainer, "train", train)
+    monkeypatch.setattr(module, "_train_batches", train)
     model = make_model(tokenizer)
     engine = RendezvousEngine(model, tokenizer, started)
     from a5core.rollout import SamplingSettings

@@ -110,7 +110,7 @@ def test_compiled_decoder_layers_give_the_same_log_probs_and_gradients(one_graph
         for model in (eager, compiled):
             model.zero_grad()
             get_response_log_probs(model, input_ids, labels)["log_probs"].sum().backward()
-        for (name, a), (_, b) in zip(eager.named_parameters(), compiled.named_parameters()):
+        for (name, a), (_, b) in zip(eager.named_parameters(), compiled.named_parameters(), strict=True):
             torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-5, msg=name)
 
 

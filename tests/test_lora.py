@@ -90,7 +90,7 @@ def test_the_merged_model_in_an_engine_and_a_saved_folder_gives_the_policys_log_
     engine.load_weights(distributed.full_weights(model))
     prompts = ["What is 2 + 3?", "What is 7 + 1?"]
     completions = engine.generate(prompts, SamplingSettings(temperature=1.0, max_tokens=6, seed=0, logprobs=True))
-    for prompt, group in zip(prompts, completions):
+    for prompt, group in zip(prompts, completions, strict=True):
         c = group[0]
         encoded = tokenize_prompt_and_output([prompt], [tokenizer.decode(c.token_ids)], tokenizer)
         ids = tokenizer(prompt, add_special_tokens=False)["input_ids"] + list(c.token_ids)
@@ -117,7 +117,7 @@ def test_sft_with_adapters_resumes_exactly(tokenizer, tmp_path):
         train_sft(crashed, tokenizer, examples, config, checkpoint_dir=tmp_path, log=Recorder(crash_at=3))
     resumed = make_model(tokenizer, seed=1)
     train_sft(resumed, tokenizer, examples, config, checkpoint_dir=tmp_path)
-    for (name, a), b in zip(params_of(reference).items(), params_of(resumed).values()):
+    for (name, a), b in zip(params_of(reference).items(), params_of(resumed).values(), strict=True):
         torch.testing.assert_close(b, a, atol=0, rtol=0, msg=name)
 
 

@@ -54,3 +54,16 @@ def test_every_profile_builds_every_flows_parameters(profile, monkeypatch):
         from flows.cli import section_settings
 
         SftDataParams(**section_settings(DOCUMENT, "sft_data", profile, PARAMS))
+
+
+@pytest.mark.parametrize("section", [*FLOW_SECTIONS, "sft_data", "sft_data.distill"])
+def test_each_section_lists_every_setting_its_flow_computes_with(section):
+    """params.yaml's promise (its header): a section holds every field of its flow but where outputs go, where
+    engines run and how fast a step runs (flows.params.PLACEMENT_FIELDS)."""
+    from flows.params import PLACEMENT_FIELDS, DistillParams
+
+    models = {**FLOW_SECTIONS, "sft_data": SftDataParams, "sft_data.distill": DistillParams}
+    values = DOCUMENT
+    for key in section.split("."):
+        values = values[key]
+    assert set(values) == set(models[section].model_fields) - PLACEMENT_FIELDS

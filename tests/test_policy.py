@@ -20,7 +20,7 @@ def test_tokenize_prompt_and_output_with_the_qwen_tokenizer(qwen_tokenizer):
     ids = [
         qwen_tokenizer(p, add_special_tokens=False)["input_ids"]
         + qwen_tokenizer(o, add_special_tokens=False)["input_ids"]
-        for p, o in zip(prompts, outputs)
+        for p, o in zip(prompts, outputs, strict=True)
     ]
     p_len = [len(qwen_tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]
     width = max(map(len, ids))
@@ -160,7 +160,7 @@ def test_gradient_accumulation_invariance(tiny_model, kind):
 
     whole = accumulated_grads(tiny_model, batch, 1, step)
     split = accumulated_grads(tiny_model, batch, 4, step)
-    for a, b in zip(whole, split):
+    for a, b in zip(whole, split, strict=True):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
 
 

@@ -89,7 +89,7 @@ def policy_log_probs(model, tokenizer, prompt: str, completion: Completion) -> t
 def follows(engine: Engine, model, tokenizer) -> list[Completion]:
     """Assert the engine's greedy tokens and log-probs are ``model``'s own; returns the completions."""
     completions = [group[0] for group in engine.generate(PROMPTS, GREEDY)]
-    for prompt, completion in zip(PROMPTS, completions):
+    for prompt, completion in zip(PROMPTS, completions, strict=True):
         ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
         reference = model.generate(
             ids, max_new_tokens=GREEDY.max_tokens, do_sample=False, pad_token_id=tokenizer.eos_token_id

@@ -1,8 +1,8 @@
 """lab/results_writeup.py: docs/results.md generated from record archives of MLflow stores.
 
 Each test packs a tiny MLflow store (a GRPO baseline ablation: a parent run tagged ``ablation`` and children
-with validation curves, finals and params, one setting with two seeds) into a ``.tar.gz`` like the device
-calls' record archives, runs the generator's ``main`` on it and reads the page it wrote.
+with validation curves, finals and params, one setting with two seeds) into a ``.tar.gz`` like the record
+archives under lab/records/, runs the generator's ``main`` on it and reads the page it wrote.
 """
 
 import importlib.util
@@ -63,7 +63,7 @@ def _child(client, experiment_id, parent_id, setting, seed, final, finish=True, 
 
 
 def _pack(store: Path, archive: Path) -> Path:
-    """A record archive like the device calls': mlflow.db and outputs/.devrun/walls.txt."""
+    """A record archive like those under lab/records/: mlflow.db and outputs/.devrun/walls.txt."""
     walls = store.parent / "walls.txt"
     walls.write_text("grpo_baseline_ablation call=3 rc=0 wall_s=269\n")
     with tarfile.open(archive, "w:gz") as tar:
@@ -101,9 +101,10 @@ def _records(tmp_path: Path, empty_store: Path, no_baseline: float, more=None) -
 def _generate(tmp_path: Path, runs: Path) -> str:
     """Run the generator's main on ``runs`` with a context file; the page it wrote."""
     (tmp_path / "figures").mkdir(exist_ok=True)
-    (tmp_path / "figures" / "context.md").write_text("# Results\n\nHand-kept: how the runs were made.\n")
+    (tmp_path / "context.md").write_text("# Results\n\nHand-kept: how the runs were made.\n")
     out = tmp_path / "results.md"
     argv = ["--runs", str(runs), "--out", str(out), "--figures", str(tmp_path / "figures")]
+    argv += ["--context", str(tmp_path / "context.md")]
     assert writeup.main(argv) == out
     return out.read_text()
 
@@ -197,7 +198,7 @@ def test_write_is_atomic(tmp_path, empty_store, monkeypatch):
 
 
 def test_a_stopped_run_and_newer_fields_change_no_figure(tmp_path, empty_store):
-    """A third reinforce_with_baseline run stopped before its final evaluation (a device call's deadline),
+    """A third reinforce_with_baseline run stopped before its final evaluation (a machine's time ran out),
     logging a field the older runs predate: it is listed with its status, but the mean over runs, their count
     and the verdict use the two finished runs, and the newer field is a shared setting, not a difference."""
 

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def prompts(shared_data) -> list[str]:
     """Three MATH problems of different lengths (several KV-cache blocks each) and a short prompt."""
     with open(shared_data / "math" / "train.jsonl") as f:
-        problems = [json.loads(line)["problem"] for _, line in zip(range(3), f)]
+        problems = [json.loads(line)["problem"] for _, line in zip(range(3), f, strict=False)]
     return problems + ["What is 2+2?"]
 
 
@@ -241,7 +241,7 @@ def test_log_probs_match_the_policy(engine, prompts, policy, temperature, top_p)
     """Log-probs are of the raw model distribution, whatever temperature and top-p sampled the tokens."""
     model, tokenizer = policy
     settings = SamplingSettings(n=2, temperature=temperature, top_p=top_p, max_tokens=32, seed=5, logprobs=True)
-    for prompt, group in zip(prompts, engine.generate(prompts, settings)):
+    for prompt, group in zip(prompts, engine.generate(prompts, settings), strict=True):
         for completion in group:
             assert len(completion.log_probs) == len(completion.token_ids)
             expected = _policy_log_probs(model, tokenizer, prompt, completion)
@@ -261,7 +261,7 @@ def test_load_weights_makes_the_engine_follow_the_policy(engine, prompts, policy
     try:
         after = engine.generate(prompts, settings)
         assert after != before
-        for prompt, (completion,) in zip(prompts, after):
+        for prompt, (completion,) in zip(prompts, after, strict=True):
             ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
             reference = pushed.generate(ids, max_new_tokens=30, do_sample=False, pad_token_id=tokenizer.eos_token_id)
             assert completion.token_ids == tuple(reference[0, ids.shape[1] :].tolist())
@@ -276,7 +276,9 @@ def test_load_weights_makes_the_engine_follow_the_policy(engine, prompts, policy
             assert len(completion.token_ids) > 12 and tokenizer.eos_token_id not in completion.token_ids[:12]
     finally:
         engine.load_weights(model)
-    for (restored,), (original,) in zip(engine.generate(prompts, settings), before):  # pushing the original back
+    for (restored,), (original,) in zip(
+        engine.generate(prompts, settings), before, strict=True
+    ):  # pushing the original back
         assert restored.token_ids == original.token_ids
         assert torch.allclose(torch.tensor(restored.log_probs), torch.tensor(original.log_probs), atol=LOG_PROB_TOL)
 
@@ -290,7 +292,7 @@ def test_hf_and_vllm_agree_on_greedy_output(hf_engine, vllm_engine, prompts):
         SamplingSettings(temperature=0, max_tokens=25, stop=(), logprobs=True),
     ):
         hf_out, vllm_out = hf_engine.generate(prompts, settings), vllm_engine.generate(prompts, settings)
-        for (a,), (b,) in zip(hf_out, vllm_out):
+        for (a,), (b,) in zip(hf_out, vllm_out, strict=True):
             assert (a.text, a.token_ids, a.finish_reason) == (b.text, b.token_ids, b.finish_reason)
             if settings.logprobs:
                 assert torch.allclose(torch.tensor(a.log_probs), torch.tensor(b.log_probs), atol=LOG_PROB_TOL)
@@ -299,7 +301,7 @@ def test_hf_and_vllm_agree_on_greedy_output(hf_engine, vllm_engine, prompts):
 def test_vllm_seeded_call_larger_than_one_step(vllm_engine, shared_data):
     """More prompt tokens than one scheduler step takes: vLLM must not split a seeded prompt (on CPU that crashes)."""
     with open(shared_data / "math" / "train.jsonl") as f:
-        problems = [json.loads(line)["problem"] for _, line in zip(range(40), f)]
+        problems = [json.loads(line)["problem"] for _, line in zip(range(40), f, strict=False)]
     settings = SamplingSettings(n=4, temperature=1.0, max_tokens=8, seed=2)
     budget = vllm_engine.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
     prompt_tokens = sum(map(len, vllm_engine.tokenizer(problems, add_special_tokens=False)["input_ids"]))

@@ -199,7 +199,7 @@ def test_gradient_accumulation_equals_one_big_batch(tokenizer, n_examples):
         assert metrics["loss"] == pytest.approx(ref_loss, rel=1e-5)
         assert metrics["grad_norm"] == pytest.approx(ref_norm, rel=1e-4)
         results[micro, checkpointing] = params_of(model)
-    assert any(not torch.equal(a, b) for a, b in zip(results[8, False].values(), params_of(base).values()))
+    assert any(not torch.equal(a, b) for a, b in zip(results[8, False].values(), params_of(base).values(), strict=True))
     for params in results.values():
         assert_same_params(params, results[8, False], atol=1e-6)  # the update itself is ±1e-3
 
@@ -216,10 +216,10 @@ def test_max_seq_len_cuts_the_response_end(tokenizer):
     )
     prompt_lens = [len(tokenizer(t.prompt, add_special_tokens=False)["input_ids"]) for t in examples]
     response_lens = [len(tokenizer(t.response, add_special_tokens=False)["input_ids"]) for t in examples]
-    kept = [max(0, min(p + r, 14) - p) for p, r in zip(prompt_lens, response_lens)]
+    kept = [max(0, min(p + r, 14) - p) for p, r in zip(prompt_lens, response_lens, strict=True)]
     ((_, metrics),) = log.calls
     assert metrics["tokens"] == sum(kept) < sum(response_lens)
-    assert metrics["truncated"] == sum(k < r for k, r in zip(kept, response_lens)) > 0
+    assert metrics["truncated"] == sum(k < r for k, r in zip(kept, response_lens, strict=True)) > 0
 
 
 # --------------------------------------------------------------------------- schedule and data order

@@ -48,7 +48,7 @@ def test_every_math_train_solution_becomes_a_trace_that_grades_one(math_train):
     traces, skipped = math_solution_traces(math_train, R1)
     assert len(math_train) == 7500 and skipped == EMPTY_BOX_IDS and len(traces) == 7498
     kept = [p for p in math_train if p.unique_id not in skipped]
-    for problem, trace in zip(kept, traces):
+    for problem, trace in zip(kept, traces, strict=True):
         assert trace.prompt == R1.format(problem.problem) and trace.prompt.endswith("Assistant: <think>")
         assert trace.response.startswith(" " + problem.solution.strip() + " </think> <answer> ")
         assert (
@@ -64,7 +64,9 @@ def test_the_response_convention_matches_the_teacher_traces(teacher_file):
     accepted = [
         t
         for t, r in zip(
-            teacher, r1_zero_reward_fn.batch([t.response for t in teacher], [t.ground_truth for t in teacher])
+            teacher,
+            r1_zero_reward_fn.batch([t.response for t in teacher], [t.ground_truth for t in teacher]),
+            strict=True,
         )
         if r["format_reward"]
     ]
@@ -105,7 +107,7 @@ def test_filter_keeps_exactly_the_teacher_traces_the_grader_accepts(teacher_file
     traces = import_traces(teacher_file)
     kept, stats = filter_correct(traces)
     rewards = r1_zero_reward_fn.batch([t.response for t in traces], [t.ground_truth for t in traces])
-    assert kept == [t for t, r in zip(traces, rewards) if r["reward"] == 1.0]
+    assert kept == [t for t, r in zip(traces, rewards, strict=True) if r["reward"] == 1.0]
     formatted = sum(r["format_reward"] for r in rewards)
     assert len(traces) == 1767 and formatted == 1439  # 328 write "\n</think>\n<answer>", which r1_zero rejects
     assert stats == {"raw": 1767, "filtered": len(kept), "kept_fraction": len(kept) / 1767, "format_rate": 1439 / 1767}
@@ -121,7 +123,7 @@ def test_import_can_rerender_prompts_with_the_project_template(teacher_file, mat
     raw, traces = import_traces(teacher_file), import_traces(teacher_file, R1)
     assert "</answer>.\n\nUser: " in raw[0].prompt  # the sample's own prompt differs from r1_zero.prompt
     questions = {p.problem for p in math_train}
-    for before, after in zip(raw, traces):
+    for before, after in zip(raw, traces, strict=True):
         assert after.response == before.response and after.ground_truth == before.ground_truth
         question = after.prompt[len(R1.text.split("{question}")[0]) : -len("\nAssistant: <think>")]
         assert after.prompt == R1.format(question) and question in questions

@@ -96,7 +96,7 @@ def test_fewer_rows_and_a_narrower_window_give_the_same_logits():
         window = 5 + t + 1  # the filled columns only
         out = decoder.decode(continuation[rows, t], valid[rows].sum(-1) + t, 5 + t, attend[:, :window])
         assert out.shape == (len(rows), 61)
-        for row, logits in zip(rows.tolist(), out):
+        for row, logits in zip(rows.tolist(), out, strict=True):
             steps[row].append(logits)
     for row, n in enumerate(lengths):
         ids = torch.cat([prompt[row, 5 - n :], continuation[row, : len(steps[row]) - 1]])[None]
@@ -129,7 +129,7 @@ def prompts(shared_data):
     import json
 
     with open(shared_data / "math" / "train.jsonl") as f:
-        return [json.loads(line)["problem"] for _, line in zip(range(3), f)] + ["What is 2+2?"]
+        return [json.loads(line)["problem"] for _, line in zip(range(3), f, strict=False)] + ["What is 2+2?"]
 
 
 CASES = [

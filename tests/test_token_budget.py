@@ -93,7 +93,7 @@ def test_grpo_update_does_not_depend_on_how_the_batch_is_cut(tokenizer, loss_typ
     for name, (model, last) in runs.items():
         assert last["loss"] == pytest.approx(reference["loss"], rel=1e-4, abs=1e-6), name  # a sum of ± terms
         assert last["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-5), name
-        for (key, value), other in zip(reference_model.state_dict().items(), model.state_dict().values()):
+        for (key, value), other in zip(reference_model.state_dict().items(), model.state_dict().values(), strict=True):
             torch.testing.assert_close(other, value, atol=1e-7, rtol=0, msg=f"{name}: {key}")
 
 
@@ -119,7 +119,7 @@ def test_sft_update_does_not_depend_on_how_the_batch_is_cut(tokenizer, sgd_updat
     for name, (model, metrics) in results.items():
         assert metrics["loss"] == pytest.approx(reference["loss"], rel=1e-5), name
         assert metrics["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-5), name
-        for (key, value), other in zip(reference_model.state_dict().items(), model.state_dict().values()):
+        for (key, value), other in zip(reference_model.state_dict().items(), model.state_dict().values(), strict=True):
             torch.testing.assert_close(other, value, atol=1e-7, rtol=0, msg=f"{name}: {key}")
 
 

@@ -56,7 +56,7 @@ def policy(model_dir):
 @pytest.fixture(scope="module")
 def prompts(shared_data) -> list[str]:
     with open(shared_data / "math" / "train.jsonl") as f:
-        return [json.loads(line)["problem"] for _, line in zip(range(6), f)] + ["What is 2+2?"]
+        return [json.loads(line)["problem"] for _, line in zip(range(6), f, strict=False)] + ["What is 2+2?"]
 
 
 def greedy_ids(model, tokenizer, prompt: str, max_new_tokens: int) -> tuple[int, ...]:
@@ -76,7 +76,7 @@ def policy_log_probs(model, tokenizer, prompt: str, token_ids) -> torch.Tensor:
 def test_greedy_rows_equal_the_policys_greedy_decode(engine, policy, prompts):
     model, tokenizer = policy
     settings = SamplingSettings(temperature=0, max_tokens=40, stop=(), logprobs=True)
-    for prompt, (completion,) in zip(prompts, engine.generate(prompts, settings)):
+    for prompt, (completion,) in zip(prompts, engine.generate(prompts, settings), strict=True):
         assert completion.token_ids == greedy_ids(model, tokenizer, prompt, 40)
         assert completion.finish_reason == "length"
         expected = policy_log_probs(model, tokenizer, prompt, completion.token_ids)
@@ -110,7 +110,7 @@ def test_push_makes_the_engine_follow_the_policy(engine, policy, prompts):
     try:
         after = engine.generate(prompts, settings)
         assert after != before
-        for prompt, (completion,) in zip(prompts, after):
+        for prompt, (completion,) in zip(prompts, after, strict=True):
             assert completion.token_ids == greedy_ids(pushed, tokenizer, prompt, 30)
             assert completion.token_ids[-1] == tokenizer.eos_token_id and completion.finish_reason == "stop"
             expected = policy_log_probs(pushed, tokenizer, prompt, completion.token_ids)
@@ -142,7 +142,7 @@ def test_push_after_an_optimizer_step_changes_the_output(engine, policy, prompts
         after = engine.generate(prompts, settings)
         assert after != before
         bf16 = copy.deepcopy(trained).to(torch.bfloat16).eval()
-        for prompt, (completion,) in zip(prompts, after):
+        for prompt, (completion,) in zip(prompts, after, strict=True):
             assert completion.token_ids == greedy_ids(bf16, tokenizer, prompt, 30)
     finally:
         engine.load_weights(model)

@@ -1,0 +1,239 @@
+"""The pieces a GRPO step composes around its policy-gradient loss, each off (a no-op) unless its setting is
+on: :class:`MicroBatches` (by count, or by token budget), :class:`TokenWeights` (the truncated importance
+weight; DAPO's masking of truncated rollouts), :class:`KLPenalty` (to a frozen copy of the starting
+weights), :func:`normalize_constant` (the length normalisation's divisor), and :class:`StepStats` (what the
+optimizer steps accumulate, read once a step). :class:`PhaseTimer` times the step's phases.
+
+Shapes: ``b`` rollouts of a micro-batch, ``T`` its token positions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from a5core import distributed
+from a5core.grpo_batch import RolloutBatch
+from a5core.out_of_memory import naming_the_microbatch
+from a5core.policy import pad_id_of
+
+# What one optimizer step accumulates over its micro-batches (summed over ranks when read).
+_STEP_SUMS = ("loss", "clipped", "ratio_sum", "entropy_sum", "kl_sum", "response_tokens", "entropy_tokens", "tokens")
+
+
+class PhaseTimer:
+    """Seconds spent in each phase of a step (``time_<phase>``), the GPU synchronised at both ends."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.times = device, {}
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        yield
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        key = f"time_{phase}"
+        self.times[key] = self.times.get(key, 0.0) + time.perf_counter() - start
+
+
+class MicroBatches:
+    """This rank's micro-batches of a train batch (:func:`a5core.distributed.rank_microbatches`): of
+    ``microbatch_size`` rollouts, or by ``max_tokens_per_microbatch`` (then padded to a multiple of 64
+    positions, so compiled layers see few shapes). Counts the shapes seen, for the metrics and an
+    out-of-memory error."""
+
+    def __init__(self, config: Any, tokenizer: Any, device: torch.device) -> None:
+        self.size, self.budget = config.microbatch_size, config.max_tokens_per_microbatch
+        self.count = f"gradient_accumulation_steps {config.gradient_accumulation_steps}: raise it"
+        self.multiple = distributed.PAD_MULTIPLE if self.budget is not None else 1
+        self.pad_id, self.device = pad_id_of(tokenizer), device
+        self.shapes: set[tuple[int, ...]] = set()  # the (rows, positions) of every micro-batch so far
+        self.last_shape: tuple[int, ...] | None = None
+
+    def split(self, batch: RolloutBatch, items: Sequence[int]) -> list[list[int]]:
+        lengths = batch.lengths if self.budget is not None else None
+        return distributed.rank_microbatches(items, self.size, lengths, self.budget)
+
+    def tensors(self, batch: RolloutBatch, index: list[int], stand_in: list[int]) -> dict[str, torch.Tensor]:
+        """The micro-batch ``index`` as tensors (:meth:`RolloutBatch.tensors`). An empty share (this rank has
+        no rollout left) still runs a pass, FSDP2's collectives need it: rollouts ``stand_in`` at advantage 0."""
+        t = batch.select(index or stand_in).tensors(self.pad_id, self.device, self.multiple)
+        if not index:
+            for key in ("advantages", "raw_rewards"):
+                t[key] = torch.zeros_like(t[key])
+        self.last_shape = tuple(t["input_ids"].shape)
+        self.shapes.add(self.last_shape)
+        return t
+
+    def naming(self, where: str) -> contextlib.AbstractContextManager[None]:
+        """Out of GPU memory inside: one error naming ``where``, the last micro-batch's shape and the setting."""
+        return naming_the_microbatch(where, self.budget, self.count, lambda: self.last_shape)
+
+
+class TokenWeights:
+    """What multiplies each token's policy-gradient loss (no gradient), or None when nothing does:
+    ``tis_cap``'s truncated importance weight min(π_old(o_t)/π_engine(o_t), cap), which corrects for the
+    engine sampling from a slightly different distribution (or, one step off, older weights) than the policy
+    computes; times 0 for the rollouts cut at max_tokens under DAPO's ``mask_truncated``."""
+
+    def __init__(self, config: Any) -> None:
+        self.tis_cap, self.mask_truncated = config.tis_cap, config.mask_truncated
+
+    def masked(self, batch: RolloutBatch, i: int) -> bool:
+        """Whether rollout ``i`` gives no policy gradient."""
+        return self.mask_truncated and bool(batch.truncated[i])
+
+    def __call__(self, batch: RolloutBatch, rows: list[int], t: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """(b, T) weights of the micro-batch of rollouts ``rows`` (tensors ``t``), or None."""
+        weights = None
+        if self.tis_cap is not None:
+            weights = torch.exp(t["old_log_probs"] - t["engine_log_probs"]).clamp(max=self.tis_cap)
+        if self.mask_truncated:
+            kept = torch.tensor([not self.masked(batch, i) for i in rows])
+            kept = kept.to(t["input_ids"].device, torch.float32).view(-1, 1)
+            weights = kept if weights is None else weights * kept
+        return weights
+
+
+class KLPenalty:
+    """``kl_coef`` · KL(π ‖ π_ref) added to each response token's loss, π_ref a frozen copy of the starting
+    weights (``reference``, taken before adapters are added or the policy is sharded), whose log-probs come
+    from the pass that computes the old log-probs. Off (``kl_coef`` 0): no reference, no term."""
+
+    def __init__(self, config: Any, model: torch.nn.Module) -> None:
+        from torch.distributed.fsdp import FSDPModule
+
+        self.coef, self.estimator, self.reference = config.kl_coef, config.kl_estimator, None
+        if not self.coef:
+            return
+        if isinstance(model, FSDPModule):
+            raise ValueError(
+                "GRPOConfig.kl_coef > 0 with a policy already sharded (FSDP2): the reference is copied from the "
+                "starting weights before sharding; start GRPO from an unsharded model"
+            )
+        self.reference = copy.deepcopy(model).eval()
+        self.reference.requires_grad_(False)
+
+    def terms(self, t: dict[str, torch.Tensor], live: bool) -> dict[str, Any]:
+        """The KL arguments of :func:`a5core.policy.policy_gradient_backward` for the micro-batch ``t``; none
+        for an empty share (``live`` false), which runs at zero weight."""
+        if not self.coef:
+            return {}
+        return {
+            "ref_log_probs": t["ref_log_probs"],
+            "kl_coef": self.coef if live else 0.0,
+            "kl_estimator": self.estimator,
+        }
+
+
+def normalize_constant(config: Any, batch: RolloutBatch, train_batch: list[int], weights: TokenWeights) -> float:
+    """The divisor of each sequence's summed token losses under ``masked_normalize`` (max_tokens) and DAPO's
+    ``token_mean`` (the train batch's trained tokens per sequence: summed over the batch, every token weighs
+    alike); ``masked_mean`` divides by each sequence's own length and ignores it."""
+    if config.length_normalization != "token_mean":
+        return float(config.max_tokens)
+    trained = sum(len(batch.response_ids[i]) for i in train_batch if not weights.masked(batch, i))
+    return max(trained, 1) / len(train_batch)
+
+
+class StepStats:
+    """A step's training statistics. Within an optimizer step they stay on the device (no sync per
+    micro-batch) until :meth:`read` sums them over ranks, once; over the step's optimizer steps they become
+    its metrics: the loss's own (``loss_metrics``), the KL with a penalty (``kl``), the ratio π/π_old where
+    old log-probs are computed (``ratios``)."""
+
+    def __init__(self, device: torch.device, loss_metrics: Sequence[str], kl: bool, ratios: bool) -> None:
+        self.device, self.ratios = device, ratios
+        self.reports = (*loss_metrics, *(("kl",) if kl else ()), *(("ratio_mean",) if ratios else ()))
+        self.sums = {"loss": 0.0, "grad_norm": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0, "kl": 0.0}
+        self.ratio_max, self.entropy_sum, self.entropy_tokens, self.tokens = 0.0, 0.0, 0.0, 0.0
+        self.optimizer_steps, self.passes = 0, 0
+
+    def begin(self, microbatches: int) -> None:
+        """An optimizer step of ``microbatches`` passes begins."""
+        self.acc = {k: torch.zeros((), dtype=torch.float64, device=self.device) for k in _STEP_SUMS}
+        self.ratio_peak = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.passes += microbatches
+
+    def add(
+        self,
+        n_tokens: int,
+        t: dict[str, torch.Tensor],
+        out: dict[str, torch.Tensor],
+        loss: torch.Tensor,
+        meta: dict[str, torch.Tensor],
+        world: int,
+    ) -> None:
+        """One micro-batch of ``n_tokens`` response tokens: its tensors ``t``, the policy's ``out``, its
+        (scaled) loss and metadata."""
+        acc, mask = self.acc, t["response_mask"]
+        acc["loss"] += loss / world
+        acc["response_tokens"] += n_tokens
+        acc["tokens"] += t["input_ids"].numel()
+        if "clip_fraction" in meta:
+            acc["clipped"] += meta["clip_fraction"].double() * n_tokens
+        if "kl" in meta:
+            acc["kl_sum"] += meta["kl"].double() * n_tokens
+        if "old_log_probs" in t:
+            ratio = torch.where(mask, torch.exp(out["log_probs"].detach() - t["old_log_probs"]), 0.0)
+            acc["ratio_sum"] += ratio.sum()
+            self.ratio_peak = torch.maximum(self.ratio_peak, ratio.max())
+        if "token_entropy" in out:
+            acc["entropy_sum"] += torch.where(mask, out["token_entropy"], 0.0).sum()
+            acc["entropy_tokens"] += n_tokens
+
+    def read(self, grad_norm: torch.Tensor) -> dict[str, float]:
+        """The optimizer step's statistics, summed (the ratio's peak: maximum) over ranks, and the gradient
+        norm: the one read of the step."""
+        values = torch.cat(
+            [
+                distributed.global_sum(torch.stack(list(self.acc.values()))),
+                distributed.global_max(self.ratio_peak).view(1),
+                distributed.full_tensor(grad_norm).double().view(1),
+            ]
+        ).tolist()
+        return dict(zip([*self.acc, "ratio_max", "grad_norm"], values, strict=True))
+
+    def stepped(self, got: dict[str, float]) -> None:
+        """The optimizer stepped with statistics ``got`` (from :meth:`read`)."""
+        self.optimizer_steps += 1
+        tokens = max(got["response_tokens"], 1)
+        self.sums["loss"] += got["loss"]
+        self.sums["grad_norm"] += got["grad_norm"]
+        self.sums["clip_fraction"] += got["clipped"] / tokens
+        self.sums["ratio_mean"] += got["ratio_sum"] / tokens
+        self.sums["kl"] += got["kl_sum"] / tokens
+        self.ratio_max = max(self.ratio_max, got["ratio_max"])
+        self.entropy_sum += got["entropy_sum"]
+        self.entropy_tokens += got["entropy_tokens"]
+        self.tokens += got["tokens"]
+
+    def metrics(self, **extra: float) -> dict[str, float]:
+        """Means over the optimizer steps (the ratio's peak: maximum), entropy per token, counts, and ``extra``;
+        only ``optimizer_steps`` 0 when the step trained on nothing (every group dropped)."""
+        if not self.optimizer_steps:
+            return {"optimizer_steps": 0.0}
+        metrics = {k: v / self.optimizer_steps for k, v in self.sums.items()}
+        for key in ("clip_fraction", "kl", "ratio_mean"):
+            if key not in self.reports:
+                del metrics[key]
+        if self.ratios:
+            metrics["ratio_max"] = self.ratio_max
+        metrics.update(
+            {
+                "token_entropy": self.entropy_sum / max(self.entropy_tokens, 1),
+                "optimizer_steps": float(self.optimizer_steps),
+                "train_tokens": self.tokens,
+                "microbatches": float(self.passes),
+                **extra,
+            }
+        )
+        return metrics
