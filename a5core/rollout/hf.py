@@ -109,7 +109,7 @@ class _StopOnStrings:
                 return done
             window = window[rows]
         hits = []
-        for row, tail in zip(rows, window.tolist()):
+        for row, tail in zip(rows, window.tolist(), strict=True):
             before = len(self.decode(tail[:-1]))
             if _stop_end(self.decode(tail), self.stops, before) is not None:
                 hits.append(row)
@@ -243,7 +243,10 @@ class HFEngine:
         rows = [self._finish(ids, s) for ids in decode(input_ids, attention_mask, s)]
         if s.logprobs:
             log_probs = self._log_probs(input_ids, attention_mask, [ids for _, ids, _ in rows])
-            return [Completion(text, tuple(ids), why, tuple(lp)) for (text, ids, why), lp in zip(rows, log_probs)]
+            return [
+                Completion(text, tuple(ids), why, tuple(lp))
+                for (text, ids, why), lp in zip(rows, log_probs, strict=True)
+            ]
         return [Completion(text, tuple(ids), why) for text, ids, why in rows]
 
     # ------------------------------------------------------------------------ static-cache loop
@@ -350,7 +353,7 @@ class HFEngine:
         clearing the flags); True when every row is finished. One device read-back."""
         rows = (flagged & ~finished).nonzero().flatten().tolist()
         flagged.zero_()
-        for row, ids in zip(rows, generated[rows, :steps].tolist()):
+        for row, ids in zip(rows, generated[rows, :steps].tolist(), strict=True):
             if self._stop_cut(ids, self._decode(ids), s) is not None:
                 finished[row] = True
         return bool(finished.all())

@@ -179,7 +179,7 @@ class VLLMEngine:
         token_ids = tuple(int(t) for t in c.token_ids)
         log_probs = None
         if logprobs:
-            log_probs = tuple(float(step[t].logprob) for step, t in zip(c.logprobs, token_ids))
+            log_probs = tuple(float(step[t].logprob) for step, t in zip(c.logprobs, token_ids, strict=True))
         return Completion(text=c.text, token_ids=token_ids, finish_reason=c.finish_reason, log_probs=log_probs)
 
     def load_weights(self, policy_model: torch.nn.Module) -> None:
