@@ -5,7 +5,8 @@ resolved. Before anything runs, the present is checked against the record: the g
 changes, the content of each data file and model folder the run read, the flow's settings (one removed or
 added, a default changed for a setting the run left to its default) and the versions and device. Any
 difference is named and the flow stops, unless ``--allow-differences``. Then the same flow runs with the
-recorded settings, its outputs in a folder of their own (``<output_dir>/reproduce-<run id>-<time>``, no DVC
+recorded settings (cached tasks, such as an evaluation's generations, computed again rather than read
+back), its outputs in a folder of their own (``<output_dir>/reproduce-<run id>-<time>``, no DVC
 metrics file), as a new MLflow run in the same experiment, tagged ``reproduces=<original run id>`` (each child
 run too, matched by name). Last, the metrics side by side, for the run and each of its child runs: the
 original's final value, the reproduction's, the difference, and whether it is ``exact``, ``within noise``
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow
+from prefect.settings import PREFECT_TASKS_REFRESH_CACHE, temporary_settings
 from pydantic import Field, StrictBool
 
 from flows.cli import cli_main, run_flow
@@ -149,7 +151,8 @@ def reproduce(params: ReproduceParams) -> dict:
             "(--allow-differences re-runs it anyway):\n  " + "\n  ".join(found)
         )
     replay = replay_params(record, model, params.output_dir, params.run_id)
-    result = target(replay)
+    with temporary_settings({PREFECT_TASKS_REFRESH_CACHE: True}):  # computed again, not read from a cache
+        result = target(replay)
     original = client.get_run(params.run_id)
     new_top = client.get_run(result["mlflow_run_id"])
     if "mlflow.parentRunId" in original.data.tags:  # a child run: match it among the new flow's runs

@@ -156,3 +156,30 @@ def test_compare_shows_records_side_by_side(prefect_harness, tmp_path, monkeypat
     assert [r["what"] for r in result["records"]] == ["setting.learning_rate"]
     text = (tmp_path / "cmp" / "comparison.md").read_text()
     assert text.index("setting.learning_rate") < text.index("final_val_accuracy")
+
+
+def test_evaluation_reproduces_its_generations_again(prefect_harness, tiny_lm_dir, shared_data, tmp_path, monkeypatch):
+    import tasks.evaluation
+    from flows.baseline_eval import BaselineEvalParams, baseline_eval
+    from flows.reproduce import ReproduceParams, reproduce
+
+    engines = []
+    real_make_engine = tasks.evaluation.make_engine
+    monkeypatch.setattr(tasks.evaluation, "make_engine", lambda *a, **k: engines.append(a) or real_make_engine(*a, **k))
+    monkeypatch.chdir(tmp_path)
+    params = BaselineEvalParams(
+        model=str(tiny_lm_dir),
+        backend="hf",
+        data=str(shared_data / "math/validation.jsonl"),
+        limit=3,
+        n=2,
+        max_tokens=8,
+        output_dir=str(tmp_path / "out"),
+        metrics_path=str(tmp_path / "metrics.json"),
+        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+    )
+    original = baseline_eval(params)
+    result = reproduce(ReproduceParams(run_id=original["mlflow_run_id"], tracking_uri=params.tracking_uri))
+    assert len(engines) == 2  # the generations were made again, not read from the cache
+    assert_exact(result)
+    assert any(r["metric"] == "accuracy" for r in result["rows"])
