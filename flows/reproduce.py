@@ -28,6 +28,7 @@ import importlib
 import math
 import re
 import sys
+import typing
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -62,8 +63,6 @@ class DifferencesError(ValueError):
 
 def flow_of(record: dict[str, Any]) -> tuple[Any, type]:
     """The Prefect flow a record names and its parameter model; ValueError when it names none here."""
-    from flows.serve import params_model
-
     entrypoint = (record.get("flow") or {}).get("entrypoint")
     if not entrypoint:
         raise ValueError("the run's provenance names no flow (it ran outside a Prefect flow run): nothing to re-run")
@@ -72,7 +71,8 @@ def flow_of(record: dict[str, Any]) -> tuple[Any, type]:
         found = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError):
         raise ValueError(f"the run was made by flow {entrypoint}, which the code here does not have") from None
-    return found, params_model(found)[1]
+    (parameter,) = found.parameters.properties  # a flow takes one pydantic parameter model
+    return found, typing.get_type_hints(found.fn)[parameter]
 
 
 def replay_params(record: dict[str, Any], model: type, output_dir: str | None, run_id: str) -> Any:
