@@ -188,11 +188,14 @@ def code_differences(record: dict[str, Any]) -> list[str]:
 
 
 def input_differences(record: dict[str, Any]) -> list[str]:
+    """Each input whose contents differ from the run's, or that is missing; a relative path is read from the
+    working directory here, so one missing for another working directory says where the run ran."""
     found = []
+    elsewhere = f" here; the run ran in {record['cwd']}" if record.get("cwd", os.getcwd()) != os.getcwd() else ""
     for setting, entry in (record.get("inputs") or {}).items():
         now = content_hash(setting, entry["path"])
         if now is None:
-            found.append(f"data: {setting} {entry['path']}: missing (the run read {_short(entry['hash'])})")
+            found.append(f"data: {setting} {entry['path']}: missing{elsewhere} (the run read {_short(entry['hash'])})")
         elif now != entry["hash"]:
             found.append(
                 f"data: {setting} {entry['path']}: its contents differ from the run's "

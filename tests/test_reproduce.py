@@ -183,3 +183,24 @@ def test_evaluation_reproduces_its_generations_again(prefect_harness, tiny_lm_di
     assert len(engines) == 2  # the generations were made again, not read from the cache
     assert_exact(result)
     assert any(r["metric"] == "accuracy" for r in result["rows"])
+
+
+def test_a_setting_gone_or_new_other_versions_and_a_missing_input_are_named(tmp_path, monkeypatch):
+    from flows.params import GRPOParams
+    from tasks.provenance import build_record, differences
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "table.csv").write_text("question,pass_rate\n")
+    record = build_record(GRPOParams(difficulty_table="table.csv", output_dir=str(tmp_path / "out")))
+    assert record["inputs"]["difficulty_table"]["hash"].startswith("sha256:")
+    assert differences(record, GRPOParams) == []
+    record["settings"]["old_knob"] = 1
+    del record["settings"]["sweep_kl_coefs"]
+    record["versions"]["torch"] = "0.0"
+    record["cwd"] = "/elsewhere"
+    (tmp_path / "table.csv").unlink()
+    found = "\n".join(differences(record, GRPOParams))
+    assert "setting old_knob: recorded, but the flow has no such setting now" in found
+    assert "setting sweep_kl_coefs: new since the run" in found
+    assert "versions: torch 0.0 then" in found
+    assert "data: difficulty_table table.csv: missing here; the run ran in /elsewhere" in found
