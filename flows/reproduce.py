@@ -185,7 +185,7 @@ def show(result: dict) -> None:
     if result["differences"]:
         print("re-run despite these differences:\n  " + "\n  ".join(result["differences"]))
     columns = ["run", "metric", "original", "reproduced", "difference", "curve", "verdict"]
-    print(markdown_table(result["rows"], columns, width=40))
+    print(markdown_table(result["rows"], columns, number=lambda value: f"{value:.6g}", width=40))
     outcome = "exactly" if result["exact"] else "within noise" if result["reproduced"] else "NOT"
     print(f"reproduced {outcome}: run {result['mlflow_run_id']} (tag reproduces={result['reproduces']})")
     print(f"outputs  {result['output_dir']}")

@@ -97,11 +97,11 @@ def tiny_grpo(tmp_path, model):
 
 
 def test_grpo_run_reproduces_exactly_and_a_changed_default_stops_it(
-    prefect_harness, tiny_lm_dir, tmp_path, monkeypatch
+    prefect_harness, tiny_lm_dir, tmp_path, monkeypatch, capsys
 ):
     from flows.grpo import grpo_flow
     from flows.params import GRPOParams
-    from flows.reproduce import DifferencesError, ReproduceParams, reproduce
+    from flows.reproduce import DifferencesError, ReproduceParams, reproduce, show
 
     monkeypatch.chdir(tmp_path)
     params = tiny_grpo(tmp_path, tiny_lm_dir)
@@ -112,6 +112,12 @@ def test_grpo_run_reproduces_exactly_and_a_changed_default_stops_it(
     assert set(result["runs"]) == {"grpo", "grpo-single"}
     assert {"reward_mean", "loss", "final_val_accuracy"} <= {r["metric"] for r in result["rows"]}
     assert child["setting"] == "single"
+    show(result)  # the table as the command prints it
+    printed = capsys.readouterr().out
+    assert (
+        "| grpo-single | final_val_accuracy |" in printed
+        and f"reproduced exactly: run {result['mlflow_run_id']}" in printed
+    )
 
     # A default the run left alone changes: named (with the value the run used), and nothing runs.
     monkeypatch.setattr(GRPOParams.model_fields["clip_train_batch_size"], "default", 64)
