@@ -26,6 +26,7 @@ from flows.params import BaselineEvalParams
 from tasks.checks import check_outputs, check_prompts_fit
 from tasks.evaluation import generate, grade, load_problems, log_evaluation_run, write_outputs
 from tasks.flow_summary import publish
+from tasks.provenance import log_provenance
 from tasks.tracking import UI_COMMAND, flow_run, ui_address
 
 
@@ -37,7 +38,9 @@ def baseline_eval(params: BaselineEvalParams = BaselineEvalParams()) -> dict:
     sampling = params.sampling_for(template)
     evaluated = {}
     model_name = params.model.rstrip("/").split("/")[-1]
-    with flow_run(params.experiment, f"{model_name}-{params.prompt}", params.tracking_uri):
+    with flow_run(params.experiment, f"{model_name}-{params.prompt}", params.tracking_uri) as run:
+        if run.info.run_id is not None:
+            log_provenance(params)
         for name, source in {"": params.data, **params.extra_sets}.items():
             problems = load_problems(source, params.data_format, params.limit)
             prompts = [template.format(p.problem) for p in problems]

@@ -4,10 +4,12 @@ Pick the runs by id (``--runs id1,id2``), by experiment (``--experiment grpo``, 
 an MLflow filter string, ``--filter "params.loss_type = 'grpo_clip'"``), or as the children of a parent
 run (``--parent ID``: an ablation or sweep). The flow writes into ``output_dir``:
 
-- ``comparison.md`` / ``comparison.csv`` / ``comparison.json``: one row per run with its name, the
-  parameters whose values differ between the runs, and the final value of each chosen metric; and for
-  evaluation runs (which log every graded sample) the paired difference in per-problem accuracy against
-  the first of them, with its standard error, on the problems both evaluated (also ``paired.json``);
+- ``comparison.md``: first what differs in the runs' provenance records (code, data, settings, versions,
+  device; also ``records.json``), then the results; ``comparison.csv`` / ``comparison.json``: one row per
+  run with its name, the parameters whose values differ between the runs, and the final value of each
+  chosen metric; and for evaluation runs (which log every graded sample) the paired difference in
+  per-problem accuracy against the first of them, with its standard error, on the problems both evaluated
+  (also ``paired.json``);
 - ``<metric>_vs_step.png``: one plot per plotted metric, the metric against step, one line per run;
 
 and logs them as artifacts of a new run in MLflow experiment ``comparison``, tagged with the compared
@@ -38,6 +40,7 @@ from flows.cli import flow_main, print_paths
 from flows.params import MLflowLogging, OutputDir, TrackingStore
 from tasks.flow_summary import publish
 from tasks.plots import plot_curves
+from tasks.provenance import read_record, record_rows
 from tasks.tables import csv_text, markdown_table
 from tasks.tracking import find_runs, log_files_run, metric_points, run_labels, run_records, store_client
 
@@ -155,6 +158,23 @@ def paired_rows(client: Any, runs: list[Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def run_provenance(client: Any, runs: list[Any]) -> list[dict[str, str]]:
+    """What differs between the runs' provenance records (:func:`tasks.provenance.record_rows`: code, data,
+    settings, versions, device), one row an entry; [] when fewer than two runs are compared or none holds a
+    record."""
+    if len(runs) < 2:
+        return []
+    records = []
+    for run in runs:
+        try:
+            records.append(read_record(client, run.info.run_id, ""))
+        except ValueError:  # made before runs recorded their provenance, or by a flow that records none
+            records.append(None)
+    if all(r is None for r in records):
+        return []
+    return record_rows(run_labels(runs), records)
+
+
 # ------------------------------------------------------------------------------------- writing
 
 
@@ -172,9 +192,20 @@ def write_comparison(
     columns = table_metrics(runs, metrics)
     rows, params = comparison_rows(runs, columns)
     held = {k for r in runs for k in r.data.metrics}
-    md = [
-        f"# {title or 'Run comparison'}",
-        "",
+    records = run_provenance(client, runs)
+    md = [f"# {title or 'Run comparison'}", ""]
+    if records:
+        md += [
+            "## What differs in their records",
+            "",
+            "Code, data (content hashes), settings, versions and device, from each run's provenance.json.",
+            "",
+            markdown_table(records, width=48),
+            "",
+            "## Results",
+            "",
+        ]
+    md += [
         f"{len(runs)} runs; parameters shown: those that differ between them"
         f"{' (all: one run)' if len(runs) == 1 else ''}; metrics: final values.",
         "",
@@ -210,8 +241,11 @@ def write_comparison(
     }
     if paired:
         paths["paired_json"] = write_text_atomic(output_dir / "paired.json", json.dumps(paired, indent=2) + "\n")
+    if records:
+        paths["records_json"] = write_text_atomic(output_dir / "records.json", json.dumps(records, indent=2) + "\n")
     return {
         "rows": rows,
+        "records": records,
         "paired": paired,
         "params": params,
         "metrics": columns,

@@ -31,6 +31,7 @@ from tasks.checks import check_outputs, check_prompts_fit
 from tasks.evaluation import generate, grade
 from tasks.flow_summary import publish
 from tasks.plots import plot_histogram
+from tasks.provenance import log_provenance
 from tasks.tracking import flow_run, log_files_run
 
 BINS = (0.0, 0.25, 0.5, 0.75, 1.0)  # histogram edges; 0 and 1 get bins of their own
@@ -40,7 +41,11 @@ BINS = (0.0, 0.25, 0.5, 0.75, 1.0)  # histogram edges; 0 and 1 get bins of their
 def difficulty(params: DifficultyParams = DifficultyParams()) -> dict:
     """Estimate the pass rates; returns the summary, the paths and the MLflow run id. Its MLflow run spans the
     whole estimate (generation included)."""
-    with flow_run(params.experiment, f"{params.model.rstrip('/').split('/')[-1]}-difficulty", params.tracking_uri):
+    with flow_run(
+        params.experiment, f"{params.model.rstrip('/').split('/')[-1]}-difficulty", params.tracking_uri
+    ) as run:
+        if run.info.run_id is not None:
+            log_provenance(params)
         template = load_prompt(params.prompt)
         problems = load_problem_set(params.train_data, params.train_format, params.seed, "train")[: params.limit]
         prompts = [template.format(p.problem) for p in problems]

@@ -52,6 +52,7 @@ from a5core.rollout import Engine, SamplingSettings
 from a5core.settings import HOW_FAST_FIELDS
 from tasks.evaluation import validation_hook
 from tasks.fingerprints import file_digest, model_fingerprint
+from tasks.provenance import log_provenance
 from tasks.run_lock import run_lock
 from tasks.tracking import artifact_paths, log_params_flat, mlflow_logger, start_resumable_run, tracking_rank
 
@@ -246,13 +247,15 @@ def log_run_params(params: Any, extra: dict[str, Any] | None = None) -> None:
     """A run's parameters into the active MLflow run (tracking rank only), with ``extra``, every setting a
     parameter (an attempt that resumes the run and changes one of the fields :func:`run_key` ignores, where
     results go or how fast it runs, records the new value as a tag: :func:`tasks.tracking.log_settings`); the
-    starting model's real folder as the tag ``model_path``."""
+    starting model's real folder as the tag ``model_path``; the run's provenance record, ``provenance.json``
+    (:func:`tasks.provenance.log_provenance`)."""
     import mlflow
 
     if not tracking_rank():
         return
     log_params_flat({**params.model_dump(), **(extra or {})})
     mlflow.set_tags({"model_path": model_path(params.model)})
+    log_provenance(params)
 
 
 def _starting_evaluation(run_id: str | None) -> dict[str, float]:

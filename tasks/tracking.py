@@ -265,8 +265,9 @@ def prefect_flow_run() -> dict[str, str]:
 
     found = {"id": str(flow_run.id), "name": flow_run.name or "", "flow": flow_run.flow_name or ""}
     context = FlowRunContext.get()
-    if context is not None and context.flow is not None:  # the module that defines the flow
+    if context is not None and context.flow is not None:  # the module that defines the flow, and the function
         found["module"] = context.flow.fn.__module__
+        found["entrypoint"] = f"{context.flow.fn.__module__}:{context.flow.fn.__name__}"
     if PREFECT_UI_URL.value():  # the UI's page of a flow run (runtime's ui_url is an older route)
         found["url"] = f"{PREFECT_UI_URL.value().rstrip('/')}/runs/flow-run/{found['id']}"
     return found
@@ -283,10 +284,9 @@ def run_tags() -> dict[str, str]:
       Prefect's engine starts), ``git.dirty`` (``true``: the tree had uncommitted changes to tracked files);
     - ``versions.python``, ``versions.a5`` and ``versions.<package>`` of :data:`VERSIONED_PACKAGES` installed;
     - ``device``: ``cuda`` with the GPUs' names and count, or ``cpu``.
-    """
-    import importlib.metadata
-    import platform
 
+    The run's full record, to run it again (settings, inputs' hashes, seeds), is :mod:`tasks.provenance`'s.
+    """
     tags: dict[str, str] = {}
     flow_run = prefect_flow_run()
     for key in ("id", "name", "flow", "url"):
@@ -306,14 +306,23 @@ def run_tags() -> dict[str, str]:
             * bool(commit)
             + "."
         )
-    tags["versions.python"] = platform.python_version()
-    for package in ("a5", *VERSIONED_PACKAGES):
-        try:
-            tags[f"versions.{package}"] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            pass
+    tags.update({f"versions.{name}": version for name, version in versions().items()})
     tags["device"] = _device()
     return tags
+
+
+def versions() -> dict[str, str]:
+    """The versions of Python, the project (``a5``) and each of :data:`VERSIONED_PACKAGES` installed."""
+    import importlib.metadata
+    import platform
+
+    found = {"python": platform.python_version()}
+    for package in ("a5", *VERSIONED_PACKAGES):
+        try:
+            found[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return found
 
 
 def _device() -> str:

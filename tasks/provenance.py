@@ -1,0 +1,271 @@
+"""A run's provenance record: what it takes to run it again and to say whether it is the same run.
+
+Every training flow's top run and child runs hold the artifact ``provenance.json`` (:func:`log_provenance`,
+called where a run logs its parameters):
+
+- ``flow``: the Prefect flow that made the run (name and ``module:function`` entrypoint);
+- ``settings``: every setting of the flow's parameter model as the run resolved it (defaults, ``params.yaml``
+  and its profile, flags), ``explicit``: those given rather than defaulted, ``defaults``: each setting's
+  default then, and ``seeds`` (the settings named ``*seed*``);
+- ``inputs``: each setting naming a file or folder that exists (data, prompt template, difficulty table, a
+  model folder) with its content hash: ``sha256:`` of a file's bytes, ``folder-sha256:`` over a folder's files
+  (:mod:`tasks.fingerprints`), a hub model by the revision the local cache holds; beside it ``dvc_md5`` where
+  ``dvc.lock`` lists that file (DVC's own hash of it when it was last committed). Checks compare the content
+  hash, which is the bytes there now;
+- ``code``: the git commit, whether tracked files had uncommitted changes and the sha256 of that diff (logged as
+  ``git_diff.patch`` when there is one);
+- ``versions`` (Python, the project, torch, transformers, vLLM and the others :func:`tasks.tracking.versions`
+  lists) and ``device``; ``cwd``, which relative paths in the settings are relative to.
+
+:func:`differences` compares a record with the checkout, data and environment here, naming each difference;
+``flows.reproduce`` refuses to re-run while there are any (unless told to go on) and ``flows.compare`` puts
+two runs' records side by side (:func:`record_rows`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined, to_jsonable_python
+
+from tasks.fingerprints import file_digest, folder_digest, model_fingerprint
+from tasks.tracking import PROJECT_ROOT, _device, _git, prefect_flow_run, versions
+
+ARTIFACT = "provenance.json"
+DIFF_ARTIFACT = "git_diff.patch"
+
+
+def _jsonable(value: Any) -> Any:
+    return to_jsonable_python(value, fallback=str)
+
+
+def git_state() -> dict[str, Any]:
+    """The commit checked out, whether tracked files differ from it, and the diff (``diff``, not recorded)."""
+    commit = _git("rev-parse", "HEAD")
+    diff = (_git("diff", "HEAD") or "") if commit else ""
+    return {
+        "commit": commit,
+        "dirty": bool(diff),
+        "diff_sha256": hashlib.sha256(diff.encode()).hexdigest() if diff else None,
+        "diff": diff,
+    }
+
+
+def _dvc_md5s() -> dict[str, str]:
+    """The md5 of each single file ``dvc.lock`` lists (a stage's dependency or output), by its resolved path."""
+    import yaml
+
+    lock = PROJECT_ROOT / "dvc.lock"
+    try:
+        stages = (yaml.safe_load(lock.read_text()) or {}).get("stages") or {}
+    except (OSError, yaml.YAMLError):
+        return {}
+    found = {}
+    for stage in stages.values():
+        for entry in [*(stage.get("deps") or []), *(stage.get("outs") or [])]:
+            md5 = str(entry.get("md5", ""))
+            if md5 and not md5.endswith(".dir"):
+                found[str((PROJECT_ROOT / entry["path"]).resolve())] = md5
+    return found
+
+
+def content_hash(setting: str, value: str) -> str | None:
+    """The content hash of what a setting's value names, or None when it names no file or folder here."""
+    path = Path(value).expanduser()
+    if setting == "model":
+        return model_fingerprint(value)
+    if path.is_file():
+        return f"sha256:{file_digest(path)}"
+    if path.is_dir():
+        return f"folder-sha256:{folder_digest(path)}"
+    return None
+
+
+def inputs(params: BaseModel) -> dict[str, dict[str, str]]:
+    """Each setting of ``params`` naming an existing file or folder (and the model): path and content hash,
+    and DVC's md5 where ``dvc.lock`` lists the file."""
+    dvc = None
+    found: dict[str, dict[str, str]] = {}
+    for setting, value in params.model_dump().items():
+        if not isinstance(value, str) or not value or setting in ("output_dir", "metrics_path"):
+            continue
+        digest = content_hash(setting, value)
+        if digest is None:
+            continue
+        entry = {"path": value, "hash": digest}
+        if digest.startswith("sha256:"):
+            dvc = _dvc_md5s() if dvc is None else dvc
+            md5 = dvc.get(str(Path(value).expanduser().resolve()))
+            if md5:
+                entry["dvc_md5"] = md5
+        found[setting] = entry
+    return found
+
+
+def field_defaults(model: type[BaseModel]) -> dict[str, Any]:
+    """Each field's default (JSON values), leaving out fields without one."""
+    found = {}
+    for name, field in model.model_fields.items():
+        default = field.get_default(call_default_factory=True)
+        if default is not PydanticUndefined:
+            found[name] = _jsonable(default)
+    return found
+
+
+def build_record(params: BaseModel) -> dict[str, Any]:
+    """The provenance record of a run of ``params`` in the present flow run (see the module docstring)."""
+    flow = prefect_flow_run()
+    settings = params.model_dump(mode="json")
+    return {
+        "flow": {"name": flow.get("flow"), "entrypoint": flow.get("entrypoint")},
+        "params_model": f"{type(params).__module__}.{type(params).__qualname__}",
+        "settings": settings,
+        "explicit": sorted(params.model_fields_set),
+        "defaults": field_defaults(type(params)),
+        "seeds": {k: v for k, v in settings.items() if "seed" in k},
+        "inputs": inputs(params),
+        "code": {k: v for k, v in git_state().items() if k != "diff"},
+        "versions": versions(),
+        "device": _device(),
+        "cwd": os.getcwd(),
+    }
+
+
+def log_provenance(params: BaseModel) -> dict[str, Any]:
+    """Log :func:`build_record` as ``provenance.json`` into the active MLflow run (and the diff as
+    ``git_diff.patch`` when tracked files have uncommitted changes); returns the record."""
+    import mlflow
+
+    record = build_record(params)
+    mlflow.log_dict(record, ARTIFACT)
+    if record["code"]["dirty"]:
+        mlflow.log_text(git_state()["diff"], DIFF_ARTIFACT)
+    return record
+
+
+def read_record(client: Any, run_id: str, tracking_uri: str) -> dict[str, Any]:
+    """The provenance record run ``run_id`` holds; ValueError naming the run when the store has no such run
+    or the run holds no record."""
+    import tempfile
+
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_run(run_id)
+    except MlflowException:
+        raise ValueError(f"no run {run_id!r} in {tracking_uri}") from None
+    if ARTIFACT not in {a.path for a in client.list_artifacts(run_id)}:
+        raise ValueError(
+            f"run {run_id} in {tracking_uri} holds no {ARTIFACT}: it was made by a flow or a version of the "
+            "project that does not record its provenance, so there is nothing to re-run it from"
+        )
+    with tempfile.TemporaryDirectory() as folder:
+        return json.loads(Path(client.download_artifacts(run_id, ARTIFACT, folder)).read_text())
+
+
+# ------------------------------------------------------------------------------- checking the present
+
+
+def _short(value: str | None) -> str:
+    return "none" if value is None else value[:19] if value.startswith(("sha256:", "folder-")) else value
+
+
+def code_differences(record: dict[str, Any]) -> list[str]:
+    then, now = record.get("code") or {}, git_state()
+    found = []
+    if then.get("commit") != now["commit"]:
+        found.append(f"code: the run was made at commit {then.get('commit')}, the checkout is at {now['commit']}")
+    if then.get("diff_sha256") != now["diff_sha256"]:
+        had = f"uncommitted changes ({DIFF_ARTIFACT} of the run)" if then.get("dirty") else "no uncommitted changes"
+        has = "other uncommitted changes" if now["dirty"] else "none"
+        found.append(f"code: the run had {had}; the checkout has {has}")
+    return found
+
+
+def input_differences(record: dict[str, Any]) -> list[str]:
+    """Each input whose contents differ from the run's, or that is missing; a relative path is read from the
+    working directory here, so one missing for another working directory says where the run ran."""
+    found = []
+    elsewhere = f" here; the run ran in {record['cwd']}" if record.get("cwd", os.getcwd()) != os.getcwd() else ""
+    for setting, entry in (record.get("inputs") or {}).items():
+        now = content_hash(setting, entry["path"])
+        if now is None:
+            found.append(f"data: {setting} {entry['path']}: missing{elsewhere} (the run read {_short(entry['hash'])})")
+        elif now != entry["hash"]:
+            found.append(
+                f"data: {setting} {entry['path']}: its contents differ from the run's "
+                f"({_short(entry['hash'])} then, {_short(now)} now)"
+            )
+    return found
+
+
+def setting_differences(record: dict[str, Any], model: type[BaseModel]) -> list[str]:
+    """Settings the flow no longer has, settings it has that the run did not, and defaults that changed for
+    settings the run left to their default (the run is replayed with its recorded values either way)."""
+    settings, explicit = record["settings"], set(record.get("explicit") or [])
+    found = [
+        f"setting {k}: recorded, but the flow has no such setting now" for k in settings if k not in model.model_fields
+    ]
+    found += [f"setting {k}: new since the run (the run had none)" for k in model.model_fields if k not in settings]
+    then, now = record.get("defaults") or {}, field_defaults(model)
+    for name in sorted(set(then) & set(now) - explicit):
+        if then[name] != now[name]:
+            found.append(
+                f"setting {name}: its default was {then[name]!r} when the run was made, is {now[name]!r} now "
+                f"(the run used {settings.get(name)!r})"
+            )
+    return found
+
+
+def environment_differences(record: dict[str, Any]) -> list[str]:
+    then, now = record.get("versions") or {}, versions()
+    found = [
+        f"versions: {name} {then.get(name, 'not installed')} then, {now.get(name, 'not installed')} now"
+        for name in sorted(set(then) | set(now))
+        if then.get(name) != now.get(name)
+    ]
+    if record.get("device") != _device():
+        found.append(f"device: {record.get('device')} then, {_device()} now")
+    return found
+
+
+def differences(record: dict[str, Any], model: type[BaseModel]) -> list[str]:
+    """Everything recorded that is not the same here: code, data, settings, versions and device."""
+    return [
+        *code_differences(record),
+        *input_differences(record),
+        *setting_differences(record, model),
+        *environment_differences(record),
+    ]
+
+
+# ------------------------------------------------------------------------------------ side by side
+
+
+def flatten(record: dict[str, Any]) -> dict[str, str]:
+    """A record as ``section.key → value`` strings, the parts that say what ran: code, inputs' hashes,
+    settings, versions and device."""
+    flat = {f"code.{k}": str(v) for k, v in (record.get("code") or {}).items()}
+    flat.update({f"data.{k}": f"{v['path']} {_short(v['hash'])}" for k, v in (record.get("inputs") or {}).items()})
+    flat.update({f"setting.{k}": json.dumps(v) for k, v in (record.get("settings") or {}).items()})
+    flat.update({f"versions.{k}": str(v) for k, v in (record.get("versions") or {}).items()})
+    flat["device"] = str(record.get("device"))
+    return flat
+
+
+def record_rows(labels: list[str], records: list[dict[str, Any] | None]) -> list[dict[str, str]]:
+    """The entries that differ between runs' records, one row each (``what`` and a column a run); a run
+    without a record shows ``(no record)``."""
+    flats = [flatten(r) if r is not None else None for r in records]
+    keys = sorted({k for f in flats if f for k in f})
+    rows = []
+    for key in keys:
+        values = [f.get(key, "") if f is not None else "(no record)" for f in flats]
+        if len(set(values)) > 1:
+            rows.append({"what": key, **dict(zip(labels, values, strict=True))})
+    return rows

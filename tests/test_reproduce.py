@@ -1,0 +1,212 @@
+"""flows.reproduce: tiny SFT and GRPO runs re-run from their provenance records reproduce exactly; a changed
+data file or a changed default is named and stops the re-run; flows.compare shows two runs' records."""
+
+import json
+from dataclasses import asdict
+
+import pytest
+
+from a5core.data import write_jsonl_atomic
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def tiny_sft(tmp_path, model):
+    from test_training_flows import arithmetic_traces
+
+    from a5core.arithmetic import arithmetic_problems
+    from flows.params import SFTExperimentParams
+
+    write_jsonl_atomic(tmp_path / "train.jsonl", [asdict(t) for t in arithmetic_traces(8)])
+    validation = [p.__dict__ | {"type": "arithmetic"} for p in arithmetic_problems(4, digits=1, split="validation")]
+    write_jsonl_atomic(tmp_path / "val.jsonl", validation)
+    return SFTExperimentParams(
+        model=str(model),
+        backend="hf",
+        train_data="train.jsonl",
+        filtered_data=None,
+        sizes=["full"],
+        validation_data="val.jsonl",
+        val_subset=2,
+        val_limit=4,
+        learning_rate=1e-3,
+        batch_size=4,
+        microbatch_size=2,
+        epochs=1,
+        eval_every=1,
+        checkpoint_every=2,
+        max_tokens=8,
+        output_dir="out",
+        metrics_path="metrics.json",
+        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+    )
+
+
+def assert_exact(result):
+    judged = [r for r in result["rows"] if r["verdict"] != "timing"]
+    assert judged and all(r["verdict"] == "exact" for r in judged), [r for r in judged if r["verdict"] != "exact"]
+    assert result["exact"] and result["reproduced"] and not result["differences"]
+
+
+def test_sft_run_reproduces_exactly_and_a_changed_data_file_stops_it(
+    prefect_harness, tiny_lm_dir, tmp_path, monkeypatch, capsys
+):
+    import mlflow
+
+    from flows.reproduce import DifferencesError, ReproduceParams, main, reproduce
+    from flows.sft_experiment import sft_experiment
+
+    monkeypatch.chdir(tmp_path)
+    params = tiny_sft(tmp_path, tiny_lm_dir)
+    original = sft_experiment(params)
+    client = mlflow.MlflowClient(params.tracking_uri)
+    record = json.loads(
+        (tmp_path / client.download_artifacts(original["mlflow_run_id"], "provenance.json", str(tmp_path))).read_text()
+    )
+    assert record["flow"] == {"name": "sft_experiment", "entrypoint": "flows.sft_experiment:sft_experiment"}
+    assert record["settings"]["learning_rate"] == 1e-3 and record["seeds"] == {"seed": params.seed}
+    assert set(record["inputs"]) == {"model", "train_data", "validation_data"}
+    assert record["inputs"]["train_data"]["hash"].startswith("sha256:")
+    assert {"python", "torch", "transformers", "a5"} <= set(record["versions"]) and record["device"] == "cpu"
+
+    result = reproduce(ReproduceParams(run_id=original["mlflow_run_id"], tracking_uri=params.tracking_uri))
+    assert_exact(result)
+    assert set(result["runs"]) == {"sft_experiment", "sft-full"}
+    assert any(r["metric"] == "final_val_accuracy" and r["run"] == "sft-full" for r in result["rows"])
+    new = client.get_run(result["mlflow_run_id"])
+    assert new.data.tags["reproduces"] == original["mlflow_run_id"]
+    assert new.info.run_id != original["mlflow_run_id"]
+
+    # One trace edited: named, and nothing runs; with --allow-differences it runs anyway.
+    lines = (tmp_path / "train.jsonl").read_text().splitlines()
+    (tmp_path / "train.jsonl").write_text("\n".join([lines[1], lines[0], *lines[2:]]) + "\n")
+    with pytest.raises(DifferencesError, match=r"data: train_data train\.jsonl: its contents differ"):
+        reproduce(ReproduceParams(run_id=original["mlflow_run_id"], tracking_uri=params.tracking_uri))
+    with pytest.raises(SystemExit, match="train_data train.jsonl"):
+        main(["--run-id", original["mlflow_run_id"], "--tracking-uri", params.tracking_uri])
+    allowed = reproduce(
+        ReproduceParams(run_id=original["mlflow_run_id"], tracking_uri=params.tracking_uri, allow_differences=True)
+    )
+    assert any("train_data" in d for d in allowed["differences"]) and allowed["rows"]
+
+
+def tiny_grpo(tmp_path, model):
+    from test_grpo_flows import tiny_params
+
+    return tiny_params(tmp_path, model, eval_every=2, val_limit=2)
+
+
+def test_grpo_run_reproduces_exactly_and_a_changed_default_stops_it(
+    prefect_harness, tiny_lm_dir, tmp_path, monkeypatch, capsys
+):
+    from flows.grpo import grpo_flow
+    from flows.params import GRPOParams
+    from flows.reproduce import DifferencesError, ReproduceParams, reproduce, show
+
+    monkeypatch.chdir(tmp_path)
+    params = tiny_grpo(tmp_path, tiny_lm_dir)
+    original = grpo_flow(params)
+    child = original["summary"][0]
+    result = reproduce(ReproduceParams(run_id=original["mlflow_run_id"], tracking_uri=params.tracking_uri))
+    assert_exact(result)
+    assert set(result["runs"]) == {"grpo", "grpo-single"}
+    assert {"reward_mean", "loss", "final_val_accuracy"} <= {r["metric"] for r in result["rows"]}
+    assert child["setting"] == "single"
+    show(result)  # the table as the command prints it
+    printed = capsys.readouterr().out
+    assert (
+        "| grpo-single | final_val_accuracy |" in printed
+        and f"reproduced exactly: run {result['mlflow_run_id']}" in printed
+    )
+
+    # A default the run left alone changes: named (with the value the run used), and nothing runs.
+    monkeypatch.setattr(GRPOParams.model_fields["clip_train_batch_size"], "default", 64)
+    with pytest.raises(DifferencesError, match=r"setting clip_train_batch_size: its default was 128 .* is 64 now"):
+        reproduce(ReproduceParams(run_id=original["mlflow_run_id"], tracking_uri=params.tracking_uri))
+
+
+def test_unknown_run_and_run_without_record_are_named(prefect_harness, tmp_path):
+    import mlflow
+
+    from flows.reproduce import ReproduceParams, reproduce
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment("bare")
+    with mlflow.start_run() as bare:
+        mlflow.log_param("x", 1)
+    with pytest.raises(ValueError, match="no run 'nope'"):
+        reproduce(ReproduceParams(run_id="nope", tracking_uri=uri))
+    with pytest.raises(ValueError, match=f"run {bare.info.run_id} .* holds no provenance.json"):
+        reproduce(ReproduceParams(run_id=bare.info.run_id, tracking_uri=uri))
+
+
+def test_compare_shows_records_side_by_side(prefect_harness, tmp_path, monkeypatch):
+    import mlflow
+
+    from flows.compare import CompareParams, compare
+    from flows.params import GRPOParams
+    from tasks.provenance import log_provenance
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment("records")
+    ids = []
+    for rate in (1e-5, 3e-5):
+        with mlflow.start_run() as run:
+            log_provenance(GRPOParams(learning_rate=rate, output_dir=str(tmp_path / "out")))
+            mlflow.log_metric("final_val_accuracy", 0.5)
+        ids.append(run.info.run_id)
+    result = compare(CompareParams(runs=ids, output_dir=str(tmp_path / "cmp"), tracking_uri=uri, log_to_mlflow=False))
+    assert [r["what"] for r in result["records"]] == ["setting.learning_rate"]
+    text = (tmp_path / "cmp" / "comparison.md").read_text()
+    assert text.index("setting.learning_rate") < text.index("final_val_accuracy")
+
+
+def test_evaluation_reproduces_its_generations_again(prefect_harness, tiny_lm_dir, shared_data, tmp_path, monkeypatch):
+    import tasks.evaluation
+    from flows.baseline_eval import BaselineEvalParams, baseline_eval
+    from flows.reproduce import ReproduceParams, reproduce
+
+    engines = []
+    real_make_engine = tasks.evaluation.make_engine
+    monkeypatch.setattr(tasks.evaluation, "make_engine", lambda *a, **k: engines.append(a) or real_make_engine(*a, **k))
+    monkeypatch.chdir(tmp_path)
+    params = BaselineEvalParams(
+        model=str(tiny_lm_dir),
+        backend="hf",
+        data=str(shared_data / "math/validation.jsonl"),
+        limit=3,
+        n=2,
+        max_tokens=8,
+        output_dir=str(tmp_path / "out"),
+        metrics_path=str(tmp_path / "metrics.json"),
+        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+    )
+    original = baseline_eval(params)
+    result = reproduce(ReproduceParams(run_id=original["mlflow_run_id"], tracking_uri=params.tracking_uri))
+    assert len(engines) == 2  # the generations were made again, not read from the cache
+    assert_exact(result)
+    assert any(r["metric"] == "accuracy" for r in result["rows"])
+
+
+def test_a_setting_gone_or_new_other_versions_and_a_missing_input_are_named(tmp_path, monkeypatch):
+    from flows.params import GRPOParams
+    from tasks.provenance import build_record, differences
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "table.csv").write_text("question,pass_rate\n")
+    record = build_record(GRPOParams(difficulty_table="table.csv", output_dir=str(tmp_path / "out")))
+    assert record["inputs"]["difficulty_table"]["hash"].startswith("sha256:")
+    assert differences(record, GRPOParams) == []
+    record["settings"]["old_knob"] = 1
+    del record["settings"]["sweep_kl_coefs"]
+    record["versions"]["torch"] = "0.0"
+    record["cwd"] = "/elsewhere"
+    (tmp_path / "table.csv").unlink()
+    found = "\n".join(differences(record, GRPOParams))
+    assert "setting old_knob: recorded, but the flow has no such setting now" in found
+    assert "setting sweep_kl_coefs: new since the run" in found
+    assert "versions: torch 0.0 then" in found
+    assert "data: difficulty_table table.csv: missing here; the run ran in /elsewhere" in found
