@@ -50,7 +50,8 @@ class MemoryReader(Protocol):
         """The most bytes allocated since :meth:`start`."""
 
     def free(self) -> int:
-        """Bytes free for activations: free on the device plus held by the allocator unused."""
+        """Bytes free for activations: free on the device plus held by the allocator unused (within the
+        process's share, ``torch.cuda.set_per_process_memory_fraction``)."""
 
     def release(self) -> None:
         """Return cached, unused memory (after an out-of-memory error)."""
@@ -70,8 +71,10 @@ class CudaMemory:
         return torch.cuda.max_memory_allocated(self.device)
 
     def free(self) -> int:
-        free, _ = torch.cuda.mem_get_info(self.device)
-        return free + torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+        free, total = torch.cuda.mem_get_info(self.device)
+        fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda device: 1.0)(self.device)
+        usable = min(free + torch.cuda.memory_reserved(self.device), int(fraction * total))  # the process's cap
+        return usable - torch.cuda.memory_allocated(self.device)
 
     def release(self) -> None:
         torch.cuda.empty_cache()
