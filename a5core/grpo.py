@@ -160,7 +160,9 @@ class GRPOConfig(
     """Settings of one GRPO run; defaults are the A5 handout's. Invalid values or combinations raise
     ``ValueError`` naming the field at construction. ``compile_layers``: ``torch.compile`` the decoder
     layers (:func:`a5core.policy.compile_decoder_layers`; on a GPU faster and leaner after a first step
-    that compiles). ``fsdp_reshard_after_forward`` False (several ranks): weights stay gathered from
+    that compiles; ``auto``, the default: on CUDA only). ``max_tokens_per_microbatch`` ``auto`` (the
+    default): a token budget sized to the GPU (:mod:`a5core.token_budget`), micro-batches by count on the CPU.
+    ``fsdp_reshard_after_forward`` False (several ranks): weights stay gathered from
     forward to backward (faster, more memory; see :func:`a5core.distributed.shard`)."""
 
     n_grpo_steps: int = Field(200, ge=1, description="GRPO steps (a rollout batch each)")

@@ -115,7 +115,9 @@ class SFTConfig(OptimizerSettings, SFTBatchSettings, LoRASettings, SpeedSettings
     ``max_seq_len`` caps prompt + response tokens; longer sequences lose the end of their response.
     ``eval_every``/``checkpoint_every`` 0 mean "only at the end". ``compile_layers``: ``torch.compile``
     the decoder layers (:func:`a5core.policy.compile_decoder_layers`; on a GPU faster and leaner, after a
-    first step that compiles). ``fsdp_reshard_after_forward`` False (several ranks): weights stay gathered
+    first step that compiles; ``auto``, the default: on CUDA only). ``max_tokens_per_microbatch`` ``auto``
+    (the default): a token budget sized to the GPU (:mod:`a5core.token_budget`), by count on the CPU.
+    ``fsdp_reshard_after_forward`` False (several ranks): weights stay gathered
     from forward to backward (faster, more memory; see :func:`a5core.distributed.shard`).
     """
 
