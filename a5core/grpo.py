@@ -86,6 +86,7 @@ stops when any rank says so).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -159,7 +160,9 @@ class GRPOConfig(
     """Settings of one GRPO run; defaults are the A5 handout's. Invalid values or combinations raise
     ``ValueError`` naming the field at construction. ``compile_layers``: ``torch.compile`` the decoder
     layers (:func:`a5core.policy.compile_decoder_layers`; on a GPU faster and leaner after a first step
-    that compiles). ``fsdp_reshard_after_forward`` False (several ranks): weights stay gathered from
+    that compiles; ``auto``, the default: on CUDA only). ``max_tokens_per_microbatch`` ``auto`` (the
+    default): a token budget sized to the GPU (:mod:`a5core.token_budget`), micro-batches by count on the CPU.
+    ``fsdp_reshard_after_forward`` False (several ranks): weights stay gathered from
     forward to backward (faster, more memory; see :func:`a5core.distributed.shard`)."""
 
     n_grpo_steps: int = Field(200, ge=1, description="GRPO steps (a rollout batch each)")
@@ -369,7 +372,7 @@ def grpo(
 def grpo_step(run: _Run, engine: Engine, reward_fn: RewardFn, step: int) -> dict[str, float]:
     """GRPO step ``step`` + 1, Algorithm 3's loop body: sample → reward → advantages → (old log-probs) →
     optimizer steps over micro-batch losses → the step's metrics."""
-    config, model, timer, world = run.config, run.model, run.timer, distributed.rank_and_world()[1]
+    config, model, timer = run.config, run.model, run.timer
     timer.times, began = {}, time.perf_counter()
 
     # 1. Sample group_size rollouts for each of prompts_per_step questions, seeded by (seed, step): a resumed
@@ -398,50 +401,32 @@ def grpo_step(run: _Run, engine: Engine, reward_fn: RewardFn, step: int) -> dict
     # 4. The log-probs of the policy that sampled (π_old: the ratio losses, the importance weights) and of the
     # frozen reference (the KL penalty), once, before the first update moves the policy.
     if len(batch) and (config.needs_old_log_probs or run.kl.reference is not None):
-        with timer("old_log_probs"), run.microbatches.naming(f"GRPO step {step + 1}, log-probs pass"):
-            log_probs_pass(run, batch)
+        where = f"GRPO step {step + 1}, log-probs pass"
+        with timer("old_log_probs"), run.microbatches.naming(where):
+            run.microbatches.budget.retrying(functools.partial(log_probs_pass, run, batch), where)
 
     # 5. epochs_per_rollout_batch passes over the rollouts, shuffled per epoch, in optimizer steps of
     # train_batch_size rollouts (more than one step a batch: off-policy, where the ratio π/π_old matters).
     stats = StepStats(run.device, run.loss.metrics, kl=bool(run.kl.coef), ratios=config.needs_old_log_probs)
+    budget = run.microbatches.budget
     with timer("train"), run.microbatches.naming(f"GRPO step {step + 1}, training"):
         for epoch, train_batch in _train_batches(config, len(batch), step):  # none if every group was dropped
             model.train()
-            run.optimizer.zero_grad(set_to_none=True)
-            microbatches = run.microbatches.split(batch, train_batch)
-            stats.begin(len(microbatches))
             constant = normalize_constant(config, batch, train_batch, run.weights)
-            for index in distributed.accumulating(model, microbatches):
-                rows = index or train_batch[:1]  # an empty share still runs a pass (FSDP2), at zero weight
-                t = run.microbatches.tensors(batch, index, rows)
-                with run.autocast:  # entropy is only logged: the first epoch's is enough
-                    out = get_response_log_probs(model, t["input_ids"], t["labels"], return_token_entropy=epoch == 0)
-                per_token, loss_metadata = run.loss.per_token(out["log_probs"], t)
-                # Dividing each micro-batch mean by len(train_batch) / (len(micro) · world) makes the sum over
-                # micro-batches the batch mean (× world: FSDP2 averages the ranks' gradients).
-                loss, meta = policy_gradient_backward(
-                    per_token,
-                    loss_metadata,
-                    out["log_probs"],
-                    t["response_mask"],
-                    len(train_batch) / (max(len(index), 1) * world),
-                    length_normalization=config.length_normalization,
-                    normalize_constant=constant,
-                    token_weights=run.weights(batch, rows, t),
-                    **run.kl.terms(t, live=bool(index)),
-                )
-                if index:
-                    stats.add(sum(len(batch.response_ids[i]) for i in index), t, out, loss, meta, world)
+            # Out of memory under an auto budget: this optimizer step's accumulation again, at half the budget.
+            accumulate = functools.partial(_accumulate, run, batch, train_batch, stats, epoch, constant)
+            budget.retrying(accumulate, f"GRPO step {step + 1}, training")
             got = stats.read(torch.nn.utils.clip_grad_norm_(run.params, config.grad_clip or math.inf))
             if not (math.isfinite(got["loss"]) and math.isfinite(got["grad_norm"])):
                 raise _non_finite(run, step, epoch, stats.optimizer_steps, got)  # before the update: weights intact
             run.guard.check(f"GRPO step {step + 1} of {config.n_grpo_steps}", got["loss"], got["grad_norm"])
             run.optimizer.step()
+            budget.settle()  # auto: sized once, after the first update (AdamW's moments then hold their memory)
             stats.stepped(got)
         run.optimizer.zero_grad(set_to_none=True)
 
     # 6. The step's metrics: the rollouts' and the training's above, then phase times and throughput.
-    compiled = {"compiled_graphs": float(compiled_graphs())} if config.compile_layers else {}
+    compiled = {"compiled_graphs": float(compiled_graphs())} if config.compiles(run.device) else {}
     shapes = float(len(run.microbatches.shapes))
     metrics.update(stats.metrics(lr=run.optimizer.param_groups[0]["lr"], microbatch_shapes=shapes, **compiled))
     metrics.update(timer.times)
@@ -450,6 +435,39 @@ def grpo_step(run: _Run, engine: Engine, reward_fn: RewardFn, step: int) -> dict
     metrics["generate_tokens_per_s"] = generated / max(timer.times["time_generate"], 1e-9)
     metrics["train_tokens_per_s"] = metrics.get("train_tokens", 0.0) / max(timer.times["time_train"], 1e-9)
     return metrics
+
+
+def _accumulate(
+    run: _Run, batch: RolloutBatch, train_batch: list[int], stats: StepStats, epoch: int, constant: float
+) -> None:
+    """One optimizer step's gradient, accumulated over the micro-batches of ``train_batch`` from zero (so
+    that it can run again, at another budget, after running out of memory)."""
+    world = distributed.rank_and_world()[1]
+    run.optimizer.zero_grad(set_to_none=True)
+    microbatches = run.microbatches.split(batch, train_batch)
+    stats.begin(len(microbatches))
+    for index in distributed.accumulating(run.model, microbatches):
+        rows = index or train_batch[:1]  # an empty share still runs a pass (FSDP2), at zero weight
+        t = run.microbatches.tensors(batch, index, rows)
+        with run.microbatches.budget.measuring(t["input_ids"].numel()):
+            with run.autocast:  # entropy is only logged: the first epoch's is enough
+                out = get_response_log_probs(run.model, t["input_ids"], t["labels"], return_token_entropy=epoch == 0)
+            per_token, loss_metadata = run.loss.per_token(out["log_probs"], t)
+            # Dividing each micro-batch mean by len(train_batch) / (len(micro) · world) makes the sum over
+            # micro-batches the batch mean (× world: FSDP2 averages the ranks' gradients).
+            loss, meta = policy_gradient_backward(
+                per_token,
+                loss_metadata,
+                out["log_probs"],
+                t["response_mask"],
+                len(train_batch) / (max(len(index), 1) * world),
+                length_normalization=run.config.length_normalization,
+                normalize_constant=constant,
+                token_weights=run.weights(batch, rows, t),
+                **run.kl.terms(t, live=bool(index)),
+            )
+        if index:
+            stats.add(sum(len(batch.response_ids[i]) for i in index), t, out, loss, meta, world)
 
 
 def _train_batches(config: GRPOConfig, n: int, step: int) -> Iterator[tuple[int, list[int]]]:
@@ -534,7 +552,7 @@ def _setup(
     optimizer = config.adamw(params)
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if config.compile_layers:
+    if config.compiles(device):
         compile_decoder_layers(model, activation_memory_budget=COMPILED_ACTIVATION_BUDGET)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
     timer = PhaseTimer(device)
@@ -555,7 +573,7 @@ def _setup(
         config.policy_loss,
         TokenWeights(config),
         kl,
-        MicroBatches(config, tokenizer, device),
+        MicroBatches(config, tokenizer, device, params),
         DivergenceGuard(fixed_scale=False, vanishing_gradient=not config.policy_loss.clips),
     )
 

@@ -21,6 +21,7 @@ from a5core import distributed
 from a5core.grpo_batch import RolloutBatch
 from a5core.out_of_memory import naming_the_microbatch
 from a5core.policy import pad_id_of
+from a5core.token_budget import TokenBudget
 
 # What one optimizer step accumulates over its micro-batches (summed over ranks when read).
 _STEP_SUMS = ("loss", "clipped", "ratio_sum", "entropy_sum", "kl_sum", "response_tokens", "entropy_tokens", "tokens")
@@ -46,26 +47,29 @@ class PhaseTimer:
 
 class MicroBatches:
     """This rank's micro-batches of a train batch (:func:`a5core.distributed.rank_microbatches`): of
-    ``microbatch_size`` rollouts, or by ``max_tokens_per_microbatch`` (then padded to a multiple of 64
-    positions, so compiled layers see few shapes). Counts the shapes seen, for the metrics and an
-    out-of-memory error."""
+    ``microbatch_size`` rollouts, or by the token budget (:class:`a5core.token_budget.TokenBudget`, from
+    ``max_tokens_per_microbatch``; then padded to a multiple of 64 positions, so compiled layers see few
+    shapes). Counts the shapes seen, for the metrics and an out-of-memory error."""
 
-    def __init__(self, config: Any, tokenizer: Any, device: torch.device) -> None:
-        self.size, self.budget = config.microbatch_size, config.max_tokens_per_microbatch
+    def __init__(
+        self, config: Any, tokenizer: Any, device: torch.device, params: Sequence[torch.nn.Parameter] = ()
+    ) -> None:
+        self.size, self.budget = config.microbatch_size, TokenBudget(config.max_tokens_per_microbatch, device, params)
         self.count = f"gradient_accumulation_steps {config.gradient_accumulation_steps}: raise it"
-        self.multiple = distributed.PAD_MULTIPLE if self.budget is not None else 1
         self.pad_id, self.device = pad_id_of(tokenizer), device
         self.shapes: set[tuple[int, ...]] = set()  # the (rows, positions) of every micro-batch so far
         self.last_shape: tuple[int, ...] | None = None
 
     def split(self, batch: RolloutBatch, items: Sequence[int]) -> list[list[int]]:
-        lengths = batch.lengths if self.budget is not None else None
-        return distributed.rank_microbatches(items, self.size, lengths, self.budget)
+        budget = self.budget.value
+        lengths = batch.lengths if budget is not None else None
+        return distributed.rank_microbatches(items, self.size, lengths, budget)
 
     def tensors(self, batch: RolloutBatch, index: list[int], stand_in: list[int]) -> dict[str, torch.Tensor]:
         """The micro-batch ``index`` as tensors (:meth:`RolloutBatch.tensors`). An empty share (this rank has
         no rollout left) still runs a pass, FSDP2's collectives need it: rollouts ``stand_in`` at advantage 0."""
-        t = batch.select(index or stand_in).tensors(self.pad_id, self.device, self.multiple)
+        multiple = distributed.PAD_MULTIPLE if self.budget.value is not None else 1
+        t = batch.select(index or stand_in).tensors(self.pad_id, self.device, multiple)
         if not index:
             for key in ("advantages", "raw_rewards"):
                 t[key] = torch.zeros_like(t[key])
@@ -75,7 +79,7 @@ class MicroBatches:
 
     def naming(self, where: str) -> contextlib.AbstractContextManager[None]:
         """Out of GPU memory inside: one error naming ``where``, the last micro-batch's shape and the setting."""
-        return naming_the_microbatch(where, self.budget, self.count, lambda: self.last_shape)
+        return naming_the_microbatch(where, lambda: self.budget.value, self.count, lambda: self.last_shape)
 
 
 class TokenWeights:
@@ -158,10 +162,11 @@ class StepStats:
         self.optimizer_steps, self.passes = 0, 0
 
     def begin(self, microbatches: int) -> None:
-        """An optimizer step of ``microbatches`` passes begins."""
+        """An optimizer step of ``microbatches`` passes begins (again, if its first attempt ran out of memory:
+        what that attempt accumulated is dropped)."""
         self.acc = {k: torch.zeros((), dtype=torch.float64, device=self.device) for k in _STEP_SUMS}
         self.ratio_peak = torch.zeros((), dtype=torch.float64, device=self.device)
-        self.passes += microbatches
+        self.microbatches = microbatches
 
     def add(
         self,
@@ -205,6 +210,7 @@ class StepStats:
     def stepped(self, got: dict[str, float]) -> None:
         """The optimizer stepped with statistics ``got`` (from :meth:`read`)."""
         self.optimizer_steps += 1
+        self.passes += self.microbatches
         tokens = max(got["response_tokens"], 1)
         self.sums["loss"] += got["loss"]
         self.sums["grad_norm"] += got["grad_norm"]

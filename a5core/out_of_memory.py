@@ -16,21 +16,24 @@ class MicrobatchOutOfMemoryError(torch.OutOfMemoryError):
 
 @contextlib.contextmanager
 def naming_the_microbatch(
-    where: str, budget: int | None, count_setting: str, shape: Callable[[], tuple[int, ...] | None]
+    where: str,
+    budget: Callable[[], int | None],
+    count_setting: str,
+    shape: Callable[[], tuple[int, ...] | None],
 ) -> Iterator[None]:
     """Re-raise a ``torch.OutOfMemoryError`` from inside as a :class:`MicrobatchOutOfMemoryError` that says
     ``where`` (e.g. "GRPO step 12, training"), the last micro-batch's ``shape()`` (rows, positions) and what
-    to change: ``max_tokens_per_microbatch`` when micro-batches are cut by that ``budget`` (a how-fast
+    to change: ``max_tokens_per_microbatch`` when micro-batches are cut by that ``budget()`` (a how-fast
     setting: the run resumes from its last checkpoint with a lower one), else ``count_setting`` (how many
     sequences a micro-batch holds, e.g. "microbatch_size 2: lower it")."""
     try:
         yield
     except torch.OutOfMemoryError as error:
-        size = shape()
+        size, budget_now = shape(), budget()
         tensor = f" of {size[0]} sequences × {size[1]} positions" if size else ""
-        if budget is not None:
+        if budget_now is not None:
             fix = (
-                f"micro-batches are cut by max_tokens_per_microbatch {budget:,}: lower it and run the same command "
+                f"micro-batches are cut by max_tokens_per_microbatch {budget_now:,}: lower it and run the same command "
                 "again, it resumes from the last checkpoint (README, 'Micro-batches by token budget': which "
                 "budget fits which GPU)"
             )

@@ -17,10 +17,19 @@ restatement of the value it replaces is refused.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, create_model, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 
 from a5core.rollout import SamplingSettings
@@ -106,23 +115,50 @@ class OptimizerSettings(Settings):
 
 
 class SpeedSettings(Settings):
-    """How a step runs: memory against speed, and several GPUs."""
+    """How a step runs: memory against speed, and several GPUs. ``auto``: the fast path on CUDA (each choice
+    measured faster there and giving the same update), today's on the CPU (README, 'On a GPU')."""
 
     gradient_checkpointing: StrictBool = Field(False, description="recompute activations in backward (less memory)")
-    max_tokens_per_microbatch: int | None = Field(
-        None,
-        ge=1,
+    max_tokens_per_microbatch: int | Literal["auto"] | None = Field(
+        "auto",
         description="micro-batches by token budget: sequences sorted by length fill each micro-batch up to this "
-        "many padded tokens (rows × length); None: a fixed number of sequences per micro-batch",
+        "many padded tokens (rows × length); auto: on CUDA sized to the memory free, halved and the pass run again "
+        "on running out of memory (a5core.token_budget), on the CPU None; None: a fixed number of sequences per "
+        "micro-batch",
     )
-    compile_layers: StrictBool = Field(
-        False, description="torch.compile the decoder layers (GPU: faster, less memory; the first step compiles)"
+    compile_layers: StrictBool | Literal["auto"] = Field(
+        "auto",
+        description="torch.compile the decoder layers (GPU: faster, less memory; the first step compiles); "
+        "auto: on CUDA, not on the CPU",
     )
     fsdp_reshard_after_forward: StrictBool = Field(
         True,
         description="several GPUs: False keeps each layer's gathered "
         "weights from forward to backward (faster, more memory)",
     )
+
+    @field_validator("max_tokens_per_microbatch", mode="before")
+    @classmethod
+    def _budget(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.isdigit():
+            value = int(value)
+        if value is None or value == "auto" or (type(value) is int and value >= 1):
+            return value
+        raise ValueError(
+            "max_tokens_per_microbatch must be a whole number >= 1 (padded tokens per micro-batch), auto (sized to "
+            f"the GPU) or null (micro-batches by count), got {value!r}"
+        )
+
+    @field_validator("compile_layers", mode="before")
+    @classmethod
+    def _compile(cls, value: Any) -> Any:
+        if isinstance(value, bool) or value == "auto":
+            return value
+        raise ValueError(f"compile_layers must be true, false or auto (on CUDA, not on the CPU), got {value!r}")
+
+    def compiles(self, device: torch.device) -> bool:
+        """Whether the decoder layers are compiled on ``device`` (``compile_layers`` auto: on CUDA)."""
+        return self.compile_layers is True or (self.compile_layers == "auto" and device.type == "cuda")
 
 
 # How fast a step runs, not what it computes (the update is the same to float rounding): a checkpoint or a run

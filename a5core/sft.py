@@ -52,6 +52,7 @@ rank 0 and resume on any number of ranks.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -93,6 +94,7 @@ from a5core.settings import (
     SpeedSettings,
     defaults,
 )
+from a5core.token_budget import TokenBudget
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +115,9 @@ class SFTConfig(OptimizerSettings, SFTBatchSettings, LoRASettings, SpeedSettings
     ``max_seq_len`` caps prompt + response tokens; longer sequences lose the end of their response.
     ``eval_every``/``checkpoint_every`` 0 mean "only at the end". ``compile_layers``: ``torch.compile``
     the decoder layers (:func:`a5core.policy.compile_decoder_layers`; on a GPU faster and leaner, after a
-    first step that compiles). ``fsdp_reshard_after_forward`` False (several ranks): weights stay gathered
+    first step that compiles; ``auto``, the default: on CUDA only). ``max_tokens_per_microbatch`` ``auto``
+    (the default): a token budget sized to the GPU (:mod:`a5core.token_budget`), by count on the CPU.
+    ``fsdp_reshard_after_forward`` False (several ranks): weights stay gathered
     from forward to backward (faster, more memory; see :func:`a5core.distributed.shard`).
     """
 
@@ -156,6 +160,7 @@ class _Run:
     params: list[torch.nn.Parameter]
     device: torch.device
     autocast: contextlib.AbstractContextManager
+    budget: TokenBudget  # the micro-batches' token budget (a5core.token_budget)
     positions: list[int] | None  # under a token budget: each example's trained positions
     total_steps: int
     checkpoint: Path | None
@@ -232,33 +237,12 @@ def sft_step(run: _Run, batch_order: list[int], step: int) -> dict[str, float]:
     """One optimizer step on the examples ``batch_order``: micro-batch losses, back-propagated and
     accumulated; the gradient norm clipped; AdamW at the scheduled rate. Returns the step's metrics, the
     whole batch's (summed over ranks)."""
-    config, model, device, world = run.config, run.model, run.device, distributed.rank_and_world()[1]
-    batch = [run.examples[i] for i in batch_order]
-    run.optimizer.zero_grad(set_to_none=True)
-    loss = torch.zeros((), device=device)
-    nll = torch.zeros((), device=device)
-    tokens = torch.zeros((), dtype=torch.long, device=device)
-    truncated = 0
-    budget = config.max_tokens_per_microbatch
-    lengths = None if run.positions is None else [run.positions[i] for i in batch_order]
-    microbatches = distributed.rank_microbatches(range(len(batch)), config.microbatch_size, lengths, budget)
+    config, device = run.config, run.device
     count = f"microbatch_size {config.microbatch_size}: lower it"
-    with naming_the_microbatch(f"SFT step {step + 1}", budget, count, lambda: run.last_shape):
-        for index in distributed.accumulating(model, microbatches):
-            micro = [batch[i] for i in index] or batch[:1]  # an empty share still runs a pass (FSDP2), at weight 0
-            input_ids, labels, response_mask, cut = _microbatch(run, micro, live=bool(index))
-            truncated += cut
-            run.last_shape = tuple(input_ids.shape)
-            with run.autocast:
-                log_probs = get_response_log_probs(model, input_ids, labels)["log_probs"]  # (b, T) fp32
-            # Dividing each micro-batch mean by len(batch) / (len(micro) · world) makes the sum over
-            # micro-batches the batch mean (× world: FSDP2 averages the ranks' gradients).
-            micro_loss, meta = sft_microbatch_train_step(
-                log_probs, response_mask, len(batch) / (len(micro) * world), config.normalize_constant
-            )
-            loss += micro_loss / world
-            nll -= (log_probs.detach() * response_mask).sum()
-            tokens += meta["response_tokens"]
+    where = f"SFT step {step + 1}"
+    with naming_the_microbatch(where, lambda: run.budget.value, count, lambda: run.last_shape):
+        # Out of memory under an auto budget: the accumulation again, at half the budget.
+        loss, nll, tokens, truncated = run.budget.retrying(functools.partial(_accumulate, run, batch_order), where)
     grad_norm = torch.nn.utils.clip_grad_norm_(run.params, config.grad_clip if config.grad_clip > 0 else math.inf)
     grad_norm_value = distributed.full_tensor(grad_norm).item()
     sums = torch.stack(
@@ -275,6 +259,7 @@ def sft_step(run: _Run, batch_order: list[int], step: int) -> dict[str, float]:
     lr = run.scheduler.get_last_lr()[0]
     run.optimizer.step()
     run.scheduler.step()
+    run.budget.settle()  # auto: sized once, after the first update (AdamW's moments then hold their memory)
     return {
         "loss": loss_value,
         "token_nll": nll_value / max(token_count, 1),
@@ -283,6 +268,39 @@ def sft_step(run: _Run, batch_order: list[int], step: int) -> dict[str, float]:
         "tokens": token_count,
         "truncated": truncated,
     }
+
+
+def _accumulate(run: _Run, batch_order: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """The gradient of the examples ``batch_order``, accumulated over their micro-batches from zero (so that
+    it can run again, at another budget, after running out of memory): this rank's loss, summed negative
+    log-probs, response tokens and truncated sequences."""
+    config, model, device, world = run.config, run.model, run.device, distributed.rank_and_world()[1]
+    batch = [run.examples[i] for i in batch_order]
+    run.optimizer.zero_grad(set_to_none=True)
+    loss = torch.zeros((), device=device)
+    nll = torch.zeros((), device=device)
+    tokens = torch.zeros((), dtype=torch.long, device=device)
+    truncated = 0
+    budget = run.budget.value
+    lengths = None if budget is None else [run.positions[i] for i in batch_order]
+    microbatches = distributed.rank_microbatches(range(len(batch)), config.microbatch_size, lengths, budget)
+    for index in distributed.accumulating(model, microbatches):
+        micro = [batch[i] for i in index] or batch[:1]  # an empty share still runs a pass (FSDP2), at weight 0
+        input_ids, labels, response_mask, cut = _microbatch(run, micro, live=bool(index))
+        truncated += cut
+        run.last_shape = tuple(input_ids.shape)
+        with run.budget.measuring(input_ids.numel()):
+            with run.autocast:
+                log_probs = get_response_log_probs(model, input_ids, labels)["log_probs"]  # (b, T) fp32
+            # Dividing each micro-batch mean by len(batch) / (len(micro) · world) makes the sum over
+            # micro-batches the batch mean (× world: FSDP2 averages the ranks' gradients).
+            micro_loss, meta = sft_microbatch_train_step(
+                log_probs, response_mask, len(batch) / (len(micro) * world), config.normalize_constant
+            )
+        loss += micro_loss / world
+        nll -= (log_probs.detach() * response_mask).sum()
+        tokens += meta["response_tokens"]
+    return loss, nll, tokens, truncated
 
 
 def _microbatch(run: _Run, micro: list[Trace], live: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
@@ -295,7 +313,7 @@ def _microbatch(run: _Run, micro: list[Trace], live: bool) -> tuple[torch.Tensor
     keep = run.config.max_seq_len - 1  # positions of (input, label) pairs within max_seq_len tokens
     cut = int(encoded["response_mask"][:, keep:].any(dim=-1).sum())
     input_ids, labels, response_mask = (encoded[k][:, :keep] for k in ("input_ids", "labels", "response_mask"))
-    if run.config.max_tokens_per_microbatch is not None:
+    if run.budget.value is not None:
         input_ids, labels, response_mask = pad_positions(input_ids, labels, response_mask, pad_id_of(run.tokenizer))
     input_ids, labels, response_mask = (x.to(run.device) for x in (input_ids, labels, response_mask))
     return input_ids, labels, response_mask, cut
@@ -322,10 +340,10 @@ def _setup(
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if config.compile_layers:
+    if config.compiles(device):
         compile_decoder_layers(model, activation_memory_budget=COMPILED_ACTIVATION_BUDGET)
-    budget = config.max_tokens_per_microbatch
-    positions = _positions(examples, tokenizer, config.max_seq_len) if budget is not None else None
+    budget = TokenBudget(config.max_tokens_per_microbatch, device, params)
+    positions = _positions(examples, tokenizer, config.max_seq_len) if budget.value is not None else None
     return _Run(
         config,
         model,
@@ -336,6 +354,7 @@ def _setup(
         params,
         device,
         autocast,
+        budget,
         positions,
         total_steps,
         checkpoint,

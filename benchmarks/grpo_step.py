@@ -16,10 +16,17 @@ cache attention (``--attentions``, ``benchmarks/_attention.py``): the engine's `
 The first step compiles (CUDA graph of the decode step; compiled decoder layers) and is reported apart;
 the warm steps' median and maximum are the figures. Targets: median ≤ 4.5 s, max ≤ 5.5 s.
 
+``--modes`` replaces that cross product by named configurations (:data:`MODES`): the ``a5`` profile as it
+shipped before the ``auto`` defaults (fp32 policy, eager layers, micro-batches of 2 rollouts), the defaults
+now (fp32 policy; ``compile_layers`` and ``max_tokens_per_microbatch`` ``auto``: compiled layers, a budget
+sized to the GPU), the best hand-set configuration measured (bf16 policy, compiled layers, budget 32,768),
+and the defaults with the process capped to 80 and 40 GiB (``torch.cuda.set_per_process_memory_fraction``;
+the cap is skipped on the CPU). The ``auto`` budget each run settled on is in its micro-batches column.
+
     python benchmarks/grpo_step.py [--model-dir DIR] [--steps 11] [--lengths fixed varied]
         [--token-budgets 0 16384 32768] [--count-steps N] [--decodes full shrinking shrinking-static]
         [--samplers multinomial gumbel-max] [--policy-dtypes bfloat16 float32] [--attentions sdpa matmul]
-        [--variants layers] [--tiny]
+        [--variants layers] [--modes shipped defaults best defaults-80g defaults-40g] [--tiny]
 """
 
 from __future__ import annotations
@@ -29,7 +36,8 @@ import contextlib
 import copy
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -49,6 +57,32 @@ VARIANTS = {
     "decoder": "decoder compiled as one graph",
 }
 SHORTEST = 30  # the varied lengths' lower end, tokens
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One measured configuration: training layers (a VARIANTS key, or ``auto``: the loop's ``compile_layers``
+    default), ``max_tokens_per_microbatch`` (None: micro-batches of ``--microbatch``), decode, sampler, policy
+    dtype, attention, and a cap on the process's GPU memory in GiB (None: the whole GPU)."""
+
+    variant: str
+    budget: int | str | None
+    decode: str
+    sampler: str
+    policy_dtype: str
+    attention: str
+    cap_gib: float | None = None
+    name: str = ""
+
+
+# Named configurations (--modes): (variant, budget, policy dtype, cap in GiB).
+MODES = {
+    "shipped": ("eager", None, "float32", None),  # the a5 profile before auto: 15.3 s a step on the H200
+    "defaults": ("auto", "auto", "float32", None),  # the defaults now: compiled layers, a budget sized to the GPU
+    "best": ("layers", 32768, "bfloat16", None),  # the best hand-set: 4.7–5.1 s a step on the H200
+    "defaults-80g": ("auto", "auto", "float32", 80.0),
+    "defaults-40g": ("auto", "auto", "float32", 40.0),
+}
 
 
 def problems_of(count: int):
@@ -83,11 +117,19 @@ def steps_of(model, tokenizer, engine, config, extra: Callable[[], dict] = dict)
 
 
 def run(
-    model, engine_model, tokenizer, args, lengths: str, budget: int | None, shrink: bool, sampler: str, steps: int
+    model,
+    engine_model,
+    tokenizer,
+    args,
+    lengths: str,
+    setting: Setting,
+    shrink: bool,
+    steps: int,
 ) -> list[dict]:
     """``steps`` GRPO steps of the policy ``model``, the engine decoding ``engine_model`` (the policy itself:
     colocated); each step's logged metrics with the peak memory and ``graphs``, the graphs torch.compile built in
-    this setting by the end of that step (decode step and training layers)."""
+    this setting by the end of that step (decode step and training layers). Layers compiled by the loop only
+    under the ``auto`` variant (the others are compiled, or not, before)."""
     from a5core.grpo import GRPOConfig
     from a5core.policy import compiled_graphs
     from a5core.rollout.hf import HFEngine
@@ -101,15 +143,126 @@ def run(
         min_tokens=tokens,
         max_tokens=tokens,
         gradient_accumulation_steps=size // args.microbatch,
-        max_tokens_per_microbatch=budget,
+        max_tokens_per_microbatch=setting.budget,
+        compile_layers="auto" if setting.variant == "auto" else False,
         **batch,
     )
     engine = use_sampler(
-        HFEngine(engine_model, tokenizer, batch_size=config.rollout_batch_size, shrink=shrink), sampler
+        HFEngine(engine_model, tokenizer, batch_size=config.rollout_batch_size, shrink=shrink), setting.sampler
     )
     before = compiled_graphs()
     with forced_lengths(engine, SHORTEST, tokens) if lengths == "varied" else contextlib.nullcontext():
         return steps_of(model, tokenizer, engine, config, lambda: {"graphs": compiled_graphs() - before})
+
+
+def settings_of(args) -> list[Setting]:
+    """The configurations to measure: ``--modes`` by name, else the cross product of the options."""
+    if args.modes:
+        first = dict(decode=args.decodes[0], sampler=args.samplers[0], attention=args.attentions[0])
+        return [
+            Setting(variant, budget, policy_dtype=dtype, cap_gib=cap, name=mode, **first)
+            for mode, (variant, budget, dtype, cap) in ((m, MODES[m]) for m in args.modes)
+        ]
+    return [
+        Setting(v, b or None, d, s, p, a)
+        for v in args.variants
+        for p in args.policy_dtypes
+        for b in args.token_budgets
+        for d in args.decodes
+        for s in args.samplers
+        for a in args.attentions
+    ]
+
+
+@contextlib.contextmanager
+def memory_cap(gib: float | None) -> Iterator[None]:
+    """The process's GPU memory capped to ``gib`` GiB inside (nothing on the CPU, or without a cap)."""
+    if gib is None or not torch.cuda.is_available():
+        yield
+        return
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, gib * 2**30 / total))
+    try:
+        yield
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+
+
+@contextlib.contextmanager
+def budgets_seen() -> Iterator[list]:
+    """The token budgets (a5core.token_budget.TokenBudget) the runs inside make, to read what auto settled on."""
+    from a5core import grpo_pieces
+    from a5core.token_budget import TokenBudget
+
+    made: list[TokenBudget] = []
+    real = grpo_pieces.TokenBudget
+
+    def recording(*args, **kwargs) -> TokenBudget:
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    grpo_pieces.TokenBudget = recording
+    try:
+        yield made
+    finally:
+        grpo_pieces.TokenBudget = real
+
+
+def microbatches_of(args, setting: Setting, settled: int | None) -> str:
+    """The micro-batches column: by count, a fixed budget, or what auto settled on (and the mode's name)."""
+    if setting.budget is None:
+        cut = f"{args.microbatch} rollouts"
+    elif setting.budget == "auto":
+        cut = f"budget auto → {settled:,}" if settled is not None else "auto: by count (CPU)"
+    else:
+        cut = f"budget {setting.budget:,}"
+    return f"{setting.name}: {cut}" if setting.name else cut
+
+
+def measure(args, setting: Setting, lengths: str, device: str) -> tuple[list[str], str]:
+    """One configuration's table row (a fresh model, compile cache and peak), and the model's description."""
+    from a5core.policy import compile_decoder_layers
+
+    model, tokenizer, description = _model.build(args.model_dir, args.tiny, device)
+    engine_model = model
+    if setting.policy_dtype == "float32" and model.dtype != torch.float32:
+        model = copy.deepcopy(engine_model).float()
+    torch._dynamo.reset()  # a fresh model and compile cache per setting
+    if setting.variant == "decoder":
+        compile_decoder_layers(model, one_graph=True)
+    elif setting.variant == "layers":
+        compile_decoder_layers(model, activation_memory_budget=0.8)
+    steps = args.steps if setting.budget is not None else (args.count_steps or args.steps)
+    with use_attention(setting.attention), decode_mode(setting.decode) as shrink, memory_cap(setting.cap_gib):
+        with budgets_seen() as budgets:
+            history = run(model, engine_model, tokenizer, args, lengths, setting, shrink, steps)
+    warm_steps = history[1:] or history
+    warm = [m["time_step"] for m in warm_steps]
+    last = history[-1]
+    layers = "compile_layers auto" if setting.variant == "auto" else VARIANTS[setting.variant]
+    row = [
+        layers,
+        str(model.dtype).removeprefix("torch."),
+        lengths,
+        microbatches_of(args, setting, budgets[-1].value if budgets else None),
+        setting.decode,
+        setting.sampler,
+        setting.attention,
+        f"{len(warm)}",
+        f"{history[0]['time_step']:.2f}",
+        f"{statistics.median(warm):.2f}",
+        f"{max(warm):.2f}",
+        *[f"{statistics.median(m.get(f'time_{p}', 0.0) for m in warm_steps):.2f}" for p in PHASES],
+        f"{last['response_tokens_mean']:.0f}",
+        f"{statistics.median(m['generate_tokens_per_s'] for m in history):,.0f}",
+        f"{statistics.median(m['train_tokens_per_s'] for m in history):,.0f}",
+        f"{last['microbatches']:.0f}",
+        f"{last['microbatch_shapes']:.0f}",
+        f"{history[0]['graphs']} → {last['graphs']}",
+        f"{max(m['peak_gib'] for m in history):.1f}",
+        "—" if setting.cap_gib is None else f"{setting.cap_gib:.0f}",
+    ]
+    return row, description
 
 
 def main() -> None:
@@ -149,64 +302,24 @@ def main() -> None:
         default=["layers"],
         help="how the training forward runs: eager, compiled layer by layer, or as one graph",
     )
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        choices=list(MODES),
+        help="named configurations instead of the cross product of --variants, --token-budgets and "
+        "--policy-dtypes (the first decode, sampler and attention): shipped, defaults, best, defaults capped",
+    )
     args = parser.parse_args()
-    from a5core.policy import compile_decoder_layers
-
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    rows = []
-    for variant in args.variants:
-        for lengths in args.lengths:
-            settings = [
-                (b or None, d, s, p, a)
-                for p in args.policy_dtypes
-                for b in args.token_budgets
-                for d in args.decodes
-                for s in args.samplers
-                for a in args.attentions
-            ]
-            for budget, decode, sampler, policy_dtype, attention in settings:
-                model, tokenizer, description = _model.build(args.model_dir, args.tiny, device)
-                engine_model = model
-                if policy_dtype == "float32" and model.dtype != torch.float32:
-                    model = copy.deepcopy(engine_model).float()
-                torch._dynamo.reset()  # a fresh model and compile cache per setting
-                if variant == "decoder":
-                    compile_decoder_layers(model, one_graph=True)
-                elif variant == "layers":
-                    compile_decoder_layers(model, activation_memory_budget=0.8)
-                steps = args.steps if budget is not None else (args.count_steps or args.steps)
-                with use_attention(attention), decode_mode(decode) as shrink:
-                    history = run(model, engine_model, tokenizer, args, lengths, budget, shrink, sampler, steps)
-                warm_steps = history[1:] or history
-                warm = [m["time_step"] for m in warm_steps]
-                last = history[-1]
-                rows.append(
-                    [
-                        VARIANTS[variant],
-                        str(model.dtype).removeprefix("torch."),
-                        lengths,
-                        f"{args.microbatch} rollouts" if budget is None else f"budget {budget:,}",
-                        decode,
-                        sampler,
-                        attention,
-                        f"{len(warm)}",
-                        f"{history[0]['time_step']:.2f}",
-                        f"{statistics.median(warm):.2f}",
-                        f"{max(warm):.2f}",
-                        *[f"{statistics.median(m.get(f'time_{p}', 0.0) for m in warm_steps):.2f}" for p in PHASES],
-                        f"{last['response_tokens_mean']:.0f}",
-                        f"{statistics.median(m['generate_tokens_per_s'] for m in history):,.0f}",
-                        f"{statistics.median(m['train_tokens_per_s'] for m in history):,.0f}",
-                        f"{last['microbatches']:.0f}",
-                        f"{last['microbatch_shapes']:.0f}",
-                        f"{history[0]['graphs']} → {last['graphs']}",
-                        f"{max(m['peak_gib'] for m in history):.1f}",
-                    ]
-                )
-                print(rows[-1], flush=True)
+    rows, description = [], ""
+    for lengths in args.lengths:
+        for setting in settings_of(args):
+            row, description = measure(args, setting, lengths, device)
+            rows.append(row)
+            print(row, flush=True)
     report(
         "One GRPO step at A5 defaults, hf backend, one GPU: micro-batches by count and by token budget, "
-        "full-size and shrinking decode, samplers, policy dtype, decode attention",
+        "full-size and shrinking decode, samplers, policy dtype, decode attention, memory cap",
         f"{description} (the engine; the policy: its column) · 256 rollouts (32 × 8), train batch 256, "
         "reinforce_with_baseline, masked_mean, AdamW · "
         f"responses fixed at {args.response} tokens, or varied log-uniform {SHORTEST}–{args.max_tokens} · "
@@ -233,6 +346,7 @@ def main() -> None:
             "shapes",
             "graphs compiled: first step → last",
             "peak GiB",
+            "memory cap GiB",
         ],
         rows,
         record=not args.tiny,

@@ -146,7 +146,7 @@ def test_one_step_update_equals_the_hand_computed_one(tokenizer, compile_layers)
         (dict(tis_cap=0.0), r"tis_cap\n  Input should be greater than 0"),
         (dict(n_grpo_steps=0), r"n_grpo_steps\n  Input should be greater than or equal to 1"),
         (dict(min_tokens=20), r"min_tokens \(20\) must not exceed max_tokens \(12\)"),
-        (dict(compile_layers="yes"), r"compile_layers\n  Input should be a valid boolean"),
+        (dict(compile_layers="yes"), r"compile_layers must be true, false or auto"),
     ],
 )
 def test_invalid_settings_fail_at_construction(overrides, message):

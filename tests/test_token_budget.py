@@ -4,7 +4,9 @@ two ranks in tests/test_distributed.py)."""
 
 from __future__ import annotations
 
+import functools
 import itertools
+import logging
 import re
 
 import pytest
@@ -13,10 +15,13 @@ from test_grpo import PROBLEMS, TEMPLATE, parity_reward, small_config
 from test_grpo_options import VariedLengthEngine
 from test_sft import make_model, short_examples
 
-from a5core import distributed
+import a5core.grpo
+import a5core.sft
+from a5core import distributed, grpo_pieces, token_budget
 from a5core.expert_iteration import EIConfig
 from a5core.grpo import grpo
 from a5core.sft import SFTConfig, train_sft
+from a5core.token_budget import size_budget
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -125,7 +130,7 @@ def test_sft_update_does_not_depend_on_how_the_batch_is_cut(tokenizer, sgd_updat
 
 def test_expert_iteration_passes_the_budget_to_its_sft_rounds():
     assert EIConfig(max_tokens_per_microbatch=512).round_sft(0).max_tokens_per_microbatch == 512
-    assert EIConfig().round_sft(1).max_tokens_per_microbatch is None
+    assert EIConfig().round_sft(1).max_tokens_per_microbatch == "auto"
 
 
 # ------------------------------------------------------------------------------------------ out of memory
@@ -174,3 +179,204 @@ def test_grpo_out_of_memory_names_the_pass_and_the_setting(tokenizer, monkeypatc
     assert re.search(r"of \d+ sequences × \d+ positions;", message), message
     assert names in message
     assert isinstance(caught.value.__cause__, torch.OutOfMemoryError)
+
+
+# ---------------------------------------------------------------------------------------- auto: sizing
+
+
+def test_auto_budget_is_a_power_of_two_of_the_free_memory_within_bounds():
+    mib = 2**20
+    assert size_budget(10 * 2**30, mib) == 8192  # 9,216 tokens fit in 90% of 10 GiB: 8,192
+    assert size_budget(10 * 2**30, mib, margin=0.0) == 8192  # 10,240 → 8,192
+    assert size_budget(20 * 2**30, mib, margin=0.0) == 16384
+    assert size_budget(2**40, mib) == token_budget.LARGEST
+    assert size_budget(0, mib) == size_budget(mib, mib) == 64  # one bucket at least
+    for free in range(1, 200):
+        budget = size_budget(free * 2**30 / 7, 3.4 * mib)
+        assert budget & (budget - 1) == 0 and budget % 64 == 0  # halving keeps it a multiple of the bucket
+
+
+class FakeMemory:
+    """A device's memory as numbers: ``allocated`` before each pass, ``peak`` during it, ``free`` after."""
+
+    def __init__(self, allocated=0, peak=0, free=2**40):
+        self.allocated, self.peak_bytes, self.free_bytes, self.released = allocated, peak, free, 0
+
+    def start(self):
+        return self.allocated
+
+    def peak(self):
+        return self.peak_bytes
+
+    def free(self):
+        return self.free_bytes
+
+    def release(self):
+        self.released += 1
+
+
+def test_auto_measures_a_token_from_the_first_passes_less_the_new_gradients_and_sizes_once():
+    weight = torch.nn.Parameter(torch.zeros(256))  # 1 KiB of gradient, not yet allocated
+    memory = FakeMemory(allocated=10_000, peak=10_000 + 1024 + 4096 * 2**10, free=9 * 2**30)
+    budget = token_budget.TokenBudget("auto", torch.device("cpu"), [weight], memory=memory)
+    assert budget.value == token_budget.PROBE_TOKENS and not budget.sized
+    with budget.measuring(4096):
+        weight.grad = torch.zeros_like(weight)
+    assert budget.cost == 2**10  # (peak − before − the new gradient) ÷ tokens
+    memory.peak_bytes = 10_000 + 1024 * 2**10  # a smaller pass: the larger cost stays
+    with budget.measuring(1024):
+        pass
+    assert budget.cost == 2**10
+    budget.settle()
+    assert budget.value == token_budget.LARGEST and budget.sized  # 9 GiB at 1 KiB a token: capped
+    memory.peak_bytes = 2**40
+    with budget.measuring(64):  # sized: no more measuring, no more sizing
+        pass
+    budget.settle()
+    assert budget.value == token_budget.LARGEST
+
+
+@pytest.mark.parametrize("setting", ["auto", None, 512])
+def test_auto_on_the_cpu_is_count_based_and_a_number_or_null_is_kept(setting):
+    budget = token_budget.TokenBudget(setting, torch.device("cpu"))
+    assert budget.value == (None if setting == "auto" else setting) and budget.sized
+    with budget.measuring(100):
+        pass
+    budget.settle()
+    assert budget.value == (None if setting == "auto" else setting)
+    with pytest.raises(torch.OutOfMemoryError):  # no retry but under auto on CUDA
+        budget.retrying(out_of_memory, "here")
+
+
+def test_compile_layers_auto_compiles_on_cuda_only():
+    assert SFTConfig().compile_layers == "auto"
+    assert SFTConfig().compiles(torch.device("cuda")) and not SFTConfig().compiles(torch.device("cpu"))
+    assert SFTConfig(compile_layers=True).compiles(torch.device("cpu"))
+    assert not SFTConfig(compile_layers=False).compiles(torch.device("cuda"))
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("fast", "max_tokens_per_microbatch must be a whole number >= 1 .*, auto .* or null"),
+        (0, "max_tokens_per_microbatch must be a whole number >= 1"),
+        (True, "max_tokens_per_microbatch must be a whole number >= 1"),
+        (1.5, "max_tokens_per_microbatch must be a whole number >= 1"),
+    ],
+)
+def test_a_bad_budget_is_refused_with_what_is_allowed(value, message):
+    with pytest.raises(ValueError, match=message):
+        SFTConfig(max_tokens_per_microbatch=value)
+    assert SFTConfig(max_tokens_per_microbatch="2048").max_tokens_per_microbatch == 2048  # a flag's text
+
+
+def test_auto_on_the_cpu_updates_exactly_as_micro_batches_by_count(tokenizer):
+    auto_model, auto = run_grpo(tokenizer, gradient_accumulation_steps=4)
+    count_model, count = run_grpo(tokenizer, gradient_accumulation_steps=4, max_tokens_per_microbatch=None)
+    assert auto["microbatches"] == count["microbatches"] == 4
+    for value, other in zip(auto_model.state_dict().values(), count_model.state_dict().values(), strict=True):
+        assert torch.equal(value, other)
+
+
+# ----------------------------------------------------------------------------------- auto: out of memory
+
+
+def failing_on_call(module, monkeypatch, failing: int) -> list[int]:
+    """``module``'s forward runs out of memory on its ``failing``-th call (counting from 1), once."""
+    real, calls = module.get_response_log_probs, []
+
+    def forward(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == failing:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.16 GiB.")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "get_response_log_probs", forward)
+    return calls
+
+
+def auto_on_the_cpu(monkeypatch, module, memory, probe):
+    """``auto`` sized on the CPU as on CUDA, from ``memory``, starting at ``probe`` tokens."""
+    monkeypatch.setattr(token_budget, "PROBE_TOKENS", probe)
+    monkeypatch.setattr(module, "TokenBudget", functools.partial(token_budget.TokenBudget, memory=memory))
+
+
+def grpo_history(tokenizer, **options):
+    model = make_model(tokenizer)
+    engine = VariedLengthEngine(model, tokenizer)
+    history = grpo(model, tokenizer, engine, PROBLEMS, TEMPLATE, parity_reward, small_config(**options))
+    return model, history
+
+
+def test_grpo_out_of_memory_under_auto_halves_the_budget_and_loses_nothing(tokenizer, monkeypatch, caplog):
+    """Out of memory in the second pass (the first's gradient already accumulated): the optimizer step runs
+    again at half the budget; its update and metrics are those of that budget from the start, and the
+    rollouts are not drawn again."""
+    options = dict(n_grpo_steps=2, gradient_accumulation_steps=4, checkpoint_every=0)
+    reference_model, reference = grpo_history(tokenizer, max_tokens_per_microbatch=256, **options)
+    memory = FakeMemory()
+    auto_on_the_cpu(monkeypatch, grpo_pieces, memory, probe=512)  # rollouts of 256 positions: 2 a pass, then 1
+    calls = failing_on_call(a5core.grpo, monkeypatch, failing=2)
+    generate = VariedLengthEngine.generate
+    generated = []
+    monkeypatch.setattr(VariedLengthEngine, "generate", lambda *a: generated.append(1) or generate(*a))
+    with caplog.at_level(logging.WARNING, logger="a5core.token_budget"):
+        model, history = grpo_history(tokenizer, **options)
+    assert "GRPO step 1, training: out of GPU memory; running it again with max_tokens_per_microbatch 256" in (
+        caplog.text
+    )
+    assert memory.released == 1 and len(generated) == 2 and len(calls) == 2 + 8 + 8
+    assert [h["step"] for h in history] == [1, 2]
+    for got, want in zip(history, reference, strict=True):
+        assert (
+            (got["microbatches"], got["optimizer_steps"])
+            == (want["microbatches"], want["optimizer_steps"])
+            == (
+                8,
+                1,
+            )
+        )
+        assert (got["loss"], got["grad_norm"], got["train_tokens"]) == (
+            want["loss"],
+            want["grad_norm"],
+            want["train_tokens"],
+        )
+    for value, other in zip(reference_model.state_dict().values(), model.state_dict().values(), strict=True):
+        assert torch.equal(value, other)
+
+
+def test_grpo_out_of_memory_after_an_update_keeps_it_and_runs_only_the_next_again(tokenizer, monkeypatch, caplog):
+    """Two optimizer steps a rollout batch: sized after the first (9 GiB free: the largest budget); out of
+    memory in the second's pass: only the second runs again, at half the budget, never the first."""
+    options = dict(train_batch_size=4, gradient_accumulation_steps=2, grad_clip=0.0, checkpoint_every=0)
+    reference_model, reference = grpo_history(tokenizer, max_tokens_per_microbatch=512, **options)
+    auto_on_the_cpu(monkeypatch, grpo_pieces, FakeMemory(free=9 * 2**30), probe=512)
+    calls = failing_on_call(a5core.grpo, monkeypatch, failing=3)  # the second optimizer step's first pass
+    with caplog.at_level(logging.WARNING, logger="a5core.token_budget"):
+        model, (last,) = grpo_history(tokenizer, **options)
+    half = f"{token_budget.LARGEST // 2:,}"
+    assert f"GRPO step 1, training: out of GPU memory; running it again with max_tokens_per_microbatch {half}" in (
+        caplog.text
+    )
+    assert len(calls) == 2 + 1 + 1  # 2 passes of 2 at 512, the failed one, 1 pass of 4 at 16,384
+    assert (last["optimizer_steps"], last["microbatches"]) == (2, 3)
+    assert last["loss"] == pytest.approx(reference[-1]["loss"], rel=1e-5, abs=1e-7)
+    for value, other in zip(reference_model.state_dict().values(), model.state_dict().values(), strict=True):
+        torch.testing.assert_close(other, value, atol=1e-7, rtol=0)
+
+
+def test_sft_out_of_memory_under_auto_halves_the_budget_and_loses_nothing(tokenizer, monkeypatch, caplog):
+    examples = short_examples(8)
+    config = dict(learning_rate=1e-3, batch_size=8, microbatch_size=2, epochs=1)
+    reference_model = make_model(tokenizer)
+    reference = train_sft(reference_model, tokenizer, examples, SFTConfig(max_tokens_per_microbatch=128, **config))
+    auto_on_the_cpu(monkeypatch, a5core.sft, FakeMemory(), probe=256)  # sequences of 64 positions: 4 a pass, then 2
+    calls = failing_on_call(a5core.sft, monkeypatch, failing=2)
+    model = make_model(tokenizer)
+    with caplog.at_level(logging.WARNING, logger="a5core.token_budget"):
+        got = train_sft(model, tokenizer, examples, SFTConfig(**config))
+    assert "SFT step 1: out of GPU memory; running it again with max_tokens_per_microbatch 128" in caplog.text
+    assert len(calls) == 2 + 4
+    assert {k: got[k] for k in reference} == reference
+    for value, other in zip(reference_model.state_dict().values(), model.state_dict().values(), strict=True):
+        assert torch.equal(value, other)
