@@ -45,6 +45,17 @@ def load_problem_set(source: str, data_format: str, seed: int, split: str) -> li
     return random.Random(seed).sample(problems, len(problems))
 
 
+def hold_out(train: list[Problem], n: int, scored: list[Problem]) -> tuple[list[Problem], list[Problem]]:
+    """(the problems to train on, the selection split): the last ``n`` problems of the (shuffled) train set,
+    less any whose question is also in ``scored``, are held out of training to choose a checkpoint or setting
+    on, so the split that gives the reported score never takes part in the choice. ValueError when fewer than
+    one problem would be left to train on."""
+    if n >= len(train):
+        raise ValueError(f"selection split of {n} problems leaves none of the {len(train)} train problems to train on")
+    questions = {p.problem for p in scored}
+    return train[:-n], [p for p in train[-n:] if p.problem not in questions]
+
+
 def load_trace_set(source: str, template: PromptTemplate, seed: int) -> list[Trace]:
     """SFT traces: a prompt/response/ground_truth file, or ``arithmetic:N:DIGITS``: N generated train
     problems of the arithmetic task as r1_zero traces (their one-line solution as the reasoning), the
