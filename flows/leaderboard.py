@@ -170,7 +170,7 @@ def _budgeted(start: float, run: Run) -> Trained:
     curve_sampling = SamplingSettings(
         temperature=1.0, top_p=1.0, max_tokens=params.max_tokens, stop=template.stop, seed=0
     )
-    subset_eval = validation_hook(engine, tokenizer, selection, template, run.reward_fn, curve_sampling, None)
+    subset_eval = validation_hook(engine, tokenizer, selection, template, run.reward_fn, curve_sampling, len(selection))
     token_ratio = FINAL_SAMPLING.max_tokens / params.max_tokens
     # An engine's first call compiles (the hf engine: ~45 s on an H200); made here, it stays out of
     # the evaluations' cost per problem, which would otherwise inflate the reserve and end the run early.

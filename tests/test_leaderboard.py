@@ -1,6 +1,7 @@
 """The leaderboard flow on CPU: a wall-clock budget that ends training, the best checkpoint, the final score."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -233,3 +234,17 @@ def test_the_checkpoint_is_chosen_on_held_out_train_problems_never_on_the_scored
     assert not {p.unique_id for p in trained} & {p.unique_id for p in selection}  # and apart from training
     assert all(hook == selection for hook in hooks[:-1])
     assert summary["selection_split"].startswith("arithmetic:40:1") and summary["score_split"].startswith("arith")
+    # every evaluation's per-problem table: each problem's id and reward, for comparisons paired over problems
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=params.tracking_uri)
+    run_id = summary["mlflow_run_id"]
+    tables = {a.path.split("/")[-1] for a in client.list_artifacts(run_id, "per_problem")}
+    final_table = f"full_step_{summary['grpo_steps']:06d}.json"
+    assert final_table in tables and any(t.startswith(f"subset{len(selection)}_") for t in tables)
+    logged = json.loads(
+        Path(client.download_artifacts(run_id, f"per_problem/{final_table}", str(tmp_path))).read_text()
+    )
+    rows = [dict(zip(logged["columns"], row, strict=True)) for row in logged["data"]]
+    assert sorted(r["unique_id"] for r in rows) == sorted(p.unique_id for p in final)
+    assert all(r["reward"] in (0.0, 1.0) and r["sample"] == 0 for r in rows)
