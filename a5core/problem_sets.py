@@ -56,6 +56,16 @@ def hold_out(train: list[Problem], n: int, scored: list[Problem]) -> tuple[list[
     return train[:-n], [p for p in train[-n:] if p.problem not in questions]
 
 
+def split_validation(problems: list[Problem], n: int, limit: int | None) -> tuple[list[Problem], list[Problem]]:
+    """(the selection split, the score split) of the (shuffled) validation problems: the last ``n`` (at most half
+    of them) choose a setting or checkpoint, the first ``limit`` of the rest (all if None) give the reported
+    score; disjoint, so the problems that score a choice take no part in it. ValueError under two problems."""
+    if len(problems) < 2:
+        raise ValueError(f"{len(problems)} validation problem(s): a selection and a score split need two at least")
+    n = min(n, len(problems) // 2)
+    return problems[-n:], problems[:-n][:limit]
+
+
 def load_trace_set(source: str, template: PromptTemplate, seed: int) -> list[Trace]:
     """SFT traces: a prompt/response/ground_truth file, or ``arithmetic:N:DIGITS``: N generated train
     problems of the arithmetic task as r1_zero traces (their one-line solution as the reasoning), the
