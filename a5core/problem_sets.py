@@ -46,14 +46,16 @@ def load_problem_set(source: str, data_format: str, seed: int, split: str) -> li
 
 
 def hold_out(train: list[Problem], n: int, scored: list[Problem]) -> tuple[list[Problem], list[Problem]]:
-    """(the problems to train on, the selection split): the last ``n`` problems of the (shuffled) train set,
-    less any whose question is also in ``scored``, are held out of training to choose a checkpoint or setting
-    on, so the split that gives the reported score never takes part in the choice. ValueError when fewer than
-    one problem would be left to train on."""
-    if n >= len(train):
-        raise ValueError(f"selection split of {n} problems leaves none of the {len(train)} train problems to train on")
+    """(the problems to train on, the selection split): the last ``n`` problems (at most half) of the (shuffled)
+    train set are held out of training to choose a checkpoint or setting on, less any whose question is also in
+    ``scored``, so the split that gives the reported score never takes part in the choice. ValueError when
+    none is left to select on."""
+    n = min(n, len(train) // 2)
     questions = {p.problem for p in scored}
-    return train[:-n], [p for p in train[-n:] if p.problem not in questions]
+    selection = [p for p in train[len(train) - n :] if p.problem not in questions]
+    if not selection:
+        raise ValueError(f"no train problem left to select on ({len(train)} problems, {n} held out, all scored)")
+    return train[: len(train) - n], selection
 
 
 def split_validation(problems: list[Problem], n: int, limit: int | None) -> tuple[list[Problem], list[Problem]]:

@@ -8,8 +8,8 @@ MATH validation problems with the r1_zero prompt, temperature 1.0, top_p 1.0, ma
 The recipe: an optional SFT phase (``sft_data``: a trace file, or ``arithmetic:N:DIGITS[:columns]`` generated
 traces as ``sft_experiment`` takes them; ``sft_max_steps``), then GRPO until the budget, less
 the time the final evaluation will take, runs out. The checkpoint is chosen on a split apart from the one
-that scores it: the last ``val_subset`` problems of the (shuffled) train set are held out of training (any
-whose question is also a scored validation problem dropped), their accuracy is logged against wall-clock
+that scores it: the last ``val_subset`` problems (at most half) of the (shuffled) train set are held out of
+training (any whose question is also a scored validation problem dropped), their accuracy is logged against wall-clock
 seconds throughout, and every new best on them is saved as a Hugging Face folder (``output_dir/best``); the
 final score is computed with that checkpoint on the validation problems, which take no part in the choice
 (the A5 leaderboard forbids tuning on the scored set). The summary names both (``selection_split``,
@@ -226,7 +226,7 @@ def _budgeted(start: float, run: Run) -> Trained:
         and not params.validation_data.startswith("arithmetic:"),
         "best_step": best["step"],
         "best_subset_accuracy": best["val_accuracy"],
-        "selection_split": f"{params.train_data}: the last {params.val_subset} train problems, held out of training",
+        "selection_split": f"{params.train_data}: {len(selection)} of its last train problems, held out of training",
         "n_selection_problems": len(selection),
         "score_split": f"{params.validation_data}: the first {len(final_problems)} validation problems",
         "grpo_steps": last_step,
@@ -244,15 +244,11 @@ def check_inputs(params: LeaderboardParams) -> None:
     checks (:func:`tasks.checks.check_grpo_run`), the SFT traces, the final evaluation's 1,024 tokens in the
     model's context."""
     check_grpo_run(params)
-    train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
-    if params.val_subset >= len(train):
-        raise ValueError(
-            f"val_subset {params.val_subset}: the selection split is held out of the {len(train)} problems of "
-            f"train_data {params.train_data}, and would leave none to train on"
-        )
     if params.sft_data is not None:
         load_trace_set(params.sft_data, load_prompt(params.prompt), params.seed)
     validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
+    train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
+    hold_out(train, params.val_subset, validation[: params.final_eval_limit])  # a selection split is left
     check_prompts_fit(
         params, {params.validation_data: validation[: params.final_eval_limit]}, FINAL_SAMPLING.max_tokens
     )
