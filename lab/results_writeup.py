@@ -100,7 +100,7 @@ PAIRS = {
 # Runs made by code with a bug fixed since (id prefix → why): listed apart, in no experiment, mean or comparison.
 SUPERSEDED = {
     "60cb54e8": "learnable question sampling filled a step short of learnable questions in problem order (the same "
-    "few every step), fixed in f3e269c; re-run after the fix in the fifth session",
+    "few every step), fixed in f3e269c; re-run after the fix (the other learnable run)",
 }
 # Final metrics by name: the training runs' final evaluation, or the leaderboard run's score.
 MIN_RUNS = 3  # a verdict word needs this many finished runs of each setting, and as many pairs
