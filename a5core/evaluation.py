@@ -63,6 +63,16 @@ def grade_completions(
     ]
 
 
+PER_PROBLEM_COLUMNS = ("unique_id", "sample", "reward", "format_reward", "answer_reward", "response_tokens")
+
+
+def per_problem_table(records: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Every record's outcome, compact (no prompt or response text): problem id, sample index, rewards and
+    length, as columns: two evaluations of the same problems can be paired problem by problem."""
+    columns = [c for c in PER_PROBLEM_COLUMNS if records and c in records[0]]
+    return {c: [r[c] for r in records] for c in columns}
+
+
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Accuracy (and its standard error over problems), format rate, mean response length, category and
     finish-reason counts, and the several-sample metrics of :func:`a5core.sample_metrics.sample_metrics`

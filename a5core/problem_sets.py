@@ -45,6 +45,29 @@ def load_problem_set(source: str, data_format: str, seed: int, split: str) -> li
     return random.Random(seed).sample(problems, len(problems))
 
 
+def hold_out(train: list[Problem], n: int, scored: list[Problem]) -> tuple[list[Problem], list[Problem]]:
+    """(the problems to train on, the selection split): the last ``n`` problems (at most half) of the (shuffled)
+    train set are held out of training to choose a checkpoint or setting on, less any whose question is also in
+    ``scored``, so the split that gives the reported score never takes part in the choice. ValueError when
+    none is left to select on."""
+    n = min(n, len(train) // 2)
+    questions = {p.problem for p in scored}
+    selection = [p for p in train[len(train) - n :] if p.problem not in questions]
+    if not selection:
+        raise ValueError(f"no train problem left to select on ({len(train)} problems, {n} held out, all scored)")
+    return train[: len(train) - n], selection
+
+
+def split_validation(problems: list[Problem], n: int, limit: int | None) -> tuple[list[Problem], list[Problem]]:
+    """(the selection split, the score split) of the (shuffled) validation problems: the last ``n`` (at most half
+    of them) choose a setting or checkpoint, the first ``limit`` of the rest (all if None) give the reported
+    score; disjoint, so the problems that score a choice take no part in it. ValueError under two problems."""
+    if len(problems) < 2:
+        raise ValueError(f"{len(problems)} validation problem(s): a selection and a score split need two at least")
+    n = min(n, len(problems) // 2)
+    return problems[-n:], problems[:-n][:limit]
+
+
 def load_trace_set(source: str, template: PromptTemplate, seed: int) -> list[Trace]:
     """SFT traces: a prompt/response/ground_truth file, or ``arithmetic:N:DIGITS``: N generated train
     problems of the arithmetic task as r1_zero traces (their one-line solution as the reasoning), the

@@ -7,9 +7,9 @@ run (``--parent ID``: an ablation or sweep). The flow writes into ``output_dir``
 - ``comparison.md``: first what differs in the runs' provenance records (code, data, settings, versions,
   device; also ``records.json``), then the results; ``comparison.csv`` / ``comparison.json``: one row per
   run with its name, the parameters whose values differ between the runs, and the final value of each
-  chosen metric; and for evaluation runs (which log every graded sample) the paired difference in
-  per-problem accuracy against the first of them, with its standard error, on the problems both evaluated
-  (also ``paired.json``);
+  chosen metric; and for runs that log every graded sample (evaluation runs; training runs' final
+  evaluations, ``per_problem/``) the paired difference in per-problem accuracy against the first of them,
+  with its standard error, on the problems both evaluated (also ``paired.json``);
 - ``<metric>_vs_step.png``: one plot per plotted metric, the metric against step, one line per run;
 
 and logs them as artifacts of a new run in MLflow experiment ``comparison``, tagged with the compared
@@ -42,7 +42,15 @@ from tasks.flow_summary import publish
 from tasks.plots import plot_curves
 from tasks.provenance import read_record, record_rows
 from tasks.tables import csv_text, markdown_table
-from tasks.tracking import find_runs, log_files_run, metric_points, run_labels, run_records, store_client
+from tasks.tracking import (
+    final_per_problem,
+    find_runs,
+    log_files_run,
+    metric_points,
+    run_labels,
+    run_records,
+    store_client,
+)
 
 # Final values shown when no metrics are named (those that some run holds), and metrics plotted by step.
 DEFAULT_METRICS = (
@@ -139,12 +147,13 @@ def comparison_rows(runs: list[Any], metrics: list[str]) -> tuple[list[dict[str,
 
 
 def paired_rows(client: Any, runs: list[Any]) -> list[dict[str, Any]]:
-    """For runs that logged every graded sample (evaluation runs: ``generations.json``), each one's paired
+    """For runs that logged every graded sample (evaluation runs: ``generations.json``; training runs: their
+    final evaluation's ``per_problem/`` table, :func:`tasks.tracking.final_per_problem`), each one's paired
     difference in per-problem accuracy against the first such run (:func:`a5core.sample_metrics.paired_difference`);
     [] when fewer than two runs hold records."""
     scored = []
     for label, run in zip(run_labels(runs), runs, strict=True):
-        records = run_records(client, run)
+        records = run_records(client, run) or final_per_problem(client, run)
         if records:
             scored.append((label, problem_scores(records)))
     if len(scored) < 2:

@@ -7,9 +7,13 @@ MATH validation problems with the r1_zero prompt, temperature 1.0, top_p 1.0, ma
 
 The recipe: an optional SFT phase (``sft_data``: a trace file, or ``arithmetic:N:DIGITS[:columns]`` generated
 traces as ``sft_experiment`` takes them; ``sft_max_steps``), then GRPO until the budget, less
-the time the final evaluation will take, runs out. Validation accuracy on a fixed random subset is
-logged against wall-clock seconds throughout; every new best is saved as a Hugging Face folder
-(``output_dir/best``), and the final score is computed with that best checkpoint. The final-evaluation
+the time the final evaluation will take, runs out. The checkpoint is chosen on a split apart from the one
+that scores it: the last ``val_subset`` problems (at most half) of the (shuffled) train set are held out of
+training (any whose question is also a scored validation problem dropped), their accuracy is logged against wall-clock
+seconds throughout, and every new best on them is saved as a Hugging Face folder (``output_dir/best``); the
+final score is computed with that checkpoint on the validation problems, which take no part in the choice
+(the A5 leaderboard forbids tuning on the scored set). The summary names both (``selection_split``,
+``score_split``). The final-evaluation
 reserve is the larger of ``final_eval_reserve_s`` and 1.25× the time the subset evaluations took per
 problem (scaled from the run's max_tokens to 1,024; the engine is called once before, so its first-call
 compilation is not counted), times the number of final problems. A run that hits its budget stops after the
@@ -54,7 +58,7 @@ from a5core.data import write_text_atomic
 from a5core.grading import r1_zero_reward_fn
 from a5core.grpo import grpo
 from a5core.policy import load_policy
-from a5core.problem_sets import load_problem_set, load_trace_set
+from a5core.problem_sets import hold_out, load_problem_set, load_trace_set
 from a5core.prompts import load_prompt
 from a5core.rollout import SamplingSettings
 from a5core.sft import SFTConfig, train_sft
@@ -75,6 +79,9 @@ SUMMARY_KEYS = (
     "official",
     "best_step",
     "best_subset_accuracy",
+    "selection_split",
+    "n_selection_problems",
+    "score_split",
     "grpo_steps",
     "stopped_by_budget",
     "wall_seconds",
@@ -125,9 +132,10 @@ def _budgeted(start: float, run: Run) -> Trained:
     params, model, tokenizer, engine, template = run.params, run.model, run.tokenizer, run.engine, run.template
     budget = params.budget_hours * 3600
     out = Path(params.output_dir)
-    train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
     validation = run.validation_problems
-    final_problems = validation[: params.final_eval_limit]
+    final_problems = validation[: params.final_eval_limit]  # the score split
+    train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
+    train, selection = hold_out(train, params.val_subset, final_problems)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     best = {"val_accuracy": -1.0, "step": None}
     seconds_per_problem: list[float] = []
@@ -162,18 +170,16 @@ def _budgeted(start: float, run: Run) -> Trained:
     curve_sampling = SamplingSettings(
         temperature=1.0, top_p=1.0, max_tokens=params.max_tokens, stop=template.stop, seed=0
     )
-    subset_eval = validation_hook(
-        engine, tokenizer, validation, template, run.reward_fn, curve_sampling, params.val_subset
-    )
+    subset_eval = validation_hook(engine, tokenizer, selection, template, run.reward_fn, curve_sampling, len(selection))
     token_ratio = FINAL_SAMPLING.max_tokens / params.max_tokens
     # An engine's first call compiles (the hf engine: ~45 s on an H200); made here, it stays out of
     # the evaluations' cost per problem, which would otherwise inflate the reserve and end the run early.
-    engine.generate([template.format(validation[0].problem)], curve_sampling)
+    engine.generate([template.format(selection[0].problem)], curve_sampling)
 
     def evaluate(model, step: int) -> dict[str, float]:
         began = time.monotonic()
         metrics = subset_eval(model, step)
-        per_problem = (time.monotonic() - began) / max(1, min(params.val_subset, len(validation)))
+        per_problem = (time.monotonic() - began) / max(1, len(selection))
         seconds_per_problem.append(per_problem * max(1.0, token_ratio))
         if metrics["val_accuracy"] > best["val_accuracy"]:
             best.update(val_accuracy=metrics["val_accuracy"], step=step)
@@ -220,6 +226,9 @@ def _budgeted(start: float, run: Run) -> Trained:
         and not params.validation_data.startswith("arithmetic:"),
         "best_step": best["step"],
         "best_subset_accuracy": best["val_accuracy"],
+        "selection_split": f"{params.train_data}: {len(selection)} of its last train problems, held out of training",
+        "n_selection_problems": len(selection),
+        "score_split": f"{params.validation_data}: the first {len(final_problems)} validation problems",
         "grpo_steps": last_step,
         "stopped_by_budget": last_step < params.n_grpo_steps,
         "wall_seconds": wall,
@@ -238,6 +247,8 @@ def check_inputs(params: LeaderboardParams) -> None:
     if params.sft_data is not None:
         load_trace_set(params.sft_data, load_prompt(params.prompt), params.seed)
     validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
+    train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
+    hold_out(train, params.val_subset, validation[: params.final_eval_limit])  # a selection split is left
     check_prompts_fit(
         params, {params.validation_data: validation[: params.final_eval_limit]}, FINAL_SAMPLING.max_tokens
     )

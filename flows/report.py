@@ -357,9 +357,24 @@ def _settings(settings: dict[str, Any], *keys: str) -> str:
     return f"Settings{source}: {', '.join(parts)}. " if parts else ""
 
 
-def _best(rows: list[dict[str, Any]], key: str = "final_accuracy") -> dict[str, Any] | None:
-    scored = [r for r in rows if isinstance(r.get(key), (int, float))]
-    return max(scored, key=lambda r: r[key]) if scored else None
+def _best(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The best row: by its accuracy on the selection split (``selection_accuracy``) where the stage kept one
+    apart from the problems that score it; else by its final accuracy (then :func:`_chosen_on` says so)."""
+    key = "selection_accuracy" if any(isinstance(r.get("selection_accuracy"), (int, float)) for r in rows) else None
+    scored = [r for r in rows if isinstance(r.get(key or "final_accuracy"), (int, float))]
+    return max(scored, key=lambda r: r[key or "final_accuracy"]) if scored else None
+
+
+def _chosen_on(best: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """Which problems chose ``best`` and which scored it, as a sentence's end."""
+    if len(rows) < 2:
+        return ""
+    if isinstance(best.get("selection_accuracy"), (int, float)):
+        return (
+            f" (chosen on the selection split, accuracy {best['selection_accuracy']:.3f} there; scored on the "
+            "validation problems apart from it)"
+        )
+    return " (chosen on the same problems that score it: no selection split, so biased upward)"
 
 
 def _before_after(prefix: str, best: dict[str, Any] | None) -> dict[str, float]:
@@ -451,7 +466,7 @@ def sft_section(page: Page, root: Path, settings: dict[str, Any]) -> dict[str, f
         _settings(settings, "model", "train_data", "filtered_data", "validation_data", "sizes", "learning_rate")
         + (f"Optimizer steps run: {steps}. " if steps else "")
         + "One run per training-set size (and the filtered set); final validation accuracy and format rate."
-        + (f" Best: **{best['setting']}** at {best['final_accuracy']:.3f}." if best else "")
+        + (f" Best: **{best['setting']}** at {best['final_accuracy']:.3f}{_chosen_on(best, rows)}." if best else "")
     )
     page.table(rows)
     _add_plots(page, "sft_experiment", root / "outputs/sft_experiment")
@@ -474,7 +489,7 @@ def ei_section(page: Page, root: Path, settings: dict[str, Any]) -> dict[str, fl
     page.p(
         _settings(settings, "model", "n_ei_steps", "train_data", "validation_data")
         + f"{kind}."
-        + (f" Best: **{best['setting']}** at {best['final_accuracy']:.3f}." if best else "")
+        + (f" Best: **{best['setting']}** at {best['final_accuracy']:.3f}{_chosen_on(best, rows)}." if best else "")
     )
     page.table(rows)
     _add_plots(page, "expert_iteration", root / "outputs/expert_iteration")
@@ -496,7 +511,7 @@ def grpo_section(page: Page, root: Path, settings: dict[str, Any]) -> dict[str, 
         + f"{what}."
         + (
             f" Final validation accuracy: **{best['final_accuracy']:.3f}**"
-            + ("" if single else f" ({best['setting']})")
+            + ("" if single else f" ({best['setting']}){_chosen_on(best, rows)}")
             + "."
             if best
             else ""

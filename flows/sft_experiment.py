@@ -1,8 +1,8 @@
 """Flow ``sft_experiment``: SFT on {128, 256, 512, 1024, full} examples and on the filtered set.
 
 One parent MLflow run (experiment ``sft_experiment``) with a child run per setting. Each child fine-tunes
-a fresh copy of the base model with the SFT loop, evaluates on a validation subset every
-``eval_every`` steps (weights pushed into one shared engine) and on the full validation set at the end.
+a fresh copy of the base model with the SFT loop, evaluates on the selection split every
+``eval_every`` steps (weights pushed into one shared engine) and on the score split at the end.
 The parent gets the comparison plot (validation accuracy against step, one line per setting), a table
 (setting → final accuracy, format rate) and the curves as csv; the same files are DVC plots/metrics.
 A killed run resumes: each child continues its checkpoint and its MLflow run; finished children are
@@ -14,7 +14,11 @@ generated arithmetic problems as r1_zero traces (validate on ``arithmetic:M:DIGI
 ``reward_fn: arithmetic``), the format a small model learns from a few dozen examples, as the cpu
 profile does. With ``save_models`` each setting's final weights are saved as a Hugging Face folder and
 ``output_dir/best_model`` links the best setting's, for a later stage to start from (the cpu profile's
-EI and GRPO do).
+EI and GRPO do). The best is chosen apart from the score: the validation set is split in two disjoint parts
+(:func:`a5core.problem_sets.split_validation`): the curve's evaluations run on the last ``val_subset``
+problems (at most half), the selection split that chooses the best setting; the final evaluation, the
+reported score, on the first ``val_limit`` of the others. The parent run's tags ``chosen_on`` and
+``scored_on`` say which.
 
     python -m flows.sft_experiment --help
     python -m flows.sft_experiment --config params.yaml
@@ -36,7 +40,7 @@ from pathlib import Path
 from prefect import flow
 
 from a5core.data import Trace, write_text_atomic
-from a5core.problem_sets import load_problem_set, load_trace_set
+from a5core.problem_sets import load_problem_set, load_trace_set, split_validation
 from a5core.prompts import load_prompt
 from a5core.rollout import Engine
 from a5core.sft import train_sft
@@ -44,6 +48,7 @@ from flows.cli import flow_main, print_paths
 from flows.params import SFTExperimentParams
 from tasks.checks import check_outputs, check_prompts_fit
 from tasks.engines import closing_engine, engine_for
+from tasks.evaluation import validation_hook
 from tasks.flow_summary import publish
 from tasks.plots import log_comparison
 from tasks.run_lock import run_lock
@@ -72,23 +77,44 @@ def train_setting(
     of examples and steps and the validation curve, and with ``save_models`` its final model is saved."""
 
     def train(run: Run) -> Trained:
-        final = train_sft(
+        selection, score = split_validation(run.validation_problems, params.val_subset, params.val_limit)
+
+        def hook(problems: list, subset: int | None):
+            return validation_hook(
+                run.engine, run.tokenizer, problems, run.template, run.reward_fn, run.sampling, subset
+            )
+
+        trained = train_sft(
             run.model,
             run.tokenizer,
             traces,
             params,
             checkpoint_dir=run.folder / "checkpoint",
-            evaluate=run.validation(params.val_subset),
+            evaluate=hook(selection, len(selection)),  # the curve: the selection split
             log=run.log,
         )
         if params.save_models:
             save_model_folder(run.model, run.tokenizer, run.folder / "model")
-        step = int(final.get("step", 0))
-        return Trained(step, {"n_examples": len(traces), "steps": step, "curve": curve(run.run_id)})
+        step = int(trained.get("step", 0))
+        row = {"n_examples": len(traces), "steps": step, "curve": curve(run.run_id)}
+        last = (curve(run.run_id, "val_format_rate") or [{}])[-1]  # the last evaluation on the selection split
+        row |= {"selection_accuracy": last.get("val_accuracy"), "selection_format_rate": last.get("val_format_rate")}
+        return Trained(step, row, final=hook(score, None)(run.model, step))  # the score split, at the end
 
     return tracked(training_run.with_options(name="train_setting"))(
         name, f"sft-{name}", params, engine, parent_run_id, train, logged={"n_examples": len(traces)}
     )
+
+
+# Which problems choose the best setting and which score it (the validation set split by split_validation).
+SELECTION_SPLIT = "the last val_subset validation problems, at most half (the curve's evaluations)"
+SCORE_SPLIT = "the first val_limit of the other validation problems (the final evaluation)"
+
+
+def choose_best(rows: list[dict]) -> dict:
+    """The best setting by its last evaluation on the selection split (accuracy, then format rate): the final
+    evaluations, on the score split, are read by nothing here."""
+    return max(rows, key=lambda r: (r.get("selection_accuracy") or 0.0, r.get("selection_format_rate") or 0.0))
 
 
 def link_best_model(model: Path, link: Path) -> None:
@@ -131,6 +157,7 @@ def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
                     "steps",
                     "initial_accuracy",
                     "initial_format_rate",
+                    "selection_accuracy",
                     "final_accuracy",
                     "final_format_rate",
                 )
@@ -138,11 +165,11 @@ def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
             for r in rows
         ]
         models = []
-        if params.save_models:  # the best by accuracy, a tie broken by format rate; named in the parent run
-            best = max(rows, key=lambda r: (r["final_accuracy"], r["final_format_rate"]))
+        if params.save_models:  # the best on the selection split (a tie broken by format rate), never the score's
+            best = choose_best(rows)
             best_model = out / f"runs-{run_key(params)}" / best["setting"] / "model"
             link_best_model(best_model, out / "best_model")
-            tag_active_run(best_setting=best["setting"])
+            tag_active_run(best_setting=best["setting"], chosen_on=SELECTION_SPLIT, scored_on=SCORE_SPLIT)
             models.append(
                 register_model(best_model, REGISTERED_MODELS["sft_experiment"], best["mlflow_run_id"], best["setting"])
             )
@@ -172,6 +199,7 @@ def check_inputs(params: SFTExperimentParams) -> None:
         if source:
             load_trace_set(source, template, params.seed)
     validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
+    split_validation(validation, params.val_subset, params.val_limit)  # two problems at least
     check_prompts_fit(params, {params.validation_data: validation}, params.max_tokens)
     check_outputs(params)
 
@@ -180,7 +208,8 @@ def show(params: SFTExperimentParams, result: dict) -> None:
     for row in result["summary"]:
         print(
             f"{row['setting']:>9}: {row['n_examples']:>5} examples, {row['steps']:>4} steps, "
-            f"accuracy {row['final_accuracy']:.3f}, format {row['final_format_rate']:.3f}"
+            f"selection accuracy {row['selection_accuracy'] or 0:.3f}; "
+            f"score: accuracy {row['final_accuracy']:.3f}, format {row['final_format_rate']:.3f}"
         )
     print_paths(result["paths"])
     print(f"mlflow parent run {result['mlflow_run_id']}")

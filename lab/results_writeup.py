@@ -1,7 +1,7 @@
 """Generate ``docs/results.md`` from the runs' own records, never by hand.
 
     python lab/results_writeup.py [--runs lab/records] [--out docs/results.md] \\
-        [--figures docs/results] [--context lab/context.md]
+        [--figures docs/results] [--context lab/how_to_repeat.md]
 
 Every ``*.tar.gz`` under ``--runs`` is unpacked into a temporary folder and each ``mlflow.db`` in it read
 through sqlite3, read-only (no migration; the runs/params/tags/metrics tables every MLflow store has). A run
@@ -11,10 +11,18 @@ run name (``sft_experiment``, ``ei_sweep``); parents of one name (a second seed,
 experiment, unless their runs were scored on another validation set (``validation_data``): those form
 ``NAME on SET``. Runs that ``SUPERSEDED`` names (made by code with a bug fixed since) are left out of every
 experiment and listed apart with the reason. A run with neither parent nor children but a final score
-(``leaderboard``) is an experiment of its own. For each: the settings its runs share and those that differ; final validation accuracy and format
-rate ± the standard error over problems sqrt(p(1−p)/n); the mean and spread over runs of one setting;
-curves, training trends and plots (``--figures``); the measured direction against the handout's
-expectation. ``--context`` (hand-kept prose on how the runs were made) is copied verbatim to the top. The
+(``leaderboard``) is an experiment of its own.
+
+The page opens with the findings: one row per expectation of the handout (or the literature) measured, the
+difference ± s.e., the runs and a verdict, then a paragraph of what they say. A difference is paired over runs of
+one parent run and seed (the same starting model and problems) where there are such pairs; every mean's ± counts
+the spread between runs (at least the runs' binomial s.e.s). "agrees"/"disagrees" only with ``MIN_RUNS`` runs of
+each setting and as many pairs, the mean paired difference clearing two standard errors; "within noise" or "too
+few runs" otherwise. Then, for each experiment: the settings its runs share and those that differ (effective
+settings: params, and the settings some runs logged as tags, ``EFFECTIVE_TAGS``); final validation accuracy and
+format rate ± sqrt(p(1−p)/n); the mean and spread over runs of one setting; curves, training trends and plots
+(``--figures``). Repeated configurations group runs by effective settings. ``--context`` (hand-kept: how to
+repeat the runs) is copied verbatim after the results. The
 page is written atomically.
 """
 
@@ -39,6 +47,8 @@ HIDDEN_PREFIXES = ("sweep_", "clip_", "ray_")
 TRENDS = ("reward_mean", "token_entropy", "response_tokens_mean", "advantage_std", "grad_norm")
 TRENDS += ("frac_groups_all_equal", "kept_fraction", "token_nll", "difficulty_learnable")
 UNIT_METRICS = ("val_accuracy", "val_format_rate", "reward_mean")
+SMALL = 0.2  # a unit metric whose values all lie under this is plotted on an axis scaled to them
+LINESTYLES, MARKERS = ("-", "--", ":", "-."), ("o", "s", "^", "D")
 DR_GRPO = "Dr. GRPO (Liu et al. 2025) argues"
 # Experiment → (the setting expected to do better, the one expected to do worse, why).
 PAIRS = {
@@ -90,9 +100,12 @@ PAIRS = {
 # Runs made by code with a bug fixed since (id prefix → why): listed apart, in no experiment, mean or comparison.
 SUPERSEDED = {
     "60cb54e8": "learnable question sampling filled a step short of learnable questions in problem order (the same "
-    "few every step), fixed in f3e269c; re-run after the fix in the fifth session",
+    "few every step), fixed in f3e269c; re-run after the fix (the other learnable run)",
 }
 # Final metrics by name: the training runs' final evaluation, or the leaderboard run's score.
+MIN_RUNS = 3  # a verdict word needs this many finished runs of each setting, and as many pairs
+# Settings some runs logged as tags rather than params: part of what a run ran with.
+EFFECTIVE_TAGS = ("compile_layers", "fsdp_reshard_after_forward", "max_tokens_per_microbatch", "engine_device")
 FINALS = {
     "accuracy": ("final_val_accuracy", "final_score"),
     "format_rate": ("final_val_format_rate", "final_format_rate"),
@@ -137,8 +150,10 @@ class Run:
         return sum(map(len, self.metrics.values()))
 
     def settings(self) -> dict[str, str]:
-        """The parameters that say what ran, with the starting model's real folder (tag ``model_path``)."""
+        """The settings that say what ran, its effective ones: the parameters, the settings some runs logged as
+        tags instead (``EFFECTIVE_TAGS``), and the starting model's real folder (tag ``model_path``)."""
         shown = {k: v for k, v in self.params.items() if k not in HIDDEN and not k.startswith(HIDDEN_PREFIXES)}
+        shown |= {k: self.tags[k] for k in EFFECTIVE_TAGS if k in self.tags and k not in shown}
         return shown | ({"model_path": self.tags["model_path"]} if "model_path" in self.tags else {})
 
 
@@ -259,12 +274,25 @@ def finished(runs: list[Run]) -> list[Run]:
     return [r for r in runs if estimate(r)[0] is not None]
 
 
+def spread_se(values: list[float], binomial: float) -> float:
+    """The s.e. of a mean of ``values`` (one a run): their standard deviation / sqrt(k), the spread between runs,
+    or ``binomial`` (the runs' noise over problems) where that is larger or there is one value only."""
+    k = len(values)
+    if k < 2:
+        return binomial
+    mean = sum(values) / k
+    return max(math.sqrt(sum((v - mean) ** 2 for v in values) / (k - 1) / k), binomial)
+
+
 def mean_of(runs: list[Run], metric: str = "accuracy") -> tuple[float, float] | None:
-    """The mean final ``metric`` over ``runs`` and its s.e. (the runs' binomial s.e.s: sqrt(Σ se²) / k)."""
+    """The mean final ``metric`` over ``runs`` and its s.e.: the spread between runs (:func:`spread_se`), at least
+    the runs' binomial s.e.s combined (sqrt(Σ se²) / k)."""
     values = [(p, se or 0.0) for p, se, _ in (estimate(r, metric) for r in runs) if p is not None]
     if not values:
         return None
-    return sum(p for p, _ in values) / len(values), math.sqrt(sum(se**2 for _, se in values)) / len(values)
+    k = len(values)
+    binomial = math.sqrt(sum(se**2 for _, se in values)) / k
+    return sum(p for p, _ in values) / k, spread_se([p for p, _ in values], binomial)
 
 
 def pm(p: float | None, se: float | None = None, n: float | None = None) -> str:
@@ -293,120 +321,200 @@ def parent_of(run: Run) -> str:
     return run.tags.get("mlflow.parentRunId", run.id)
 
 
-def paired(a: str, b: str, runs: dict[str, list[Run]], metric: str) -> tuple[float, float, int] | None:
-    """``a`` − ``b`` within the parent runs where both finished (each parent's children start from the same
-    model, made in the same call; parents differ by more than their problems' noise): the mean over those
-    parents of each one's difference of means, its s.e. (sqrt(Σ se²) / k) and k. None when no parent has
-    both, or when every finished run of either is in such a parent (then the plain means say the same)."""
+@dataclass
+class Comparison:
+    """``a`` − ``b`` in final ``metric``: the difference, its s.e., how many pairs gave it (0: unpaired means), the
+    finished runs of each, and the verdict's word."""
+
+    a: str
+    b: str
+    metric: str
+    diff: float
+    se: float
+    pairs: int
+    runs: tuple[int, int]
+
+    @property
+    def word(self) -> str:
+        """agrees / disagrees only with MIN_RUNS runs of each setting and as many pairs, the paired difference
+        clearing two standard errors; else within noise, or too few runs."""
+        if min(*self.runs, self.pairs) < MIN_RUNS:
+            return "too few runs"
+        if abs(self.diff) < 2 * self.se or self.diff == 0:
+            return "within noise"
+        return "agrees" if self.diff > 0 else "disagrees"
+
+    @property
+    def difference(self) -> str:
+        return f"{self.diff:+.3f} ± {self.se:.3f}"
+
+    def sentence(self) -> str:
+        word = "**disagrees**" if self.word == "disagrees" else self.word
+        how = (
+            f"paired over the {self.pairs} parent run{'s' * (self.pairs > 1)} and seed{'s' * (self.pairs > 1)} "
+            "that ran both: the same starting model and problems"
+            if self.pairs
+            else "unpaired means: no parent run and seed ran both"
+        )
+        z = f"{self.diff / self.se:+.1f} s.e.; " if self.se else ""
+        text = f"{word}: {self.a} − {self.b} = {self.difference} in final {self.metric.replace('_', ' ')} ({z}{how}; "
+        text += f"{self.runs[0]} and {self.runs[1]} finished runs)"
+        if self.word == "too few runs":
+            return text + f"; a verdict needs {MIN_RUNS} runs of each setting, paired"
+        if self.word == "disagrees":
+            return text + f"; {self.b} ends above {self.a}, the opposite of the expectation"
+        return text + (", under two standard errors" if self.word == "within noise" else "")
+
+
+def compare(a: str, b: str, runs: dict[str, list[Run]], metric: str = "accuracy") -> Comparison | None:
+    """``a`` − ``b``: paired by (parent run, seed), the runs that started from the same model on the same problems
+    (mean of the pairs' differences, s.e. from their spread, at least their binomial s.e.s); with no such pair,
+    the difference of the plain means (each s.e. from :func:`mean_of`). None when either has no final figure."""
     done = {s: finished(runs.get(s, [])) for s in (a, b)}
-    shared = {parent_of(r) for r in done[a]} & {parent_of(r) for r in done[b]}
-    if not shared or all(parent_of(r) in shared for s in (a, b) for r in done[s]):
+    if not done[a] or not done[b]:
         return None
-    diffs = []
-    for parent in sorted(shared):
-        ma, mb = (mean_of([r for r in done[s] if parent_of(r) == parent], metric) for s in (a, b))
-        diffs.append((ma[0] - mb[0], math.hypot(ma[1], mb[1])))
+    keyed = [{(parent_of(r), r.params.get("seed")): r for r in done[s]} for s in (a, b)]
+    shared = sorted(set(keyed[0]) & set(keyed[1]), key=str)
+    counts = (len(done[a]), len(done[b]))
+    if not shared:
+        (ma, sa), (mb, sb) = mean_of(done[a], metric), mean_of(done[b], metric)
+        return Comparison(a, b, metric, ma - mb, math.hypot(sa, sb), 0, counts)
+    diffs, ses = [], []
+    for key in shared:
+        (pa, sa, _), (pb, sb, _) = (estimate(k[key], metric) for k in keyed)
+        diffs.append(pa - pb)
+        ses.append(math.hypot(sa or 0.0, sb or 0.0))
     k = len(diffs)
-    return sum(d for d, _ in diffs) / k, math.sqrt(sum(se**2 for _, se in diffs)) / k, k
+    se = spread_se(diffs, math.sqrt(sum(s**2 for s in ses)) / k)
+    return Comparison(a, b, metric, sum(diffs) / k, se, k, counts)
 
 
-def verdict(a: str, b: str, runs: dict[str, list[Run]], metric: str = "accuracy", ests: tuple = ()) -> str:
-    """Whether ``a`` ≥ ``b`` in final ``metric`` (means over a setting's runs, or the estimates ``ests``):
-    agrees, disagrees, or within noise (a difference under two combined standard errors). Where some runs
-    of the two share a parent run and others do not, only the shared parents' runs are compared
-    (:func:`paired`): runs from another starting model would compare the models, not the settings."""
-    pair = None if ests else paired(a, b, runs, metric)
-    if pair is not None:
-        diff, se, k = pair
-        notes = [f"{diff / se:+.1f} s.e."] if se else []
-        notes.append(f"within the {k} parent run{'s' * (k > 1)} that ran both: the same starting model")
-        return judged(a, b, diff, se, notes, metric)
-    ma, mb = ests or (mean_of(runs.get(a, []), metric), mean_of(runs.get(b, []), metric))
-    if ma is None or mb is None:
-        return f"not measured ({a} or {b} has no final {metric})"
-    diff, se = ma[0] - mb[0], math.hypot(ma[1], mb[1])
-    means = [f"{s}: mean of {len(finished(runs[s]))} runs" for s in (a, b) if len(finished(runs.get(s, []))) > 1]
-    return judged(a, b, diff, se, ([f"{diff / se:+.1f} s.e."] if se else []) + means, metric)
+def verdict(a: str, b: str, runs: dict[str, list[Run]], metric: str = "accuracy") -> str:
+    """The measured ``a`` − ``b`` and its verdict (:class:`Comparison`), as a sentence."""
+    found = compare(a, b, runs, metric)
+    return found.sentence() if found else f"not measured ({a} or {b} has no final {metric})"
 
 
-def judged(a: str, b: str, diff: float, se: float, notes: list[str], metric: str) -> str:
-    """The verdict's sentence for ``a`` − ``b`` = ``diff`` ± ``se``."""
-    measured = f"{a} − {b} = {diff:+.3f} ± {se:.3f} in final {metric.replace('_', ' ')}"
-    measured += f" ({'; '.join(notes)})" if notes else ""
-    if abs(diff) < 2 * se or diff == 0:
-        return f"within noise: {measured}, under two combined standard errors"
-    if diff > 0:
-        return f"agrees: {measured}"
-    return f"**disagrees**: {measured}; {b} ends above {a}, the opposite of the expectation"
+# An expectation: its short form (the headline table), the comparison, the sentence of the section.
+Expectation = tuple[str, "Comparison | None", str]
 
 
-def sft_directions(runs: dict[str, list[Run]]) -> list[str]:
+def sft_expectations(runs: dict[str, list[Run]]) -> list[Expectation]:
     """SFT: accuracy and format rate rise with the data size; filtered ≥ unfiltered at (nearly) equal size."""
     size = {
         s: int(rs[0].params["n_examples"]) for s, rs in runs.items() if rs[0].params.get("n_examples", "").isdigit()
     }
     sized = sorted((n, s) for s, n in size.items() if "filtered" not in s)
-    lines = []
+    found: list[Expectation] = []
     if len(sized) > 1:
         (n0, small), (n1, big) = sized[0], sized[-1]
-        lines.append(
-            f"Expectation (handout): accuracy and format rate rise with the SFT data size. Measured, {big} ({n1} "
-            f"examples) against {small} ({n0}): accuracy {verdict(big, small, runs)}; format rate "
-            f"{verdict(big, small, runs, 'format_rate')}."
+        acc, fmt = compare(big, small, runs), compare(big, small, runs, "format_rate")
+        found.append(
+            (
+                f"more SFT data, higher accuracy and format rate ({big} vs {small})",
+                acc,
+                f"Expectation (handout): accuracy and format rate rise with the SFT data size. Measured, {big} ({n1} "
+                f"examples) against {small} ({n0}): accuracy {verdict(big, small, runs)}; format rate "
+                f"{verdict(big, small, runs, 'format_rate')}.",
+            )
         )
+        if fmt:
+            found.append((f"format rate, {big} vs {small}", fmt, ""))
     for filtered in [s for s in size if "filtered" in s][:1] if sized else []:
         n, near = min(sized, key=lambda x: abs(x[0] - size[filtered]))
-        lines.append(
-            f"Expectation: filtered (correct-only) traces ≥ unfiltered ones at equal size; the nearest unfiltered size "
-            f"is {near} ({n} examples, against {size[filtered]}): accuracy {verdict(filtered, near, runs)}; format "
-            f"rate {verdict(filtered, near, runs, 'format_rate')}."
+        found.append(
+            (
+                f"filtered traces ≥ unfiltered at equal size ({filtered} vs {near})",
+                compare(filtered, near, runs),
+                f"Expectation: filtered (correct-only) traces ≥ unfiltered ones at equal size; the nearest unfiltered "
+                f"size is {near} ({n} examples, against {size[filtered]}): accuracy {verdict(filtered, near, runs)}; "
+                f"format rate {verdict(filtered, near, runs, 'format_rate')}.",
+            )
         )
-    return lines
+    return found
 
 
-def directions(exp: Experiment) -> list[str]:
-    """One or two sentences: the measured direction against the expectation, computed from the numbers."""
+CHOSEN = " (the best setting, chosen on the scored problems)"
+BIASED = (
+    "chosen as the best on the same problems that score it (these records hold no held-out split), so the "
+    "difference is biased upward"
+)
+
+
+def expectations(exp: Experiment) -> list[Expectation]:
+    """The measured direction against each expectation, computed from the numbers."""
     runs = exp.by_setting()
     if exp.key in PAIRS:
         better, worse, why = PAIRS[exp.key]
-        return [f"Expectation: {why}, so {better} ≥ {worse}. Measured: {verdict(better, worse, runs)}."]
+        found = compare(better, worse, runs)
+        return [(why, found, f"Expectation: {why}, so {better} ≥ {worse}. Measured: {verdict(better, worse, runs)}.")]
     if exp.kind == "sft_experiment":
-        return sft_directions(runs)
+        return sft_expectations(runs)
     finals = {s: m[0] for s, rs in runs.items() if (m := mean_of(rs)) is not None}
     if not finals:
         return []
-    best, worst = max(finals, key=finals.get), min(finals, key=finals.get)
+    best = max(finals, key=finals.get)
     if exp.key == "grpo_lr_sweep":
         top = max(runs, key=lambda s: float(runs[s][0].params.get("learning_rate", "nan")))
-        why = "Expectation: too high a learning rate diverges"
+        why = "too high a learning rate diverges"
         if top == best:
-            return [f"{why}. Measured: the highest, {top}, ends best: the sweep reaches no diverging rate."]
-        return [f"{why}, so the best ({best}) ≥ the highest ({top}). Measured: {verdict(best, top, runs)}."]
+            return [(why, None, f"Expectation: {why}. Measured: the highest, {top}, ends best: no diverging rate.")]
+        return [
+            (
+                f"{why}: best ≥ highest ({top}){CHOSEN}",
+                compare(best, top, runs),
+                f"Expectation: {why}, so the best ({best}, {BIASED}) ≥ the highest ({top}). "
+                f"Measured: {verdict(best, top, runs)}.",
+            )
+        ]
     if exp.key == "grpo_off_policy_sweep" and "on_policy" in finals and len(finals) > 1:
         off = max((s for s in finals if s != "on_policy"), key=finals.get)
         why = "several epochs per rollout batch (grpo_clip) get more out of each batch than one on-policy step"
         return [
-            f"Expectation: {why}, so the best off-policy setting ({off}) ≥ on_policy. Measured: "
-            f"{verdict(off, 'on_policy', runs)}."
+            (
+                f"{why} ({off} vs on_policy){CHOSEN}",
+                compare(off, "on_policy", runs),
+                f"Expectation: {why}, so the best off-policy setting ({off}, {BIASED}) ≥ on_policy. Measured: "
+                f"{verdict(off, 'on_policy', runs)}.",
+            )
         ]
+    return other_expectations(exp, runs, best, min(finals, key=finals.get))
+
+
+def other_expectations(exp: Experiment, runs: dict[str, list[Run]], best: str, worst: str) -> list[Expectation]:
+    """Expert Iteration against its start; a single run's score; best against worst elsewhere."""
     run = runs[best][0]
     p0, n0 = run.metrics.get("val_accuracy", {}).get(0), run.metrics.get("val_n_problems", {}).get(0)
     if exp.kind == "expert_iteration" and p0 is not None and n0:
-        ests = (mean_of([run]), (p0, math.sqrt(p0 * (1 - p0) / n0)))
-        return [
-            f"Expectation (handout): Expert Iteration improves on its starting model. Measured, best setting: "
-            f"{verdict(f'{best} final', 'step 0', runs, ests=ests)}."
-        ]
+        (p1, se1), se0 = mean_of(runs[best]), math.sqrt(p0 * (1 - p0) / n0)
+        found = Comparison(
+            f"{best} final", "step 0", "accuracy", p1 - p0, math.hypot(se1, se0), 0, (len(runs[best]), 1)
+        )
+        why = "Expert Iteration improves on its starting model"
+        return [(why, found, f"Expectation (handout): {why}. Measured, best setting ({BIASED}): {found.sentence()}.")]
     if len(exp.children) == 1:
         budget = run.final("budget_seconds")
         spent = f" in {run.final('wall_seconds'):.0f} s of a {budget:.0f} s budget" if budget else ""
-        return [f"Final score {pm(*estimate(run))}{spent}; no expectation to compare it with."]
-    return [f"No recorded expectation for this experiment; best against worst setting: {verdict(best, worst, runs)}."]
+        return [("", None, f"Final score {pm(*estimate(run))}{spent}; no expectation to compare it with.")]
+    return [
+        (
+            "",
+            None,
+            f"No recorded expectation for this experiment; best against worst setting ({BIASED}): "
+            f"{verdict(best, worst, runs)}.",
+        )
+    ]
+
+
+def directions(exp: Experiment) -> list[str]:
+    """The sentences of :func:`expectations`."""
+    return [sentence for *_, sentence in expectations(exp) if sentence]
 
 
 def plot(path: Path, series: dict[str, list[tuple[float, float]]], x: str, y: str, title: str) -> Path:
     """One line per series, saved at 80 dpi; the axes of :func:`tasks.plots.plot_curves` (which saves at 120):
-    0–1 for accuracies, rates and rewards, integer ticks for steps."""
+    0–1 for accuracies, rates and rewards (scaled to the data where every value is under ``SMALL``), integer
+    ticks for steps; past ten series the colours repeat with another line style and marker."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -414,10 +522,14 @@ def plot(path: Path, series: dict[str, list[tuple[float, float]]], x: str, y: st
     from matplotlib.ticker import MaxNLocator
 
     figure, axes = plt.subplots(figsize=(6.4, 3.8))
-    for name, points in series.items():
-        axes.plot(*zip(*sorted(points), strict=True), marker="o", markersize=3, label=name)
-    if y in UNIT_METRICS and all(0 <= v <= 1 for points in series.values() for _, v in points):
-        axes.set_ylim(-0.02, 1.02)
+    for i, (name, points) in enumerate(series.items()):
+        # ten colours, then each colour again with another line style and marker
+        style = {"linestyle": LINESTYLES[i // 10 % len(LINESTYLES)], "marker": MARKERS[i // 10 % len(MARKERS)]}
+        axes.plot(*zip(*sorted(points), strict=True), markersize=3, label=name, color=f"C{i % 10}", **style)
+    values = [v for points in series.values() for _, v in points]
+    if y in UNIT_METRICS and values and all(0 <= v <= 1 for v in values):
+        top = max(values)  # all small (an SFT sweep's accuracies): scaled to the data, not to 0–1
+        axes.set_ylim(-0.02, 1.02) if top > SMALL else axes.set_ylim(0, max(top * 1.15, 1e-3))
     if x == "step":
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set(xlabel=x, ylabel=y, title=title)
@@ -466,7 +578,10 @@ def settings_lines(exp: Experiment) -> tuple[list[str], list[str]]:
     shared = [k for k in keys if len(values[k]) == 1]
     lines += ["", "Settings every run shares: " + ", ".join(f"`{k}={next(iter(values[k]))}`" for k in shared) + "."]
     if newer := [k for k in shared if any(k not in s for s in settings)]:
-        lines += [f"(Not logged by the older runs, fields added since: {', '.join(f'`{k}`' for k in newer)}.)"]
+        lines += [
+            f"(In neither the params nor the tags of the older runs, fields added since: "
+            f"{', '.join(f'`{k}`' for k in newer)}.)"
+        ]
     lines += [""]
     return lines, [k for k in keys if k not in shared and k != "setting"]
 
@@ -501,8 +616,9 @@ def section(exp: Experiment, figure_dir: Path, link_base: Path, spreads: dict[st
             rows.append([s, len(done), seeds, pm(*mean_of(done)), spread, formats])
     if rows:
         lines += [
-            "Runs of one setting (seeds, re-runs) that reached their final evaluation: the mean over runs (s.e. "
-            "from the runs' binomial s.e.s) and the spread (max − min).",
+            "Runs of one setting (seeds, re-runs) that reached their final evaluation: the mean over runs, its s.e. "
+            "from the spread between runs (standard deviation / sqrt(runs), at least the runs' binomial s.e.s "
+            "combined), and the spread (max − min).",
             "",
         ]
         lines += table("setting|runs|seeds|mean accuracy ± s.e.|accuracy spread|mean format rate ± s.e.", rows)
@@ -560,11 +676,68 @@ def repeats(experiments: list[Experiment]) -> tuple[list[str], dict[str, float]]
     if not rows:
         return [], {}
     intro = (
-        "Runs of different invocations with identical parameters (seed included); the same parameters may still "
+        "Runs of different invocations with identical effective settings (params, and the settings some runs logged "
+        "as tags instead, seed included); the same settings may still "
         "start from different weights (tag `model_path`, where logged):"
     )
     header = "runs: final accuracy ± s.e.|spread (max − min)"
     return ["## Repeated configurations", "", intro, "", *table(header, rows)], spreads
+
+
+def clears(row: list[str]) -> bool:
+    """Whether a headline row's difference ``… = d ± se`` is at least two standard errors."""
+    d, se = (float(x) for x in row[2].rsplit("= ", 1)[1].split(" ± "))
+    return abs(d) >= 2 * se
+
+
+def headline(experiments: list[Experiment], spreads: dict[str, float], runs: dict[str, Run]) -> list[str]:
+    """The page's opening: one row per expectation measured (experiment, expectation, difference ± s.e., runs,
+    verdict) and a paragraph of what they say, computed from the same numbers."""
+    rows, words = [], []
+    for exp in experiments:
+        for why, found, _ in expectations(exp):
+            if found is None or not why:
+                continue
+            metric = "" if found.metric == "accuracy" else f" ({found.metric.replace('_', ' ')})"
+            paired = f"; {found.pairs} paired" if found.pairs else "; unpaired"
+            rows.append(
+                [
+                    f"`{exp.key}`",
+                    why,
+                    f"{found.a} − {found.b}{metric} = {found.difference}",
+                    f"{found.runs[0]} + {found.runs[1]}{paired}",
+                    f"**{found.word}**" if found.word in ("agrees", "disagrees") else found.word,
+                ]
+            )
+            words.append(found.word)
+    lines = ["## Findings", ""]
+    lines += table("experiment|the handout's expectation|measured difference ± s.e.|runs|verdict", rows)
+    counts = ", ".join(f"{words.count(w)} {w}" for w in ("agrees", "disagrees", "within noise", "too few runs"))
+    lines += [
+        f"What we learned: of {len(words)} measured expectations: {counts}. A verdict word (agrees, disagrees) needs "
+        f"at least {MIN_RUNS} finished runs of each setting and {MIN_RUNS} pairs of runs made from the same starting "
+        "model (same parent run and seed), their mean difference clearing two standard errors; every ± includes the "
+        "spread between runs, not only each run's noise over problems."
+    ]
+    if spreads:
+        ses = sorted(se for rid, se in ((r, estimate(runs[r])[1]) for r in spreads) if se)
+        lines[-1] += (
+            f" Runs of identical effective settings made by different invocations spread by up to "
+            f"{max(spreads.values()):.3f} in final accuracy (Repeated configurations), where one run's s.e. over "
+            f"problems is about {ses[len(ses) // 2]:.3f}: the starting model, retrained by each invocation, moves the "
+            "score as much as most settings do, so most differences here are within what re-running alone gives."
+        )
+    if large := [r for r, w in zip(rows, words, strict=True) if w == "too few runs" and clears(r)]:
+        lines[-1] += (
+            " Differences that clear two standard errors all the same, measurements rather than verdicts with "
+            f"fewer than {MIN_RUNS} runs a setting: " + "; ".join(f"{r[0]} {r[2]}" for r in large) + "."
+        )
+    lines[-1] += (
+        " No comparison is paired problem by problem: the records keep per-problem results only for the 16 problems "
+        "sampled into each evaluation's generations table, so a paired test over problems is impossible from them; "
+        "the pairs are runs."
+    )
+    return lines + [""]
 
 
 def render(runs_dir: Path, figure_dir: Path, context: Path, out: Path) -> str:
@@ -576,23 +749,17 @@ def render(runs_dir: Path, figure_dir: Path, context: Path, out: Path) -> str:
     ]
     left_out = {run.id for run, _ in superseded}
     experiments = find_experiments({rid: run for rid, run in runs.items() if rid not in left_out})
+    repeated, spreads = repeats(experiments)
     lines = [
         f"> Generated by `{COMMAND}` from the records in `{runs_dir.as_posix()}/`: do not edit by hand (edit "
-        f"the script, or the hand-kept prose on top, `{context.as_posix()}`).",
+        f"the script, or the hand-kept part on repeating the runs, `{context.as_posix()}`).",
         "",
-    ]
-    lines += [context.read_text().rstrip(), ""] if context.is_file() else []
-    rows = []
-    for exp in experiments:
-        finals = {s: m for s, rs in exp.by_setting().items() if (m := mean_of(rs))}
-        best = max(finals, key=lambda s: finals[s][0]) if finals else None
-        rows.append([f"`{exp.key}`", len(exp.parents), len(exp.children), best, pm(*finals[best]) if best else ""])
-    lines += [
-        "## Experiments in the records",
+        "# Results",
         "",
-        *table("experiment|parent runs|runs|best setting|its final accuracy ± s.e.", rows),
+        *headline(experiments, spreads, runs),
     ]
-    repeated, spreads = repeats(experiments)
+    rows = [[f"`{exp.key}`", exp.kind, len(exp.parents), len(exp.children)] for exp in experiments]
+    lines += ["## Experiments in the records", "", *table("experiment|MLflow experiment|parent runs|runs", rows)]
     for exp in experiments:
         lines += section(exp, figure_dir, out.resolve().parent, spreads)
     lines += repeated
@@ -603,6 +770,7 @@ def render(runs_dir: Path, figure_dir: Path, context: Path, out: Path) -> str:
         ]
         lines += ["## Superseded runs", "", "Made by code with a bug fixed since; in no table or comparison above:", ""]
         lines += table("run|experiment|setting|final accuracy ± s.e.|archive|why", rows)
+    lines += [context.read_text().rstrip(), ""] if context.is_file() else []
     lines += [
         "## Records",
         "",
@@ -636,7 +804,9 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--runs", type=Path, default=Path("lab/records"), help="folder of record archives")
     parser.add_argument("--out", type=Path, default=Path("docs/results.md"), help="the page to write")
     parser.add_argument("--figures", type=Path, default=Path("docs/results"), help="folder for the PNG plots")
-    parser.add_argument("--context", type=Path, default=Path("lab/context.md"), help="hand-kept prose on top")
+    parser.add_argument(
+        "--context", type=Path, default=Path("lab/how_to_repeat.md"), help="hand-kept: how to repeat the runs"
+    )
     args = parser.parse_args(argv)
     if not any(args.runs.glob("*.tar.gz")):
         parser.error(f"no *.tar.gz record archives under {args.runs}")

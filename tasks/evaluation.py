@@ -16,7 +16,7 @@ from prefect.utilities.hashing import hash_objects
 
 from a5core import distributed
 from a5core.data import PROBLEM_LOADERS, Problem, write_jsonl_atomic, write_text_atomic
-from a5core.evaluation import case_report, evaluate, grade_completions, log_generations, summarize
+from a5core.evaluation import case_report, evaluate, grade_completions, log_generations, per_problem_table, summarize
 from a5core.models import resolve_model
 from a5core.problem_sets import REWARD_FNS
 from a5core.prompts import PromptTemplate
@@ -126,7 +126,8 @@ def validation_hook(
     subset: int | None,
     table_samples: int = 16,
 ) -> Callable[[torch.nn.Module, int], dict[str, float]]:
-    """``evaluate(model, step)`` for the loops: push weights, evaluate, log a generations table.
+    """``evaluate(model, step)`` for the loops: push weights, evaluate, log a generations table (``table_samples``
+    sampled problems) and the per-problem table (``per_problem/``: every problem's id, sample and rewards).
 
     Evaluates the first ``subset`` problems (all if None), ``sampling.n`` samples each; returns ``val_*``
     metrics (accuracy and its standard error over problems, format rate, lengths of correct/incorrect
@@ -146,8 +147,10 @@ def validation_hook(
         records = distributed.gather_lists(evaluate(engine, mine, template, reward_fn, sampling)[0] if mine else [])
         summary = summarize(records)
         rows, generation_metrics = log_generations(model, tokenizer, records, table_samples, seed=step)
-        if tracking_rank():
-            _log_table(rows, f"{'full' if subset is None else f'subset{subset}'}_step_{step:06d}.json")
+        if tracking_rank():  # the sampled generations, and every problem's outcome (for paired comparisons)
+            name = f"{'full' if subset is None else f'subset{subset}'}_step_{step:06d}.json"
+            _log_table(rows, "generations", name)
+            _log_table(per_problem_table(records), "per_problem", name)
         metrics = {
             "accuracy": summary["accuracy"],
             "accuracy_se": summary["accuracy_se"],
@@ -162,14 +165,15 @@ def validation_hook(
     return run
 
 
-def _log_table(rows: list[dict[str, Any]], name: str) -> None:
-    """The generations table ``generations/<name>`` of the active run, unless it holds one already.
+def _log_table(rows: list[dict[str, Any]] | dict[str, list[Any]], folder: str, name: str) -> None:
+    """The table ``<folder>/<name>`` of the active run (rows, or columns), unless it holds one already.
 
     Named by the problems evaluated: the last subset evaluation of a run and its final evaluation share
     a step. log_table appends to an existing table, so a step evaluated again (a resumed run repeating
     it) keeps its first table.
     """
-    table = f"generations/{name}"
+    table = f"{folder}/{name}"
     run_id = mlflow.active_run().info.run_id
-    if table not in {a.path for a in mlflow.MlflowClient().list_artifacts(run_id, "generations")}:
-        mlflow.log_table({k: [r[k] for r in rows] for k in rows[0]}, artifact_file=table)
+    if table not in {a.path for a in mlflow.MlflowClient().list_artifacts(run_id, folder)}:
+        columns = rows if isinstance(rows, dict) else {k: [r[k] for r in rows] for k in rows[0]}
+        mlflow.log_table(columns, artifact_file=table)

@@ -449,17 +449,33 @@ def latest_ablations(tracking_uri: str, experiment: str) -> dict[str, tuple[Any,
     return latest
 
 
-def run_records(reader: Any, run: Any, artifact: str = "generations.json") -> list[dict[str, Any]] | None:
-    """The graded records a run logged as the table ``artifact`` (an evaluation run's every sample), or
-    None when it holds no such table."""
+def run_records(
+    reader: Any, run: Any, artifact: str = "generations.json", folder: str | None = None
+) -> list[dict[str, Any]] | None:
+    """The graded records a run logged as the table ``artifact`` (an evaluation run's every sample; in
+    ``folder`` of the run's artifacts), or None when it holds no such table."""
     import json
 
-    if artifact not in {a.path for a in reader.list_artifacts(run.info.run_id)}:
+    if artifact not in {a.path for a in reader.list_artifacts(run.info.run_id, folder)}:
         return None
     with tempfile.TemporaryDirectory() as folder:
         path = reader.download_artifacts(run.info.run_id, artifact, folder)
         table = json.loads(Path(path).read_text())
     return [dict(zip(table["columns"], row, strict=True)) for row in table["data"]]
+
+
+def final_per_problem(reader: Any, run: Any) -> list[dict[str, Any]] | None:
+    """A training run's final evaluation, problem by problem: the ``per_problem/`` table at its last step, the
+    full set's (``full_step_*``) else the largest subset's (the final evaluation is never smaller than the
+    curve's); None when the run logged none (runs made before per-problem tables were logged)."""
+    import re
+
+    found = []
+    for artifact in reader.list_artifacts(run.info.run_id, "per_problem"):
+        if match := re.fullmatch(r"per_problem/(full|subset(\d+))_step_(\d+)\.json", artifact.path):
+            size = float("inf") if match[1] == "full" else int(match[2])
+            found.append((int(match[3]), size, artifact.path))
+    return run_records(reader, run, max(found)[2], folder="per_problem") if found else None
 
 
 def run_params(tracking_uri: str, run_id: str) -> dict[str, str] | None:

@@ -226,3 +226,33 @@ def test_evaluation_runs_get_their_paired_difference(prefect_harness, tmp_path, 
     assert row["difference_se"] == pytest.approx(statistics.stdev(diffs) / math.sqrt(3))
     assert json.loads((tmp_path / "out/paired.json").read_text()) == result["paired"]
     assert "## Paired differences against base" in (tmp_path / "out/comparison.md").read_text()
+
+
+def test_training_runs_are_paired_over_their_final_evaluations_problems(prefect_harness, tmp_path, monkeypatch):
+    """Two training runs that logged per-problem tables (``per_problem/``): each is read at its final evaluation
+    (the last step's largest table, not the curve's subset at that step), and the second is paired against the
+    first on the problems both evaluated."""
+    import mlflow
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment("grpo")
+    finals = {"a": [1, 0, 1, 0], "b": [1, 1, 1, 1]}
+    ids = {}
+    for name, rewards in finals.items():
+        with mlflow.start_run(run_name=name) as run:
+            mlflow.log_metric("final_val_accuracy", sum(rewards) / 4)
+            tables = {
+                "subset2_step_000000.json": [0, 0],
+                "subset2_step_000004.json": [0, 0],  # the curve at the last step: not the final evaluation
+                "subset4_step_000004.json": rewards,
+            }
+            for table, scores in tables.items():
+                columns = {"unique_id": [f"p{i}" for i in range(len(scores))], "sample": [0] * len(scores)}
+                mlflow.log_table(columns | {"answer_reward": [float(r) for r in scores]}, f"per_problem/{table}")
+            ids[name] = run.info.run_id
+    result = compare(CompareParams(runs=[ids["a"], ids["b"]], tracking_uri=uri, output_dir=str(tmp_path / "out")))
+    ((row,),) = [result["paired"]]
+    assert row["run"] == "b" and row["against"] == "a" and row["n_problems"] == 4
+    assert row["difference"] == pytest.approx(0.5)

@@ -224,9 +224,9 @@ def test_sft_experiment_resumes_after_kill_9(tiny_lm_dir, flow_env, tmp_path):
         for p in arithmetic_problems(8, digits=1, split="train")
     ]
     write_jsonl_atomic(tmp_path / "train.jsonl", [asdict(t) for t in traces])
-    validation = [p.__dict__ | {"type": "arithmetic"} for p in arithmetic_problems(4, digits=1, split="validation")]
+    validation = [p.__dict__ | {"type": "arithmetic"} for p in arithmetic_problems(5, digits=1, split="validation")]
     write_jsonl_atomic(tmp_path / "val.jsonl", validation)
-    val_subset, val_limit = 2, 3
+    val_subset, val_limit = 2, 3  # the selection split: the last 2; the score split: the other 3
     tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     flags = cli_flags(
         model=str(tiny_lm_dir),
@@ -298,10 +298,10 @@ def test_sft_experiment_resumes_after_kill_9(tiny_lm_dir, flow_env, tmp_path):
             assert steps(client, run_id, key) == list(range(n_steps + 1)), (run_id, key)
         assert steps(client, run_id, "final_val_accuracy") == [n_steps]
         tables = sorted(a.path for a in client.list_artifacts(run_id, "generations"))
-        assert tables == [f"generations/subset{val_subset}_step_{s:06d}.json" for s in range(n_steps + 1)] + [
-            f"generations/subset{val_limit}_step_{n_steps:06d}.json"
+        assert tables == [f"generations/full_step_{n_steps:06d}.json"] + [  # the final evaluation's: the score split
+            f"generations/subset{val_subset}_step_{s:06d}.json" for s in range(n_steps + 1)
         ]  # the final evaluation's, at the last step too
-        assert [table_rows(client, run_id, t, tmp_path) for t in tables] == [val_subset] * (n_steps + 1) + [val_limit]
+        assert [table_rows(client, run_id, t, tmp_path) for t in tables] == [val_limit] + [val_subset] * (n_steps + 1)
     for setting in ("4", "8"):
         assert steps(client, parent_id, f"final_accuracy_{setting}") == [0]
 

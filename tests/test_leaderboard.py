@@ -1,6 +1,7 @@
 """The leaderboard flow on CPU: a wall-clock budget that ends training, the best checkpoint, the final score."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -201,3 +202,49 @@ def test_the_sft_phase_takes_generated_column_traces(prefect_harness, tiny_lm_di
     ((traces, config),) = seen
     assert len(traces) == 12 and config.max_steps == 3
     assert all("Column by column, ones first." in t.response and t.response.endswith("</answer>") for t in traces)
+
+
+def test_the_checkpoint_is_chosen_on_held_out_train_problems_never_on_the_scored_ones(
+    prefect_harness, tiny_lm_dir, tmp_path, monkeypatch
+):
+    """The subset evaluations that pick the best checkpoint read only the selection split (train problems held
+    out of training); the scored validation problems reach only the final evaluation. So no outcome on the
+    scored problems can change which checkpoint is kept."""
+    import flows.leaderboard as module
+
+    hooks, trained = [], []
+    real_hook, real_grpo = module.validation_hook, module.grpo
+
+    def recording_hook(engine, tokenizer, problems, *args):
+        hooks.append(list(problems))
+        return real_hook(engine, tokenizer, problems, *args)
+
+    def recording_grpo(model, tokenizer, engine, train, *args, **kwargs):
+        trained.extend(train)
+        return real_grpo(model, tokenizer, engine, train, *args, **kwargs)
+
+    monkeypatch.setattr(module, "validation_hook", recording_hook)
+    monkeypatch.setattr(module, "grpo", recording_grpo)
+    params = tiny_params(tmp_path, tiny_lm_dir, n_grpo_steps=2, budget_hours=120 / 3600, final_eval_reserve_s=2.0)
+    summary = leaderboard(params)
+    (selection, *_), final = hooks[:-1], hooks[-1]
+    scored = {p.problem for p in final}
+    assert len(final) == summary["n_final_problems"] == 6 and summary["n_selection_problems"] == len(selection)
+    assert selection and not scored & {p.problem for p in selection}  # chosen apart from the score
+    assert not {p.unique_id for p in trained} & {p.unique_id for p in selection}  # and apart from training
+    assert all(hook == selection for hook in hooks[:-1])
+    assert summary["selection_split"].startswith("arithmetic:40:1") and summary["score_split"].startswith("arith")
+    # every evaluation's per-problem table: each problem's id and reward, for comparisons paired over problems
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=params.tracking_uri)
+    run_id = summary["mlflow_run_id"]
+    tables = {a.path.split("/")[-1] for a in client.list_artifacts(run_id, "per_problem")}
+    final_table = f"full_step_{summary['grpo_steps']:06d}.json"
+    assert final_table in tables and any(t.startswith(f"subset{len(selection)}_") for t in tables)
+    logged = json.loads(
+        Path(client.download_artifacts(run_id, f"per_problem/{final_table}", str(tmp_path))).read_text()
+    )
+    rows = [dict(zip(logged["columns"], row, strict=True)) for row in logged["data"]]
+    assert sorted(r["unique_id"] for r in rows) == sorted(p.unique_id for p in final)
+    assert all(r["reward"] in (0.0, 1.0) and r["sample"] == 0 for r in rows)

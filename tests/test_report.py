@@ -174,7 +174,11 @@ def test_full_report_with_plots_ablations_and_mlflow_run(prefect_harness, tmp_pa
     assert "| format0_answer0 | format not followed | 4 | 0.500 |" in md
     assert "Of the 4 format-0 responses, 1 contain a correct answer" in md
     assert "Finish reasons: length 3, stop 5; `length` responses hit `max_tokens`." in md
-    assert "Best: **filtered** at 0.300." in md and "| teacher | 10 | 0 | 6 | 0.600 | 0.800 |" in md
+    # no selection split in these rows: the best is named as chosen on the problems that score it
+    assert (
+        "Best: **filtered** at 0.300 (chosen on the same problems that score it" in md
+        and "| teacher | 10 | 0 | 6 | 0.600 | 0.800 |" in md
+    )
     assert "Settings: n_grpo_steps `2`, validation_data `../shared/data/math/validation.jsonl`. One run." in md
     assert "Final validation accuracy: **0.450**." in md
     # SFT: the settings its MLflow run recorded, the steps it ran (not "epochs 2"), a link to the run.
@@ -474,3 +478,17 @@ def test_plots_of_0_1_metrics_span_0_to_1_and_steps_get_integer_ticks(tmp_path, 
         axes([{"run": "a", "step": s, "reward_total": 3.0 * s} for s in range(3)], "step", "reward_total").get_ylim()[1]
         > 5
     )
+
+
+def test_the_best_row_is_chosen_on_the_selection_split_where_there_is_one():
+    """A stage that kept a selection split: its best row is the best there, whatever the scored accuracies say."""
+    from flows.report import _best, _chosen_on
+
+    rows = [
+        {"setting": "a", "selection_accuracy": 0.5, "final_accuracy": 0.1},
+        {"setting": "b", "selection_accuracy": 0.2, "final_accuracy": 0.9},
+    ]
+    best = _best(rows)
+    assert best["setting"] == "a" and "chosen on the selection split" in _chosen_on(best, rows)
+    plain = [{k: v for k, v in r.items() if k != "selection_accuracy"} for r in rows]
+    assert _best(plain)["setting"] == "b" and "biased upward" in _chosen_on(_best(plain), plain)

@@ -74,7 +74,7 @@ def test_sft_experiment_parent_children_plot_and_resume(prefect_harness, tiny_lm
     mlflow.set_tracking_uri(params.tracking_uri)
     children = children_of(result["mlflow_run_id"], "sft_experiment")
     assert sorted(children["tags.mlflow.runName"]) == ["sft-8", "sft-filtered", "sft-full"]
-    assert set(children["metrics.final_val_n_problems"]) == {6.0}
+    assert set(children["metrics.final_val_n_problems"]) == {3.0}  # the score split: 6 problems less the 3 selecting
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(result["mlflow_run_id"])}
     assert {"accuracy_vs_step.png", "summary.md", "curves.csv"} <= artifacts
     child_artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(children["run_id"].iloc[0], "generations")}
@@ -179,7 +179,7 @@ def test_sft_on_generated_arithmetic_hands_its_best_model_to_the_next_stage(
         train_data="arithmetic:12:1",
         filtered_data=None,
         sizes=["full"],
-        validation_data="arithmetic:4:1",
+        validation_data="arithmetic:8:1",
         reward_fn="arithmetic",
         val_subset=4,
         val_limit=4,
@@ -200,7 +200,8 @@ def test_sft_on_generated_arithmetic_hands_its_best_model_to_the_next_stage(
     import mlflow
 
     client = mlflow.MlflowClient(params.tracking_uri)
-    assert client.get_run(result["mlflow_run_id"]).data.tags["best_setting"] == "full"
+    tags = client.get_run(result["mlflow_run_id"]).data.tags
+    assert tags["best_setting"] == "full" and tags["chosen_on"].startswith("the last val_subset")
 
     # The best model is registered (a5-sft), its run's final metrics its description; loaded back through the
     # registry it generates. Its weights are the saved folder's: the MLflow model holds no second copy.
@@ -222,3 +223,28 @@ def test_sft_on_generated_arithmetic_hands_its_best_model_to_the_next_stage(
     key = run_key(GRPOParams(model=str(best)))
     sft_experiment(params.model_copy(update={"learning_rate": 1e-3}))  # another SFT run: the link moves
     assert run_key(GRPOParams(model=str(best))) != key
+
+
+def test_the_best_sft_setting_is_chosen_on_the_selection_split_alone():
+    """Scores on the score split (final_*) permuted or altered: the same setting is chosen; the selection split
+    alone decides. The two splits of the validation set are disjoint."""
+    from a5core.problem_sets import load_problem_set, split_validation
+    from flows.sft_experiment import choose_best
+
+    rows = [
+        {"setting": "128", "selection_accuracy": 0.2, "selection_format_rate": 0.9, "final_accuracy": 0.9},
+        {"setting": "full", "selection_accuracy": 0.4, "selection_format_rate": 0.5, "final_accuracy": 0.1},
+        {"setting": "filtered", "selection_accuracy": 0.4, "selection_format_rate": 0.8, "final_accuracy": 0.5},
+    ]
+    assert choose_best(rows)["setting"] == "filtered"  # a tie on accuracy broken by format rate
+    for finals in ([0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.5, 0.5, 0.5]):
+        altered = [r | {"final_accuracy": f, "final_format_rate": f} for r, f in zip(rows, finals, strict=True)]
+        assert choose_best(altered)["setting"] == "filtered"
+    problems = load_problem_set("arithmetic:20:1", "math", 0, "validation")
+    selection, score = split_validation(problems, 5, None)
+    assert len(selection) == 5 and len(score) == 15
+    assert not {p.unique_id for p in selection} & {p.unique_id for p in score}
+    assert split_validation(problems, 5, 4)[1] == score[:4]
+    assert [len(part) for part in split_validation(problems, 500, None)] == [10, 10]  # at most half select
+    with pytest.raises(ValueError, match="two at least"):
+        split_validation(problems[:1], 1, None)
