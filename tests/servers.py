@@ -51,9 +51,13 @@ def log_tail(path: Path, chars: int = 4000) -> str:
 
 @contextlib.contextmanager
 def background(cmd: list[str], log: Path, env: dict[str, str], cwd: Path | None = None) -> Iterator[subprocess.Popen]:
-    """Run ``cmd`` in its own process group (output to ``log``); on exit SIGTERM the group, SIGKILL after 5 s."""
+    """Run ``cmd`` in its own process group (output to ``log``); on exit SIGTERM the group, SIGKILL after 5 s;
+    and, should this process be killed before that (a test run stopped with SIGTERM), a watcher stops it."""
+    from tasks.prefect_server import stop_with_this_process
+
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
+    stop_with_this_process(proc.pid)
     try:
         yield proc
     finally:
