@@ -188,11 +188,9 @@ def test_a_changed_default_shows_in_dvc_status(tmp_path):
     for name in ("dvc.yaml", "params.yaml", ".dvcignore"):
         shutil.copy(ROOT / name, repo / name)
     stage = yaml.safe_load((repo / "dvc.yaml").read_text())["stages"]["grpo"]
-    for path in (
-        [d for d in stage["deps"] if not (repo / d).exists()]
-        + stage["outs"]
-        + [next(iter(m)) for m in stage["plots"] + stage["metrics"]]
-    ):
+    for path in [d for d in stage["deps"] if not (repo / d).exists()] + [
+        out if isinstance(out, str) else next(iter(out)) for out in stage["outs"] + stage["metrics"]
+    ]:
         (repo / path).parent.mkdir(parents=True, exist_ok=True)
         (repo / path).write_text("{}\n")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1"}
