@@ -26,10 +26,12 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 	touch $@
 
+# The suite in TEST_WORKERS processes (pytest-xdist), a test file to a process: its module fixtures are built once.
+TEST_WORKERS ?= 2
 test: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The DVC pipeline with params.yaml's `profile` set to $(PROFILE) (cpu: the small version for 2 cores).
 pipeline: setup
