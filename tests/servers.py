@@ -57,7 +57,7 @@ def background(cmd: list[str], log: Path, env: dict[str, str], cwd: Path | None 
 
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
-    stop_with_this_process(proc.pid)
+    watcher = stop_with_this_process(proc.pid)
     try:
         yield proc
     finally:
@@ -72,6 +72,7 @@ def background(cmd: list[str], log: Path, env: dict[str, str], cwd: Path | None 
             if not _group_alive(proc):
                 break
         proc.wait(timeout=10)
+        watcher.wait(timeout=10)  # it ends within half a second of the server; reaped, it leaves no zombie
 
 
 def _group_alive(proc: subprocess.Popen) -> bool:

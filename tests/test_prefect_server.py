@@ -262,7 +262,13 @@ def test_the_test_sessions_prefect_server_is_watched(prefect_harness):
 
     import psutil
 
-    (server,) = [p for p in psutil.Process().children() if any("uvicorn" in part for part in p.cmdline())]
+    def command(process: psutil.Process) -> list[str]:  # [] for a process gone, or ended and not yet reaped
+        try:
+            return process.cmdline()
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            return []
+
+    (server,) = [p for p in psutil.Process().children() if any("uvicorn" in part for part in command(p))]
     commands = [p.info["cmdline"] or [] for p in psutil.process_iter(["cmdline"])]
     watchers = [command[-2:] for command in commands if any(part.endswith("_orphan_watch.py") for part in command)]
     assert [str(os.getpid()), str(server.pid)] in watchers
