@@ -34,6 +34,15 @@
 #                                       #   runs them (the top store, default folders), or in a `cmds` call before.
 #                                       #   Each flow's torch gets PAR_THREADS CPU threads (default 2), so that the
 #                                       #   flows do not oversubscribe the cores.
+#   CMDS='...' lab/device_run.sh launch
+#                                       # like `par`, but each flow starts in a process session of its own (setsid)
+#                                       #   and the call returns at once: the flows run on while later calls carry
+#                                       #   more (the machine must stay warm: one call after another). Each writes
+#                                       #   its log, store and outputs under outputs/.devrun/NAME/ and NAME.rc when
+#                                       #   it ends (DETACH_BUDGET seconds at most, default 1500).
+#   CMDS='...' lab/device_run.sh collect
+#                                       # wait until every flow named in CMDS has ended or BUDGET seconds are spent,
+#                                       #   then pack the records
 #   BENCH='SCRIPT ARGS...; ...' lab/device_run.sh bench
 #                                       # after setup-a (pydantic and friends in /tmp/site): benchmark scripts run one
 #                                       #   after another until BUDGET seconds are spent, on the Qwen2.5-Math-1.5B
@@ -211,6 +220,50 @@ par() {
   pack
 }
 
+launch() {  # like `par`, but each flow runs in a process session of its own (setsid), outliving this call
+  begin_call || return 1
+  if [ -n "${PRE:-}" ]; then
+    CMDS=$PRE in_order || { echo "launch: PRE did not finish"; pack; return 1; }
+  fi
+  local entry words name
+  while read -r entry; do
+    read -ra words <<< "$entry"
+    [[ "${words[1]:-}" == @* ]] && words=("${words[0]}" "${words[@]:2}")
+    name=${words[0]}
+    mkdir -p "outputs/.devrun/$name"
+    OMP_NUM_THREADS=${PAR_THREADS:-2} OUT="outputs/.devrun/$name" setsid nohup bash lab/device_run.sh one "${words[@]}" \
+      --tracking-uri "sqlite:///outputs/.devrun/$name/mlflow.db" --output-dir "outputs/.devrun/$name/out" \
+      --metrics-path "outputs/.devrun/$name/metrics.json" > "outputs/.devrun/$name/stdout.log" 2>&1 < /dev/null &
+    echo "launched $name (pid $!)"
+  done < <(entries)
+  sleep 5
+}
+
+one() {  # one NAME MODULE ARGS...: a launched flow; NAME.rc holds its exit status when it ends
+  DEADLINE=$((SECONDS + ${DETACH_BUDGET:-1500})); CALL=$(cat outputs/.devrun/calls)
+  PAR=1 step "$@"
+  echo $? > "outputs/.devrun/$1.rc"
+}
+
+collect() {  # wait until every launched flow in CMDS has ended, or BUDGET seconds, then pack the records
+  DEADLINE=$((SECONDS + ${BUDGET:-540}))
+  CALL=$(( $(cat outputs/.devrun/calls 2>/dev/null || echo 1) + 1 )); echo "$CALL" > outputs/.devrun/calls
+  local names running
+  names=$(entries | awk '{print $1}')
+  while :; do
+    running=""
+    for name in $names; do [ -f "outputs/.devrun/$name.rc" ] || running="$running $name"; done
+    [ -z "$running" ] && break
+    [ "$SECONDS" -ge "$DEADLINE" ] && { echo "collect: still running:$running"; break; }
+    sleep 10
+  done
+  for name in $names; do
+    echo "== $name rc=$(cat "outputs/.devrun/$name.rc" 2>/dev/null || echo running)"; tail -3 "outputs/.devrun/$name/$name.log" 2>/dev/null
+  done
+  nvidia-smi --query-gpu=memory.used,memory.total --format=csv
+  pack
+}
+
 bench() {
   DEADLINE=$((SECONDS + ${BUDGET:-480}))
   local q=.devq/qwen2.5-math-1.5b entry words i=0 left
@@ -234,6 +287,9 @@ case "${1:-}" in
   run) run ;;
   cmds) cmds ;;
   par) par ;;
+  launch) launch ;;
+  one) shift; one "$@" ;;
+  collect) collect ;;
   bench) bench ;;
-  *) echo "usage: $0 setup-a|setup-a-split|run|cmds|par|bench"; exit 2 ;;
+  *) echo "usage: $0 setup-a|setup-a-split|run|cmds|par|launch|collect|bench"; exit 2 ;;
 esac
