@@ -21,7 +21,8 @@ shipped before the ``auto`` defaults (fp32 policy, eager layers, micro-batches o
 now (fp32 policy; ``compile_layers`` and ``max_tokens_per_microbatch`` ``auto``: compiled layers, a budget
 sized to the GPU), the best hand-set configuration measured (bf16 policy, compiled layers, budget 32,768),
 and the defaults with the process capped to 80 and 40 GiB (``torch.cuda.set_per_process_memory_fraction``;
-the cap is skipped on the CPU). The ``auto`` budget each run settled on is in its micro-batches column.
+the cap is skipped on the CPU), each with the engine as the flows run it (:data:`ENGINE_DEFAULTS`: shrinking
+decode, Gumbel-max, sdpa). The ``auto`` budget each run settled on is in its micro-batches column.
 
     python benchmarks/grpo_step.py [--model-dir DIR] [--steps 11] [--lengths fixed varied]
         [--token-budgets 0 16384 32768] [--count-steps N] [--decodes full shrinking shrinking-static]
@@ -83,6 +84,8 @@ MODES = {
     "defaults-80g": ("auto", "auto", "float32", 80.0),
     "defaults-40g": ("auto", "auto", "float32", 40.0),
 }
+# What the flows' hf engine runs (HFEngine's defaults), which every named mode measures.
+ENGINE_DEFAULTS = dict(decode="shrinking", sampler="gumbel-max", attention="sdpa")
 
 
 def problems_of(count: int):
@@ -158,9 +161,8 @@ def run(
 def settings_of(args) -> list[Setting]:
     """The configurations to measure: ``--modes`` by name, else the cross product of the options."""
     if args.modes:
-        first = dict(decode=args.decodes[0], sampler=args.samplers[0], attention=args.attentions[0])
         return [
-            Setting(variant, budget, policy_dtype=dtype, cap_gib=cap, name=mode, **first)
+            Setting(variant, budget, policy_dtype=dtype, cap_gib=cap, name=mode, **ENGINE_DEFAULTS)
             for mode, (variant, budget, dtype, cap) in ((m, MODES[m]) for m in args.modes)
         ]
     return [

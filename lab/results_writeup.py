@@ -104,6 +104,12 @@ SUPERSEDED = {
 }
 # Final metrics by name: the training runs' final evaluation, or the leaderboard run's score.
 MIN_RUNS = 3  # a verdict word needs this many finished runs of each setting, and as many pairs
+# Runs of one setting name that differ in one of these settings: a setting each, named by it.
+VARIANT_PARAMS = ("backend",)
+PARITY = {
+    ("backend=vllm", "backend=hf"): "the rollout engine does not change what GRPO learns (vLLM and the hf engine "
+    "sample one distribution)",
+}
 # Settings some runs logged as tags rather than params: part of what a run ran with.
 EFFECTIVE_TAGS = ("compile_layers", "fsdp_reshard_after_forward", "max_tokens_per_microbatch", "engine_device")
 FINALS = {
@@ -126,6 +132,7 @@ class Run:
     params: dict[str, str] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
     metrics: dict[str, dict[int, float]] = field(default_factory=lambda: defaultdict(dict))
+    variant: str | None = None  # the setting a standalone run stands for among its experiment's (``backend=vllm``)
 
     def final(self, *keys: str) -> float | None:
         """The value at the last step of the first of ``keys`` the run logged."""
@@ -136,8 +143,8 @@ class Run:
 
     @property
     def setting(self) -> str:
-        """The child's setting (param ``setting``), else its run name."""
-        return self.params.get("setting", self.name)
+        """The child's setting (its :attr:`variant`, else param ``setting``), else its run name."""
+        return self.variant or self.params.get("setting", self.name)
 
     @property
     def seconds(self) -> float | None:
@@ -260,7 +267,21 @@ def find_experiments(runs: dict[str, Run]) -> list[Experiment]:
             exp.children += children[run.id]
         elif run.tags.get("mlflow.parentRunId") not in runs and estimate(run)[0] is not None:
             found.setdefault(run.name, Experiment(run.name, [], [])).children.append(run)
+    for exp in found.values():
+        name_variants(exp)
     return list(found.values())
+
+
+def name_variants(exp: Experiment) -> None:
+    """Runs of one setting name that differ in a ``VARIANT_PARAMS`` setting: each becomes a setting of its own,
+    named by it (``backend=vllm``; ``1024, backend=vllm`` where the name is not the flow's ``single``)."""
+    for name, group in exp.by_setting().items():
+        for key in VARIANT_PARAMS:
+            if len({run.params.get(key) for run in group}) > 1:
+                for run in group:
+                    value = f"{key}={run.params.get(key)}"
+                    run.variant = value if name == "single" else f"{name}, {value}"
+                break
 
 
 def estimate(run: Run, metric: str = "accuracy") -> tuple[float | None, float | None, float | None]:
@@ -450,6 +471,17 @@ def expectations(exp: Experiment) -> list[Expectation]:
         return [(why, found, f"Expectation: {why}, so {better} ≥ {worse}. Measured: {verdict(better, worse, runs)}.")]
     if exp.kind == "sft_experiment":
         return sft_expectations(runs)
+    for (a, b), why in PARITY.items():
+        if set(runs) == {a, b}:
+            found = compare(a, b, runs)
+            return [
+                (
+                    f"{why}: {a} within two s.e. of {b}",
+                    found,
+                    f"Expectation: {why}, so {a} and {b} end within two standard errors of each other. "
+                    f"Measured: {verdict(a, b, runs)}.",
+                )
+            ]
     finals = {s: m[0] for s, rs in runs.items() if (m := mean_of(rs)) is not None}
     if not finals:
         return []

@@ -395,3 +395,23 @@ def test_a_run_with_a_phase_counts_its_own_steps_and_plots_its_own_clock(tmp_pat
     }
     assert walls["no_baseline (seed 1"] == [(70, 0.0), (95, 0.2), (120, 0.4)]  # the flow's clock
     assert walls["no_baseline (seed 0"] == [(0.0, 0.0), (10.0, 0.15), (20.0, 0.3)]  # none logged: wall_seconds
+
+
+def test_runs_of_one_setting_on_two_backends_are_two_settings_and_a_parity_finding(tmp_path, empty_store):
+    """Plain GRPO flow runs (no ablation: parents named ``grpo``, each with one child ``single``) on backend hf
+    and vllm, two seeds each: the children group as ``backend=hf`` and ``backend=vllm``, and the findings hold the
+    engines' parity: vllm − hf from the runs' means, unpaired (each run has its own parent)."""
+
+    def flows(client, experiment_id, parent_id):
+        for backend, seed, final in (("hf", 0, 0.37), ("hf", 1, 0.38), ("vllm", 0, 0.44), ("vllm", 1, 0.39)):
+            parent = client.create_run(experiment_id, run_name="grpo").info.run_id
+            _child(client, experiment_id, parent, "single", seed, final, extra={"backend": backend})
+            client.set_terminated(parent)
+
+    text = _generate(tmp_path, _records(tmp_path, empty_store, no_baseline=0.3, more=flows))
+    section = text.split("## `grpo` (MLflow")[1].split("\n## ")[0]
+    assert _line(section, "| backend=hf | 2 | 0, 1 |") and _line(section, "| backend=vllm | 2 | 0, 1 |")
+    assert "| single |" not in section
+    row = _line(text, "| `grpo` | the rollout engine does not change what GRPO learns")
+    assert "backend=vllm − backend=hf = +0.040 ± " in row and "2 + 2; unpaired" in row
+    assert "| backend=" not in text.split("## `grpo_baseline_ablation` (MLflow")[1].split("\n## ")[0]
