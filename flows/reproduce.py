@@ -33,7 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from prefect import flow
+from prefect import Flow, flow
 from prefect.settings import PREFECT_TASKS_REFRESH_CACHE, temporary_settings
 from pydantic import Field, StrictBool
 
@@ -61,12 +61,57 @@ class DifferencesError(ValueError):
     """The present differs from a run's record; the message names each difference."""
 
 
+def flow_modules(function: str, flow_name: str | None) -> list[str]:
+    """The modules of the ``flows`` package here that define a Prefect flow whose function is ``function``
+    (named ``flow_name``, when that is given); only modules whose source mentions ``function`` are imported."""
+    import flows
+
+    word = re.compile(rf"\b{re.escape(function)}\b")
+    found = []
+    for path in sorted(Path(flows.__file__).parent.glob("*.py")):
+        if not word.search(path.read_text(encoding="utf-8", errors="replace")):
+            continue
+        module = importlib.import_module(f"flows.{path.stem}" if path.stem != "__init__" else "flows")
+        candidate = getattr(module, function, None)
+        if (
+            isinstance(candidate, Flow)
+            and candidate.fn.__name__ == function
+            and candidate.fn.__module__ == module.__name__  # defined there, not imported
+            and flow_name in (None, candidate.name)
+        ):
+            found.append(module.__name__)
+    return found
+
+
+def main_module(entrypoint: str, flow_name: str | None) -> str:
+    """The module of the flows package that made a run whose record names its flow ``__main__:<function>`` (a
+    flow started as a command, recorded before records named the module it ran): the one module with that flow;
+    ValueError, saying what to do, when there is none or more than one."""
+    function = entrypoint.partition(":")[2]
+    found = flow_modules(function, flow_name)
+    if len(found) == 1:
+        return found[0]
+    which = (
+        f"several modules here have a flow {function}: {', '.join(found)}"
+        if found
+        else f"no module of the flows package here has a flow {function}" + (f" named {flow_name}" if flow_name else "")
+    )
+    raise ValueError(
+        f"the run was made by flow {entrypoint}, a flow started as a command whose module was not recorded, and "
+        f"{which}; it cannot be re-run from its record. Start the flow again with `python -m flows.<module> ...` "
+        "(its runs record the module) and reproduce that run"
+    )
+
+
 def flow_of(record: dict[str, Any]) -> tuple[Any, type]:
-    """The Prefect flow a record names and its parameter model; ValueError when it names none here."""
+    """The Prefect flow a record names and its parameter model; ValueError when it names none here. A record
+    naming ``__main__:<function>`` is resolved to the one flow module here with that flow (:func:`main_module`)."""
     entrypoint = (record.get("flow") or {}).get("entrypoint")
     if not entrypoint:
         raise ValueError("the run's provenance names no flow (it ran outside a Prefect flow run): nothing to re-run")
     module, _, name = entrypoint.partition(":")
+    if module == "__main__":
+        module = main_module(entrypoint, (record.get("flow") or {}).get("name"))
     try:
         found = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError):

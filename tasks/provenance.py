@@ -3,7 +3,8 @@
 Every training flow's top run and child runs hold the artifact ``provenance.json`` (:func:`log_provenance`,
 called where a run logs its parameters):
 
-- ``flow``: the Prefect flow that made the run (name and ``module:function`` entrypoint);
+- ``flow``: the Prefect flow that made the run (name and ``module:function`` entrypoint, the module by the name
+  it is imported by: ``flows.grpo:grpo_flow`` for a run started with ``python -m flows.grpo``, not ``__main__``);
 - ``settings``: every setting of the flow's parameter model as the run resolved it (defaults, ``params.yaml``
   and its profile, flags), ``explicit``: those given rather than defaulted, ``defaults``: each setting's
   default then, and ``seeds`` (the settings named ``*seed*``);
@@ -34,7 +35,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined, to_jsonable_python
 
 from tasks.fingerprints import file_digest, folder_digest, model_fingerprint
-from tasks.tracking import PROJECT_ROOT, _device, _git, prefect_flow_run, versions
+from tasks.tracking import PROJECT_ROOT, _device, _git, importable_module, prefect_flow_run, versions
 
 ARTIFACT = "provenance.json"
 DIFF_ARTIFACT = "git_diff.patch"
@@ -123,7 +124,7 @@ def build_record(params: BaseModel) -> dict[str, Any]:
     settings = params.model_dump(mode="json")
     return {
         "flow": {"name": flow.get("flow"), "entrypoint": flow.get("entrypoint")},
-        "params_model": f"{type(params).__module__}.{type(params).__qualname__}",
+        "params_model": f"{importable_module(type(params).__module__)}.{type(params).__qualname__}",
         "settings": settings,
         "explicit": sorted(params.model_fields_set),
         "defaults": field_defaults(type(params)),

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import sys
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -251,6 +252,29 @@ def _git(*args: str) -> str | None:
     return done.stdout.strip()
 
 
+def importable_module(module: str) -> str:
+    """The name ``module`` is imported by elsewhere: ``module`` itself, except for ``__main__``, the module of a
+    flow started as a command. ``python -m flows.grpo`` (and torchrun's ``-m``) names the module it ran in
+    ``__main__.__spec__``; a script run by its path inside the project (``python flows/grpo.py``) is named by
+    that path (``flows.grpo``). ``__main__`` when neither says (a script outside the project, a notebook)."""
+    if module != "__main__":
+        return module
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name and spec.name != "__main__":
+        return spec.name
+    script = getattr(main, "__file__", None)
+    if script:
+        path = Path(script).resolve()
+        try:
+            parts = path.relative_to(PROJECT_ROOT).with_suffix("").parts
+        except ValueError:
+            return module
+        if path.suffix == ".py" and parts and all(part.isidentifier() for part in parts):
+            return ".".join(parts)
+    return module
+
+
 def prefect_flow_run() -> dict[str, str]:
     """The Prefect flow run this code runs in: ``id``, ``name``, ``flow`` and the UI's ``url`` of its page
     (where the server has a UI); {} outside a flow run."""
@@ -266,8 +290,8 @@ def prefect_flow_run() -> dict[str, str]:
     found = {"id": str(flow_run.id), "name": flow_run.name or "", "flow": flow_run.flow_name or ""}
     context = FlowRunContext.get()
     if context is not None and context.flow is not None:  # the module that defines the flow, and the function
-        found["module"] = context.flow.fn.__module__
-        found["entrypoint"] = f"{context.flow.fn.__module__}:{context.flow.fn.__name__}"
+        found["module"] = importable_module(context.flow.fn.__module__)  # flows.grpo under python -m flows.grpo
+        found["entrypoint"] = f"{found['module']}:{context.flow.fn.__name__}"
     if PREFECT_UI_URL.value():  # the UI's page of a flow run (runtime's ui_url is an older route)
         found["url"] = f"{PREFECT_UI_URL.value().rstrip('/')}/runs/flow-run/{found['id']}"
     return found

@@ -1,8 +1,11 @@
-"""flows.reproduce: tiny SFT and GRPO runs re-run from their provenance records reproduce exactly; a changed
-data file or a changed default is named and stops the re-run; flows.compare shows two runs' records."""
+"""flows.reproduce: tiny SFT and GRPO runs, and an evaluation started as a command (``python -m``), re-run from
+their provenance records reproduce exactly; a changed data file or a changed default is named and stops the
+re-run; flows.compare shows two runs' records."""
 
 import json
+import re
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 
@@ -164,28 +167,44 @@ def test_compare_shows_records_side_by_side(prefect_harness, tmp_path, monkeypat
     assert text.index("setting.learning_rate") < text.index("final_val_accuracy")
 
 
-def test_evaluation_reproduces_its_generations_again(prefect_harness, tiny_lm_dir, shared_data, tmp_path, monkeypatch):
+def test_evaluation_started_as_a_command_reproduces_its_generations_again(
+    prefect_harness, tiny_lm_dir, shared_data, tmp_path, monkeypatch, capsys
+):
+    import runpy
+    import sys
+
+    import mlflow
+
     import tasks.evaluation
-    from flows.baseline_eval import BaselineEvalParams, baseline_eval
     from flows.reproduce import ReproduceParams, reproduce
 
     engines = []
     real_make_engine = tasks.evaluation.make_engine
     monkeypatch.setattr(tasks.evaluation, "make_engine", lambda *a, **k: engines.append(a) or real_make_engine(*a, **k))
     monkeypatch.chdir(tmp_path)
-    params = BaselineEvalParams(
-        model=str(tiny_lm_dir),
-        backend="hf",
-        data=str(shared_data / "math/validation.jsonl"),
-        limit=3,
-        n=2,
-        max_tokens=8,
-        output_dir=str(tmp_path / "out"),
-        metrics_path=str(tmp_path / "metrics.json"),
-        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    flags = {
+        "model": tiny_lm_dir,
+        "backend": "hf",
+        "data": shared_data / "math/validation.jsonl",
+        "limit": 3,
+        "n": 2,
+        "max-tokens": 8,
+        "output-dir": tmp_path / "out",
+        "metrics-path": tmp_path / "metrics.json",
+        "tracking-uri": uri,
+    }
+    # Started the way users start it, `python -m flows.baseline_eval ...`: the flow's module is __main__.
+    monkeypatch.setattr(sys, "argv", ["flows.baseline_eval", *(f"--{k}={v}" for k, v in flags.items())])
+    runpy.run_module("flows.baseline_eval", run_name="__main__", alter_sys=True)
+    run_id = re.search(r"mlflow +run (\w+) in", capsys.readouterr().out).group(1)
+    record = json.loads(
+        Path(mlflow.MlflowClient(uri).download_artifacts(run_id, "provenance.json", str(tmp_path))).read_text()
     )
-    original = baseline_eval(params)
-    result = reproduce(ReproduceParams(run_id=original["mlflow_run_id"], tracking_uri=params.tracking_uri))
+    assert record["flow"] == {"name": "baseline_eval", "entrypoint": "flows.baseline_eval:baseline_eval"}
+    assert record["params_model"] == "flows.params.BaselineEvalParams"
+
+    result = reproduce(ReproduceParams(run_id=run_id, tracking_uri=uri))
     assert len(engines) == 2  # the generations were made again, not read from the cache
     assert_exact(result)
     assert any(r["metric"] == "accuracy" for r in result["rows"])
