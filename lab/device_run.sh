@@ -201,42 +201,35 @@ cmds() {
   pack
 }
 
-par() {
+side_by_side() {  # side_by_side MODE: PRE in order, then each CMDS entry started with its own folders, each flow
+  #                  in the background (MODE par) or in a process session of its own that outlives the call (launch)
+  local mode=$1 entry words name
   begin_call || return 1
   if [ -n "${PRE:-}" ]; then
-    CMDS=$PRE in_order || { echo "par: PRE did not finish"; pack; return 1; }
+    CMDS=$PRE in_order || { echo "$mode: PRE did not finish"; pack; return 1; }
   fi
-  local entry words name
   while read -r entry; do
     read -ra words <<< "$entry"
     [[ "${words[1]:-}" == @* ]] && words=("${words[0]}" "${words[@]:2}")
     name=${words[0]}
     mkdir -p "outputs/.devrun/$name"
-    OMP_NUM_THREADS=${PAR_THREADS:-2} PAR=1 step "${words[@]}" --tracking-uri "sqlite:///outputs/.devrun/$name/mlflow.db" \
-      --output-dir "outputs/.devrun/$name/out" --metrics-path "outputs/.devrun/$name/metrics.json" > /dev/null &
+    local own=(--tracking-uri "sqlite:///outputs/.devrun/$name/mlflow.db" --output-dir "outputs/.devrun/$name/out"
+      --metrics-path "outputs/.devrun/$name/metrics.json")
+    if [ "$mode" = launch ]; then
+      OMP_NUM_THREADS=${PAR_THREADS:-2} OUT="outputs/.devrun/$name" setsid nohup bash lab/device_run.sh one \
+        "${words[@]}" "${own[@]}" > "outputs/.devrun/$name/stdout.log" 2>&1 < /dev/null &
+      echo "launched $name (pid $!)"
+    else
+      OMP_NUM_THREADS=${PAR_THREADS:-2} PAR=1 step "${words[@]}" "${own[@]}" > /dev/null &
+    fi
   done < <(entries)
+  if [ "$mode" = launch ]; then
+    sleep 5
+    return 0
+  fi
   wait
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv
   pack
-}
-
-launch() {  # like `par`, but each flow runs in a process session of its own (setsid), outliving this call
-  begin_call || return 1
-  if [ -n "${PRE:-}" ]; then
-    CMDS=$PRE in_order || { echo "launch: PRE did not finish"; pack; return 1; }
-  fi
-  local entry words name
-  while read -r entry; do
-    read -ra words <<< "$entry"
-    [[ "${words[1]:-}" == @* ]] && words=("${words[0]}" "${words[@]:2}")
-    name=${words[0]}
-    mkdir -p "outputs/.devrun/$name"
-    OMP_NUM_THREADS=${PAR_THREADS:-2} OUT="outputs/.devrun/$name" setsid nohup bash lab/device_run.sh one "${words[@]}" \
-      --tracking-uri "sqlite:///outputs/.devrun/$name/mlflow.db" --output-dir "outputs/.devrun/$name/out" \
-      --metrics-path "outputs/.devrun/$name/metrics.json" > "outputs/.devrun/$name/stdout.log" 2>&1 < /dev/null &
-    echo "launched $name (pid $!)"
-  done < <(entries)
-  sleep 5
 }
 
 one() {  # one NAME MODULE ARGS...: a launched flow; NAME.rc holds its exit status when it ends
@@ -286,8 +279,7 @@ case "${1:-}" in
   setup-a-split) setup_a split 2>&1 | tee "$OUT/setup_a.log" ;;
   run) run ;;
   cmds) cmds ;;
-  par) par ;;
-  launch) launch ;;
+  par|launch) side_by_side "$1" ;;
   one) shift; one "$@" ;;
   collect) collect ;;
   bench) bench ;;
