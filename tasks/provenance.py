@@ -35,7 +35,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined, to_jsonable_python
 
 from tasks.fingerprints import file_digest, folder_digest, model_fingerprint
-from tasks.tracking import PROJECT_ROOT, _device, _git, importable_module, prefect_flow_run, versions
+from tasks.tracking import PROJECT_ROOT, device_name, git, importable_module, prefect_flow_run, versions
 
 ARTIFACT = "provenance.json"
 DIFF_ARTIFACT = "git_diff.patch"
@@ -47,8 +47,8 @@ def _jsonable(value: Any) -> Any:
 
 def git_state() -> dict[str, Any]:
     """The commit checked out, whether tracked files differ from it, and the diff (``diff``, not recorded)."""
-    commit = _git("rev-parse", "HEAD")
-    diff = (_git("diff", "HEAD") or "") if commit else ""
+    commit = git("rev-parse", "HEAD")
+    diff = (git("diff", "HEAD") or "") if commit else ""
     return {
         "commit": commit,
         "dirty": bool(diff),
@@ -118,9 +118,10 @@ def field_defaults(model: type[BaseModel]) -> dict[str, Any]:
     return found
 
 
-def build_record(params: BaseModel) -> dict[str, Any]:
-    """The provenance record of a run of ``params`` in the present flow run (see the module docstring)."""
-    flow = prefect_flow_run()
+def build_record(params: BaseModel, code: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The provenance record of a run of ``params`` in the present flow run (see the module docstring);
+    ``code``: :func:`git_state`, where the caller has it already."""
+    flow, code = prefect_flow_run(), code or git_state()
     settings = params.model_dump(mode="json")
     return {
         "flow": {"name": flow.get("flow"), "entrypoint": flow.get("entrypoint")},
@@ -130,9 +131,9 @@ def build_record(params: BaseModel) -> dict[str, Any]:
         "defaults": field_defaults(type(params)),
         "seeds": {k: v for k, v in settings.items() if "seed" in k},
         "inputs": inputs(params),
-        "code": {k: v for k, v in git_state().items() if k != "diff"},
+        "code": {k: v for k, v in code.items() if k != "diff"},
         "versions": versions(),
-        "device": _device(),
+        "device": device_name(),
         "cwd": os.getcwd(),
     }
 
@@ -142,10 +143,11 @@ def log_provenance(params: BaseModel) -> dict[str, Any]:
     ``git_diff.patch`` when tracked files have uncommitted changes); returns the record."""
     import mlflow
 
-    record = build_record(params)
+    code = git_state()
+    record = build_record(params, code)
     mlflow.log_dict(record, ARTIFACT)
-    if record["code"]["dirty"]:
-        mlflow.log_text(git_state()["diff"], DIFF_ARTIFACT)
+    if code["dirty"]:
+        mlflow.log_text(code["diff"], DIFF_ARTIFACT)
     return record
 
 
@@ -230,8 +232,8 @@ def environment_differences(record: dict[str, Any]) -> list[str]:
         for name in sorted(set(then) | set(now))
         if then.get(name) != now.get(name)
     ]
-    if record.get("device") != _device():
-        found.append(f"device: {record.get('device')} then, {_device()} now")
+    if record.get("device") != device_name():
+        found.append(f"device: {record.get('device')} then, {device_name()} now")
     return found
 
 

@@ -242,7 +242,8 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 VERSIONED_PACKAGES = ("torch", "transformers", "vllm", "peft", "mlflow", "prefect", "dvc")
 
 
-def _git(*args: str) -> str | None:
+def git(*args: str) -> str | None:
+    """``git ARGS`` in the project's folder: its output, or None where git fails (no repository, no git)."""
     import subprocess
 
     try:
@@ -319,10 +320,10 @@ def run_tags() -> dict[str, str]:
     if flow_run.get("module", "").startswith("flows."):  # not Prefect's engine, which MLflow would name
         tags["mlflow.source.name"] = flow_run["module"].replace(".", "/") + ".py"
         tags["mlflow.source.type"] = "LOCAL"
-    commit = _git("rev-parse", "HEAD")
+    commit = git("rev-parse", "HEAD")
     if commit:
         tags["mlflow.source.git.commit"] = commit
-        tags["git.dirty"] = str(bool(_git("status", "--porcelain", "--untracked-files=no"))).lower()
+        tags["git.dirty"] = str(bool(git("status", "--porcelain", "--untracked-files=no"))).lower()
     if flow_run.get("url"):  # the run's description: a link back to the Prefect flow run
         tags["mlflow.note.content"] = (
             f"Started by Prefect flow run [{flow_run['name']}]({flow_run['url']}) of flow `{flow_run['flow']}`"
@@ -331,7 +332,7 @@ def run_tags() -> dict[str, str]:
             + "."
         )
     tags.update({f"versions.{name}": version for name, version in versions().items()})
-    tags["device"] = _device()
+    tags["device"] = device_name()
     return tags
 
 
@@ -349,7 +350,8 @@ def versions() -> dict[str, str]:
     return found
 
 
-def _device() -> str:
+def device_name() -> str:
+    """The GPUs this process sees, by kind (``cuda: 2 × NVIDIA H200``), or ``cpu``."""
     import torch
 
     if not torch.cuda.is_available():
