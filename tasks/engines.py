@@ -47,25 +47,33 @@ DETERMINISTIC_ERRORS: tuple[type[BaseException], ...] = (
     PermissionError,
 )
 
+# vLLM's ValueErrors when the GPU's free memory changed while it started: another process allocating during its
+# memory profiling (two engines started at once on one GPU: one of them finds no memory for its cache), or one
+# still ending. A later try finds the memory settled.
+MEMORY_RACES = ("No available memory for the cache blocks", "is less than desired GPU memory utilization")
+
 
 def retry_unless_deterministic(task: Any, task_run: Any, state: Any) -> bool:
     """Prefect's ``retry_condition_fn``: retry a failed engine start or generation unless its cause is one
-    of :data:`DETERMINISTIC_ERRORS` (a bad dtype or model path failed 6 engine starts, 71–92 s, before)."""
+    of :data:`DETERMINISTIC_ERRORS` (a bad dtype or model path failed 6 engine starts, 71–92 s, before) other
+    than vLLM's :data:`MEMORY_RACES`."""
     error = state.result(raise_on_failure=False)
     cause = error.__cause__ if isinstance(error, EngineStartError) and error.__cause__ is not None else error
+    if isinstance(cause, ValueError) and any(race in str(cause) for race in MEMORY_RACES):
+        return True
     return not isinstance(cause, DETERMINISTIC_ERRORS)
 
 
 @task(
     name="start_engine",
     retries=2,
-    retry_delay_seconds=10,
+    retry_delay_seconds=[10, 30],  # the second wait outlasts another engine's start beside this one
     retry_condition_fn=retry_unless_deterministic,
     cache_policy=NO_CACHE,
     persist_result=False,
 )
 def start_engine(factory: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``factory(*args, **kwargs)``, retried twice (10 s apart) if it raises what a retry can mend
+    """``factory(*args, **kwargs)``, retried twice (10 and 30 s later) if it raises what a retry can mend
     (:func:`retry_unless_deterministic`); the engine is never cached. A failure raises
     :class:`EngineStartError` naming the model, the settings and the cause."""
     import gc

@@ -483,6 +483,38 @@ def test_an_engine_that_cannot_start_ends_with_one_message(prefect_harness, monk
         main([])
 
 
+@pytest.mark.parametrize(
+    "message, tries",
+    [
+        ("No available memory for the cache blocks. Try increasing `gpu_memory_utilization`", 2),
+        ("Free memory on device cuda:0 (9.5/139.8 GiB) on startup is less than desired GPU memory utilization", 2),
+        ("engine_dtype 'float8': not a dtype", 1),
+    ],
+)
+def test_vllm_finding_its_memory_taken_while_it_starts_is_retried(prefect_harness, message, tries):
+    """vLLM's ValueErrors when another process took GPU memory while it profiled (two engines started at once
+    on one GPU) are retried, and the second try starts; any other ValueError (a bad setting) is not."""
+    from tasks.engines import start_engine
+
+    calls = []
+
+    def backend(model, backend, **kwargs):
+        calls.append(model)
+        if len(calls) == 1:
+            raise ValueError(message)
+        return "engine"
+
+    def starting():
+        return start_engine.with_options(retry_delay_seconds=0)(backend, "some/model", "vllm")
+
+    if tries == 1:
+        with pytest.raises(Exception, match="not a dtype"):
+            starting()
+    else:
+        assert starting() == "engine"
+    assert len(calls) == tries
+
+
 # ------------------------------------------------------------------ --config files and flag values
 
 
