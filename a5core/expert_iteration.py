@@ -148,6 +148,7 @@ def expert_iteration(
                 config.round_sft(step),
                 checkpoint_dir=round_dir / "sft" if round_dir else None,
                 log=lambda m, s, step=step: log({f"sft/{k}": v for k, v in m.items()}, step + 1),
+                release_memory=engine.release_memory,
             )
             metrics["sft_loss"] = final.get("loss", float("nan"))
         # 5. Evaluate and log the round.

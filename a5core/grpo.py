@@ -403,19 +403,23 @@ def grpo_step(run: _Run, engine: Engine, reward_fn: RewardFn, step: int) -> dict
     if len(batch) and (config.needs_old_log_probs or run.kl.reference is not None):
         where = f"GRPO step {step + 1}, log-probs pass"
         with timer("old_log_probs"), run.microbatches.naming(where):
-            run.microbatches.budget.retrying(functools.partial(log_probs_pass, run, batch), where)
+            run.microbatches.budget.retrying(
+                functools.partial(log_probs_pass, run, batch), where, batch.lengths, engine.release_memory
+            )
 
     # 5. epochs_per_rollout_batch passes over the rollouts, shuffled per epoch, in optimizer steps of
     # train_batch_size rollouts (more than one step a batch: off-policy, where the ratio π/π_old matters).
     stats = StepStats(run.device, run.loss.metrics, kl=bool(run.kl.coef), ratios=config.needs_old_log_probs)
-    budget = run.microbatches.budget
+    budget, lengths = run.microbatches.budget, batch.lengths
     with timer("train"), run.microbatches.naming(f"GRPO step {step + 1}, training"):
         for epoch, train_batch in _train_batches(config, len(batch), step):  # none if every group was dropped
             model.train()
             constant = normalize_constant(config, batch, train_batch, run.weights)
-            # Out of memory under an auto budget: this optimizer step's accumulation again, at half the budget.
+            # Out of memory under an auto budget: this optimizer step's accumulation again, after the engine
+            # released its cache, else at half the budget.
             accumulate = functools.partial(_accumulate, run, batch, train_batch, stats, epoch, constant)
-            budget.retrying(accumulate, f"GRPO step {step + 1}, training")
+            rows = [lengths[i] for i in train_batch]
+            budget.retrying(accumulate, f"GRPO step {step + 1}, training", rows, engine.release_memory)
             got = stats.read(torch.nn.utils.clip_grad_norm_(run.params, config.grad_clip or math.inf))
             if not (math.isfinite(got["loss"]) and math.isfinite(got["grad_norm"])):
                 raise _non_finite(run, step, epoch, stats.optimizer_steps, got)  # before the update: weights intact

@@ -1,5 +1,6 @@
 """One clear error when a training pass runs out of GPU memory: which pass, the micro-batch's shape, and the
-setting that makes micro-batches smaller (its value, and where the README says what fits which GPU)."""
+setting that makes micro-batches smaller (its value, and where the README says what fits which GPU); or, when
+the micro-batch held one sequence, which no smaller micro-batch can split, what else frees memory."""
 
 from __future__ import annotations
 
@@ -23,15 +24,25 @@ def naming_the_microbatch(
 ) -> Iterator[None]:
     """Re-raise a ``torch.OutOfMemoryError`` from inside as a :class:`MicrobatchOutOfMemoryError` that says
     ``where`` (e.g. "GRPO step 12, training"), the last micro-batch's ``shape()`` (rows, positions) and what
-    to change: ``max_tokens_per_microbatch`` when micro-batches are cut by that ``budget()`` (a how-fast
-    setting: the run resumes from its last checkpoint with a lower one), else ``count_setting`` (how many
-    sequences a micro-batch holds, e.g. "microbatch_size 2: lower it")."""
+    to change: for a micro-batch of one sequence, what the process holds or that sequence's length (no
+    micro-batch setting splits it); else ``max_tokens_per_microbatch`` when micro-batches are cut by that
+    ``budget()`` (a how-fast setting: the run resumes from its last checkpoint with a lower one), else
+    ``count_setting`` (how many sequences a micro-batch holds, e.g. "microbatch_size 2: lower it")."""
     try:
         yield
     except torch.OutOfMemoryError as error:
         size, budget_now = shape(), budget()
         tensor = f" of {size[0]} sequences × {size[1]} positions" if size else ""
-        if budget_now is not None:
+        if size and size[0] == 1:
+            fix = (
+                f"one sequence of {size[1]:,} positions does not fit in the GPU memory left beside what the process "
+                "holds (the policy's weights, gradients and optimizer state; a rollout engine's weights and cache), "
+                "and no smaller micro-batch can split it: make sequences shorter (max_tokens; SFT: max_seq_len), "
+                "hold less (policy_dtype: bfloat16; GRPO: engine_device, the engine on a GPU of its own), recompute "
+                "activations (gradient_checkpointing: true), or use a GPU with more memory (README, 'Memory plan "
+                "for one GPU shared by policy and engine')"
+            )
+        elif budget_now is not None:
             fix = (
                 f"micro-batches are cut by max_tokens_per_microbatch {budget_now:,}: lower it and run the same command "
                 "again, it resumes from the last checkpoint (README, 'Micro-batches by token budget': which "

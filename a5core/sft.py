@@ -165,6 +165,7 @@ class _Run:
     total_steps: int
     checkpoint: Path | None
     last_shape: tuple[int, ...] | None = None  # the latest micro-batch's (rows, positions)
+    release_memory: Callable[[], bool] | None = None  # a rollout engine's in this process (train_sft's argument)
     guard: DivergenceGuard = field(default_factory=lambda: DivergenceGuard(fixed_scale=True))
 
 
@@ -177,9 +178,14 @@ def train_sft(
     checkpoint_dir: str | os.PathLike | None = None,
     evaluate: Callable[[torch.nn.Module, int], dict[str, float]] | None = None,
     log: Callable[[dict[str, float], int], None] = lambda metrics, step: None,
+    release_memory: Callable[[], bool] | None = None,
 ) -> dict[str, float]:
     """Fine-tune ``model`` in place on ``(trace.prompt, trace.response)`` pairs; return the last metrics
-    (with ``step``). The objective, data order, metrics, checkpoints and several ranks: the module docstring."""
+    (with ``step``). The objective, data order, metrics, checkpoints and several ranks: the module docstring.
+
+    ``release_memory``: the :meth:`~a5core.rollout.Engine.release_memory` of a rollout engine in this process
+    (expert iteration's, an evaluation's), asked once before a pass that ran out of memory under
+    ``max_tokens_per_microbatch: auto`` runs again (:meth:`a5core.token_budget.TokenBudget.retrying`)."""
     examples = list(examples)
     if not examples:
         raise ValueError("train_sft needs at least one example")
@@ -187,6 +193,7 @@ def train_sft(
     total_steps = min(steps_per_epoch * config.epochs, config.max_steps or math.inf)
     checkpoint = Path(checkpoint_dir) if checkpoint_dir is not None else None
     run = _setup(model, tokenizer, examples, config, total_steps, checkpoint)
+    run.release_memory = release_memory
     fingerprint = run_fingerprint(config, examples)
     state = _start(run, fingerprint, steps_per_epoch)
     if state["finished"]:
@@ -241,8 +248,11 @@ def sft_step(run: _Run, batch_order: list[int], step: int) -> dict[str, float]:
     count = f"microbatch_size {config.microbatch_size}: lower it"
     where = f"SFT step {step + 1}"
     with naming_the_microbatch(where, lambda: run.budget.value, count, lambda: run.last_shape):
-        # Out of memory under an auto budget: the accumulation again, at half the budget.
-        loss, nll, tokens, truncated = run.budget.retrying(functools.partial(_accumulate, run, batch_order), where)
+        # Out of memory under an auto budget: the accumulation again, after the engine released its cache,
+        # else at half the budget.
+        lengths = [run.positions[i] for i in batch_order] if run.positions is not None else []
+        accumulate = functools.partial(_accumulate, run, batch_order)
+        loss, nll, tokens, truncated = run.budget.retrying(accumulate, where, lengths, run.release_memory)
     grad_norm = torch.nn.utils.clip_grad_norm_(run.params, config.grad_clip if config.grad_clip > 0 else math.inf)
     grad_norm_value = distributed.full_tensor(grad_norm).item()
     sums = torch.stack(

@@ -10,13 +10,17 @@ two, so micro-batches keep the few shapes compiled layers already met. On severa
 smallest rank's budget (each must cut the same number of micro-batches).
 
 A training pass that still runs out of memory (longer sequences than the first step's, another process)
-is run again at half the budget (:meth:`TokenBudget.retrying`), with a warning naming the new budget; the
-budget stays there. What is run again is one optimizer step's accumulation (its gradients are dropped
-first), or one pass of log-probs without gradients: never an optimizer step that already happened, never
-the rollouts, so nothing is lost and nothing counted twice; the micro-batches at the halved budget give the
-same update, to float rounding. On several ranks an out-of-memory error is raised as it is (one rank
-cannot run a pass again alone). A number fixes the budget; ``None`` cuts micro-batches by count; ``auto``
-on the CPU is ``None``, exactly.
+is run again (:meth:`TokenBudget.retrying`). First, once, a rollout engine in the same process is asked to
+release what it keeps between calls (the hf engine's compiled KV cache, rebuilt at its next generate): if it
+held anything, the pass runs again at the same budget. Otherwise, or if that fails too, it runs again at half
+the budget, with a warning naming the new budget, which stays there; halving stops once the budget is at or
+below the pass's longest row (padded): a micro-batch holds at least one row, so a smaller budget cannot shrink
+that row's micro-batch, and the error raised then names that one sequence (:mod:`a5core.out_of_memory`). What
+is run again is one optimizer step's accumulation (its gradients are dropped first), or one pass of log-probs
+without gradients: never an optimizer step that already happened, never the rollouts, so nothing is lost and
+nothing counted twice; the micro-batches at the halved budget give the same update, to float rounding. On
+several ranks an out-of-memory error is raised as it is (one rank cannot run a pass again alone). A number
+fixes the budget; ``None`` cuts micro-batches by count; ``auto`` on the CPU is ``None``, exactly.
 """
 
 from __future__ import annotations
@@ -143,18 +147,38 @@ class TokenBudget:
             self.memory.free() / 2**30,
         )
 
-    def retrying(self, attempt: Callable[[], T], where: str) -> T:
+    def retrying(
+        self,
+        attempt: Callable[[], T],
+        where: str,
+        lengths: Sequence[int],
+        release: Callable[[], bool] | None = None,
+    ) -> T:
         """``attempt()`` (one optimizer step's accumulation, or a pass without gradients: something that
-        starts from scratch when called again); under auto on one rank, on running out of GPU memory, the
-        budget is halved, with a warning naming it and ``where``, and ``attempt`` runs again, down to one
-        bucket."""
+        starts from scratch when called again) over rows of ``lengths`` positions each (before padding).
+        Under auto on one rank, on running out of GPU memory: ``release()`` is asked once (a rollout engine's
+        :meth:`~a5core.rollout.Engine.release_memory`: True if it freed memory), and if it freed memory
+        ``attempt`` runs again at the same budget; otherwise the budget is halved, with a warning naming it
+        and ``where``, and ``attempt`` runs again, as long as the budget exceeds the longest row's padded
+        length (at or below it, the micro-batch of that row alone is as large: halving changes nothing)."""
         while True:
             try:
                 return attempt()
             except torch.OutOfMemoryError:
-                if not self.auto or self.value <= distributed.PAD_MULTIPLE or distributed.rank_and_world()[1] > 1:
+                if not self.auto or distributed.rank_and_world()[1] > 1:
+                    raise
+                released, release = release is not None and release(), None
+                if not released and self.value <= distributed.padded_length(max(lengths)):
                     raise
             self.memory.release()  # outside the handler: the failed attempt's tensors are unreferenced by now
+            if released:
+                logger.warning(
+                    "%s: out of GPU memory; the rollout engine released its cache; running it again with "
+                    "max_tokens_per_microbatch %s",
+                    where,
+                    f"{self.value:,}",
+                )
+                continue
             self.sized, self.value = True, self.value // 2
             logger.warning(
                 "%s: out of GPU memory; running it again with max_tokens_per_microbatch %s (auto halved it)",

@@ -92,6 +92,7 @@ def train_setting(
             checkpoint_dir=run.folder / "checkpoint",
             evaluate=hook(selection, len(selection)),  # the curve: the selection split
             log=run.log,
+            release_memory=run.engine.release_memory,  # the curve's engine, kept between evaluations
         )
         if params.save_models:
             save_model_folder(run.model, run.tokenizer, run.folder / "model")

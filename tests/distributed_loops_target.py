@@ -94,6 +94,9 @@ class FixedEngine:
         assert not any(isinstance(t, DTensor) for t in state.values()), "the engine got shards"
         self.pushes.append(sum(float(t.double().sum()) for t in state.values()))
 
+    def release_memory(self) -> bool:
+        return False
+
     def generate(self, prompts, sampling):
         groups = []
         for prompt in prompts:

@@ -41,6 +41,9 @@ class PromptSeeded:
         self.engine.load_weights(policy)
         self.pushes += 1
 
+    def release_memory(self) -> bool:
+        return self.engine.release_memory()
+
     def generate(self, prompts, sampling):
         return [
             self.engine.generate([prompt], replace(sampling, seed=zlib.crc32(prompt.encode()) + 7919 * self.pushes))[0]

@@ -49,6 +49,9 @@ class RecordingEngine:
     def load_weights(self, model):
         self.inner.load_weights(model)
 
+    def release_memory(self):
+        return self.inner.release_memory()
+
 
 def small_config(**overrides) -> GRPOConfig:
     settings = dict(

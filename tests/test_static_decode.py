@@ -203,6 +203,25 @@ def test_compiled_loop_pads_the_chunk_and_agrees_with_eager(tiny_policy, prompts
     assert compiled._decoder is decoder
 
 
+def test_release_memory_frees_the_kept_decoder_and_the_next_call_builds_it_again(tiny_policy, prompts, monkeypatch):
+    """The compiled engine keeps its decoder (its KV cache) between calls; ``release_memory`` frees it at once
+    (True; False with none kept) and the next call builds a new one, which generates the same greedy rows.
+    torch.compile is the identity here (inductor takes ~30 s on the CPU; the tests around this one compile)."""
+    import weakref
+
+    monkeypatch.setattr(torch, "compile", lambda function, **options: function)
+    model, tokenizer = tiny_policy
+    engine = HFEngine(model, tokenizer, batch_size=8, compile=True)
+    assert not engine.release_memory()  # nothing kept yet
+    before = engine.generate(prompts, CASES[0])
+    cache = weakref.ref(engine._decoder.keys[0])
+    assert engine.release_memory() and engine._decoder is None
+    assert cache() is None  # freed now, not at some later garbage collection
+    assert not engine.release_memory()
+    assert engine.generate(prompts, CASES[0]) == before
+    assert engine._decoder is not None  # built again, and kept
+
+
 def test_the_compiled_shrinking_loop_compiles_once(tiny_tokenizer):
     """Rows, then widths, change as rows end at drawn lengths: the decode step is compiled once for all
     shapes, and the compiled loop generates what the eager one does."""

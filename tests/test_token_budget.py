@@ -8,6 +8,7 @@ import functools
 import itertools
 import logging
 import re
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from test_sft import make_model, short_examples
 import a5core.grpo
 import a5core.sft
 from a5core import distributed, grpo_pieces, token_budget
+from a5core.data import Trace
 from a5core.expert_iteration import EIConfig
 from a5core.grpo import grpo
 from a5core.sft import SFTConfig, train_sft
@@ -244,8 +246,8 @@ def test_auto_on_the_cpu_is_count_based_and_a_number_or_null_is_kept(setting):
         pass
     budget.settle()
     assert budget.value == (None if setting == "auto" else setting)
-    with pytest.raises(torch.OutOfMemoryError):  # no retry but under auto on CUDA
-        budget.retrying(out_of_memory, "here")
+    with pytest.raises(torch.OutOfMemoryError):  # no retry but under auto on CUDA, no engine asked
+        budget.retrying(out_of_memory, "here", [100], release=lambda: pytest.fail("the engine was asked"))
 
 
 def test_compile_layers_auto_compiles_on_cuda_only():
@@ -380,3 +382,118 @@ def test_sft_out_of_memory_under_auto_halves_the_budget_and_loses_nothing(tokeni
     assert {k: got[k] for k in reference} == reference
     for value, other in zip(reference_model.state_dict().values(), model.state_dict().values(), strict=True):
         assert torch.equal(value, other)
+
+
+def failing_attempt(budget, failures: int) -> tuple[Callable[[], str], list[int]]:
+    """An attempt that runs out of memory its first ``failures`` times, and the budgets it ran at."""
+    tried = []
+
+    def attempt():
+        tried.append(budget.value)
+        if len(tried) <= failures:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB.")
+        return "done"
+
+    return attempt, tried
+
+
+def test_auto_stops_halving_at_the_longest_row():
+    """Out of memory at every budget over rows of up to 1,000 positions (1,024 padded): halved from 4,096 to
+    1,024 and no further; below 1,024 that row's micro-batch is the row alone, as large as at 1,024."""
+    budget = token_budget.TokenBudget("auto", torch.device("cpu"), memory=FakeMemory())
+    attempt, tried = failing_attempt(budget, failures=100)
+    with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate 20.00 MiB"):
+        budget.retrying(attempt, "here", [30, 1000, 400])
+    assert tried == [4096, 2048, 1024] and budget.value == 1024
+
+
+@pytest.mark.parametrize(("freed", "budgets"), [(True, [4096, 4096, 2048, 1024]), (False, [4096, 2048, 1024, 512])])
+def test_auto_asks_the_engine_once_and_runs_again_at_the_same_budget_if_it_freed_memory(freed, budgets):
+    """Three failures: the engine is asked once, on the first; if it freed memory, the attempt runs again at
+    the same budget before any halving; if not, halving starts at once."""
+    budget = token_budget.TokenBudget("auto", torch.device("cpu"), memory=FakeMemory())
+    attempt, tried = failing_attempt(budget, failures=3)
+    asked = []
+    assert budget.retrying(attempt, "here", [100], release=lambda: asked.append(1) or freed) == "done"
+    assert tried == budgets and len(asked) == 1
+
+
+class ReleasingEngine(VariedLengthEngine):
+    """Keeps a cache between generate calls, as the compiled hf engine does; ``release_memory`` drops it."""
+
+    def __init__(self, model, tokenizer):
+        super().__init__(model, tokenizer)
+        self.holding, self.released = False, 0
+
+    def generate(self, prompts, sampling):
+        self.holding = True
+        return super().generate(prompts, sampling)
+
+    def release_memory(self):
+        held, self.holding = self.holding, False
+        self.released += held
+        return held
+
+
+def test_grpo_out_of_memory_under_auto_releases_the_engine_cache_and_keeps_the_budget(tokenizer, monkeypatch, caplog):
+    """Out of memory in the second pass, the engine holding its cache: the engine releases it and the optimizer
+    step runs again at the same budget (512: 2 rollouts of 256 positions a pass), not halved; its update is that
+    budget's."""
+    options = dict(gradient_accumulation_steps=4, checkpoint_every=0)
+    reference_model, (reference,) = grpo_history(tokenizer, max_tokens_per_microbatch=512, **options)
+    memory = FakeMemory()
+    auto_on_the_cpu(monkeypatch, grpo_pieces, memory, probe=512)
+    calls = failing_on_call(a5core.grpo, monkeypatch, failing=2)
+    model = make_model(tokenizer)
+    engine = ReleasingEngine(model, tokenizer)
+    with caplog.at_level(logging.WARNING, logger="a5core.token_budget"):
+        (last,) = grpo(model, tokenizer, engine, PROBLEMS, TEMPLATE, parity_reward, small_config(**options))
+    assert (
+        "GRPO step 1, training: out of GPU memory; the rollout engine released its cache; running it again with "
+        "max_tokens_per_microbatch 512"
+    ) in caplog.text
+    assert "halved" not in caplog.text
+    assert engine.released == 1 and memory.released == 1 and len(calls) == 2 + 4
+    assert (last["microbatches"], last["loss"], last["grad_norm"]) == (4, reference["loss"], reference["grad_norm"])
+    for value, other in zip(reference_model.state_dict().values(), model.state_dict().values(), strict=True):
+        assert torch.equal(value, other)
+
+
+def test_grpo_out_of_memory_at_every_budget_stops_at_the_longest_rollout_and_names_it(tokenizer, monkeypatch, caplog):
+    """Rollouts of 216-226 positions (padded to 256), out of memory at any budget: 1,024, 512, 256, then the
+    error, which names the one sequence no budget can split, not a budget to lower."""
+    auto_on_the_cpu(monkeypatch, grpo_pieces, FakeMemory(), probe=1024)
+    monkeypatch.setattr("a5core.grpo.get_response_log_probs", out_of_memory)
+    with (
+        caplog.at_level(logging.WARNING, logger="a5core.token_budget"),
+        pytest.raises(torch.OutOfMemoryError) as caught,
+    ):
+        grpo_history(tokenizer, gradient_accumulation_steps=4, checkpoint_every=0)
+    assert re.findall(r"max_tokens_per_microbatch (\S+) \(auto halved it\)", caplog.text) == ["512", "256"]
+    message = str(caught.value)
+    assert message.startswith(
+        "GRPO step 1, training: out of GPU memory in a micro-batch of 1 sequences × 256 positions; one sequence "
+        "of 256 positions does not fit in the GPU memory left beside what the process holds"
+    ), message
+    assert "policy_dtype: bfloat16" in message and "lower it" not in message
+
+
+def test_sft_out_of_memory_at_every_budget_stops_at_the_longest_example_and_names_it(tokenizer, monkeypatch, caplog):
+    """An example cut at max_seq_len 1,024 (1,023 positions, padded to 1,024) beside short ones, out of memory at
+    any budget: 4,096, 2,048, 1,024, then the error naming that sequence."""
+    examples = [*short_examples(3), Trace("What is 1 + 1?", " ok" * 1200 + " </answer>", "2")]
+    auto_on_the_cpu(monkeypatch, a5core.sft, FakeMemory(), probe=4096)
+    monkeypatch.setattr("a5core.sft.get_response_log_probs", out_of_memory)
+    config = SFTConfig(batch_size=4, microbatch_size=2, epochs=1, max_seq_len=1024)
+    with (
+        caplog.at_level(logging.WARNING, logger="a5core.token_budget"),
+        pytest.raises(torch.OutOfMemoryError) as caught,
+    ):
+        train_sft(make_model(tokenizer), tokenizer, examples, config)
+    assert re.findall(r"max_tokens_per_microbatch (\S+) \(auto halved it\)", caplog.text) == ["2,048", "1,024"]
+    message = str(caught.value)
+    assert message.startswith(
+        "SFT step 1: out of GPU memory in a micro-batch of 1 sequences × 1024 positions; one sequence of 1,024 "
+        "positions does not fit"
+    ), message
+    assert "max_seq_len" in message and "lower it" not in message

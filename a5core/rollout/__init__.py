@@ -7,6 +7,7 @@ current weights::
     groups = engine.generate(prompts, SamplingSettings(n=8, temperature=1.0, max_tokens=1024))
     groups[i][j].text, groups[i][j].token_ids, groups[i][j].finish_reason
     engine.load_weights(policy)                                # after an optimiser step
+    engine.release_memory()                                    # its cache, while a training pass needs it
 
 Both backends share these semantics:
 
@@ -144,6 +145,12 @@ class Engine(Protocol):
 
     def load_weights(self, policy_model: torch.nn.Module) -> None:
         """Copy a training policy's current weights (same architecture, HF names) into the engine."""
+        ...
+
+    def release_memory(self) -> bool:
+        """Free the GPU memory the engine keeps in this process between calls (the hf engine's compiled
+        KV cache; the next ``generate`` builds it again); True if it freed any. A training pass that ran
+        out of memory asks it before running again (:meth:`a5core.token_budget.TokenBudget.retrying`)."""
         ...
 
 

@@ -9,6 +9,8 @@ check the vLLM backend against. See ``a5core.rollout`` for the shared semantics;
   :class:`a5core.rollout.static_decode.StaticKVDecoder`: a preallocated KV cache and, on CUDA, each
   decode step captured once as a CUDA graph (``torch.compile``, mode ``reduce-overhead``); chunks are
   then padded to ``batch_size`` rows and the cache capacity rounded up, so shapes repeat and compile once.
+  That decoder and its cache stay between calls until :meth:`HFEngine.release_memory` drops them (a
+  training pass in the same process that ran out of memory asks it to).
   The loop samples each step itself: temperature (by the Gumbel-max trick, :func:`gumbel_max_sample`),
   top-p (the smallest set of tokens reaching ``top_p``, through ``multinomial``),
   EOS masked during the first ``min_tokens`` tokens; a finished row is fed padding from then on, and
@@ -37,6 +39,7 @@ check the vLLM backend against. See ``a5core.rollout`` for the shared semantics;
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import Sequence
 from typing import Any
 
@@ -252,15 +255,27 @@ class HFEngine:
     # ------------------------------------------------------------------------ static-cache loop
 
     def _static_decoder(self, rows: int, needed: int) -> StaticKVDecoder:
-        """A decoder for ``rows`` × ``needed`` positions; compiled ones are kept while they fit."""
+        """A decoder for ``rows`` × ``needed`` positions; compiled ones are kept while they fit (and until
+        :meth:`release_memory`, which another thread may call meanwhile: the decoder returned is read once)."""
         if not self.compile:
             return StaticKVDecoder(self.model, rows, needed)
-        if self._decoder is None or self._decoder.capacity < needed:
-            self._decoder = None  # free the old cache first
-            self._decoder = StaticKVDecoder(
-                self.model, self.batch_size, _round_up(needed), compile=True, varying=self.shrink
-            )
-        return self._decoder
+        decoder = self._decoder
+        if decoder is None or decoder.capacity < needed:
+            self._decoder = decoder = None  # free the old cache first
+            decoder = StaticKVDecoder(self.model, self.batch_size, _round_up(needed), compile=True, varying=self.shrink)
+            self._decoder = decoder
+        return decoder
+
+    def release_memory(self) -> bool:
+        """Drop the compiled decoder kept between calls, its KV cache of ``batch_size`` × capacity positions
+        (at 1.5B, 256 × 1,280 positions: 8.8 GiB), so that a training pass can use that memory; the next
+        ``generate`` builds it again (its graphs recorded anew, not recompiled). True if one was kept.
+        A decoder generating in another thread meanwhile is freed when that generation ends."""
+        if self._decoder is None:
+            return False
+        self._decoder = None
+        gc.collect()  # a compiled decoder refers to itself (its compiled step is its bound method): a cycle
+        return True
 
     def _decode_static(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, s: SamplingSettings

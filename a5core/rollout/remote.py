@@ -192,6 +192,11 @@ class RemoteEngine:
             self._reply("load_weights")
             self._sent_specs = specs
 
+    def release_memory(self) -> bool:
+        """Nothing to release in this process: the engine's memory is its own process's, on its own device.
+        False."""
+        return False
+
     # ------------------------------------------------------------------------------------ lifetime
 
     def close(self) -> None:

@@ -199,6 +199,12 @@ class VLLMEngine:
         self.llm.apply_model(_reprocess_tied_lm_head)
         self.llm.reset_prefix_cache()
 
+    def release_memory(self) -> bool:
+        """Nothing more to release: with ``sleep_when_idle`` the engine already sleeps once ``generate``
+        returns (its KV cache released, its weights in host memory); without it, vLLM holds its share for good
+        (sleep mode is chosen when it starts). False."""
+        return False
+
     def _sleep(self) -> None:
         """With ``sleep_when_idle``: release the KV cache and move the weights to host memory (level 1)."""
         if self.sleep_when_idle and self._awake:
