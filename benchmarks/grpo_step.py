@@ -16,13 +16,14 @@ cache attention (``--attentions``, ``benchmarks/_attention.py``): the engine's `
 The first step compiles (CUDA graph of the decode step; compiled decoder layers) and is reported apart;
 the warm steps' median and maximum are the figures. Targets: median ≤ 4.5 s, max ≤ 5.5 s.
 
-``--modes`` replaces that cross product by named configurations (:data:`MODES`): the ``a5`` profile as it
-shipped before the ``auto`` defaults (fp32 policy, eager layers, micro-batches of 2 rollouts), the defaults
-now (fp32 policy; ``compile_layers`` and ``max_tokens_per_microbatch`` ``auto``: compiled layers, a budget
-sized to the GPU), the best hand-set configuration measured (bf16 policy, compiled layers, budget 32,768),
-and the defaults with the process capped to 80 and 40 GiB (``torch.cuda.set_per_process_memory_fraction``;
-the cap is skipped on the CPU), each with the engine as the flows run it (:data:`ENGINE_DEFAULTS`: shrinking
-decode, Gumbel-max, sdpa). The ``auto`` budget each run settled on is in its micro-batches column.
+``--modes`` replaces that cross product by named configurations (``benchmarks/_modes.py``, shared with
+``sft_step.py``): the ``a5`` profile as it shipped before the ``auto`` defaults (fp32 policy, eager layers,
+micro-batches of 2 rollouts), the defaults now (fp32 policy; ``compile_layers`` and ``max_tokens_per_microbatch``
+``auto``: compiled layers, a budget sized to the GPU), the best hand-set configuration measured (bf16 policy,
+compiled layers, budget 32,768), and the defaults with the process capped to 80 and 40 GiB
+(``torch.cuda.set_per_process_memory_fraction``; the cap is skipped on the CPU), each with the engine as the
+flows run it (:data:`ENGINE_DEFAULTS`: shrinking decode, Gumbel-max, sdpa). The ``auto`` budget each run
+settled on is in its micro-batches column.
 
     python benchmarks/grpo_step.py [--model-dir DIR] [--steps 11] [--lengths fixed varied]
         [--token-budgets 0 16384 32768] [--count-steps N] [--decodes full shrinking shrinking-static]
@@ -37,7 +38,7 @@ import contextlib
 import copy
 import statistics
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +49,7 @@ from benchmarks import _attention, _buckets, _model, _sampler  # noqa: E402
 from benchmarks._attention import use_attention  # noqa: E402
 from benchmarks._buckets import decode_mode  # noqa: E402
 from benchmarks._lengths import forced_lengths  # noqa: E402
+from benchmarks._modes import MODES, budgets_seen, cut_of, memory_cap  # noqa: E402
 from benchmarks._report import report  # noqa: E402
 from benchmarks._sampler import use_sampler  # noqa: E402
 
@@ -76,14 +78,6 @@ class Setting:
     name: str = ""
 
 
-# Named configurations (--modes): (variant, budget, policy dtype, cap in GiB).
-MODES = {
-    "shipped": ("eager", None, "float32", None),  # the a5 profile before auto: 15.3 s a step on the H200
-    "defaults": ("auto", "auto", "float32", None),  # the defaults now: compiled layers, a budget sized to the GPU
-    "best": ("layers", 32768, "bfloat16", None),  # the best hand-set: 4.7–5.1 s a step on the H200
-    "defaults-80g": ("auto", "auto", "float32", 80.0),
-    "defaults-40g": ("auto", "auto", "float32", 40.0),
-}
 # What the flows' hf engine runs (HFEngine's defaults), which every named mode measures.
 ENGINE_DEFAULTS = dict(decode="shrinking", sampler="gumbel-max", attention="sdpa")
 
@@ -176,53 +170,15 @@ def settings_of(args) -> list[Setting]:
     ]
 
 
-@contextlib.contextmanager
-def memory_cap(gib: float | None) -> Iterator[None]:
-    """The process's GPU memory capped to ``gib`` GiB inside (nothing on the CPU, or without a cap)."""
-    if gib is None or not torch.cuda.is_available():
-        yield
-        return
-    total = torch.cuda.get_device_properties(0).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, gib * 2**30 / total))
-    try:
-        yield
-    finally:
-        torch.cuda.set_per_process_memory_fraction(1.0)
-
-
-@contextlib.contextmanager
-def budgets_seen() -> Iterator[list]:
-    """The token budgets (a5core.token_budget.TokenBudget) the runs inside make, to read what auto settled on."""
-    from a5core import grpo_pieces
-    from a5core.token_budget import TokenBudget
-
-    made: list[TokenBudget] = []
-    real = grpo_pieces.TokenBudget
-
-    def recording(*args, **kwargs) -> TokenBudget:
-        made.append(real(*args, **kwargs))
-        return made[-1]
-
-    grpo_pieces.TokenBudget = recording
-    try:
-        yield made
-    finally:
-        grpo_pieces.TokenBudget = real
-
-
 def microbatches_of(args, setting: Setting, settled: int | None) -> str:
     """The micro-batches column: by count, a fixed budget, or what auto settled on (and the mode's name)."""
-    if setting.budget is None:
-        cut = f"{args.microbatch} rollouts"
-    elif setting.budget == "auto":
-        cut = f"budget auto → {settled:,}" if settled is not None else "auto: by count (CPU)"
-    else:
-        cut = f"budget {setting.budget:,}"
+    cut = cut_of(setting.budget, settled, f"{args.microbatch} rollouts")
     return f"{setting.name}: {cut}" if setting.name else cut
 
 
 def measure(args, setting: Setting, lengths: str, device: str) -> tuple[list[str], str]:
     """One configuration's table row (a fresh model, compile cache and peak), and the model's description."""
+    from a5core import grpo_pieces
     from a5core.policy import compile_decoder_layers
 
     model, tokenizer, description = _model.build(args.model_dir, args.tiny, device)
@@ -236,7 +192,7 @@ def measure(args, setting: Setting, lengths: str, device: str) -> tuple[list[str
         compile_decoder_layers(model, activation_memory_budget=0.8)
     steps = args.steps if setting.budget is not None else (args.count_steps or args.steps)
     with use_attention(setting.attention), decode_mode(setting.decode) as shrink, memory_cap(setting.cap_gib):
-        with budgets_seen() as budgets:
+        with budgets_seen(grpo_pieces) as budgets:
             history = run(model, engine_model, tokenizer, args, lengths, setting, shrink, steps)
     warm_steps = history[1:] or history
     warm = [m["time_step"] for m in warm_steps]
