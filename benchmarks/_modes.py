@@ -37,6 +37,11 @@ MODES = {
 }
 
 
+# The table columns of a mode's steps that both benchmarks print: its timings, then its graphs and memory.
+TIMING_COLUMNS = ("first step s", "warm median s", "warm max s")
+MEMORY_COLUMNS = ("graphs compiled: first step → last", "peak GiB", "memory cap GiB")
+
+
 @contextlib.contextmanager
 def memory_cap(gib: float | None) -> Iterator[None]:
     """The process's GPU memory capped to ``gib`` GiB inside (nothing on the CPU, or without a cap)."""

@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import _attention, _buckets, _model, _sampler  # noqa: E402
+from benchmarks import _attention, _buckets, _model, _modes, _sampler  # noqa: E402
 from benchmarks._attention import use_attention  # noqa: E402
 from benchmarks._buckets import decode_mode  # noqa: E402
 from benchmarks._lengths import forced_lengths  # noqa: E402
@@ -293,18 +293,14 @@ def main() -> None:
             "sampler",
             "attention",
             "warm steps",
-            "first step s",
-            "warm median s",
-            "warm max s",
+            *_modes.TIMING_COLUMNS,
             *[f"{p} s" for p in PHASES],
             "mean response tokens",
             "generate tok/s",
             "train tok/s",
             "passes/step",
             "shapes",
-            "graphs compiled: first step → last",
-            "peak GiB",
-            "memory cap GiB",
+            *_modes.MEMORY_COLUMNS,
         ],
         rows,
         record=not args.tiny,

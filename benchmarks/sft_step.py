@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import _model  # noqa: E402
+from benchmarks import _model, _modes  # noqa: E402
 from benchmarks._lengths import drawn_lengths  # noqa: E402
 from benchmarks._modes import MODES, budgets_seen, cut_of, memory_cap  # noqa: E402
 from benchmarks._report import report  # noqa: E402
@@ -181,13 +181,9 @@ def main(argv: list[str] | None = None) -> None:
             "lengths",
             "micro-batches",
             "steps",
-            "first step s",
-            "warm median s",
-            "warm max s",
+            *_modes.TIMING_COLUMNS,
             "tokens/s",
-            "graphs compiled: first step → last",
-            "peak GiB",
-            "memory cap GiB",
+            *_modes.MEMORY_COLUMNS,
         ],
         rows,
         record=not args.tiny,

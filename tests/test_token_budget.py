@@ -459,18 +459,26 @@ def test_grpo_out_of_memory_under_auto_releases_the_engine_cache_and_keeps_the_b
         assert torch.equal(value, other)
 
 
+def halvings_then_error(caplog, run) -> tuple[list[str], str]:
+    """``run()``, which must end in an out-of-memory error: the budgets auto halved to (as the warnings name
+    them) and the error's message."""
+    with (
+        caplog.at_level(logging.WARNING, logger="a5core.token_budget"),
+        pytest.raises(torch.OutOfMemoryError) as caught,
+    ):
+        run()
+    return re.findall(r"max_tokens_per_microbatch (\S+) \(auto halved it\)", caplog.text), str(caught.value)
+
+
 def test_grpo_out_of_memory_at_every_budget_stops_at_the_longest_rollout_and_names_it(tokenizer, monkeypatch, caplog):
     """Rollouts of 216-226 positions (padded to 256), out of memory at any budget: 1,024, 512, 256, then the
     error, which names the one sequence no budget can split, not a budget to lower."""
     auto_on_the_cpu(monkeypatch, grpo_pieces, FakeMemory(), probe=1024)
     monkeypatch.setattr("a5core.grpo.get_response_log_probs", out_of_memory)
-    with (
-        caplog.at_level(logging.WARNING, logger="a5core.token_budget"),
-        pytest.raises(torch.OutOfMemoryError) as caught,
-    ):
-        grpo_history(tokenizer, gradient_accumulation_steps=4, checkpoint_every=0)
-    assert re.findall(r"max_tokens_per_microbatch (\S+) \(auto halved it\)", caplog.text) == ["512", "256"]
-    message = str(caught.value)
+    halvings, message = halvings_then_error(
+        caplog, lambda: grpo_history(tokenizer, gradient_accumulation_steps=4, checkpoint_every=0)
+    )
+    assert halvings == ["512", "256"]
     assert message.startswith(
         "GRPO step 1, training: out of GPU memory in a micro-batch of 1 sequences × 256 positions; one sequence "
         "of 256 positions does not fit in the GPU memory left beside what the process holds"
@@ -485,13 +493,10 @@ def test_sft_out_of_memory_at_every_budget_stops_at_the_longest_example_and_name
     auto_on_the_cpu(monkeypatch, a5core.sft, FakeMemory(), probe=4096)
     monkeypatch.setattr("a5core.sft.get_response_log_probs", out_of_memory)
     config = SFTConfig(batch_size=4, microbatch_size=2, epochs=1, max_seq_len=1024)
-    with (
-        caplog.at_level(logging.WARNING, logger="a5core.token_budget"),
-        pytest.raises(torch.OutOfMemoryError) as caught,
-    ):
-        train_sft(make_model(tokenizer), tokenizer, examples, config)
-    assert re.findall(r"max_tokens_per_microbatch (\S+) \(auto halved it\)", caplog.text) == ["2,048", "1,024"]
-    message = str(caught.value)
+    halvings, message = halvings_then_error(
+        caplog, lambda: train_sft(make_model(tokenizer), tokenizer, examples, config)
+    )
+    assert halvings == ["2,048", "1,024"]
     assert message.startswith(
         "SFT step 1: out of GPU memory in a micro-batch of 1 sequences × 1024 positions; one sequence of 1,024 "
         "positions does not fit"
