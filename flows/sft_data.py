@@ -33,6 +33,7 @@ as a flow run when ``PREFECT_API_URL`` names a server, else plain (see :mod:`flo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -58,6 +59,7 @@ from a5core.sft_data import (
 )
 from flows.cli import ConfigError, cli_main, profile_name, read_config, section_settings
 from flows.params import DistillParams, Prompt
+from tasks.engines import closing_engine
 from tasks.flow_summary import publish
 from tasks.outputs import check_output_dir, check_output_file
 
@@ -137,7 +139,9 @@ def write_distill(params: SftDataParams, out: str | os.PathLike, teacher: Any = 
         return {"traces": 0, "enabled": False, "out": str(out)}
     problems = load_math(d.problems)[: d.limit]
     template = load_prompt(params.prompt)
-    traces = distill(problems, template, teacher or make_teacher(d), d.n, d.sampling_for(template))
+    # A teacher made here is closed when done (a vLLM engine frees its GPU); one handed in stays open.
+    with closing_engine(make_teacher(d)) if teacher is None else contextlib.nullcontext(teacher) as teacher:
+        traces = distill(problems, template, teacher, d.n, d.sampling_for(template))
     write_jsonl_atomic(out, _records(traces))
     return {"traces": len(traces), "enabled": True, "problems": len(problems), "out": str(out)}
 

@@ -237,8 +237,9 @@ def engine_for(params: Any) -> Any:
 
 @contextlib.contextmanager
 def closing_engine(engine: Any) -> Iterator[Any]:
-    """``with closing_engine(engine) as engine:`` closes it at the end when it can be closed (a
-    RemoteEngine's server process stops); an in-process engine is left to the garbage collector."""
+    """``with closing_engine(engine) as engine:`` closes it at the end when it can be closed: a vLLM engine
+    stops and frees its memory and vLLM's process-wide state (before the next engine in this process starts), a
+    RemoteEngine's server process stops; an hf engine is left to the garbage collector."""
     try:
         yield engine
     finally:

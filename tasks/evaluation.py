@@ -21,7 +21,7 @@ from a5core.models import resolve_model
 from a5core.problem_sets import REWARD_FNS
 from a5core.prompts import PromptTemplate
 from a5core.rollout import Completion, Engine, SamplingSettings, make_engine
-from tasks.engines import retry_unless_deterministic, start_engine
+from tasks.engines import closing_engine, retry_unless_deterministic, start_engine
 from tasks.fingerprints import model_fingerprint
 from tasks.tracking import tracking_rank
 
@@ -60,8 +60,8 @@ def generate(
     Retried once unless the cause is deterministic (a bad setting or path): starting an engine is the
     flaky step (device memory, a busy port).
     """
-    engine = start_engine(make_engine, resolve_model(model), backend, dtype=dtype)
-    return engine.generate(prompts, sampling)
+    with closing_engine(start_engine(make_engine, resolve_model(model), backend, dtype=dtype)) as engine:
+        return engine.generate(prompts, sampling)
 
 
 @task

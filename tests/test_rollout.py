@@ -46,7 +46,9 @@ def hf_engine(tiny_lm_dir):
 @pytest.fixture(scope="module")
 def vllm_engine(tiny_lm_dir):
     pytest.importorskip("vllm")
-    return make_engine(str(tiny_lm_dir), "vllm", max_model_len=1024)
+    engine = make_engine(str(tiny_lm_dir), "vllm", max_model_len=1024)
+    yield engine
+    engine.close()  # before another file's engine starts in this process (see a5core/rollout/vllm.py)
 
 
 @pytest.fixture(params=["hf", "vllm"])

@@ -36,7 +36,7 @@ def model_dir(tmp_path_factory, shared_data):
 @pytest.fixture(scope="module")
 def engine(model_dir):
     pytest.importorskip("vllm")
-    return make_engine(
+    engine = make_engine(
         str(model_dir),
         "vllm",
         max_model_len=1024,
@@ -44,6 +44,8 @@ def engine(model_dir):
         sleep_when_idle=True,
         kv_cache_tokens=KV_TOKENS,
     )
+    yield engine
+    engine.close()
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,11 @@ while awake is ``gpu_memory_utilization``; ``a5core.rollout.colocate`` derives i
 start and what the policy will hold, instead of a guessed fraction. ``kv_cache_tokens`` sizes the
 KV cache to the rollouts at hand (vLLM's ``kv_cache_memory_bytes``) rather than to all of that share: waking
 maps the cache anew each time, and mapping 100 GiB where 10 suffice cost ~2 s a GRPO step on an H200.
+
+vLLM's distributed state (its process groups) belongs to the process, not to one engine: an engine's teardown
+destroys it. ``close`` an engine before the next one starts in the same process; dropped instead, the engine is
+torn down whenever the garbage collector reaches it, possibly under the next engine, which then fails
+("pipeline model parallel group is not initialized", "not initialized in the world group map").
 """
 
 from __future__ import annotations
@@ -120,6 +125,7 @@ class VLLMEngine:
             torch.set_num_threads = set_num_threads
         self.tokenizer = self.llm.get_tokenizer()
         self._vllm = vllm
+        self.closed = False
         self._sleep()
 
     @staticmethod
@@ -152,6 +158,7 @@ class VLLMEngine:
     def generate(self, prompts: Sequence[str], sampling: SamplingSettings) -> list[list[Completion]]:
         """``len(prompts)`` lists of ``sampling.n`` Completions, prompt order kept."""
         prompts = check_prompts(prompts)
+        self._check_open()
         if not prompts:
             return []
         token_prompts = [
@@ -192,6 +199,7 @@ class VLLMEngine:
         came from the old weights). Skipping either of the last two steps leaves outputs that
         silently differ from the policy's. Needs the in-process engine (see the module docstring).
         """
+        self._check_open()
         self._wake(("weights",))  # the KV cache stays released: the next generate takes it
         state = policy_model.state_dict()
         weights = ((checkpoint_name(name), tensor.detach()) for name, tensor in state.items())
@@ -204,6 +212,19 @@ class VLLMEngine:
         returns (its KV cache released, its weights in host memory); without it, vLLM holds its share for good
         (sleep mode is chosen when it starts). False."""
         return False
+
+    def close(self) -> None:
+        """Stop the engine now: its memory is freed and vLLM's process-wide distributed state torn down, here
+        rather than whenever the garbage collector reaches it (see the module docstring). Idempotent; a closed
+        engine refuses to generate or load weights."""
+        if not self.closed:
+            self.closed = True
+            self.llm.llm_engine.engine_core.shutdown()  # also disarms the teardown the collector would run
+            del self.llm
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError("this vLLM engine is closed; start a new one")
 
     def _sleep(self) -> None:
         """With ``sleep_when_idle``: release the KV cache and move the weights to host memory (level 1)."""
