@@ -49,13 +49,17 @@ def file_digest(path: str | os.PathLike) -> str:
     return digest
 
 
-def folder_digest(folder: str | os.PathLike) -> str:
-    """The sha256 over every file under ``folder`` (links followed): sorted relative paths and their
-    :func:`file_digest`. The same files with the same bytes give the same digest wherever they are."""
+def file_digests(folder: str | os.PathLike) -> dict[str, str]:
+    """Every file under ``folder`` (links followed), sorted: its path relative to ``folder`` → :func:`file_digest`."""
     root = Path(folder).expanduser().resolve()
     files = sorted(p for p in root.rglob("*") if p.is_file())
-    listing = [(p.relative_to(root).as_posix(), file_digest(p)) for p in files]
-    return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
+    return {p.relative_to(root).as_posix(): file_digest(p) for p in files}
+
+
+def folder_digest(folder: str | os.PathLike) -> str:
+    """The sha256 over :func:`file_digests`: the same files with the same bytes give the same digest wherever
+    they are."""
+    return hashlib.sha256(json.dumps(list(file_digests(folder).items())).encode()).hexdigest()
 
 
 def model_fingerprint(model: str) -> str:

@@ -39,6 +39,7 @@ import mlflow  # noqa: E402
 
 from a5core import distributed  # noqa: E402
 from a5core.data import write_text_atomic  # noqa: E402
+from tasks.fingerprints import file_digests  # noqa: E402
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 DEFAULT_ARTIFACT_ROOT = "mlruns"
@@ -669,7 +670,8 @@ def register_model(
     model_dir: str | Path, name: str, run_id: str, setting: str, metrics: dict[str, float] | None = None
 ) -> dict[str, Any]:
     """Log the Hugging Face folder ``model_dir`` as the MLflow model ``model`` of run ``run_id`` and register it
-    as a version of ``name`` (weights not copied: :mod:`tasks.hf_folder_model` loads them from the folder).
+    as a version of ``name`` (weights not copied: :mod:`tasks.hf_folder_model` loads them from the folder, and
+    refuses it once its files differ from the digests recorded here).
     The version's description is the run's final metrics (``metrics``, else the run's ``final_*``), its tags
     the setting and the run. Done once a run: a run already registered returns its version (tag
     :data:`REGISTERED_TAG`). Returns ``name``, ``version``, ``setting``, ``run_id``, ``model_dir``."""
@@ -693,7 +695,7 @@ def register_model(
         logged = mlflow.pyfunc.log_model(
             name="model",
             python_model=str(Path(__file__).with_name("hf_folder_model.py")),
-            model_config={"model_dir": found["model_dir"]},
+            model_config={"model_dir": found["model_dir"], "file_sha256": file_digests(found["model_dir"])},
             pip_requirements=["mlflow", "torch", "transformers"],
             registered_model_name=name,
             tags={"setting": setting},

@@ -224,6 +224,12 @@ def test_sft_on_generated_arithmetic_hands_its_best_model_to_the_next_stage(
     sft_experiment(params.model_copy(update={"learning_rate": 1e-3}))  # another SFT run: the link moves
     assert run_key(GRPOParams(model=str(best))) != key
 
+    # A version's folder written over (here one file of it) is refused by name, not loaded as other weights.
+    with open(Path(result["models"][0]["model_dir"]) / "config.json", "a") as f:
+        f.write("\n")
+    with pytest.raises(ValueError, match=r"config\.json changed since this model version was registered"):
+        mlflow.pyfunc.load_model("models:/a5-sft/1")
+
 
 def test_the_best_sft_setting_is_chosen_on_the_selection_split_alone():
     """Scores on the score split (final_*) permuted or altered: the same setting is chosen; the selection split
