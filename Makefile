@@ -27,16 +27,11 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # The suite in TEST_WORKERS processes (pytest-xdist), a test file to a process: its module fixtures are built once.
-# The cpu profile's end-to-end flows run in a process of their own, first: after another file's vLLM engine in the
-# same process, vLLM's process-wide distributed state can refuse their engine ("not initialized in the world
-# group map").
 TEST_WORKERS ?= 2
-ALONE = tests/test_cpu_profile.py
 test: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -q $(ALONE)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --ignore=$(ALONE)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The DVC pipeline with params.yaml's `profile` set to $(PROFILE) (cpu: the small version for 2 cores).
 pipeline: setup
