@@ -30,6 +30,7 @@ rank calls ``evaluate``. One process: ``distributed`` reduces to the plain loop.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -135,7 +136,8 @@ def expert_iteration(
         round_dir = root / f"round-{step}" if root else None
         # 1-3. Sample, grade, keep the correct rollouts (or, resumed, the round's kept set as it was saved).
         kept, metrics, outcomes = _kept_set(
-            model, tokenizer, engine, sampler, template, reward_fn, config, step, round_dir
+            round_dir,
+            functools.partial(_rollout_round, model, tokenizer, engine, sampler, template, reward_fn, config, step),
         )
         sampler.observe([by_id[uid] for uid in outcomes["questions"]], outcomes["correct"], step + 1)
         metrics.update(sampler.metrics())
@@ -183,18 +185,10 @@ def _resume(model: torch.nn.Module, sampler: QuestionSampler, root: Path | None,
 
 
 def _kept_set(
-    model: torch.nn.Module,
-    tokenizer: Any,
-    engine: Engine,
-    sampler: QuestionSampler,
-    template: PromptTemplate,
-    reward_fn: Callable[[str, Any], dict[str, float]],
-    config: EIConfig,
-    step: int,
-    round_dir: Path | None,
+    round_dir: Path | None, roll_out: Callable[[], tuple[list[Trace], dict[str, float], dict[str, list]]]
 ) -> tuple[list[Trace], dict[str, float], dict[str, list]]:
-    """Round ``step``'s kept traces, rollout metrics and outcomes: read back from ``round_dir`` if the round
-    saved them (a resumed round trains on exactly the same data), else sampled now and saved."""
+    """A round's kept traces, rollout metrics and outcomes: read back from ``round_dir`` if the round saved them
+    (a resumed round trains on exactly the same data), else ``roll_out()`` now and saved there."""
     kept_path = round_dir / "kept.jsonl" if round_dir else None
     if kept_path is not None and kept_path.is_file():
         kept = load_sft_traces(kept_path) if kept_path.stat().st_size else []
@@ -202,7 +196,7 @@ def _kept_set(
             round_dir / "rollouts.json", ("metrics", "outcomes"), f"delete {round_dir} to roll the round out again"
         )
         return kept, rollouts["metrics"], rollouts["outcomes"]
-    kept, metrics, outcomes = _rollout_round(model, tokenizer, engine, sampler, template, reward_fn, config, step)
+    kept, metrics, outcomes = roll_out()
     if round_dir is not None and distributed.rank_and_world()[0] == 0:
         write_jsonl_atomic(kept_path, [asdict(t) for t in kept])
         write_text_atomic(round_dir / "rollouts.json", json.dumps({"metrics": metrics, "outcomes": outcomes}))
