@@ -6,6 +6,7 @@ deployments ``python -m flows.serve`` registers, a run triggered through the API
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -210,6 +211,20 @@ def test_a_killed_flow_leaves_no_prefect_server_running(tmp_path):
         except psutil.TimeoutExpired:
             servers[0].kill()
             raise AssertionError("the temporary Prefect server outlived its killed flow process by 60 s") from None
+
+
+def test_a_watcher_ends_with_its_child_and_is_reaped():
+    """The watcher beside a temporary server exits once the server has ended, and nobody needs to wait for it:
+    it is reaped (no zombie stays for the rest of the flow's process)."""
+    from tasks.prefect_server import stop_with_this_process
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1)"])
+    watcher = stop_with_this_process(child.pid)
+    child.wait()
+    deadline = time.monotonic() + 60  # a guard: it ends within half a second of the child
+    while watcher.returncode is None and time.monotonic() < deadline:  # set by the reaping, not polled here
+        time.sleep(0.2)
+    assert watcher.returncode == 0  # waited for: no zombie left
 
 
 INTERRUPTIBLE_FLOW = HANGING_FLOW.replace(
