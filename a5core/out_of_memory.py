@@ -44,9 +44,9 @@ def naming_the_microbatch(
             )
         elif budget_now is not None:
             fix = (
-                f"micro-batches are cut by max_tokens_per_microbatch {budget_now:,}: lower it and run the same command "
-                "again, it resumes from the last checkpoint (README, 'Micro-batches by token budget': which "
-                "budget fits which GPU)"
+                f"micro-batches are cut by max_tokens_per_microbatch {budget_now:,}: set a lower number and run the "
+                "same command again, it resumes from the last checkpoint (README, 'Micro-batches by token budget': "
+                "which budget fits which GPU)"
             )
         else:
             fix = (

@@ -412,7 +412,7 @@ def test_grpo_out_of_memory_names_the_budget_and_a_lower_one_resumes_the_run(
     argv = flags("grpo", inputs, tmp_path, n_grpo_steps=3, eval_every=0, checkpoint_every=1, val_subset=2, val_limit=2)
     message = user_error("grpo", [*argv, "--max-tokens-per-microbatch", "4096"])
     assert message.startswith("flows.grpo: error: GRPO step 2, training: out of GPU memory in a micro-batch of 4 ")
-    assert "micro-batches are cut by max_tokens_per_microbatch 4,096: lower it" in message
+    assert "micro-batches are cut by max_tokens_per_microbatch 4,096: set a lower number" in message
     assert "Traceback" not in capfd.readouterr().err
     (checkpoint,) = (tmp_path / "out").glob("runs-*/single/checkpoint")
     assert json.loads((checkpoint / "latest/state.json").read_text())["step"] == 1
