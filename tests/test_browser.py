@@ -17,6 +17,8 @@ import httpx
 import pytest
 from servers import background, listening_addresses, mlflow_ui, quiet_env, running_prefect_server, wait_http
 
+from tasks.prefect_server import stop_with_this_process
+
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "outputs" / "screenshots"
 WAIT_S = 60
@@ -75,11 +77,35 @@ def browser(uis):
         driver = webdriver.Chrome(
             options=options, service=Service(str(CHROMEDRIVER), log_output=str(uis["tmp"] / "chromedriver.log"))
         )
+    # chromedriver and the Chromium it started stop with this process, should it be killed before quit() runs.
+    for pid in browser_pids(driver):
+        stop_with_this_process(pid)
     try:
         driver.set_page_load_timeout(WAIT_S)
         yield driver
     finally:
         driver.quit()
+
+
+def browser_pids(driver) -> list[int]:
+    """chromedriver's pid and those of the processes it started (Chromium's browser process)."""
+    import psutil
+
+    service = driver.service.process.pid
+    return [service, *(child.pid for child in psutil.Process(service).children())]
+
+
+def test_the_browser_is_watched(browser):
+    """A test run killed while the browser is open (SIGTERM runs no exit handler) leaves no Chromium behind."""
+    import os
+
+    import psutil
+
+    commands = [p.info["cmdline"] or [] for p in psutil.process_iter(["cmdline"])]
+    # a watcher's command ends with the watching process's pid and the watched one's
+    watchers = {int(c[-1]): int(c[-2]) for c in commands if any(part.endswith("_orphan_watch.py") for part in c)}
+    pids = browser_pids(browser)
+    assert len(pids) >= 2 and {pid: watchers.get(pid) for pid in pids} == dict.fromkeys(pids, os.getpid())
 
 
 def wait_for_text(driver, text: str, shot: Path) -> None:
