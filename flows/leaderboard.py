@@ -9,15 +9,16 @@ The recipe: an optional SFT phase (``sft_data``: a trace file, or ``arithmetic:N
 traces as ``sft_experiment`` takes them; ``sft_max_steps``), then GRPO until the budget, less
 the time the final evaluation will take, runs out. The checkpoint is chosen on a split apart from the one
 that scores it: the last ``val_subset`` problems (at most half) of the (shuffled) train set are held out of
-training (any whose question is also a scored validation problem dropped), their accuracy is logged against wall-clock
-seconds throughout, and every new best on them is saved as a Hugging Face folder (``output_dir/best``); the
-final score is computed with that checkpoint on the validation problems, which take no part in the choice
-(the A5 leaderboard forbids tuning on the scored set). The summary names both (``selection_split``,
-``score_split``). The final-evaluation
-reserve is the larger of ``final_eval_reserve_s`` and 1.25× the time the subset evaluations took per
-problem (scaled from the run's max_tokens to 1,024; the engine is called once before, so its first-call
-compilation is not counted), times the number of final problems. A run that hits its budget stops after the
-current step, still evaluates and reports; ``within_budget`` says whether the whole flow kept to it.
+training (any whose question is also a scored validation problem dropped), their accuracy is logged against
+wall-clock seconds throughout, and every new best on them is saved as a Hugging Face folder in the run's own
+folder (``output_dir/best`` links to it once the run ends; the registered model version names it); the final
+score is computed with that checkpoint on the validation problems, which take no part in the choice (the A5
+leaderboard forbids tuning on the scored set). The summary names both (``selection_split``, ``score_split``).
+The final-evaluation reserve is the larger of ``final_eval_reserve_s`` and 1.25× the time the subset
+evaluations took per problem (scaled from the run's max_tokens to 1,024; the engine is called once before, so
+its first-call compilation is not counted), times the number of final problems. A run that hits its budget
+stops after the current step, still evaluates and reports; ``within_budget`` says whether the whole flow kept
+to it.
 
 Smoke runs with small models use the generated arithmetic task (``arithmetic:N:DIGITS``, as the cpu
 profile does) with ``reward_fn: arithmetic``: the MATH grader accepts a copy of the question ("12 + 34")
@@ -68,6 +69,7 @@ from tasks.checks import check_grpo_run, check_prompts_fit
 from tasks.engines import closing_engine, engine_for
 from tasks.evaluation import validation_hook
 from tasks.flow_summary import publish
+from tasks.outputs import link_model
 from tasks.runs import Run, Trained, save_model_folder, training_run
 from tasks.tracking import REGISTERED_MODELS, register_model, tracking_rank
 
@@ -109,11 +111,11 @@ def leaderboard(params: LeaderboardParams = LeaderboardParams()) -> dict:
         if params.metrics_path:
             write_text_atomic(Path(params.metrics_path), json.dumps(summary, indent=2) + "\n")
         models = []
-        if (out / "best").is_dir():  # the checkpoint the score was computed with
+        best = Path(row.get("best_model", out / "best"))  # the checkpoint the score was computed with
+        if best.is_dir():
+            link_model(best, out / "best")
             mlflow.set_tracking_uri(params.tracking_uri)
-            models.append(
-                register_model(out / "best", REGISTERED_MODELS["leaderboard"], row["mlflow_run_id"], "leaderboard")
-            )
+            models.append(register_model(best, REGISTERED_MODELS["leaderboard"], row["mlflow_run_id"], "leaderboard"))
         publish(
             "leaderboard",
             "Leaderboard run",
@@ -131,7 +133,6 @@ def _budgeted(start: float, run: Run) -> Trained:
     """The budgeted training and the final score (see the module docstring), as a run's body."""
     params, model, tokenizer, engine, template = run.params, run.model, run.tokenizer, run.engine, run.template
     budget = params.budget_hours * 3600
-    out = Path(params.output_dir)
     validation = run.validation_problems
     final_problems = validation[: params.final_eval_limit]  # the score split
     train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
@@ -183,7 +184,7 @@ def _budgeted(start: float, run: Run) -> Trained:
         seconds_per_problem.append(per_problem * max(1.0, token_ratio))
         if metrics["val_accuracy"] > best["val_accuracy"]:
             best.update(val_accuracy=metrics["val_accuracy"], step=step)
-            save_model_folder(model, tokenizer, out / "best")
+            save_model_folder(model, tokenizer, run.folder / "best")
         elapsed = time.monotonic() - start
         run.log({"val_accuracy_by_wall_seconds": metrics["val_accuracy"]}, int(elapsed))
         return {**metrics, "budget_used": elapsed / budget, "final_eval_reserve_s": reserve()}
@@ -210,7 +211,7 @@ def _budgeted(start: float, run: Run) -> Trained:
     )
     last_step = history[-1]["step"]
     if best["step"] is not None and best["step"] != last_step:
-        model, _ = load_policy(out / "best", dtype=getattr(torch, params.policy_dtype), device=device)
+        model, _ = load_policy(run.folder / "best", dtype=getattr(torch, params.policy_dtype), device=device)
     model.eval()
     final = validation_hook(engine, tokenizer, final_problems, template, run.reward_fn, FINAL_SAMPLING, None)(
         model, last_step
@@ -236,7 +237,7 @@ def _budgeted(start: float, run: Run) -> Trained:
         "within_budget": wall <= budget,
     }
     run.log({k: float(v) for k, v in summary.items() if isinstance(v, (int, float)) and v is not None}, last_step)
-    return Trained(last_step, summary, final=final)
+    return Trained(last_step, {**summary, "best_model": str(run.folder / "best")}, final=final)
 
 
 def check_inputs(params: LeaderboardParams) -> None:

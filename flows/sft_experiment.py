@@ -32,7 +32,6 @@ MLflow and writes the outputs.
 from __future__ import annotations
 
 import json
-import os
 import random
 import sys
 from pathlib import Path
@@ -50,6 +49,7 @@ from tasks.checks import check_outputs, check_prompts_fit
 from tasks.engines import closing_engine, engine_for
 from tasks.evaluation import validation_hook
 from tasks.flow_summary import publish
+from tasks.outputs import link_model
 from tasks.plots import log_comparison
 from tasks.run_lock import run_lock
 from tasks.runs import Run, Trained, curve, log_run_params, run_key, save_model_folder, training_run
@@ -118,16 +118,6 @@ def choose_best(rows: list[dict]) -> dict:
     return max(rows, key=lambda r: (r.get("selection_accuracy") or 0.0, r.get("selection_format_rate") or 0.0))
 
 
-def link_best_model(model: Path, link: Path) -> None:
-    """Point ``link`` (a symlink, replaced atomically) at the best setting's saved ``model`` folder."""
-    partial = link.with_name(link.name + ".partial")
-    partial.unlink(missing_ok=True)
-    partial.symlink_to(model.resolve(), target_is_directory=True)
-    if link.is_dir() and not link.is_symlink():  # a folder put there by hand: not ours to keep
-        raise ValueError(f"{link} is a folder, not the link to the best model this flow writes; move it away")
-    os.replace(partial, link)
-
-
 @flow(name="sft_experiment")
 def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
     """Run every setting as a child of one parent run; returns the summary rows and output paths."""
@@ -169,7 +159,7 @@ def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
         if params.save_models:  # the best on the selection split (a tie broken by format rate), never the score's
             best = choose_best(rows)
             best_model = out / f"runs-{run_key(params)}" / best["setting"] / "model"
-            link_best_model(best_model, out / "best_model")
+            link_model(best_model, out / "best_model")
             tag_active_run(best_setting=best["setting"], chosen_on=SELECTION_SPLIT, scored_on=SCORE_SPLIT)
             models.append(
                 register_model(best_model, REGISTERED_MODELS["sft_experiment"], best["mlflow_run_id"], best["setting"])

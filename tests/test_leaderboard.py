@@ -53,11 +53,15 @@ def test_budget_stops_training_and_the_run_still_reports(prefect_harness, tiny_l
     assert summary["stopped_by_budget"] and 1 <= summary["grpo_steps"] < params.n_grpo_steps
     assert summary["n_final_problems"] == 6 and not summary["official"]
     assert 0.0 <= summary["final_score"] <= 1.0 and summary["best_step"] is not None
-    assert (tmp_path / "out/best/config.json").is_file() and (tmp_path / "out/best/tokenizer.json").is_file()
+    best = tmp_path / "out/best"  # a link to the run's own folder: a run with other settings saves its own
+    assert best.is_symlink() and best.resolve().parent.name == "leaderboard" and best.resolve().name == "best"
+    assert (best / "config.json").is_file() and (best / "tokenizer.json").is_file()
     assert json.loads((tmp_path / "metrics.json").read_text()) == summary
     client = mlflow.MlflowClient(tracking_uri=params.tracking_uri)
     run = client.get_run(summary["mlflow_run_id"])
     assert run.data.metrics["final_score"] == summary["final_score"]
+    (version,) = client.search_model_versions("name = 'a5-leaderboard'")  # the scored checkpoint, where it stays
+    assert version.run_id == run.info.run_id and f"saved at `{best.resolve()}`" in version.description
     assert client.get_metric_history(run.info.run_id, "val_accuracy_by_wall_seconds")
     assert run.data.params["length_normalization"] == "masked_normalize"
     evaluations = len(client.get_metric_history(run.info.run_id, "val_accuracy"))
