@@ -145,7 +145,7 @@ def out_of_memory(*args, **kwargs):
 @pytest.mark.parametrize(
     ("options", "names"),
     [
-        (dict(max_tokens_per_microbatch=128), "max_tokens_per_microbatch 128: lower it"),
+        (dict(max_tokens_per_microbatch=128), "max_tokens_per_microbatch 128: set a lower number"),
         (dict(), "microbatch_size 2: lower it"),
     ],
 )
@@ -164,7 +164,11 @@ def test_sft_out_of_memory_names_the_step_the_micro_batch_and_the_setting(tokeni
 @pytest.mark.parametrize(
     ("options", "where", "names"),
     [
-        (dict(max_tokens_per_microbatch=1024), "GRPO step 1, training", "max_tokens_per_microbatch 1,024: lower it"),
+        (
+            dict(max_tokens_per_microbatch=1024),
+            "GRPO step 1, training",
+            "max_tokens_per_microbatch 1,024: set a lower number",
+        ),
         (
             dict(loss_type="grpo_clip", epochs_per_rollout_batch=2),
             "GRPO step 1, log-probs pass",
@@ -483,7 +487,7 @@ def test_grpo_out_of_memory_at_every_budget_stops_at_the_longest_rollout_and_nam
         "GRPO step 1, training: out of GPU memory in a micro-batch of 1 sequences × 256 positions; one sequence "
         "of 256 positions does not fit in the GPU memory left beside what the process holds"
     ), message
-    assert "policy_dtype: bfloat16" in message and "lower it" not in message
+    assert "policy_dtype: bfloat16" in message and "lower it" not in message and "a lower number" not in message
 
 
 def test_sft_out_of_memory_at_every_budget_stops_at_the_longest_example_and_names_it(tokenizer, monkeypatch, caplog):
@@ -501,4 +505,4 @@ def test_sft_out_of_memory_at_every_budget_stops_at_the_longest_example_and_name
         "SFT step 1: out of GPU memory in a micro-batch of 1 sequences × 1024 positions; one sequence of 1,024 "
         "positions does not fit"
     ), message
-    assert "max_seq_len" in message and "lower it" not in message
+    assert "max_seq_len" in message and "lower it" not in message and "a lower number" not in message
