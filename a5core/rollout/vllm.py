@@ -125,7 +125,6 @@ class VLLMEngine:
             torch.set_num_threads = set_num_threads
         self.tokenizer = self.llm.get_tokenizer()
         self._vllm = vllm
-        self.closed = False
         self._sleep()
 
     @staticmethod
@@ -217,13 +216,12 @@ class VLLMEngine:
         """Stop the engine now: its memory is freed and vLLM's process-wide distributed state torn down, here
         rather than whenever the garbage collector reaches it (see the module docstring). Idempotent; a closed
         engine refuses to generate or load weights."""
-        if not self.closed:
-            self.closed = True
-            self.llm.llm_engine.engine_core.shutdown()  # also disarms the teardown the collector would run
-            del self.llm
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()  # also disarms the teardown the collector would run
 
     def _check_open(self) -> None:
-        if self.closed:
+        if self.llm is None:
             raise RuntimeError("this vLLM engine is closed; start a new one")
 
     def _sleep(self) -> None:
