@@ -111,9 +111,12 @@ def leaderboard(params: LeaderboardParams = LeaderboardParams()) -> dict:
         if params.metrics_path:
             write_text_atomic(Path(params.metrics_path), json.dumps(summary, indent=2) + "\n")
         models = []
-        best = Path(row.get("best_model", out / "best"))  # the checkpoint the score was computed with
+        # The checkpoint the score was computed with (a run finished before it stayed in the run's own folder saved
+        # it as output_dir/best itself: nothing to link then).
+        best = Path(row.get("best_model", out / "best"))
         if best.is_dir():
-            link_model(best, out / "best")
+            if best != out / "best":
+                link_model(best, out / "best")
             mlflow.set_tracking_uri(params.tracking_uri)
             models.append(register_model(best, REGISTERED_MODELS["leaderboard"], row["mlflow_run_id"], "leaderboard"))
         publish(

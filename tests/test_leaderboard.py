@@ -67,6 +67,20 @@ def test_budget_stops_training_and_the_run_still_reports(prefect_harness, tiny_l
     evaluations = len(client.get_metric_history(run.info.run_id, "val_accuracy"))
     assert len(graded) == summary["grpo_steps"] * params.rollout_batch_size + evaluations * 3 + 6
 
+    # A run finished before the best checkpoint stayed in the run's own folder: its row names no best_model and
+    # output_dir/best is the checkpoint itself. Invoked again, it returns its summary, and the folder stays as it is.
+    import shutil
+
+    done = best.resolve().parent / "done.json"
+    row = json.loads(done.read_text())
+    del row["best_model"]
+    done.write_text(json.dumps(row))
+    saved = best.resolve()
+    best.unlink()
+    shutil.move(saved, best)
+    assert leaderboard(params) == summary
+    assert best.is_dir() and not best.is_symlink()
+
 
 def test_the_rules_are_fixed():
     assert (FINAL_SAMPLING.temperature, FINAL_SAMPLING.top_p, FINAL_SAMPLING.max_tokens, FINAL_SAMPLING.stop) == (
