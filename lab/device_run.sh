@@ -43,6 +43,11 @@
 #   CMDS='...' lab/device_run.sh collect
 #                                       # wait until every flow named in CMDS has ended or BUDGET seconds are spent,
 #                                       #   then pack the records
+#   lab/device_run.sh rep NAME STORE [RUN_ID]
+#                                       # flows.reproduce of a run (RUN_ID, or the top run of the flow launched as
+#                                       #   NAME once it ends) in the MLflow store at path STORE: strictly, then, if it
+#                                       #   refuses for what differs, with --allow-differences (start it with setsid
+#                                       #   to let it outlive the call; collect with CMDS naming rep_NAME)
 #   BENCH='SCRIPT ARGS...; ...' lab/device_run.sh bench
 #                                       # after setup-a (pydantic and friends in /tmp/site): benchmark scripts run one
 #                                       #   after another until BUDGET seconds are spent, on the Qwen2.5-Math-1.5B
@@ -257,6 +262,33 @@ collect() {  # wait until every launched flow in CMDS has ended, or BUDGET secon
   pack
 }
 
+rep() {  # rep NAME STORE [RUN_ID]: flows.reproduce of run RUN_ID in the store STORE (a path), strictly, and
+  #        when refused for what differs, again with --allow-differences; without RUN_ID, the top run of the flow
+  #        launched as NAME once it has ended (NAME.rc). Logs and rep_NAME.rc under outputs/.devrun/rep_NAME/.
+  local name=$1 store=$2 id=${3:-} dir=outputs/.devrun/rep_$1 deadline=$((SECONDS + ${DETACH_BUDGET:-1500})) rc
+  mkdir -p "$dir"
+  if [ -z "$id" ]; then
+    while [ ! -f "outputs/.devrun/$name.rc" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 5; done
+    [ "$(cat "outputs/.devrun/$name.rc" 2>/dev/null)" = 0 ] || { echo "rep: $name did not finish"; echo 1 > "$dir.rc"; return 1; }
+    id=$($PY - "$store" <<'PY'
+import sqlite3, sys
+rows = sqlite3.connect(sys.argv[1]).execute(
+    "select run_uuid from runs where status = 'FINISHED' and run_uuid not in "
+    "(select run_uuid from tags where key = 'mlflow.parentRunId') order by start_time").fetchall()
+print(rows[0][0])
+PY
+)
+  fi
+  echo "rep: run $id of $store" | tee "$dir/rep.log"
+  timeout -k 20 $((deadline - SECONDS)) "$PY" -m flows.reproduce --run-id "$id" --tracking-uri "sqlite:///$store" \
+    > "$dir/strict.log" 2>&1; rc=$?
+  if [ "$rc" -ne 0 ] && grep -q "not re-running it" "$dir/strict.log"; then
+    timeout -k 20 $((deadline - SECONDS)) "$PY" -m flows.reproduce --run-id "$id" --tracking-uri "sqlite:///$store" \
+      --allow-differences > "$dir/allowed.log" 2>&1; rc=$?
+  fi
+  echo "rep rc=$rc" | tee -a "$dir/rep.log"; echo "$rc" > "$dir.rc"
+}
+
 bench() {
   DEADLINE=$((SECONDS + ${BUDGET:-480}))
   local q=.devq/qwen2.5-math-1.5b entry words i=0 left
@@ -283,5 +315,6 @@ case "${1:-}" in
   one) shift; one "$@" ;;
   collect) collect ;;
   bench) bench ;;
-  *) echo "usage: $0 setup-a|setup-a-split|run|cmds|par|launch|collect|bench"; exit 2 ;;
+  rep) shift; rep "$@" ;;
+  *) echo "usage: $0 setup-a|setup-a-split|run|cmds|par|launch|collect|bench|rep"; exit 2 ;;
 esac

@@ -29,6 +29,7 @@ page is written atomically.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import re
@@ -133,6 +134,7 @@ class Run:
     tags: dict[str, str] = field(default_factory=dict)
     metrics: dict[str, dict[int, float]] = field(default_factory=lambda: defaultdict(dict))
     variant: str | None = None  # the setting a standalone run stands for among its experiment's (``backend=vllm``)
+    provenance: dict[str, str] = field(default_factory=dict)  # what it was made from (see ``made_from``)
 
     def final(self, *keys: str) -> float | None:
         """The value at the last step of the first of ``keys`` the run logged."""
@@ -219,8 +221,20 @@ def read_store(db: Path, archive: str) -> list[Run]:
     return list(runs.values())
 
 
+def made_from(record: dict) -> dict[str, str]:
+    """A run's ``provenance.json`` flattened to what says where it came from: ``code`` (the commit, ``+dirty``),
+    ``data <name>`` (the content hash of each data file and model folder it read), ``version <package>``,
+    ``device``."""
+    code = record.get("code") or {}
+    made = {"code": f"{code.get('commit', '?')[:12]}{' +dirty' if code.get('dirty') else ''}"}
+    made |= {f"data {name}": str(item.get("hash")) for name, item in (record.get("inputs") or {}).items()}
+    made |= {f"version {name}": str(v) for name, v in (record.get("versions") or {}).items()}
+    return made | {"device": str(record.get("device"))}
+
+
 def load_records(runs_dir: Path, tmp: Path) -> tuple[dict[str, Run], list[list]]:
-    """Unpack every archive; the runs (one copy per id) and a row per archive: name, kB, runs, walls."""
+    """Unpack every archive; the runs (one copy per id, with what their ``provenance.json`` says they were made
+    from) and a row per archive: name, kB, runs, walls."""
     runs: dict[str, Run] = {}
     archives = []
     for archive in sorted(runs_dir.glob("*.tar.gz")):
@@ -228,7 +242,10 @@ def load_records(runs_dir: Path, tmp: Path) -> tuple[dict[str, Run], list[list]]
         with tarfile.open(archive) as tar:
             tar.extractall(dest, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
         found = [run for db in sorted(dest.rglob("mlflow.db")) for run in read_store(db, archive.name)]
+        records = {path.parent.parent.name: path for path in dest.rglob("artifacts/provenance.json")}
         for run in found:
+            if run.id in records:
+                run.provenance = made_from(json.loads(records[run.id].read_text()))
             old = runs.get(run.id)
             if old is None or (run.points, run.end or 0) > (old.points, old.end or 0):
                 runs[run.id] = run
@@ -779,7 +796,7 @@ def render(runs_dir: Path, figure_dir: Path, context: Path, out: Path) -> str:
     superseded = [
         (run, why) for run in runs.values() for prefix, why in SUPERSEDED.items() if run.id.startswith(prefix)
     ]
-    left_out = {run.id for run, _ in superseded}
+    left_out = {run.id for run, _ in superseded} | set(reproductions(runs))
     experiments = find_experiments({rid: run for rid, run in runs.items() if rid not in left_out})
     repeated, spreads = repeats(experiments)
     lines = [
@@ -795,6 +812,7 @@ def render(runs_dir: Path, figure_dir: Path, context: Path, out: Path) -> str:
     for exp in experiments:
         lines += section(exp, figure_dir, out.resolve().parent, spreads)
     lines += repeated
+    lines += reproduction_section(runs)
     if superseded:
         rows = [
             [f"`{r.id[:8]}`", r.tags.get("ablation", r.experiment), r.setting, pm(*estimate(r)), r.archive, why]
@@ -814,6 +832,84 @@ def render(runs_dir: Path, figure_dir: Path, context: Path, out: Path) -> str:
     logs = sorted(p.name for p in runs_dir.glob("*.log"))
     lines += [f"Logs beside them: {', '.join(f'`{name}`' for name in logs)}.", ""] if logs else []
     return "\n".join(lines).rstrip() + "\n"
+
+
+def reproductions(runs: dict[str, Run]) -> dict[str, Run]:
+    """The runs ``flows.reproduce`` made (tag ``reproduces``: its top run and each matched child), and the child
+    runs of those tops: id → run. They repeat a run already counted, so they are in no experiment or mean."""
+    made = {rid: run for rid, run in runs.items() if "reproduces" in run.tags}
+    return made | {rid: run for rid, run in runs.items() if run.tags.get("mlflow.parentRunId") in made}
+
+
+def reproduction_rows(runs: dict[str, Run]) -> list[list]:
+    """One row per reproduced run with a final evaluation: the original's and the reproduction's final accuracy,
+        their difference, the largest difference along the validation curve, and the verdict: ``exact`` (the curve
+        and the final equal), ``within noise`` (the final and every point of the curve within two of the original's s.e.,
+    ``flows.reproduce``'s rule) or ``differs``."""
+    rows = []
+    for run in sorted(reproductions(runs).values(), key=lambda r: r.start):
+        original = runs.get(run.tags.get("reproduces", ""))
+        then, se, _ = estimate(original) if original else (None, None, None)
+        now = estimate(run)[0]
+        if then is None or now is None:
+            continue
+        old, new = original.metrics.get("val_accuracy", {}), run.metrics.get("val_accuracy", {})
+        curve = max((abs(new[s] - old[s]) for s in old.keys() & new.keys()), default=0.0)
+        word = (
+            "exact"
+            if now == then and curve == 0
+            else "within noise"
+            if max(abs(now - then), curve) <= 2 * se
+            else "differs"
+        )
+        rows.append(
+            [
+                f"`{original.id[:8]}` ({original.archive})",
+                original.tags.get("ablation", original.experiment),
+                original.setting,
+                f"`{run.id[:8]}`",
+                pm(then, se),
+                pm(now),
+                f"{now - then:+.3f}",
+                f"{curve:.3f} ({len(old.keys() & new.keys())} evaluations)",
+                word,
+            ]
+        )
+    return rows
+
+
+def reproduction_section(runs: dict[str, Run]) -> list[str]:
+    """The runs remade by ``flows.reproduce`` from their records: the metrics side by side, and what the
+    reproduction's record says differed from the original's (code, data, versions, device)."""
+    rows = reproduction_rows(runs)
+    if not rows:
+        return []
+    lines = [
+        "## Reproductions",
+        "",
+        "Runs made again from their MLflow record with `python -m flows.reproduce --run-id ID` (the same flow and "
+        "settings; in no table above): final validation accuracy ± the original's s.e. over problems; within noise: "
+        "the final and every evaluation along the curve within two of that s.e. (`flows.reproduce`'s rule).",
+        "",
+        *table(
+            "original run|experiment|setting|reproduction|original|reproduced|difference|"
+            "largest difference along the curve|verdict",
+            rows,
+        ),
+    ]
+    for run in sorted(reproductions(runs).values(), key=lambda r: r.start):
+        original = runs.get(run.tags.get("reproduces", ""))
+        if not original or "mlflow.parentRunId" in run.tags or not (run.provenance and original.provenance):
+            continue
+        keys = sorted(run.provenance.keys() | original.provenance.keys())
+        changed = [
+            f"{key}: {original.provenance.get(key, 'none')} → {run.provenance.get(key, 'none')}"
+            for key in keys
+            if original.provenance.get(key) != run.provenance.get(key)
+        ]
+        said = "; ".join(f"`{item}`" for item in changed) if changed else "nothing (same code, data, versions, device)"
+        lines.append(f"- `{run.id[:8]}` reproduces `{original.id[:8]}`; what differed in their records: {said}.")
+    return [*lines, ""]
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -415,3 +415,47 @@ def test_runs_of_one_setting_on_two_backends_are_two_settings_and_a_parity_findi
     row = _line(text, "| `grpo` | the rollout engine does not change what GRPO learns")
     assert "backend=vllm − backend=hf = +0.040 ± " in row and "2 + 2; unpaired" in row
     assert "| backend=" not in text.split("## `grpo_baseline_ablation` (MLflow")[1].split("\n## ")[0]
+
+
+def test_reproductions_are_listed_apart_with_what_their_records_say_differed(tmp_path, empty_store):
+    """A plain GRPO run (0.4) and two runs tagged ``reproduces`` (flows.reproduce's): one exact, of that run, one
+    of another run (0.3) ending 0.1 higher. Neither reproduction counts as a run of its setting; each is a row of
+    the Reproductions table with its verdict, and the differences between the two runs' provenance records
+    (commit, model folder) are named."""
+    import json
+
+    made = {}
+
+    def flows(client, experiment_id, parent_id):
+        for name, final, reproduces in (("a", 0.4, None), ("b", 0.3, None), ("a2", 0.4, "a"), ("b2", 0.4, "b")):
+            parent = client.create_run(experiment_id, run_name="grpo").info.run_id
+            child = _child(client, experiment_id, parent, "single", 0, final, extra={"backend": "hf"})
+            if reproduces:
+                client.set_tag(parent, "reproduces", made[reproduces][0])
+                client.set_tag(child, "reproduces", made[reproduces][1])
+            client.set_terminated(parent)
+            made[name] = (parent, child)
+
+    runs = _records(tmp_path, empty_store, no_baseline=0.3, more=flows)
+    records = {
+        "a": ("abc", "folder:1"),
+        "a2": ("abc", "folder:1"),
+        "b": ("def", "folder:2"),
+        "b2": ("abc", "folder:3"),
+    }
+    with tarfile.open(runs / "records_call1.tar.gz", "w:gz") as tar:  # again, with the provenance records
+        tar.add(tmp_path / "store" / "mlflow.db", arcname="mlflow.db")
+        for name, (commit, model) in records.items():
+            path = tmp_path / f"{name}.json"
+            path.write_text(json.dumps({"code": {"commit": commit}, "inputs": {"model": {"hash": model}}}))
+            tar.add(path, arcname=f"mlruns/1/{made[name][0]}/artifacts/provenance.json")
+    text = _generate(tmp_path, runs)
+    assert _line(text.split("## `grpo` (MLflow")[1], "| single | 2 | 0, 0 |")  # a and b only
+    table = text.split("## Reproductions")[1].split("\n## ")[0]
+    exact = _line(table, f"| `{made['a'][1][:8]}`")
+    assert f"`{made['a2'][1][:8]}`" in exact and "| +0.000 |" in exact and exact.endswith("| exact |")
+    differs = _line(table, f"| `{made['b'][1][:8]}`")
+    assert "| +0.100 |" in differs and differs.endswith("| differs |")
+    said = _line(table, f"- `{made['b2'][0][:8]}` reproduces `{made['b'][0][:8]}`")
+    assert "code: def → abc" in said and "data model: folder:2 → folder:3" in said
+    assert "nothing (same code" in _line(table, f"- `{made['a2'][0][:8]}` reproduces")
