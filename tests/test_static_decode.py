@@ -204,8 +204,10 @@ def test_compiled_loop_pads_the_chunk_and_agrees_with_eager(tiny_policy, prompts
 
 
 def test_release_memory_frees_the_kept_decoder_and_the_next_call_builds_it_again(tiny_policy, prompts, monkeypatch):
-    """The compiled engine keeps its decoder (its KV cache) between calls; ``release_memory`` frees it at once
-    (True; False with none kept) and the next call builds a new one, which generates the same greedy rows.
+    """The compiled engine keeps its decoder (its KV cache) between calls; ``release_memory`` frees it at once,
+    its memory even where a reference to the cache outlives the decoder (True; False with none kept), and the
+    next call builds a new one, which generates the same greedy rows; released during a generation, the cache
+    that generation uses is left to it.
     torch.compile is the identity here (inductor takes ~30 s on the CPU; the tests around this one compile)."""
     import weakref
 
@@ -215,11 +217,25 @@ def test_release_memory_frees_the_kept_decoder_and_the_next_call_builds_it_again
     assert not engine.release_memory()  # nothing kept yet
     before = engine.generate(prompts, CASES[0])
     cache = weakref.ref(engine._decoder.keys[0])
+    held = engine._decoder.values[0]  # as a compiled step's CUDA graphs may hold their inputs
+    assert held.untyped_storage().nbytes() > 0
     assert engine.release_memory() and engine._decoder is None
     assert cache() is None  # freed now, not at some later garbage collection
+    assert held.untyped_storage().nbytes() == 0  # its memory too, though a reference outlives the decoder
     assert not engine.release_memory()
     assert engine.generate(prompts, CASES[0]) == before
     assert engine._decoder is not None  # built again, and kept
+
+    # released while a generation is in progress (as from another thread): that generation ends unharmed
+    prefill = StaticKVDecoder.prefill
+
+    def prefill_then_release(decoder, *args):
+        logits = prefill(decoder, *args)
+        assert engine.release_memory()
+        return logits
+
+    monkeypatch.setattr(StaticKVDecoder, "prefill", prefill_then_release)
+    assert engine.generate(prompts, CASES[0]) == before
 
 
 def test_the_compiled_shrinking_loop_compiles_once(tiny_tokenizer):

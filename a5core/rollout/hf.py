@@ -170,6 +170,7 @@ class HFEngine:
         self.compile = self.static_cache and (model.device.type == "cuda" if compile is None else compile)
         self.shrink = shrink
         self._decoder: StaticKVDecoder | None = None  # kept between calls when compiled (its graph too)
+        self._decoding = 0  # static-cache generations in progress (release_memory frees no cache in use)
         # temperature sampling (Gumbel-max), compiled when the decode step is: one kernel a step, rows symbolic
         # (the shrinking loop's row counts)
         self._temperature_draw = torch.compile(gumbel_max_sample, dynamic=True) if self.compile else gumbel_max_sample
@@ -242,8 +243,15 @@ class HFEngine:
         device = self.model.device
         enc = self.tokenizer(prompts, add_special_tokens=False, padding=True, padding_side="left", return_tensors="pt")
         input_ids, attention_mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
-        decode = self._decode_static if self.static_cache else self._decode_with_generate
-        rows = [self._finish(ids, s) for ids in decode(input_ids, attention_mask, s)]
+        if self.static_cache:
+            self._decoding += 1  # before the decoder is read: see release_memory
+            try:
+                generated = self._decode_static(input_ids, attention_mask, s)
+            finally:
+                self._decoding -= 1
+        else:
+            generated = self._decode_with_generate(input_ids, attention_mask, s)
+        rows = [self._finish(ids, s) for ids in generated]
         if s.logprobs:
             log_probs = self._log_probs(input_ids, attention_mask, [ids for _, ids, _ in rows])
             return [
@@ -270,10 +278,15 @@ class HFEngine:
         """Drop the compiled decoder kept between calls, its KV cache of ``batch_size`` × capacity positions
         (at 1.5B, 256 × 1,280 positions: 8.8 GiB), so that a training pass can use that memory; the next
         ``generate`` builds it again (its graphs recorded anew, not recompiled). True if one was kept.
-        A decoder generating in another thread meanwhile is freed when that generation ends."""
-        if self._decoder is None:
+        The cache's memory is freed even where something else still refers to it (on CUDA, the compiled step's
+        graphs may: a GRPO step capped to 40 GiB found the released cache still held); a decoder generating in
+        another thread meanwhile is freed when that generation ends."""
+        decoder, self._decoder = self._decoder, None  # dropped before the check: a generation starting now builds anew
+        if decoder is None:
             return False
-        self._decoder = None
+        if not self._decoding:
+            decoder.free()
+        del decoder
         gc.collect()  # a compiled decoder refers to itself (its compiled step is its bound method): a cycle
         return True
 

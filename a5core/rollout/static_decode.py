@@ -194,6 +194,13 @@ class StaticKVDecoder:
             torch.compiler.cudagraph_mark_step_begin()
         return self._decode(tokens, positions, slot, attend_mask)
 
+    def free(self) -> None:
+        """Free the cache's memory now, whoever still refers to its tensors (a compiled step's CUDA graphs may
+        keep them, as graph inputs, after this decoder is dropped). The decoder cannot decode after."""
+        for cache in (*self.keys, *self.values):
+            cache.untyped_storage().resize_(0)
+        self.keys, self.values = [], []
+
     @torch.no_grad()
     def compact(self, keep: torch.Tensor) -> None:
         """Move cache rows ``keep`` (n,) to rows [0, n), in that order (the rows after n keep stale values).
