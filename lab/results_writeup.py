@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from flows.reproduce import verdict as reproduction_verdict
+
 COMMAND = "python lab/results_writeup.py"
 # Where results went, how a sweep's children were scheduled and its grid (the parent's): not what a child ran with.
 HIDDEN = {"output_dir", "metrics_path", "tracking_uri", "experiment", "sizes", "filtered_data", "ablation", "runner"}
@@ -841,27 +843,21 @@ def reproductions(runs: dict[str, Run]) -> dict[str, Run]:
     return made | {rid: run for rid, run in runs.items() if run.tags.get("mlflow.parentRunId") in made}
 
 
-def reproduction_rows(runs: dict[str, Run]) -> list[list]:
-    """One row per reproduced run with a final evaluation: the original's and the reproduction's final accuracy,
-        their difference, the largest difference along the validation curve, and the verdict: ``exact`` (the curve
-        and the final equal), ``within noise`` (the final and every point of the curve within two of the original's s.e.,
-    ``flows.reproduce``'s rule) or ``differs``."""
+def reproduction_rows(runs: dict[str, Run], made: dict[str, Run]) -> list[list]:
+    """One row per reproduced run (of ``made``, :func:`reproductions`) with a final evaluation: the original's and
+    the reproduction's final accuracy, their difference, the largest difference along the validation curve, and
+    ``flows.reproduce``'s verdict on them: ``exact``, ``within noise`` (the final and every point of the curve
+    within two of the original's s.e.) or ``differs``."""
     rows = []
-    for run in sorted(reproductions(runs).values(), key=lambda r: r.start):
+    for run in sorted(made.values(), key=lambda r: r.start):
         original = runs.get(run.tags.get("reproduces", ""))
         then, se, _ = estimate(original) if original else (None, None, None)
         now = estimate(run)[0]
         if then is None or now is None:
             continue
         old, new = original.metrics.get("val_accuracy", {}), run.metrics.get("val_accuracy", {})
-        curve = max((abs(new[s] - old[s]) for s in old.keys() & new.keys()), default=0.0)
-        word = (
-            "exact"
-            if now == then and curve == 0
-            else "within noise"
-            if max(abs(now - then), curve) <= 2 * se
-            else "differs"
-        )
+        both = old.keys() & new.keys()
+        curve = max((abs(new[s] - old[s]) for s in both), default=0.0)
         rows.append(
             [
                 f"`{original.id[:8]}` ({original.archive})",
@@ -871,8 +867,8 @@ def reproduction_rows(runs: dict[str, Run]) -> list[list]:
                 pm(then, se),
                 pm(now),
                 f"{now - then:+.3f}",
-                f"{curve:.3f} ({len(old.keys() & new.keys())} evaluations)",
-                word,
+                f"{curve:.3f} ({len(both)} evaluations)",
+                reproduction_verdict("final_val_accuracy", now - then, curve, se),
             ]
         )
     return rows
@@ -881,7 +877,8 @@ def reproduction_rows(runs: dict[str, Run]) -> list[list]:
 def reproduction_section(runs: dict[str, Run]) -> list[str]:
     """The runs remade by ``flows.reproduce`` from their records: the metrics side by side, and what the
     reproduction's record says differed from the original's (code, data, versions, device)."""
-    rows = reproduction_rows(runs)
+    made = reproductions(runs)
+    rows = reproduction_rows(runs, made)
     if not rows:
         return []
     lines = [
@@ -897,7 +894,7 @@ def reproduction_section(runs: dict[str, Run]) -> list[str]:
             rows,
         ),
     ]
-    for run in sorted(reproductions(runs).values(), key=lambda r: r.start):
+    for run in sorted(made.values(), key=lambda r: r.start):
         original = runs.get(run.tags.get("reproduces", ""))
         if not original or "mlflow.parentRunId" in run.tags or not (run.provenance and original.provenance):
             continue
