@@ -37,6 +37,13 @@ def run_children(
     (:func:`flows.grpo.run_grpo`, :func:`flows.expert_iteration.run_ei`), a module-level function (Ray
     pickles it by name)."""
     if params.runner == "ray":
+        if 0 < params.ray_gpus_per_child < 1:  # Ray counts GPU shares but bounds no memory: each child bounds its own
+            children = {
+                name: child if child.gpu_memory_fraction else child.model_copy(
+                    update={"gpu_memory_fraction": params.ray_gpus_per_child}
+                )
+                for name, child in children.items()
+            }
         return run_children_on_ray(
             children,
             functools.partial(_with_own_engine, run_child, parent_run_id=parent_run_id),

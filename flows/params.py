@@ -69,6 +69,13 @@ class EngineSettings(ModelChoice):
         description="vLLM gpu_memory_utilization beside the policy (None: what the GPU has free less what the "
         "policy will hold; the engine sleeps while the policy trains)",
     )
+    gpu_memory_fraction: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="the share of the GPU's memory this run may allocate, policy and in-process engine together "
+        "(None: all of it); for runs side by side on one GPU. A Ray child of ray_gpus_per_child < 1 takes that share",
+    )
     policy_dtype: Literal["float32", "bfloat16"] = Field("float32", description="policy weights (bf16 autocast on GPU)")
 
 
@@ -233,6 +240,7 @@ PLACEMENT_FIELDS = frozenset(
         *ChildRunner.model_fields,
         *HOW_FAST_FIELDS,
         "engine_memory_fraction",
+        "gpu_memory_fraction",
         "engine_device",
     }
 )

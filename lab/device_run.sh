@@ -40,6 +40,8 @@
 #                                       #   more (the machine must stay warm: one call after another). Each writes
 #                                       #   its log, store and outputs under outputs/.devrun/NAME/ and NAME.rc when
 #                                       #   it ends (DETACH_BUDGET seconds at most, default 1500).
+#   QUEUE='...' (with launch)          # entries of CMDS' form started one after another, beside the CMDS flows
+#                                       #   (two Ray fan-outs, say, which must not run at once)
 #   CMDS='...' lab/device_run.sh collect
 #                                       # wait until every flow named in CMDS has ended or BUDGET seconds are spent,
 #                                       #   then pack the records
@@ -229,6 +231,10 @@ side_by_side() {  # side_by_side MODE: PRE in order, then each CMDS entry starte
     fi
   done < <(entries)
   if [ "$mode" = launch ]; then
+    if [ -n "${QUEUE:-}" ]; then  # one after another, beside the CMDS flows
+      QUEUE=$QUEUE setsid nohup bash lab/device_run.sh queue > outputs/.devrun/queue.log 2>&1 < /dev/null &
+      echo "launched the queue (pid $!)"
+    fi
     sleep 5
     return 0
   fi
@@ -241,6 +247,18 @@ one() {  # one NAME MODULE ARGS...: a launched flow; NAME.rc holds its exit stat
   DEADLINE=$((SECONDS + ${DETACH_BUDGET:-1500})); CALL=$(cat outputs/.devrun/calls)
   PAR=1 step "$@"
   echo $? > "outputs/.devrun/$1.rc"
+}
+
+queue() {  # the QUEUE entries (CMDS' form) one after another, each as `launch` starts one (own folders, NAME.rc)
+  local entry words name
+  while read -r entry; do
+    read -ra words <<< "$entry"
+    name=${words[0]}
+    mkdir -p "outputs/.devrun/$name"
+    OMP_NUM_THREADS=${PAR_THREADS:-2} OUT="outputs/.devrun/$name" one "${words[@]}" \
+      --tracking-uri "sqlite:///outputs/.devrun/$name/mlflow.db" --output-dir "outputs/.devrun/$name/out" \
+      --metrics-path "outputs/.devrun/$name/metrics.json" > "outputs/.devrun/$name/stdout.log" 2>&1
+  done < <(CMDS=$QUEUE entries)
 }
 
 collect() {  # wait until every launched flow in CMDS has ended, or BUDGET seconds, then pack the records
@@ -313,6 +331,7 @@ case "${1:-}" in
   cmds) cmds ;;
   par|launch) side_by_side "$1" ;;
   one) shift; one "$@" ;;
+  queue) queue ;;
   collect) collect ;;
   bench) bench ;;
   rep) shift; rep "$@" ;;

@@ -46,6 +46,7 @@ from flows.reproduce import verdict as reproduction_verdict
 COMMAND = "python lab/results_writeup.py"
 # Where results went, how a sweep's children were scheduled and its grid (the parent's): not what a child ran with.
 HIDDEN = {"output_dir", "metrics_path", "tracking_uri", "experiment", "sizes", "filtered_data", "ablation", "runner"}
+HIDDEN |= {"gpu_memory_fraction"}  # where and in what share of the GPU it ran, not what
 HIDDEN_PREFIXES = ("sweep_", "clip_", "ray_")
 TRENDS = ("reward_mean", "token_entropy", "response_tokens_mean", "advantage_std", "grad_norm")
 TRENDS += ("frac_groups_all_equal", "kept_fraction", "token_nll", "difficulty_learnable")

@@ -152,14 +152,16 @@ def colocated_vllm_kwargs(
     memory_fraction: float | None, policy_reserve: Callable[[], int], kv_cache_tokens: int | None = None
 ) -> dict[str, Any]:
     """``make_engine`` arguments for a vLLM engine in the trainer's process. On CUDA it sleeps while the policy
-    trains (``sleep_when_idle``); ``memory_fraction`` None bounds its share by the memory free now less
-    ``policy_reserve()`` bytes (:func:`~a5core.rollout.colocate.colocated_memory_fraction`) and sizes its KV cache
+    trains (``sleep_when_idle``); ``memory_fraction`` None bounds its share by the memory free now (within the
+    run's :func:`claim_gpu_share`) less ``policy_reserve()`` bytes (:func:`~a5core.rollout.colocate.colocated_memory_fraction`) and sizes its KV cache
     to ``kv_cache_tokens``. On the CPU, vLLM's own defaults (or ``memory_fraction``) hold."""
     if not torch.cuda.is_available():
         return {} if memory_fraction is None else {"gpu_memory_utilization": memory_fraction}
     kwargs: dict[str, Any] = {"sleep_when_idle": True}
     if memory_fraction is None:
         free, total = torch.cuda.mem_get_info()
+        share = int(torch.cuda.get_per_process_memory_fraction() * total)  # gpu_memory_fraction's, else all
+        free = min(free, max(share - torch.cuda.memory_reserved(), 0))
         memory_fraction = colocated_memory_fraction(free, total, policy_reserve())
         kwargs["kv_cache_tokens"] = kv_cache_tokens
         logger.info(
@@ -213,11 +215,23 @@ def rollout_engine(
     return start(RemoteEngine, model, backend, device=device, dtype=dtype, threads=threads, **kwargs)
 
 
+def claim_gpu_share(fraction: float | None) -> None:
+    """Bound what this process's PyTorch allocator may hold on its GPU to ``fraction`` of the GPU's memory
+    (``gpu_memory_fraction``; None: no bound), before anything is allocated: so that runs side by side on one GPU
+    each size their ``auto`` micro-batches and in-process engine from their own share (both read the bound),
+    and one run's peak cannot take another's memory. Nothing on the CPU."""
+    if fraction is not None and torch.cuda.is_available():
+        torch.cuda.set_per_process_memory_fraction(fraction)
+        logger.info("this run may allocate %.3g of the GPU's memory (gpu_memory_fraction)", fraction)
+
+
 def engine_for(params: Any) -> Any:
     """A training run's rollout engine for its ``model`` (see :func:`rollout_engine`): ``backend``,
-    ``engine_dtype``, ``engine_memory_fraction`` and, where the parameters have it, ``engine_device``."""
+    ``engine_dtype``, ``engine_memory_fraction`` and, where the parameters have it, ``engine_device``; first the
+    run's share of the GPU (:func:`claim_gpu_share`)."""
     from a5core.models import resolve_model
 
+    claim_gpu_share(params.gpu_memory_fraction)
     model = resolve_model(params.model)
     return rollout_engine(
         model,

@@ -87,9 +87,16 @@ def model_path(model: str | None) -> str:
     return str(path.resolve()) if path.is_dir() else str(model)
 
 
-# What does not make a run another run: where its results go, how fast it runs, where its engine runs,
-# how a sweep's children are scheduled.
-RUN_KEY_EXTRA_IGNORED = ("engine_device", "runner", "ray_address", "ray_gpus_per_child", "ray_cpus_per_child")
+# What does not make a run another run: where its results go, how fast it runs, where its engine runs, what
+# share of the GPU it may use, how a sweep's children are scheduled.
+RUN_KEY_EXTRA_IGNORED = (
+    "engine_device",
+    "gpu_memory_fraction",
+    "runner",
+    "ray_address",
+    "ray_gpus_per_child",
+    "ray_cpus_per_child",
+)
 
 
 def run_key(params: Any) -> str:

@@ -83,11 +83,17 @@ def test_flows_arguments_on_cuda_and_on_the_cpu(monkeypatch):
     assert colocated_vllm_kwargs(0.3, lambda: 0, 1000) == {"gpu_memory_utilization": 0.3}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (120 * GIB, 140 * GIB))
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda: 1.0)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 0)
     assert colocated_vllm_kwargs(None, lambda: 50 * GIB, 1000) == {
         "sleep_when_idle": True,
         "kv_cache_tokens": 1000,
         "gpu_memory_utilization": pytest.approx(70 / 140),
     }
+    # a run bounded to half the GPU (gpu_memory_fraction), 10 GiB of it already held: 60 GiB of its 70 left
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda: 0.5)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 10 * GIB)
+    assert colocated_vllm_kwargs(None, lambda: 50 * GIB, 1000)["gpu_memory_utilization"] == pytest.approx(10 / 140)
     # a fraction given keeps vLLM's own KV sizing (all of its share), and the engine still sleeps
     assert colocated_vllm_kwargs(0.3, lambda: 50 * GIB, 1000) == {
         "sleep_when_idle": True,
