@@ -39,9 +39,9 @@ def run_children(
     if params.runner == "ray":
         if 0 < params.ray_gpus_per_child < 1:  # Ray counts GPU shares but bounds no memory: each child bounds its own
             children = {
-                name: child if child.gpu_memory_fraction else child.model_copy(
-                    update={"gpu_memory_fraction": params.ray_gpus_per_child}
-                )
+                name: child
+                if child.gpu_memory_fraction
+                else child.model_copy(update={"gpu_memory_fraction": params.ray_gpus_per_child})
                 for name, child in children.items()
             }
         return run_children_on_ray(

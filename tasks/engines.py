@@ -153,8 +153,9 @@ def colocated_vllm_kwargs(
 ) -> dict[str, Any]:
     """``make_engine`` arguments for a vLLM engine in the trainer's process. On CUDA it sleeps while the policy
     trains (``sleep_when_idle``); ``memory_fraction`` None bounds its share by the memory free now (within the
-    run's :func:`claim_gpu_share`) less ``policy_reserve()`` bytes (:func:`~a5core.rollout.colocate.colocated_memory_fraction`) and sizes its KV cache
-    to ``kv_cache_tokens``. On the CPU, vLLM's own defaults (or ``memory_fraction``) hold."""
+    run's :func:`claim_gpu_share`) less ``policy_reserve()`` bytes
+    (:func:`~a5core.rollout.colocate.colocated_memory_fraction`) and sizes its KV cache to ``kv_cache_tokens``.
+    On the CPU, vLLM's own defaults (or ``memory_fraction``) hold."""
     if not torch.cuda.is_available():
         return {} if memory_fraction is None else {"gpu_memory_utilization": memory_fraction}
     kwargs: dict[str, Any] = {"sleep_when_idle": True}
