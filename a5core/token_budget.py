@@ -119,6 +119,7 @@ class TokenBudget:
         self.params, self.sized = list(params), not self.auto
         self.memory = memory if memory is not None else (CudaMemory(device) if self.auto else None)
         self.cost: float | None = None  # measured bytes per padded token
+        self.release_first = False  # a release let a pass fit: the engine releases before every later pass
 
     @contextlib.contextmanager
     def measuring(self, tokens: int) -> Iterator[None]:
@@ -158,9 +159,14 @@ class TokenBudget:
         starts from scratch when called again) over rows of ``lengths`` positions each (before padding).
         Under auto on one rank, on running out of GPU memory: ``release()`` is asked once (a rollout engine's
         :meth:`~a5core.rollout.Engine.release_memory`: True if it freed memory), and if it freed memory
-        ``attempt`` runs again at the same budget; otherwise the budget is halved, with a warning naming it
-        and ``where``, and ``attempt`` runs again, as long as the budget exceeds the longest row's padded
-        length (at or below it, the micro-batch of that row alone is as large: halving changes nothing)."""
+        ``attempt`` runs again at the same budget, and every later call releases first (the engine rebuilds
+        its cache at its next generate, so a pass that needed the room would otherwise fail once every step);
+        otherwise the budget is halved, with a warning naming it and ``where``, and ``attempt`` runs again, as
+        long as the budget exceeds the longest row's padded length (at or below it, the micro-batch of that row
+        alone is as large: halving changes nothing)."""
+        if self.release_first and release is not None:
+            release()  # the room an earlier pass needed, freed before this one rather than after it fails
+            release = None
         while True:
             try:
                 return attempt()
@@ -172,9 +178,10 @@ class TokenBudget:
                     raise
             self.memory.release()  # outside the handler: the failed attempt's tensors are unreferenced by now
             if released:
+                self.release_first = True
                 logger.warning(
                     "%s: out of GPU memory; the rollout engine released its cache; running it again with "
-                    "max_tokens_per_microbatch %s",
+                    "max_tokens_per_microbatch %s (the engine releases it before every later pass)",
                     where,
                     f"{self.value:,}",
                 )

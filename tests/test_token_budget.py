@@ -422,6 +422,33 @@ def test_auto_asks_the_engine_once_and_runs_again_at_the_same_budget_if_it_freed
     assert tried == budgets and len(asked) == 1
 
 
+@pytest.mark.parametrize("freed", [True, False])
+def test_once_a_release_let_a_pass_fit_the_engine_releases_before_every_later_pass(freed):
+    """A first call fails once and the engine is asked: if that freed memory, the next call asks it before
+    its attempt (which then runs once, at the same budget); if it did not, later calls do not ask first."""
+    budget = token_budget.TokenBudget("auto", torch.device("cpu"), memory=FakeMemory())
+    events = []
+    release = lambda: events.append("release") or freed  # noqa: E731
+
+    def attempt(failures):
+        tries = []
+
+        def run():
+            events.append(budget.value)
+            tries.append(1)
+            if len(tries) <= failures:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB.")
+            return "done"
+
+        return run
+
+    assert budget.retrying(attempt(failures=1), "here", [100], release=release) == "done"
+    first = [4096, "release", 4096] if freed else [4096, "release", 2048]
+    assert events == first
+    assert budget.retrying(attempt(failures=0), "here", [100], release=release) == "done"
+    assert events[len(first) :] == (["release", 4096] if freed else [2048])
+
+
 class ReleasingEngine(VariedLengthEngine):
     """Keeps a cache between generate calls, as the compiled hf engine does; ``release_memory`` drops it."""
 
@@ -461,6 +488,19 @@ def test_grpo_out_of_memory_under_auto_releases_the_engine_cache_and_keeps_the_b
     assert (last["microbatches"], last["loss"], last["grad_norm"]) == (4, reference["loss"], reference["grad_norm"])
     for value, other in zip(reference_model.state_dict().values(), model.state_dict().values(), strict=True):
         assert torch.equal(value, other)
+
+
+def test_grpo_after_a_release_let_training_fit_the_engine_releases_before_each_later_step(tokenizer, monkeypatch):
+    """Step 1's training fits once the engine released its cache; step 2's generate rebuilds the cache, and the
+    engine releases it again before step 2's training (the room step 1 needed), not after a failed pass."""
+    auto_on_the_cpu(monkeypatch, grpo_pieces, FakeMemory(), probe=512)
+    calls = failing_on_call(a5core.grpo, monkeypatch, failing=2)
+    model = make_model(tokenizer)
+    engine = ReleasingEngine(model, tokenizer)
+    options = dict(n_grpo_steps=2, gradient_accumulation_steps=4, checkpoint_every=0)
+    first, second = grpo(model, tokenizer, engine, PROBLEMS, TEMPLATE, parity_reward, small_config(**options))
+    assert engine.released == 2
+    assert len(calls) == 2 + first["microbatches"] + second["microbatches"]  # the one failed pass: step 1's
 
 
 def halvings_then_error(caplog, run) -> tuple[list[str], str]:
