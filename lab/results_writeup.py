@@ -109,7 +109,7 @@ SUPERSEDED = {
 # Final metrics by name: the training runs' final evaluation, or the leaderboard run's score.
 MIN_RUNS = 3  # a verdict word needs this many finished runs of each setting, and as many pairs
 # Runs of one setting name that differ in one of these settings: a setting each, named by it.
-VARIANT_PARAMS = ("backend",)
+VARIANT_PARAMS = ("backend", "budget_hours")
 PARITY = {
     ("backend=vllm", "backend=hf"): "the rollout engine does not change what GRPO learns (vLLM and the hf engine "
     "sample one distribution)",
@@ -544,6 +544,8 @@ def other_expectations(exp: Experiment, runs: dict[str, list[Run]], best: str, w
         )
         why = "Expert Iteration improves on its starting model"
         return [(why, found, f"Expectation (handout): {why}. Measured, best setting ({BIASED}): {found.sentence()}.")]
+    if exp.kind == "leaderboard":
+        return [("", None, leaderboard_sentence(exp, r)) for r in exp.children if estimate(r)[0] is not None]
     if len(exp.children) == 1:
         budget = run.final("budget_seconds")
         spent = f" in {run.final('wall_seconds'):.0f} s of a {budget:.0f} s budget" if budget else ""
@@ -636,6 +638,23 @@ def settings_lines(exp: Experiment) -> tuple[list[str], list[str]]:
         ]
     lines += [""]
     return lines, [k for k in keys if k not in shared and k != "setting"]
+
+
+def leaderboard_sentence(exp: Experiment, run: Run) -> str:
+    """A leaderboard run's score, its budget, and which problems chose its checkpoint and which scored it."""
+    p, se, n = estimate(run)
+    said = f"`{run.id[:8]}` ({exp.label(run)}): final score {pm(p, se, n)}"
+    if (budget := run.final("budget_seconds")) and (wall := run.final("wall_seconds")) is not None:
+        said += f" in {wall:.0f} s of a {budget:.0f} s budget"
+    step, chosen = run.final("best_step"), run.final("best_subset_accuracy")
+    picked = f"its checkpoint (step {step:.0f}, {chosen:.3f} there)" if step is not None else "its checkpoint"
+    scored = f"the first {n:.0f} problems of `{run.params.get('validation_data')}`"
+    if (held := run.final("n_selection_problems")) is not None:
+        return (
+            f"{said}; {picked} chosen on {held:.0f} problems held out of `{run.params.get('train_data')}`'s "
+            f"training set (its curve above), scored on {scored}, which took no part in the choice."
+        )
+    return f"{said}; {picked} chosen on {scored}, the problems that score it (its curve above): biased upward."
 
 
 def section(exp: Experiment, figure_dir: Path, link_base: Path, spreads: dict[str, float]) -> list[str]:

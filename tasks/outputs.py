@@ -127,10 +127,11 @@ def claim_output_dir(folder: str | os.PathLike, owner: str) -> None:
 
 def link_model(model: Path, link: Path) -> None:
     """Point ``link`` (a symlink, replaced atomically) at the saved ``model`` folder (the best one a flow chose;
-    it stays in the run's own folder, so a later run with other settings does not write over it)."""
+    it stays in the run's own folder, so a later run with other settings does not write over it). The link is
+    relative: the output folder can be moved, copied or archived with it."""
     partial = link.with_name(link.name + ".partial")
     partial.unlink(missing_ok=True)
-    partial.symlink_to(model.resolve(), target_is_directory=True)
+    partial.symlink_to(os.path.relpath(model.resolve(), link.parent.resolve()), target_is_directory=True)
     if link.is_dir() and not link.is_symlink():  # a folder put there by hand: not ours to keep
         raise ValueError(f"{link} is a folder, not the link to the model this flow writes; move it away")
     os.replace(partial, link)

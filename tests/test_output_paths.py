@@ -14,7 +14,7 @@ from pydantic import ValidationError
 import flows.baseline_eval
 import flows.sft_data
 from flows.params import BaselineEvalParams, DifficultyParams, GRPOParams
-from tasks.outputs import OUTPUT_MARKER, REPORT_MARKER
+from tasks.outputs import OUTPUT_MARKER, REPORT_MARKER, link_model
 
 
 @pytest.fixture
@@ -120,3 +120,14 @@ def test_a_dvc_output_folder_with_its_committed_gitignore_is_an_output_folder(pr
     subprocess.run(["git", "add", "data/sft/.gitignore"], check=True)
     assert BaselineEvalParams(output_dir="data/sft").output_dir == "data/sft"
     flows.sft_data.check_output_dir("data/sft", "SFTData", "--out-dir")
+
+
+def test_the_link_to_a_chosen_model_survives_moving_the_output_folder(tmp_path):
+    """The link a flow writes to its best model is relative: the folder moved (or unpacked elsewhere) keeps it."""
+    model = tmp_path / "out/runs-1/best"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    link_model(model, tmp_path / "out/best")
+    link_model(model, tmp_path / "out/best")  # replaced, not refused
+    (tmp_path / "out").rename(tmp_path / "moved")
+    assert (tmp_path / "moved/best/config.json").read_text() == "{}"

@@ -459,3 +459,32 @@ def test_reproductions_are_listed_apart_with_what_their_records_say_differed(tmp
     said = _line(table, f"- `{made['b2'][0][:8]}` reproduces `{made['b'][0][:8]}`")
     assert "code: def → abc" in said and "data model: folder:2 → folder:3" in said
     assert "nothing (same code" in _line(table, f"- `{made['a2'][0][:8]}` reproduces")
+
+
+def test_a_leaderboard_run_says_which_problems_chose_its_checkpoint_and_which_scored_it(tmp_path, empty_store):
+    """Two leaderboard runs of different budgets: each a setting of its own (no mean over them); the one that
+    logged a held-out selection split says so, the older one that its checkpoint was chosen on the scored set."""
+    from mlflow.entities import Metric, Param
+
+    def leaderboard(client, experiment_id, parent_id):
+        board = client.create_experiment("leaderboard", artifact_location=str(tmp_path / "mlruns_lb"))
+        for budget, score, held in (("0.14", 0.95, None), ("0.1", 0.96, 300)):
+            run_id = client.create_run(board, run_name="leaderboard").info.run_id
+            params = {"budget_hours": budget, "train_data": "arithmetic:4000:2", "validation_data": "arithmetic:300:2"}
+            metrics = [Metric("val_accuracy", 0.9, 0, s) for s in (0, 5)]
+            finals = {"final_score": score, "n_final_problems": N, "best_step": 5, "best_subset_accuracy": 0.97}
+            finals |= {"budget_seconds": float(budget) * 3600, "wall_seconds": 300.0}
+            finals |= {"n_selection_problems": held} if held else {}
+            metrics += [Metric(k, v, 0, 5) for k, v in finals.items()]
+            client.log_batch(run_id, metrics=metrics, params=[Param(k, v) for k, v in params.items()])
+            client.set_terminated(run_id)
+
+    text = _generate(tmp_path, _records(tmp_path, empty_store, no_baseline=0.3, more=leaderboard))
+    section = text.split("## `leaderboard` (MLflow")[1].split("\n## ")[0]
+    older = _line(section, "- `")
+    assert "(leaderboard, budget_hours=0.14): final score 0.950" in older and "in 300 s of a 504 s budget" in older
+    assert "chosen on the first 300 problems of `arithmetic:300:2`, the problems that score it" in older
+    newer = section.split(older)[1]
+    assert "(leaderboard, budget_hours=0.1): final score 0.960" in newer
+    assert "chosen on 300 problems held out of `arithmetic:4000:2`'s training set" in newer
+    assert "which took no part in the choice" in newer and "Runs of one setting" not in section
