@@ -38,9 +38,9 @@ rank 0 alone logs to MLflow, saves the best checkpoint and writes the summary.
 
 The run is a :func:`tasks.runs.training_run` like the other training flows': its MLflow run id,
 checkpoints and ``done.json`` live in ``output_dir/runs-<key>/leaderboard/``, the key a hash of its
-settings; a killed run resumes when started again with the same settings, a finished one returns its
-summary without training again, and changed settings start a new run rather than reopen the old one
-(MLflow refuses a parameter's second value).
+settings; a killed run resumes when started again with the same settings (the best checkpoint it had chosen
+still the one to beat), a finished one returns its summary without training again, and changed settings start
+a new run rather than reopen the old one (MLflow refuses a parameter's second value).
 """
 
 from __future__ import annotations
@@ -94,6 +94,8 @@ SUMMARY_KEYS = (
 # The leaderboard's evaluation, not a parameter.
 FINAL_SAMPLING = SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=1024, stop=load_prompt("r1_zero").stop, seed=0)
 OFFICIAL_VALIDATION_SIZE = 5000
+# In the best checkpoint's folder: its step and accuracy on the selection split (a resumed run keeps its best).
+CHOSEN_FILE = "selection.json"
 
 
 @flow(name="leaderboard")
@@ -141,7 +143,9 @@ def _budgeted(start: float, run: Run) -> Trained:
     train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
     train, selection = hold_out(train, params.val_subset, final_problems)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    best = {"val_accuracy": -1.0, "step": None}
+    # The best checkpoint so far: a resumed run's, saved with its weights, else none yet.
+    chosen = run.folder / "best" / CHOSEN_FILE
+    best = json.loads(chosen.read_text()) if chosen.is_file() else {"val_accuracy": -1.0, "step": None}
     seconds_per_problem: list[float] = []
     clock = {"last": start, "step_seconds": 0.0}  # the previous step's length: the next one will be alike
 
@@ -187,7 +191,7 @@ def _budgeted(start: float, run: Run) -> Trained:
         seconds_per_problem.append(per_problem * max(1.0, token_ratio))
         if metrics["val_accuracy"] > best["val_accuracy"]:
             best.update(val_accuracy=metrics["val_accuracy"], step=step)
-            save_model_folder(model, tokenizer, run.folder / "best")
+            save_model_folder(model, tokenizer, run.folder / "best", {CHOSEN_FILE: json.dumps(best) + "\n"})
         elapsed = time.monotonic() - start
         run.log({"val_accuracy_by_wall_seconds": metrics["val_accuracy"]}, int(elapsed))
         return {**metrics, "budget_used": elapsed / budget, "final_eval_reserve_s": reserve()}

@@ -326,10 +326,13 @@ def accuracy_by_wall_clock(run_id: str) -> Callable[[float, int, float], None]:
     return log
 
 
-def save_model_folder(model: torch.nn.Module, tokenizer: Any, directory: Path) -> None:
+def save_model_folder(
+    model: torch.nn.Module, tokenizer: Any, directory: Path, extra_files: dict[str, str] | None = None
+) -> None:
     """Replace ``directory`` with a Hugging Face folder of ``model`` and ``tokenizer`` (written beside it,
-    then renamed: never half a folder). Every rank calls it (:func:`a5core.distributed.write_whole`: the
-    weights are gathered whole, rank 0 writes, the others wait)."""
+    then renamed: never half a folder), and ``extra_files`` (name → text) in it, replaced with the weights.
+    Every rank calls it (:func:`a5core.distributed.write_whole`: the weights are gathered whole, rank 0
+    writes, the others wait)."""
 
     def write(state: dict[str, torch.Tensor]) -> None:
         if has_adapters(model):  # the trained model, adapters merged: any HF loader reads it
@@ -343,6 +346,8 @@ def save_model_folder(model: torch.nn.Module, tokenizer: Any, directory: Path) -
         shutil.rmtree(partial, ignore_errors=True)
         model.save_pretrained(partial, state_dict=state)
         tokenizer.save_pretrained(partial)
+        for name, text in (extra_files or {}).items():
+            (partial / name).write_text(text)
         old = directory.with_name(directory.name + ".old")
         if directory.exists():
             directory.rename(old)

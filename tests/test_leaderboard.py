@@ -266,3 +266,35 @@ def test_the_checkpoint_is_chosen_on_held_out_train_problems_never_on_the_scored
     rows = [dict(zip(logged["columns"], row, strict=True)) for row in logged["data"]]
     assert sorted(r["unique_id"] for r in rows) == sorted(p.unique_id for p in final)
     assert all(r["reward"] in (0.0, 1.0) and r["sample"] == 0 for r in rows)
+
+
+def test_a_resumed_run_keeps_the_best_checkpoint_it_had_chosen(prefect_harness, tiny_lm_dir, tmp_path, monkeypatch):
+    """Killed after its best evaluation (step 1), the run resumes from its checkpoint; later evaluations score
+    lower, so the checkpoint of step 1 stays the one chosen and scored, not the first evaluated after resuming."""
+    import flows.leaderboard as module
+
+    real_hook, crashed = module.validation_hook, []
+    accuracy = {0: 0.2, 1: 0.9, 2: 0.1, 3: 0.3, 4: 0.3}
+
+    def scripted_hook(engine, tokenizer, problems, template, reward_fn, sampling, limit):
+        hook = real_hook(engine, tokenizer, problems, template, reward_fn, sampling, limit)
+        if limit is None:  # the final evaluation, on the scored problems
+            return hook
+
+        def evaluate(model, step):
+            if step == 3 and not crashed:
+                crashed.append(step)
+                raise RuntimeError("killed")
+            return {**hook(model, step), "val_accuracy": accuracy[step]}
+
+        return evaluate
+
+    monkeypatch.setattr(module, "validation_hook", scripted_hook)
+    params = tiny_params(
+        tmp_path, tiny_lm_dir, n_grpo_steps=4, checkpoint_every=1, budget_hours=600 / 3600, final_eval_reserve_s=2.0
+    )
+    with pytest.raises(RuntimeError, match="killed"):
+        leaderboard(params)
+    summary = leaderboard(params)
+    assert crashed == [3] and summary["grpo_steps"] == 4
+    assert (summary["best_step"], summary["best_subset_accuracy"]) == (1, 0.9)
