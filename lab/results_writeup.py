@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from a5core.sample_metrics import paired_difference, problem_scores
 from flows.reproduce import verdict as reproduction_verdict
 
 COMMAND = "python lab/results_writeup.py"
@@ -138,6 +139,7 @@ class Run:
     metrics: dict[str, dict[int, float]] = field(default_factory=lambda: defaultdict(dict))
     variant: str | None = None  # the setting a standalone run stands for among its experiment's (``backend=vllm``)
     provenance: dict[str, str] = field(default_factory=dict)  # what it was made from (see ``made_from``)
+    problems: dict[str, float] | None = None  # its final evaluation's accuracy by problem id (``final_problems``)
 
     def final(self, *keys: str) -> float | None:
         """The value at the last step of the first of ``keys`` the run logged."""
@@ -235,6 +237,22 @@ def made_from(record: dict) -> dict[str, str]:
     return made | {"device": str(record.get("device"))}
 
 
+PER_PROBLEM = re.compile(r"(full|subset(\d+))_step_(\d+)\.json")
+
+
+def final_problems(artifacts: Path) -> dict[str, float] | None:
+    """A run's final evaluation by problem (id → accuracy, its samples' mean) from its ``per_problem/`` tables
+    under ``artifacts``: the last step's, the full set's before a subset's; None where it logged none."""
+    found = []
+    for path in (artifacts / "per_problem").glob("*.json"):
+        if match := PER_PROBLEM.fullmatch(path.name):
+            found.append((int(match[3]), math.inf if match[1] == "full" else int(match[2]), path))
+    if not found:
+        return None
+    table = json.loads(max(found)[2].read_text())
+    return problem_scores([dict(zip(table["columns"], row, strict=True)) for row in table["data"]])
+
+
 def load_records(runs_dir: Path, tmp: Path) -> tuple[dict[str, Run], list[list]]:
     """Unpack every archive; the runs (one copy per id, with what their ``provenance.json`` says they were made
     from) and a row per archive: name, kB, runs, walls."""
@@ -246,9 +264,12 @@ def load_records(runs_dir: Path, tmp: Path) -> tuple[dict[str, Run], list[list]]
             tar.extractall(dest, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
         found = [run for db in sorted(dest.rglob("mlflow.db")) for run in read_store(db, archive.name)]
         records = {path.parent.parent.name: path for path in dest.rglob("artifacts/provenance.json")}
+        artifacts = {path.parent.name: path for path in dest.rglob("mlruns/*/*/artifacts")}
         for run in found:
             if run.id in records:
                 run.provenance = made_from(json.loads(records[run.id].read_text()))
+            if run.id in artifacts:
+                run.problems = final_problems(artifacts[run.id])
             old = runs.get(run.id)
             if old is None or (run.points, run.end or 0) > (old.points, old.end or 0):
                 runs[run.id] = run
@@ -374,6 +395,7 @@ class Comparison:
     se: float
     pairs: int
     runs: tuple[int, int]
+    by_problem: int = 0  # of the pairs, those whose runs' final evaluations were compared problem by problem
 
     @property
     def word(self) -> str:
@@ -397,6 +419,8 @@ class Comparison:
             if self.pairs
             else "unpaired means: no parent run and seed ran both"
         )
+        if self.by_problem:
+            how += f"; {self.by_problem} of them also problem by problem"
         z = f"{self.diff / self.se:+.1f} s.e.; " if self.se else ""
         text = f"{word}: {self.a} − {self.b} = {self.difference} in final {self.metric.replace('_', ' ')} ({z}{how}; "
         text += f"{self.runs[0]} and {self.runs[1]} finished runs)"
@@ -409,8 +433,10 @@ class Comparison:
 
 def compare(a: str, b: str, runs: dict[str, list[Run]], metric: str = "accuracy") -> Comparison | None:
     """``a`` − ``b``: paired by (parent run, seed), the runs that started from the same model on the same problems
-    (mean of the pairs' differences, s.e. from their spread, at least their binomial s.e.s); with no such pair,
-    the difference of the plain means (each s.e. from :func:`mean_of`). None when either has no final figure."""
+    (mean of the pairs' differences, s.e. from their spread, at least their own s.e.s combined); with no such
+    pair, the difference of the plain means (each s.e. from :func:`mean_of`). A pair's own s.e. is, for accuracy
+    where both runs kept their final evaluation by problem, that of the per-problem differences (the same problems
+    solved by both cancel), else the two runs' binomial s.e.s combined. None when either has no final figure."""
     done = {s: finished(runs.get(s, [])) for s in (a, b)}
     if not done[a] or not done[b]:
         return None
@@ -420,14 +446,21 @@ def compare(a: str, b: str, runs: dict[str, list[Run]], metric: str = "accuracy"
     if not shared:
         (ma, sa), (mb, sb) = mean_of(done[a], metric), mean_of(done[b], metric)
         return Comparison(a, b, metric, ma - mb, math.hypot(sa, sb), 0, counts)
-    diffs, ses = [], []
+    diffs, ses, by_problem = [], [], 0
     for key in shared:
-        (pa, sa, _), (pb, sb, _) = (estimate(k[key], metric) for k in keyed)
+        ra, rb = keyed[0][key], keyed[1][key]
+        if metric == "accuracy" and ra.problems and rb.problems and ra.problems.keys() == rb.problems.keys():
+            paired = paired_difference(ra.problems, rb.problems)
+            diffs.append(paired["difference"])
+            ses.append(paired["difference_se"])
+            by_problem += 1
+            continue
+        (pa, sa, _), (pb, sb, _) = estimate(ra, metric), estimate(rb, metric)
         diffs.append(pa - pb)
         ses.append(math.hypot(sa or 0.0, sb or 0.0))
     k = len(diffs)
     se = spread_se(diffs, math.sqrt(sum(s**2 for s in ses)) / k)
-    return Comparison(a, b, metric, sum(diffs) / k, se, k, counts)
+    return Comparison(a, b, metric, sum(diffs) / k, se, k, counts, by_problem)
 
 
 def verdict(a: str, b: str, runs: dict[str, list[Run]], metric: str = "accuracy") -> str:
@@ -764,13 +797,15 @@ def clears(row: list[str]) -> bool:
 def headline(experiments: list[Experiment], spreads: dict[str, float], runs: dict[str, Run]) -> list[str]:
     """The page's opening: one row per expectation measured (experiment, expectation, difference ± s.e., runs,
     verdict) and a paragraph of what they say, computed from the same numbers."""
-    rows, words = [], []
+    rows, words, by_problem = [], [], 0
     for exp in experiments:
         for why, found, _ in expectations(exp):
             if found is None or not why:
                 continue
             metric = "" if found.metric == "accuracy" else f" ({found.metric.replace('_', ' ')})"
             paired = f"; {found.pairs} paired" if found.pairs else "; unpaired"
+            paired += f" ({found.by_problem} by problem)" if found.by_problem else ""
+            by_problem += bool(found.by_problem)
             rows.append(
                 [
                     f"`{exp.key}`",
@@ -803,11 +838,18 @@ def headline(experiments: list[Experiment], spreads: dict[str, float], runs: dic
             " Differences that clear two standard errors all the same, measurements rather than verdicts with "
             f"fewer than {MIN_RUNS} runs a setting: " + "; ".join(f"{r[0]} {r[2]}" for r in large) + "."
         )
-    lines[-1] += (
-        " No comparison is paired problem by problem: the records keep per-problem results only for the 16 problems "
-        "sampled into each evaluation's generations table, so a paired test over problems is impossible from them; "
-        "the pairs are runs."
+    older = (
+        "the older runs keep per-problem results only for the 16 problems sampled into each evaluation's generations "
+        "table, so their pairs are runs only"
     )
+    if by_problem:
+        lines[-1] += (
+            f" {by_problem} of the {len(rows)} comparisons are also paired problem by problem: where both runs of a "
+            "pair kept their final evaluation by problem, the pair's difference and s.e. come from the per-problem "
+            f"differences (problems both solve, or both miss, cancel); {older}."
+        )
+    else:
+        lines[-1] += f" No comparison is paired problem by problem: {older}."
     return lines + [""]
 
 

@@ -62,13 +62,16 @@ def _child(client, experiment_id, parent_id, setting, seed, final, finish=True, 
     return run_id
 
 
-def _pack(store: Path, archive: Path) -> Path:
-    """A record archive like those under lab/records/: mlflow.db and outputs/.devrun/walls.txt."""
+def _pack(store: Path, archive: Path, artifacts: Path | None = None) -> Path:
+    """A record archive like those under lab/records/: mlflow.db, outputs/.devrun/walls.txt, and the runs'
+    artifacts (``artifacts``, where any were logged) as mlruns/."""
     walls = store.parent / "walls.txt"
     walls.write_text("grpo_baseline_ablation call=3 rc=0 wall_s=269\n")
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(store, arcname="mlflow.db")
         tar.add(walls, arcname="outputs/.devrun/walls.txt")
+        if artifacts is not None and artifacts.is_dir():
+            tar.add(artifacts, arcname="mlruns")
     return archive
 
 
@@ -81,7 +84,7 @@ def _records(tmp_path: Path, empty_store: Path, no_baseline: float, more=None) -
     store.parent.mkdir()
     shutil.copy(empty_store, store)
     client = MlflowClient(tracking_uri=f"sqlite:///{store}")
-    experiment_id = client.create_experiment("grpo", artifact_location=str(tmp_path / "mlruns"))
+    experiment_id = client.create_experiment("grpo", artifact_location=str(tmp_path / "mlruns" / "grpo"))
     parent = client.create_run(experiment_id, run_name="grpo_baseline_ablation")
     parent_id = parent.info.run_id
     client.set_tag(parent_id, "ablation", "grpo_baseline_ablation")
@@ -93,7 +96,7 @@ def _records(tmp_path: Path, empty_store: Path, no_baseline: float, more=None) -
     client.set_terminated(parent_id)
     runs = tmp_path / "runs"
     runs.mkdir()
-    _pack(store, runs / "records_call1.tar.gz")
+    _pack(store, runs / "records_call1.tar.gz", tmp_path / "mlruns")
     (runs / "call0_setup.log").write_text("setup\n")
     return runs
 
@@ -488,3 +491,24 @@ def test_a_leaderboard_run_says_which_problems_chose_its_checkpoint_and_which_sc
     assert "(leaderboard, budget_hours=0.1): final score 0.960" in newer
     assert "chosen on 300 problems held out of `arithmetic:4000:2`'s training set" in newer
     assert "which took no part in the choice" in newer and "Runs of one setting" not in section
+
+
+def test_a_pair_whose_runs_kept_their_final_evaluation_by_problem_is_paired_problem_by_problem(tmp_path, empty_store):
+    """reinforce_with_baseline (0.6) and no_baseline (0.3), seed 0 of one parent, each with its final evaluation's
+    per-problem table: the baseline solves every problem the other does and 90 more, so the s.e. is that of the
+    per-problem differences (0.027), not the two runs' binomial s.e.s combined (0.039)."""
+
+    def tables(client, experiment_id, parent_id):
+        for run in client.search_runs([experiment_id], "params.seed = '0'"):
+            solved = {"reinforce_with_baseline": 180, "no_baseline": 90}.get(run.data.params.get("setting"))
+            if solved is not None:
+                rows = [[f"p{i}", 0, float(i < solved), 1.0, float(i < solved), 20] for i in range(N)]
+                columns = ["unique_id", "sample", "reward", "format_reward", "answer_reward", "response_tokens"]
+                table = {"columns": columns, "data": rows}
+                client.log_dict(run.info.run_id, table, "per_problem/full_step_000010.json")
+
+    text = _generate(tmp_path, _records(tmp_path, empty_store, no_baseline=0.3, more=tables))
+    sentence = _line(text, "- Expectation: the handout expects a baseline to help")
+    assert "reinforce_with_baseline − no_baseline = +0.300 ± 0.027" in sentence
+    assert "1 of them also problem by problem" in sentence
+    assert "1 of the " in _line(text, "What we learned:") and "also paired problem by problem" in text
