@@ -51,7 +51,6 @@ import sys
 import time
 from pathlib import Path
 
-import mlflow
 import torch
 from prefect import flow
 
@@ -119,8 +118,15 @@ def leaderboard(params: LeaderboardParams = LeaderboardParams()) -> dict:
         if best.is_dir():
             if best != out / "best":
                 link_model(best, out / "best")
-            mlflow.set_tracking_uri(params.tracking_uri)
-            models.append(register_model(best, REGISTERED_MODELS["leaderboard"], row["mlflow_run_id"], "leaderboard"))
+            models.append(
+                register_model(
+                    best,
+                    REGISTERED_MODELS["leaderboard"],
+                    row["mlflow_run_id"],
+                    "leaderboard",
+                    tracking_uri=params.tracking_uri,
+                )
+            )
         publish(
             "leaderboard",
             "Leaderboard run",

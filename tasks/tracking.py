@@ -667,14 +667,22 @@ REGISTERED_TAG = "registered_model"  # on a run whose model is registered: "NAME
 
 
 def register_model(
-    model_dir: str | Path, name: str, run_id: str, setting: str, metrics: dict[str, float] | None = None
+    model_dir: str | Path,
+    name: str,
+    run_id: str,
+    setting: str,
+    metrics: dict[str, float] | None = None,
+    tracking_uri: str | None = None,
 ) -> dict[str, Any]:
     """Log the Hugging Face folder ``model_dir`` as the MLflow model ``model`` of run ``run_id`` and register it
     as a version of ``name`` (weights not copied: :mod:`tasks.hf_folder_model` loads them from the folder, and
-    refuses it once its files differ from the digests recorded here).
+    refuses it once its files differ from the digests recorded here), in the store ``tracking_uri`` (None: the
+    process's).
     The version's description is the run's final metrics (``metrics``, else the run's ``final_*``), its tags
     the setting and the run. Done once a run: a run already registered returns its version (tag
     :data:`REGISTERED_TAG`). Returns ``name``, ``version``, ``setting``, ``run_id``, ``model_dir``."""
+    if tracking_uri is not None:
+        mlflow.set_tracking_uri(tracking_uri)
     client = mlflow.MlflowClient()
     run = client.get_run(run_id)
     found = {"name": name, "setting": setting, "run_id": run_id, "model_dir": str(Path(model_dir).resolve())}
