@@ -47,8 +47,10 @@ from flows.reproduce import verdict as reproduction_verdict
 COMMAND = "python lab/results_writeup.py"
 # Where results went, how a sweep's children were scheduled and its grid (the parent's): not what a child ran with.
 HIDDEN = {"output_dir", "metrics_path", "tracking_uri", "experiment", "sizes", "filtered_data", "ablation", "runner"}
-HIDDEN |= {"gpu_memory_fraction"}  # where and in what share of the GPU it ran, not what
-HIDDEN_PREFIXES = ("sweep_", "clip_", "ray_")
+HIDDEN |= {"gpu_memory_fraction"}  # in what share of the GPU it ran, not what
+# The registered model's folder and its files' digests (logged with it as params): what a run made, not what it ran.
+HIDDEN |= {"model_dir"}
+HIDDEN_PREFIXES = ("sweep_", "clip_", "ray_", "file_sha256/")
 TRENDS = ("reward_mean", "token_entropy", "response_tokens_mean", "advantage_std", "grad_norm")
 TRENDS += ("frac_groups_all_equal", "kept_fraction", "token_nll", "difficulty_learnable")
 UNIT_METRICS = ("val_accuracy", "val_format_rate", "reward_mean")
@@ -650,13 +652,20 @@ def figures(exp: Experiment, out_dir: Path) -> list[Path]:
     return made
 
 
+def ended(status: str) -> str:
+    """How a run ended, from its status: an archive is a run's last record, so one still RUNNING there was
+    stopped (with its machine) without ending."""
+    return "stopped" if status == "RUNNING" else status
+
+
 def settings_lines(exp: Experiment) -> tuple[list[str], list[str]]:
     """The parent runs and the settings every run shares; the names of the settings that differ."""
     lines = []
     for p in exp.parents:
         when = datetime.fromtimestamp(p.start / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         tags = [f"{k} `{v}`" for k, v in p.tags.items() if k in ("best_setting",)]
-        lines.append(f"- parent run `{p.id}` ({p.archive}): started {when}, {num(p.seconds, '.0f')} s; {p.status}")
+        took = f"{p.seconds:.0f} s" if p.seconds else "no end recorded"
+        lines.append(f"- parent run `{p.id}` ({p.archive}): started {when}, {took}; {ended(p.status)}")
         lines[-1] += "".join(f"; {t}" for t in tags)
     settings = [c.settings() for c in exp.children]
     keys = list(dict.fromkeys(k for s in settings for k in s))
@@ -701,7 +710,7 @@ def section(exp: Experiment, figure_dir: Path, link_base: Path, spreads: dict[st
         # a run's own steps: not a phase's (the leaderboard's sft/*) nor the system monitor's (system/*)
         own = (m for k, m in c.metrics.items() if m and not k.endswith("_by_wall_seconds") and "/" not in k)
         steps = max((max(m) for m in own), default=None)
-        status = "" if c.status == "FINISHED" else f" {c.status}"
+        status = "" if c.status == "FINISHED" else f" {ended(c.status)}"
         row = [exp.label(c), *(c.settings().get(k, "—") for k in differ), f"`{c.id[:8]}`{status}", steps]
         tokens = num(c.final("final_val_mean_response_tokens"), ".1f")
         row += [pm(*estimate(c)), pm(*estimate(c, "format_rate")), tokens]

@@ -275,7 +275,8 @@ def test_write_is_atomic(tmp_path, empty_store, monkeypatch):
 
 def test_a_stopped_run_and_newer_fields_change_no_figure(tmp_path, empty_store):
     """A third reinforce_with_baseline run stopped before its final evaluation (a machine's time ran out),
-    logging a field the older runs predate: it is listed with its status, but the mean over runs, their count
+    logging a field the older runs predate: it is listed as stopped (its store still says RUNNING: the records
+    end there), but the mean over runs, their count
     and the verdict use the two finished runs, and the newer field is a shared setting, not a difference."""
 
     def stopped(client, experiment_id, parent_id):
@@ -284,7 +285,7 @@ def test_a_stopped_run_and_newer_fields_change_no_figure(tmp_path, empty_store):
         )
 
     text = _generate(tmp_path, _records(tmp_path, empty_store, no_baseline=0.3, more=stopped))
-    assert "RUNNING" in _line(text, "| reinforce_with_baseline (seed 2,")
+    assert "` stopped |" in _line(text, "| reinforce_with_baseline (seed 2,") and "RUNNING" not in text
     mean_row = _line(text, "| reinforce_with_baseline | 2 | 0, 1 |")
     assert f"| {0.55:.3f} ± {0.05:.3f} |" in mean_row
     sentence = _line(text, "- Expectation: the handout expects a baseline to help")
