@@ -532,7 +532,7 @@ def _check_inputs(model: torch.nn.Module, engine: Engine, problems: list[Problem
     if config.pipeline_depth and getattr(engine, "model", None) is model:
         raise ValueError(
             "GRPOConfig.pipeline_depth 1 generates while the policy trains: the engine needs its own copy of the "
-            "weights (an engine in its own process: engine_device), not the policy itself"
+            "weights (an engine in its own process, on this GPU or another: engine_device), not the policy itself"
         )
 
 

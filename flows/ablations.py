@@ -125,11 +125,18 @@ def _dapo(p: GRPOParams) -> dict[str, dict[str, Any]]:
 
 def ablation_settings(name: str, params: GRPOParams) -> dict[str, GRPOParams]:
     """The children of ablation ``name``: setting name → validated parameters (an invalid one fails
-    before anything runs)."""
+    before anything runs); only those ``params.ablation_only`` names, in the ablation's order, when set."""
     _, build = ABLATIONS[name]
-    return {
-        setting: with_overrides(params, {**overrides, "ablation": None}) for setting, overrides in build(params).items()
-    }
+    settings = build(params)
+    if params.ablation_only is not None:
+        unknown = [setting for setting in params.ablation_only if setting not in settings]
+        if unknown:
+            raise ValueError(
+                f"ablation_only: {', '.join(map(repr, unknown))} not among {name}'s settings ({', '.join(settings)})"
+            )
+        settings = {setting: overrides for setting, overrides in settings.items() if setting in params.ablation_only}
+    reset = {"ablation": None, "ablation_only": None}
+    return {setting: with_overrides(params, {**overrides, **reset}) for setting, overrides in settings.items()}
 
 
 AblationName = Literal[tuple(ABLATIONS)]  # type: ignore[valid-type]

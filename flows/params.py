@@ -362,6 +362,12 @@ class GRPOParams(GRPORunParams, ChildRunner):
     """One GRPO run or (``ablation``) an A5 ablation (flow ``grpo`` and the ablation flows)."""
 
     ablation: AblationName | None = Field(None, description="run this ablation instead of one run")
+    ablation_only: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="None: every setting of the ablation; a list: only these (e.g. [grpo, dapo], to repeat one "
+        "comparison with another seed)",
+    )
     sweep_learning_rates: list[float] = Field([3e-6, 1e-5, 3e-5, 1e-4], min_length=1, description="grpo_lr_sweep")
     sweep_epochs_per_rollout_batch: list[int] = Field([2, 4], min_length=1, description="grpo_off_policy_sweep")
     sweep_train_batch_sizes: list[int] = Field([128, 64], min_length=1, description="grpo_off_policy_sweep")

@@ -67,7 +67,7 @@ def check_placement(params: Any) -> None:
     if getattr(params, "pipeline_depth", 0) and params.engine_device is None:
         raise ValueError(
             "pipeline_depth 1 generates the next step's rollouts while this one trains: give the engine a "
-            "process of its own with engine_device (a GPU of its own, e.g. cuda:1, or cpu)"
+            "process of its own with engine_device (another GPU, e.g. cuda:1; this one, cuda:0; or cpu)"
         )
     if getattr(params, "engine_device", None) is not None:
         devices, local_world = parse_engine_devices(params.engine_device), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))

@@ -106,8 +106,8 @@ def parse_engine_devices(engine_device: str) -> list[str]:
 
 def engine_device_of_rank(engine_device: str | None) -> str | None:
     """This rank's engine device (None: the engine runs in this process). A list gives local rank r its
-    r-th entry, and must have one per rank (``LOCAL_WORLD_SIZE``); one device serves every rank. A
-    CUDA device must not be this rank's own training GPU: NCCL cannot send from a GPU to itself."""
+    r-th entry, and must have one per rank (``LOCAL_WORLD_SIZE``); one device serves every rank. This rank's
+    own training GPU is allowed (one-step-off on one GPU): the weights then travel through host memory."""
     if engine_device is None:
         return None
     devices = parse_engine_devices(engine_device)
@@ -125,10 +125,7 @@ def engine_device_of_rank(engine_device: str | None) -> str | None:
             "GPUs this process sees"
         )
     if device.startswith("cuda") and index == torch.cuda.current_device():
-        raise ValueError(
-            f"engine_device {engine_device!r}: {device} is the GPU this rank trains on; give the engine "
-            "another GPU, or leave engine_device unset to run the engine in this process"
-        )
+        logger.info("engine_device %s: the engine shares this rank's GPU; weights go through host memory", device)
     return device
 
 

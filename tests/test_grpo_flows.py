@@ -154,6 +154,16 @@ def test_every_ablation_builds_valid_settings():
     assert {p.difficulty_table for p in sampling.values()} == {"data/difficulty/pass_rates.csv"}  # both read one table
 
 
+def test_ablation_only_runs_the_named_settings_in_the_ablations_order():
+    params = GRPOParams(ablation="grpo_dapo_ablation", ablation_only=["dapo", "grpo"])
+    only = ablation_settings("grpo_dapo_ablation", params)
+    assert list(only) == ["grpo", "dapo"]
+    full = ablation_settings("grpo_dapo_ablation", params.model_copy(update={"ablation_only": None}))
+    assert only["dapo"] == full["dapo"] and only["dapo"].ablation_only is None  # the child carries no filter
+    with pytest.raises(ValueError, match=r"ablation_only: 'dapo2' not among grpo_dapo_ablation's settings \(grpo, dyn"):
+        ablation_settings("grpo_dapo_ablation", params.model_copy(update={"ablation_only": ["dapo2"]}))
+
+
 def test_the_prompt_ablation_on_arithmetic_keeps_the_arithmetic_grader():
     """Graded by the MATH graders, whose answers may be any equal expression, an arithmetic run learns to copy the
     question: each prompt keeps the arithmetic task's grader, in that prompt's format."""

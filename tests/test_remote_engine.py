@@ -25,7 +25,7 @@ from tiny_lm import plant_eos_after_stop
 
 from a5core.policy import get_response_log_probs, load_policy
 from a5core.rollout import Completion, Engine, SamplingSettings
-from a5core.rollout.remote import RemoteEngine, RemoteEngineError
+from a5core.rollout.remote import RemoteEngine, RemoteEngineError, weight_transport
 from a5core.weight_sync import WeightSpec, plan_buckets
 
 REPO = Path(__file__).resolve().parents[1]
@@ -125,6 +125,16 @@ def test_bucket_plan_keeps_order_dtype_runs_and_the_limit():
     assert plan_buckets(specs, 1 << 30) == [range(0, 2), range(2, 5)]
     with pytest.raises(ValueError, match="bucket_bytes"):
         plan_buckets(specs, -1)
+
+
+def test_weights_travel_gpu_to_gpu_only_between_two_gpus():
+    """NCCL joins two GPUs; an engine on the CPU, or on the trainer's own GPU (one-step-off on one GPU), gets
+    its weights through host memory (gloo)."""
+    assert weight_transport("cuda:1", "cuda:0") == "cuda"
+    assert weight_transport("cuda", "cuda:1") == "cuda"  # cuda means cuda:0
+    assert weight_transport("cuda:0", "cuda:0") == weight_transport("cuda", "cuda:0") == "cpu"
+    assert weight_transport("cpu", "cuda:0") == weight_transport("cuda:1", None) == "cpu"
+    assert weight_transport("cpu", None) == "cpu"
 
 
 # ------------------------------------------------------------------------------------ weight push

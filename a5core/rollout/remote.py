@@ -94,14 +94,27 @@ class _ServerConfig:
     timeout_s: float
     threads: int | None
     parent_pid: int
+    transport: str  # the weight transport's device type: "cuda" (NCCL) or "cpu" (gloo)
+
+
+def weight_transport(engine_device: str, trainer_device: str | None) -> str:
+    """The device type the weights travel on from a trainer on ``trainer_device`` (None: the CPU) to an
+    engine on ``engine_device``: ``"cuda"`` (NCCL, GPU to GPU) when both are on CUDA and apart; ``"cpu"``
+    (gloo) when either is on the CPU, or when they share a GPU (NCCL cannot send from a GPU to itself: the
+    weights go through host memory, one copy out and one in)."""
+    engine, trainer = torch.device(engine_device), torch.device(trainer_device or "cpu")
+    if engine.type == "cuda" and trainer.type == "cuda" and (engine.index or 0) != (trainer.index or 0):
+        return "cuda"
+    return "cpu"
 
 
 class RemoteEngine:
     """Rollouts from an engine in a server process; see ``a5core.rollout`` for the shared semantics.
 
     ``model``: local directory or hub id. ``backend``: ``"hf"``, ``"vllm"`` or ``"auto"`` (vllm where it
-    can be imported, else hf). ``device``: the engine's device (``"cuda:1"``, ``"cpu"``): a CUDA device
-    makes the weights travel over NCCL from this process's current CUDA device, the CPU over gloo.
+    can be imported, else hf). ``device``: the engine's device (``"cuda:1"``, ``"cpu"``): another CUDA
+    device than this process's current one makes the weights travel over NCCL; the CPU, or this process's own
+    GPU (the engine beside the trainer on one GPU), over gloo through host memory (:func:`weight_transport`).
     ``dtype`` and ``backend_kwargs``: as for ``make_engine``. ``bucket_bytes`` (an attribute, may be
     changed between pushes): weights are broadcast in flat buffers of at most this many bytes per
     dtype (0: tensor by tensor). ``threads``: the server's torch thread count (None: torch's
@@ -133,11 +146,13 @@ class RemoteEngine:
             backend = "vllm" if vllm_available() else "hf"
         self.backend, self.device, self.bucket_bytes = backend, str(engine_device), bucket_bytes
         self.name = f"remote {backend} engine for {str(model)!r} on {self.device}"
+        trainer = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+        transport = weight_transport(self.device, None if trainer is None else str(trainer))
         self._lock = threading.Lock()
         self._sent_specs: list[WeightSpec] | None = None
         store, port = open_store(timeout_s)
         config = _ServerConfig(
-            str(model), backend, self.device, dtype, backend_kwargs, port, timeout_s, threads, os.getpid()
+            str(model), backend, self.device, dtype, backend_kwargs, port, timeout_s, threads, os.getpid(), transport
         )
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe()
@@ -149,8 +164,7 @@ class RemoteEngine:
         atexit.register(self._finalizer)  # before multiprocessing's own hook, which would wait for the server
         try:
             self._reply("start", start_timeout_s)
-            local = torch.device("cuda", torch.cuda.current_device()) if engine_device.type == "cuda" else "cpu"
-            self._group = WeightGroup(store, TRAINER, local, timeout_s)
+            self._group = WeightGroup(store, TRAINER, trainer if transport == "cuda" else "cpu", timeout_s)
         except BaseException:
             self.close()
             raise
@@ -331,9 +345,10 @@ class _HFReceiver:
         self.engine = make_engine(config.model, "hf", dtype=config.dtype, device=config.device, **config.backend_kwargs)
         self._targets = self.engine.model.state_dict(keep_vars=True)
         self._specs: list[WeightSpec] | None = None
+        self._transport = self.engine.model.device if config.transport == "cuda" else torch.device("cpu")
 
     def join(self, port: int, timeout_s: float) -> None:
-        self._group = WeightGroup(connect_store(port, timeout_s), ENGINE, self.engine.model.device, timeout_s)
+        self._group = WeightGroup(connect_store(port, timeout_s), ENGINE, self._transport, timeout_s)
 
     def leave(self) -> None:
         self._group.close()
@@ -369,11 +384,11 @@ class _HFReceiver:
         weights = self._group.receive(self._specs, bucket_bytes)
         try:
             for name, tensor in weights:
-                self._targets[name].copy_(tensor)
+                self._targets[name].copy_(tensor)  # from host memory when the transport is gloo
         finally:
             weights.close()
-        if self._group.device.type == "cuda":
-            torch.cuda.synchronize(self._group.device)
+        if self.engine.model.device.type == "cuda":
+            torch.cuda.synchronize(self.engine.model.device)
         conn.send(("ok", None))
 
 
@@ -394,9 +409,10 @@ class _VLLMReceiver:
             **config.backend_kwargs,
         )
         self._specs: list[tuple[str, list[int], str]] | None = None
+        self._transport = config.transport
 
     def join(self, port: int, timeout_s: float) -> None:
-        self.engine.llm.collective_rpc("a5_join_weight_group", args=(port, timeout_s))
+        self.engine.llm.collective_rpc("a5_join_weight_group", args=(port, timeout_s, self._transport))
 
     def leave(self) -> None:
         self.engine.llm.collective_rpc("a5_leave_weight_group")
@@ -425,15 +441,16 @@ def _show_only_gpu(index: int) -> None:
 class VLLMWeightReceiver:
     """vLLM worker extension (``worker_extension_cls``): the engine rank of the weight transport.
 
-    ``collective_rpc("a5_join_weight_group", args=(port, timeout_s))`` joins the trainer's group on the
-    worker's device (``"a5_leave_weight_group"`` leaves it). ``collective_rpc("a5_receive_weights",
-    args=(specs, bucket_bytes))`` receives one push (specs: ``(name, shape, dtype)`` triples) straight
-    into ``reload_weights`` (checkpoint format, vLLM's per-layer post-processing redone) and re-packs a
-    tied ``lm_head``. The caller then resets the prefix cache.
+    ``collective_rpc("a5_join_weight_group", args=(port, timeout_s, transport))`` joins the trainer's group on
+    the worker's device (transport ``"cuda"``) or the CPU (``"cpu"``); ``"a5_leave_weight_group"`` leaves it.
+    ``collective_rpc("a5_receive_weights", args=(specs, bucket_bytes))`` receives one push (specs:
+    ``(name, shape, dtype)`` triples) straight into ``reload_weights`` (checkpoint format, vLLM's per-layer
+    post-processing redone) and re-packs a tied ``lm_head``. The caller then resets the prefix cache.
     """
 
-    def a5_join_weight_group(self, port: int, timeout_s: float) -> None:
-        self.a5_weight_group = WeightGroup(connect_store(port, timeout_s), ENGINE, self.device, timeout_s)
+    def a5_join_weight_group(self, port: int, timeout_s: float, transport: str) -> None:
+        device = self.device if transport == "cuda" else "cpu"
+        self.a5_weight_group = WeightGroup(connect_store(port, timeout_s), ENGINE, device, timeout_s)
 
     def a5_leave_weight_group(self) -> None:
         self.a5_weight_group.close()
