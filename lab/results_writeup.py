@@ -293,17 +293,22 @@ def validation_set(parent: Run, children: list[Run]) -> str:
 
 
 def find_experiments(runs: dict[str, Run]) -> list[Experiment]:
-    """Parents with children, grouped by name (tag ``ablation`` or run name) and validation set (the name's
-    first set keeps the bare name, another one is ``NAME on SET``); standalone runs with a score."""
+    """Parents with children, grouped by name (tag ``ablation`` or run name), MLflow experiment (a name's first
+    experiment keeps the name; runs of that name in another experiment, a study of its own such as
+    ``--experiment grpo_recipe``, take the experiment's name) and validation set (the first set keeps the bare
+    name, another one is ``NAME on SET``); standalone runs with a score."""
     children: dict[str, list[Run]] = defaultdict(list)
     for run in sorted(runs.values(), key=lambda r: r.start):
         if run.tags.get("mlflow.parentRunId") in runs:
             children[run.tags["mlflow.parentRunId"]].append(run)
     found: dict[str, Experiment] = {}
     first_set: dict[str, str] = {}
+    first_experiment: dict[str, str] = {}
     for run in sorted(runs.values(), key=lambda r: r.start):
         if run.id in children:
             name, scored_on = run.tags.get("ablation", run.name), validation_set(run, children[run.id])
+            if first_experiment.setdefault(name, run.experiment) != run.experiment:
+                name = run.experiment
             key = name if first_set.setdefault(name, scored_on) == scored_on else f"{name} on {scored_on}"
             exp = found.setdefault(key, Experiment(key, [], []))
             exp.parents.append(run)

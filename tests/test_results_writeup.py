@@ -333,6 +333,25 @@ def test_runs_scored_on_another_validation_set_are_another_experiment(tmp_path, 
     assert (tmp_path / "figures" / "grpo_baseline_ablation_on_arithmetic_300_2_val_accuracy_vs_step.png").is_file()
 
 
+def test_runs_of_a_name_in_another_mlflow_experiment_are_a_study_of_their_own(tmp_path, empty_store):
+    """A parent of the same name logged to another MLflow experiment (``--experiment grpo_recipe``): a section named
+    after that experiment; the first parent's section and its settings keep to their own runs."""
+
+    def recipe(client, experiment_id, parent_id):
+        other_experiment = client.create_experiment("grpo_recipe", artifact_location=str(tmp_path / "mlruns" / "r"))
+        other = client.create_run(other_experiment, run_name="grpo_baseline_ablation").info.run_id
+        client.set_tag(other, "ablation", "grpo_baseline_ablation")
+        _child(client, other_experiment, other, "no_baseline", 0, 0.8, extra={"group_size": "16"})
+        client.set_terminated(other)
+
+    text = _generate(tmp_path, _records(tmp_path, empty_store, no_baseline=0.3, more=recipe))
+    assert "## `grpo_recipe` (MLflow experiment `grpo_recipe`)" in text
+    assert _line(text, "| `grpo_baseline_ablation` | grpo | 1 | 3 |")
+    assert _line(text, "| `grpo_recipe` | grpo_recipe | 1 | 1 |")
+    first = text.split("## `grpo_baseline_ablation` (MLflow")[1].split("## `grpo_recipe`")[0]
+    assert _pm(0.8) not in first and "`group_size=8`" in first
+
+
 def test_repeated_configurations_pair_finished_runs_whatever_scheduled_them(tmp_path, empty_store):
     """Another ablation's child with no_baseline's parameters, run on Ray (``runner``: how it was scheduled, not
     what it ran), is a repeat of it; a third copy stopped before its final evaluation is left out of the pair."""
