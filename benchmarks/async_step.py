@@ -1,9 +1,10 @@
-"""One GRPO step with the engine on a GPU of its own: synchronous against one-step-off.
+"""One GRPO step with the engine in a process of its own: synchronous against one-step-off.
 
 The policy (Qwen2.5-Math-1.5B's architecture at random weights, compiled decoder layers, micro-batches by
-``--token-budget``) trains on cuda:0; the engine is a RemoteEngine (hf backend) on cuda:1, started from the
-policy's weights saved once and sent them over NCCL every step. ``pipeline_depth`` 0 pushes the weights,
-generates, then trains; 1 generates step k+1's rollouts on cuda:1 while step k trains (:mod:`a5core.grpo`).
+``--token-budget``) trains on cuda:0; the engine is a RemoteEngine (hf backend) on ``--engine-device``, started
+from the policy's weights saved once and sent them every step: over NCCL to a GPU of its own (cuda:1), through
+host memory (gloo) to the policy's own GPU (cuda:0, one-step-off on one GPU). ``pipeline_depth`` 0 pushes the
+weights, generates, then trains; 1 generates step k+1's rollouts while step k trains (:mod:`a5core.grpo`).
 Both use truncated importance sampling (``tis_cap`` 2.0, the engine returning its log-probs), as the flow's
 ``grpo_async_ablation`` runs them. 256 rollouts (32 × 8) a step, train batch 256, responses fixed at
 ``--response`` tokens (``min_tokens`` = ``max_tokens``: random weights never stop, and the engine's process
@@ -16,6 +17,7 @@ trainer waited for them), the fraction of generation hidden behind training (1 �
 and the warm median against depth 0's. Target: depth 1 at ≤ 0.6× the time of depth 0.
 
     python benchmarks/async_step.py [--model-dir DIR] [--steps 11] [--depths 0 1] [--token-budget 32768]
+    python benchmarks/async_step.py --engine-device cuda:0     # one GPU: the engine beside the policy
     python benchmarks/async_step.py --tiny --steps 3      # CPU check: both ends on the CPU (gloo), not recorded
 """
 
@@ -73,16 +75,21 @@ def main() -> None:
     parser.add_argument(
         "--token-budget", type=int, default=32768, help="max_tokens_per_microbatch (0: micro-batches of 2 rollouts)"
     )
+    parser.add_argument(
+        "--engine-device", default="cuda:1", help="the engine's GPU: cuda:1 (its own) or cuda:0 (the policy's)"
+    )
     args = parser.parse_args()
     if args.steps < 2:
         parser.error("--steps must be at least 2: the first step compiles and is reported apart")
     from a5core.policy import compile_decoder_layers
-    from a5core.rollout.remote import RemoteEngine
+    from a5core.rollout.remote import RemoteEngine, weight_transport
 
     on_gpu = not args.tiny
-    if on_gpu and torch.cuda.device_count() < 2:
-        parser.error(f"needs 2 GPUs, found {torch.cuda.device_count()} (use --tiny on a CPU)")
-    policy_device, engine_device = ("cuda:0", "cuda:1") if on_gpu else ("cpu", "cpu")
+    policy_device, engine_device = ("cuda:0", args.engine_device) if on_gpu else ("cpu", "cpu")
+    needed = (torch.device(engine_device).index or 0) + 1
+    if on_gpu and torch.cuda.device_count() < needed:
+        parser.error(f"--engine-device {engine_device}: found {torch.cuda.device_count()} GPUs (use --tiny on a CPU)")
+    transport = "NCCL" if weight_transport(engine_device, policy_device) == "cuda" else "gloo, through host memory"
     if on_gpu:
         torch.cuda.set_device(policy_device)  # the trainer's end of the NCCL group
     else:
@@ -121,10 +128,10 @@ def main() -> None:
                 print(rows[-1], flush=True)
     budget = f"budget {args.token_budget:,}" if args.token_budget else "micro-batches of 2 rollouts"
     report(
-        "One GRPO step, engine on a GPU of its own: synchronous against one-step-off (pipeline_depth)",
+        "One GRPO step, engine in a process of its own: synchronous against one-step-off (pipeline_depth)",
         f"{description}, policy on {policy_device} ({'compiled' if on_gpu else 'eager'} decoder layers, {budget}), "
         f"RemoteEngine(hf) on "
-        f"{engine_device}, weights over {'NCCL' if on_gpu else 'gloo'} every step · "
+        f"{engine_device}, weights over {transport} every step · "
         f"{'16' if args.tiny else '256'} rollouts a step, train batch the same, reinforce_with_baseline, tis_cap 2.0 · "
         f"responses fixed at {args.response} tokens · the first step compiles; median and max of the warm steps "
         f"after it · torch {torch.__version__} · target: depth 1 ≤ 0.6× depth 0",
