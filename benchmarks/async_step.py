@@ -91,7 +91,7 @@ def main() -> None:
         parser.error(f"--engine-device {engine_device}: found {torch.cuda.device_count()} GPUs (use --tiny on a CPU)")
     transport = "NCCL" if weight_transport(engine_device, policy_device) == "cuda" else "gloo, through host memory"
     if on_gpu:
-        torch.cuda.set_device(policy_device)  # the trainer's end of the NCCL group
+        torch.cuda.set_device(policy_device)  # the trainer's end of the weight transport
     else:
         torch.set_num_threads(1)
     model, tokenizer, description = _model.build(args.model_dir, args.tiny, policy_device)

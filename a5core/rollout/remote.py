@@ -97,7 +97,7 @@ class _ServerConfig:
     transport: str  # the weight transport's device type: "cuda" (NCCL) or "cpu" (gloo)
 
 
-def weight_transport(engine_device: str, trainer_device: str | None) -> str:
+def weight_transport(engine_device: str | torch.device, trainer_device: str | torch.device | None) -> str:
     """The device type the weights travel on from a trainer on ``trainer_device`` (None: the CPU) to an
     engine on ``engine_device``: ``"cuda"`` (NCCL, GPU to GPU) when both are on CUDA and apart; ``"cpu"``
     (gloo) when either is on the CPU, or when they share a GPU (NCCL cannot send from a GPU to itself: the
@@ -147,7 +147,7 @@ class RemoteEngine:
         self.backend, self.device, self.bucket_bytes = backend, str(engine_device), bucket_bytes
         self.name = f"remote {backend} engine for {str(model)!r} on {self.device}"
         trainer = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
-        transport = weight_transport(self.device, None if trainer is None else str(trainer))
+        transport = weight_transport(self.device, trainer)
         self._lock = threading.Lock()
         self._sent_specs: list[WeightSpec] | None = None
         store, port = open_store(timeout_s)
