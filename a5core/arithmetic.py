@@ -97,8 +97,9 @@ def arithmetic_problems(
     """``n`` distinct problems ``a op b`` with operands of up to ``digits`` digits, seeded; ``solution``
     "line" (``$a op b = \\boxed{r}$.``) or "columns" (:func:`column_solution`; needs operations + and −).
 
-    The train and validation splits never share a problem. ``unique_id`` is ``arithmetic/{split}/{i}``;
-    level is the digit count; subject "arithmetic".
+    The train and validation splits never share a problem. ``unique_id`` names the problem itself,
+    ``arithmetic/{split}/{a}{op}{b}`` (the same problem has the same id in any seed's draw: difficulty tables and
+    per-problem results of runs of other seeds match it); level is the digit count; subject "arithmetic".
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
@@ -126,7 +127,7 @@ def arithmetic_problems(
         result = OPERATIONS[op](a, b)
         problems.append(
             Problem(
-                unique_id=f"arithmetic/{split}/{len(problems)}",
+                unique_id=f"arithmetic/{split}/{a}{op}{b}",
                 problem=f"What is ${a} {op} {b}$?",
                 answer=str(result),
                 solution=column_solution(a, op, b)

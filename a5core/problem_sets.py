@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any, Literal
 
 from a5core.arithmetic import SOLUTIONS, arithmetic_problems, arithmetic_question_only_reward_fn, arithmetic_reward_fn
@@ -43,6 +42,17 @@ def load_problem_set(source: str, data_format: str, seed: int, split: str) -> li
     else:
         problems = PROBLEM_LOADERS[data_format](source)
     return random.Random(seed).sample(problems, len(problems))
+
+
+# The validation set's draw and order, whatever a run's seed: runs of several seeds score the same problems
+# (the seed changes sampling and training order, not which problems score), so their results pair problem by problem.
+VALIDATION_SEED = 0
+
+
+def load_validation_set(source: str, data_format: str) -> list[Problem]:
+    """The validation problems of ``source`` (as :func:`load_problem_set`), drawn and ordered with
+    :data:`VALIDATION_SEED`: the same problems, in the same order, for every run seed."""
+    return load_problem_set(source, data_format, VALIDATION_SEED, "validation")
 
 
 def hold_out(train: list[Problem], n: int, scored: list[Problem]) -> tuple[list[Problem], list[Problem]]:
@@ -97,15 +107,15 @@ def arithmetic_spec(source: str) -> tuple[int, int, int, str]:
 
 def _arithmetic(source: str, seed: int, split: str) -> list[Problem]:
     """The problems of an ``arithmetic:`` source: one block of N a digit count (one block: as
-    :func:`a5core.arithmetic.arithmetic_problems` gives it; several: ids ``…/d{D}/{i}``, a problem drawn
-    again at a higher digit count kept at the lower)."""
+    :func:`a5core.arithmetic.arithmetic_problems` gives it; several: a problem drawn again at a higher digit
+    count kept at the lower)."""
     n, low, high, solution = arithmetic_spec(source)
     if low == high:
         return arithmetic_problems(n, digits=low, seed=seed, split=split, solution=solution)
     problems, seen = [], set()
     for digits in range(low, high + 1):
-        for i, problem in enumerate(arithmetic_problems(n, digits=digits, seed=seed, split=split, solution=solution)):
-            if problem.problem not in seen:
-                seen.add(problem.problem)
-                problems.append(replace(problem, unique_id=f"arithmetic/{split}/d{digits}/{i}"))
+        for problem in arithmetic_problems(n, digits=digits, seed=seed, split=split, solution=solution):
+            if problem.unique_id not in seen:
+                seen.add(problem.unique_id)
+                problems.append(problem)
     return problems

@@ -32,7 +32,7 @@ from pydantic import ValidationError
 
 from a5core.data import write_text_atomic
 from a5core.expert_iteration import expert_iteration
-from a5core.problem_sets import load_problem_set
+from a5core.problem_sets import load_problem_set, load_validation_set
 from a5core.rollout import Engine
 from a5core.settings import describe
 from flows.cli import flow_main, print_paths
@@ -161,7 +161,7 @@ def check_inputs(params: EIParams) -> None:
         raise ValueError(f"invalid Expert Iteration settings: {error}") from None
     check_placement(params)
     train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
-    validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
+    validation = load_validation_set(params.validation_data, params.validation_format)
     check_prompts_fit(params, {params.train_data: train, params.validation_data: validation}, params.max_tokens)
     check_difficulty(params, train)
     check_outputs(params)

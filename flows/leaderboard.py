@@ -58,7 +58,7 @@ from a5core.data import write_text_atomic
 from a5core.grading import r1_zero_reward_fn
 from a5core.grpo import grpo
 from a5core.policy import load_policy
-from a5core.problem_sets import hold_out, load_problem_set, load_trace_set
+from a5core.problem_sets import hold_out, load_problem_set, load_trace_set, load_validation_set
 from a5core.prompts import load_prompt
 from a5core.rollout import SamplingSettings
 from a5core.sft import SFTConfig, train_sft
@@ -260,7 +260,7 @@ def check_inputs(params: LeaderboardParams) -> None:
     check_grpo_run(params)
     if params.sft_data is not None:
         load_trace_set(params.sft_data, load_prompt(params.prompt), params.seed)
-    validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
+    validation = load_validation_set(params.validation_data, params.validation_format)
     train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
     hold_out(train, params.val_subset, validation[: params.final_eval_limit])  # a selection split is left
     check_prompts_fit(

@@ -39,7 +39,7 @@ from pathlib import Path
 from prefect import flow
 
 from a5core.data import Trace, write_text_atomic
-from a5core.problem_sets import load_problem_set, load_trace_set, split_validation
+from a5core.problem_sets import load_trace_set, load_validation_set, split_validation
 from a5core.prompts import load_prompt
 from a5core.rollout import Engine
 from a5core.sft import train_sft
@@ -189,7 +189,7 @@ def check_inputs(params: SFTExperimentParams) -> None:
     for source in (params.train_data, params.filtered_data):
         if source:
             load_trace_set(source, template, params.seed)
-    validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
+    validation = load_validation_set(params.validation_data, params.validation_format)
     split_validation(validation, params.val_subset, params.val_limit)  # two problems at least
     check_prompts_fit(params, {params.validation_data: validation}, params.max_tokens)
     check_outputs(params)

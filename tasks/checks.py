@@ -18,7 +18,7 @@ from typing import Any
 
 from a5core.data import Problem, check_writable_folder
 from a5core.models import check_context, resolve_model
-from a5core.problem_sets import load_problem_set
+from a5core.problem_sets import load_problem_set, load_validation_set
 from a5core.prompts import load_prompt
 from a5core.question_sampling import load_pass_rates
 from tasks.engines import parse_engine_devices
@@ -83,7 +83,7 @@ def check_grpo_run(params: Any) -> None:
     context, its outputs."""
     check_placement(params)
     train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
-    validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
+    validation = load_validation_set(params.validation_data, params.validation_format)
     if len(train) < params.prompts_per_step:
         raise ValueError(
             f"train_data {params.train_data}: {len(train)} problems, fewer than the "

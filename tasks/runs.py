@@ -45,7 +45,7 @@ from a5core.checkpoint import read_state
 from a5core.data import Problem, write_text_atomic
 from a5core.lora import has_adapters, merged_state_dict
 from a5core.policy import load_policy
-from a5core.problem_sets import REWARD_FNS, load_problem_set
+from a5core.problem_sets import REWARD_FNS, load_validation_set
 from a5core.prompts import PromptTemplate, load_prompt
 from a5core.question_sampling import load_pass_rates
 from a5core.rollout import Engine, SamplingSettings
@@ -162,7 +162,7 @@ def training_run(
             if tracking_rank():
                 warn_of_lost_artifacts(folder, row["mlflow_run_id"], params.tracking_uri)
             return row
-        validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
+        validation = load_validation_set(params.validation_data, params.validation_format)
         template, reward_fn = load_prompt(params.prompt), REWARD_FNS[params.grader]
         sampling = SamplingSettings(
             n=params.val_samples,

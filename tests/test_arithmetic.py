@@ -21,7 +21,8 @@ def test_splits_differ_and_bad_arguments_fail():
     assert not {p.problem for p in arithmetic_problems(500, split="train")} & {
         p.problem for p in arithmetic_problems(500, split="validation")
     }
-    assert validation[0].unique_id == "arithmetic/validation/0"
+    first = validation[0]
+    assert first.unique_id == "arithmetic/validation/" + first.problem.strip("What is $?").replace(" ", "")
     with pytest.raises(ValueError, match="operations"):
         arithmetic_problems(5, operations="/")
     with pytest.raises(ValueError, match="only 84 distinct train problems"):
@@ -125,3 +126,12 @@ def test_arithmetic_sources_with_column_solutions():
     traces = load_trace_set("arithmetic:20:1-2:columns", load_prompt("r1_zero"), seed=0)
     assert len(traces) > 20 and all("ones: " in t.response for t in traces)
     assert all(arithmetic_reward_fn(t.response, t.ground_truth)["reward"] == 1.0 for t in traces)
+
+
+def test_a_problem_has_one_id_in_every_seeds_draw():
+    """Ids name the problem, not its place in a draw: a difficulty table or per-problem result made under one
+    seed matches the same problems under another."""
+    draws = [{p.unique_id: p.problem for p in arithmetic_problems(60, digits=1, seed=seed)} for seed in (0, 1)]
+    shared = draws[0].keys() & draws[1].keys()
+    assert shared and all(draws[0][uid] == draws[1][uid] for uid in shared)
+    assert len({p.problem for p in arithmetic_problems(60, digits=1, seed=0)}) == len(draws[0]) == 60
