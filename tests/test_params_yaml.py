@@ -79,3 +79,13 @@ def test_the_header_names_every_setting_it_leaves_out_but_where_outputs_go():
     header = " ".join(itertools.takewhile(lambda line: line.startswith("#"), lines))
     named = PLACEMENT_FIELDS - set(Outputs.model_fields) - set(MLflowLogging.model_fields)
     assert {f for f in named if f not in header and not (f.startswith("ray_") and "ray_*" in header)} == set()
+
+
+@pytest.mark.parametrize("section", ["sft_experiment", "expert_iteration", "grpo", "leaderboard"])
+def test_the_gpu_small_experiments_pin_their_micro_batch_budget(section, monkeypatch):
+    """The experiment profile's runs are a function of start weights, settings, seed and code: under ``auto`` the
+    budget follows the memory free when a run starts (other runs on the GPU), and runs cut into other
+    micro-batches end apart."""
+    monkeypatch.chdir(PARAMS.parent)
+    params = parse_params(FLOW_SECTIONS[section], section, ["--config", str(PARAMS), "--profile", "gpu-small"])
+    assert isinstance(params.max_tokens_per_microbatch, int)
