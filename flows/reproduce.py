@@ -55,6 +55,11 @@ class ReproduceParams(TrackingStore):
     output_dir: str | None = Field(
         None, description="where the re-run's outputs go (None: <the run's output_dir>/reproduce-<run id>-<time>)"
     )
+    into: str | None = Field(
+        None,
+        description="the MLflow store the re-run is logged to (None: the run's own, --tracking-uri); for a store "
+        "unpacked from an archive, whose experiments keep their artifacts where the store was made",
+    )
 
 
 class DifferencesError(ValueError):
@@ -120,9 +125,11 @@ def flow_of(record: dict[str, Any]) -> tuple[Any, type]:
     return found, typing.get_type_hints(found.fn)[parameter]
 
 
-def replay_params(record: dict[str, Any], model: type, output_dir: str | None, run_id: str) -> Any:
-    """The recorded settings as ``model``, outputs in a new folder and no DVC metrics file."""
+def replay_params(record: dict[str, Any], model: type, output_dir: str | None, run_id: str, tracking_uri: str) -> Any:
+    """The recorded settings as ``model``, outputs in a new folder, logged to ``tracking_uri`` (not the store the
+    record names, which is where the run was made: another machine's, for an archived run), no DVC metrics file."""
     settings = {k: v for k, v in record["settings"].items() if k in model.model_fields}
+    settings["tracking_uri"] = tracking_uri
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
     settings["output_dir"] = output_dir or str(Path(settings["output_dir"]) / f"reproduce-{run_id[:8]}-{stamp}")
     if "metrics_path" in settings:
@@ -151,9 +158,10 @@ def verdict(metric: str, difference: float, curve_difference: float, se: float |
     return "differs"
 
 
-def metric_rows(client: Any, name: str, original: Any, new: Any) -> list[dict[str, Any]]:
-    """One row per metric of ``original`` (system metrics left out): final values, difference, verdict, and
-    for a metric logged at several steps the largest difference at any step both logged."""
+def metric_rows(client: Any, name: str, original: Any, new: Any, new_client: Any) -> list[dict[str, Any]]:
+    """One row per metric of ``original`` (in ``client``'s store; system metrics left out) against ``new`` (in
+    ``new_client``'s): final values, difference, verdict, and for a metric logged at several steps the largest
+    difference at any step both logged."""
     rows = []
     for metric in sorted(m for m in original.data.metrics if not m.startswith("system/")):
         then, now = original.data.metrics[metric], new.data.metrics.get(metric)
@@ -161,7 +169,7 @@ def metric_rows(client: Any, name: str, original: Any, new: Any) -> list[dict[st
             rows.append({"run": name, "metric": metric, "original": then, "verdict": "missing"})
             continue
         old_curve = {m.step: m.value for m in client.get_metric_history(original.info.run_id, metric)}
-        new_curve = {m.step: m.value for m in client.get_metric_history(new.info.run_id, metric)}
+        new_curve = {m.step: m.value for m in new_client.get_metric_history(new.info.run_id, metric)}
         steps = sorted(set(old_curve) & set(new_curve))
         curve = max((abs(new_curve[s] - old_curve[s]) for s in steps), default=0.0)
         if set(old_curve) != set(new_curve):
@@ -195,22 +203,23 @@ def reproduce(params: ReproduceParams) -> dict:
             f"run {params.run_id} was made under other conditions than these; not re-running it "
             "(--allow-differences re-runs it anyway):\n  " + "\n  ".join(found)
         )
-    replay = replay_params(record, model, params.output_dir, params.run_id)
+    replay = replay_params(record, model, params.output_dir, params.run_id, params.into or params.tracking_uri)
     with temporary_settings({PREFECT_TASKS_REFRESH_CACHE: True}):  # computed again, not read from a cache
         result = target(replay)
     original = client.get_run(params.run_id)
-    new_top = client.get_run(result["mlflow_run_id"])
+    new_client = store_client(replay.tracking_uri)
+    new_top = new_client.get_run(result["mlflow_run_id"])
     if "mlflow.parentRunId" in original.data.tags:  # a child run: match it among the new flow's runs
         originals = {original.info.run_name: original}
     else:
         originals = run_tree(client, original)
-    news = run_tree(client, new_top)
+    news = run_tree(new_client, new_top)
     rows, pairs = [], {}
     for name, run in originals.items():
         if name in news:
-            client.set_tag(news[name].info.run_id, "reproduces", run.info.run_id)
+            new_client.set_tag(news[name].info.run_id, "reproduces", run.info.run_id)
             pairs[name] = news[name].info.run_id
-            rows += metric_rows(client, name, run, client.get_run(news[name].info.run_id))
+            rows += metric_rows(client, name, run, new_client.get_run(news[name].info.run_id), new_client)
         else:
             rows.append({"run": name, "metric": "(the whole run)", "verdict": "missing"})
     judged = [r["verdict"] for r in rows if r["verdict"] != "timing"]
@@ -245,6 +254,7 @@ def main(argv: list[str] | None = None) -> None:
         "--allow-differences", action="store_true", help=ReproduceParams.model_fields["allow_differences"].description
     )
     parser.add_argument("--output-dir", help=ReproduceParams.model_fields["output_dir"].description)
+    parser.add_argument("--into", help=ReproduceParams.model_fields["into"].description)
     params = ReproduceParams(**vars(parser.parse_args(argv)))
     result = run_flow(reproduce, params)
     if result is not None:

@@ -35,7 +35,16 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined, to_jsonable_python
 
 from tasks.fingerprints import file_digest, folder_digest, model_fingerprint
-from tasks.tracking import PROJECT_ROOT, device_name, git, importable_module, prefect_flow_run, versions
+from tasks.tracking import (
+    PROJECT_ROOT,
+    device_name,
+    git,
+    importable_module,
+    moved_artifacts,
+    prefect_flow_run,
+    sqlite_database,
+    versions,
+)
 
 ARTIFACT = "provenance.json"
 DIFF_ARTIFACT = "git_diff.patch"
@@ -151,6 +160,13 @@ def log_provenance(params: BaseModel) -> dict[str, Any]:
     return record
 
 
+def _no_record(run_id: str, tracking_uri: str) -> str:
+    return (
+        f"run {run_id} in {tracking_uri} holds no {ARTIFACT}: it was made by a flow or a version of the "
+        "project that does not record its provenance, so there is nothing to re-run it from"
+    )
+
+
 def read_record(client: Any, run_id: str, tracking_uri: str) -> dict[str, Any]:
     """The provenance record run ``run_id`` holds; ValueError naming the run when the store has no such run
     or the run holds no record."""
@@ -159,14 +175,21 @@ def read_record(client: Any, run_id: str, tracking_uri: str) -> dict[str, Any]:
     from mlflow.exceptions import MlflowException
 
     try:
-        client.get_run(run_id)
+        run = client.get_run(run_id)
     except MlflowException:
         raise ValueError(f"no run {run_id!r} in {tracking_uri}") from None
+    if sqlite_database(tracking_uri) is not None:  # a local store, perhaps unpacked from an archive elsewhere
+        folder = moved_artifacts(tracking_uri, run.info.artifact_uri)
+        if folder is None:  # no artifact at all, or a moved store whose mlruns/ did not come with it
+            raise ValueError(
+                f"{_no_record(run_id, tracking_uri)} (no artifact folder at {run.info.artifact_uri}, nor under the "
+                "database's folder or one above it: a store moved from elsewhere needs its mlruns/ beside or above it)"
+            )
+        if not (folder / ARTIFACT).is_file():
+            raise ValueError(_no_record(run_id, tracking_uri))
+        return json.loads((folder / ARTIFACT).read_text())
     if ARTIFACT not in {a.path for a in client.list_artifacts(run_id)}:
-        raise ValueError(
-            f"run {run_id} in {tracking_uri} holds no {ARTIFACT}: it was made by a flow or a version of the "
-            "project that does not record its provenance, so there is nothing to re-run it from"
-        )
+        raise ValueError(_no_record(run_id, tracking_uri))
     with tempfile.TemporaryDirectory() as folder:
         return json.loads(Path(client.download_artifacts(run_id, ARTIFACT, folder)).read_text())
 

@@ -516,6 +516,28 @@ def run_params(tracking_uri: str, run_id: str) -> dict[str, str] | None:
         return None
 
 
+def moved_artifacts(tracking_uri: str, artifact_uri: str) -> Path | None:
+    """Where a run's artifact folder is on this machine when its store was moved or unpacked elsewhere: an
+    ``sqlite:///`` store records the folder as an absolute path of the machine that made it
+    (``/work/x/mlruns/grpo/<run id>/artifacts``); its trailing part, from a folder named ``mlruns`` or else from
+    the run's own folder, is looked for under the database's folder and each folder above it. The recorded
+    folder when it exists; None when the store is not a local database or the folder is in neither place."""
+    from urllib.parse import urlparse
+
+    database = sqlite_database(tracking_uri)
+    parsed = urlparse(artifact_uri)
+    if database is None or parsed.scheme not in ("", "file"):
+        return None
+    recorded = Path(parsed.path)
+    if recorded.is_dir():
+        return recorded
+    parts = recorded.parts
+    start = max((i for i, part in enumerate(parts) if part == "mlruns"), default=max(len(parts) - 2, 0))
+    tail = Path(*parts[start:]) if parts[start:] else None
+    bases = [database.resolve().parent, *database.resolve().parent.parents]
+    return next((base / tail for base in bases if tail and (base / tail).is_dir()), None)
+
+
 def artifact_paths(tracking_uri: str, run_id: str) -> list[str]:
     """Every artifact file of run ``run_id``, by its path in the run, sorted."""
     client = mlflow.MlflowClient(tracking_uri)

@@ -229,3 +229,33 @@ def test_a_setting_gone_or_new_other_versions_and_a_missing_input_are_named(tmp_
     assert "setting sweep_kl_coefs: new since the run" in found
     assert "versions: torch 0.0 then" in found
     assert "data: difficulty_table table.csv: missing here; the run ran in /elsewhere" in found
+
+
+def test_an_archived_run_unpacked_elsewhere_reproduces_from_its_archive(
+    prefect_harness, tiny_lm_dir, tmp_path, monkeypatch, capsys
+):
+    """A store packed with its artifacts and unpacked on another machine (its database in a folder of its own
+    below the archive's root, as a run's records are packed) records its artifacts at paths that are gone: the
+    record is found relative to the store, and the re-run is logged to the store ``--into`` names."""
+    import shutil
+    import tarfile
+
+    from flows.grpo import grpo_flow
+    from flows.reproduce import main
+
+    made = tmp_path / "made"
+    (made / "store").mkdir(parents=True)
+    monkeypatch.chdir(made)
+    params = tiny_grpo(made, tiny_lm_dir).model_copy(update={"tracking_uri": "sqlite:///store/mlflow.db"})
+    original = grpo_flow(params)["mlflow_run_id"]
+    with tarfile.open(tmp_path / "records.tar.gz", "w:gz") as tar:
+        tar.add(made / "store", "store")
+        tar.add(made / "mlruns", "mlruns")
+    shutil.rmtree(made)  # the paths the store recorded are gone
+    with tarfile.open(tmp_path / "records.tar.gz") as tar:
+        tar.extractall(tmp_path / "unpacked", filter="data")
+    monkeypatch.chdir(tmp_path)
+    archived = f"sqlite:///{tmp_path / 'unpacked/store/mlflow.db'}"
+    main(["--run-id", original, "--tracking-uri", archived, "--into", f"sqlite:///{tmp_path / 'mine.db'}"])
+    printed = capsys.readouterr().out
+    assert "reproduced exactly" in printed and "| grpo-single | final_val_accuracy |" in printed, printed
