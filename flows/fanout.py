@@ -25,6 +25,7 @@ from prefect import flow
 
 from tasks.engines import closing_engine, engine_for
 from tasks.fanout import loopback_only, run_child_task
+from tasks.tracking import prefect_flow_run
 
 
 def run_children(
@@ -80,13 +81,14 @@ def run_children_on_ray(
     if address is None:
         init_kwargs |= {"include_dashboard": False, "log_to_driver": False, "_node_ip_address": "127.0.0.1"}
     runner = RayTaskRunner(address=address, init_kwargs=init_kwargs)
+    made_by = prefect_flow_run()  # the flow that fans out: what a child's record names (the sub-flow cannot re-run)
 
     @flow(name="children_on_ray", task_runner=runner)
     def fan_out() -> list[dict]:
         futures = []
         for name, params in children.items():
             with remote_options(num_gpus=gpus_per_child, num_cpus=cpus_per_child):
-                futures.append(run_child_task.submit(run_child, name, params))
+                futures.append(run_child_task.submit(run_child, name, params, made_by))
         return [future.result() for future in futures]
 
     with loopback_only() if address is None else contextlib.nullcontext():

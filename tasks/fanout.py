@@ -49,6 +49,10 @@ def loopback_only() -> Iterator[None]:
 
 
 @task(cache_policy=NO_CACHE)
-def run_child_task(run_child: Callable[[str, Any], dict], name: str, params: Any) -> dict:
-    """One child of a sweep: ``run_child(name, params)``, on whichever worker Ray placed it."""
-    return run_child(name, params)
+def run_child_task(run_child: Callable[[str, Any], dict], name: str, params: Any, made_by: dict[str, str]) -> dict:
+    """One child of a sweep: ``run_child(name, params)``, on whichever worker Ray placed it; its run's record names
+    ``made_by`` (the flow that fanned it out) as the flow that made it."""
+    from tasks.provenance import recorded_as_made_by
+
+    with recorded_as_made_by(made_by):
+        return run_child(name, params)

@@ -28,6 +28,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -127,10 +130,26 @@ def field_defaults(model: type[BaseModel]) -> dict[str, Any]:
     return found
 
 
+# The flow a run is recorded as made by, where that is not the flow run it runs in: a sweep's child fanned out to
+# a Ray worker runs in the fan-out's sub-flow, which cannot be re-run; its record names the flow that fanned it out.
+_MADE_BY: ContextVar[dict[str, str] | None] = ContextVar("made_by", default=None)
+
+
+@contextmanager
+def recorded_as_made_by(flow: dict[str, str]) -> Iterator[None]:
+    """While open, records name ``flow`` (:func:`tasks.tracking.prefect_flow_run` of the flow that started the
+    work) as the flow that made their runs."""
+    token = _MADE_BY.set(flow)
+    try:
+        yield
+    finally:
+        _MADE_BY.reset(token)
+
+
 def build_record(params: BaseModel, code: dict[str, Any] | None = None) -> dict[str, Any]:
     """The provenance record of a run of ``params`` in the present flow run (see the module docstring);
     ``code``: :func:`git_state`, where the caller has it already."""
-    flow, code = prefect_flow_run(), code or git_state()
+    flow, code = _MADE_BY.get() or prefect_flow_run(), code or git_state()
     settings = params.model_dump(mode="json")
     return {
         "flow": {"name": flow.get("flow"), "entrypoint": flow.get("entrypoint")},

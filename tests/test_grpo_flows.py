@@ -1,6 +1,7 @@
 """The grpo flow and its ablation flows on CPU: MLflow parent/child runs, metrics, plots, resume, settings."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -241,6 +242,11 @@ def test_an_ablation_fans_its_children_out_over_ray(prefect_harness, tiny_lm_dir
     assert sorted(children["params.loss_type"]) == ["no_baseline", "reinforce_with_baseline"]
     assert set(children["status"]) == {"FINISHED"}
     assert (tmp_path / "out/accuracy_vs_step.png").is_file()
+    # A child's record names the flow that fanned it out (flows.reproduce re-runs that), not the Ray sub-flow.
+    client = mlflow.MlflowClient(params.tracking_uri)
+    for run_id in children["run_id"]:
+        record = json.loads(Path(client.download_artifacts(run_id, "provenance.json", str(tmp_path))).read_text())
+        assert record["flow"]["entrypoint"] == "flows.grpo:grpo_baseline_ablation", record["flow"]
 
 
 # ------------------------------------------------------------------ the options beyond the handout
