@@ -29,6 +29,7 @@ page is written atomically.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -41,13 +42,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from a5core.sample_metrics import paired_difference, problem_scores
+from a5core.sample_metrics import mean_and_se, paired_difference, problem_scores, t_interval
 from flows.reproduce import verdict as reproduction_verdict
 
 COMMAND = "python lab/results_writeup.py"
 # Where results went, how a sweep's children were scheduled and its grid (the parent's): not what a child ran with.
 HIDDEN = {"output_dir", "metrics_path", "tracking_uri", "experiment", "sizes", "filtered_data", "ablation", "runner"}
-HIDDEN |= {"gpu_memory_fraction"}  # in what share of the GPU it ran, not what
+HIDDEN |= {"gpu_memory_fraction", "ablation_only"}  # in what share of the GPU it ran, which of a grid: not what
 # The registered model's folder and its files' digests (logged with it as params): what a run made, not what it ran.
 HIDDEN |= {"model_dir"}
 HIDDEN_PREFIXES = ("sweep_", "clip_", "ray_", "file_sha256/")
@@ -57,66 +58,96 @@ UNIT_METRICS = ("val_accuracy", "val_format_rate", "reward_mean")
 SMALL = 0.2  # a unit metric whose values all lie under this is plotted on an axis scaled to them
 LINESTYLES, MARKERS = ("-", "--", ":", "-."), ("o", "s", "^", "D")
 DR_GRPO = "Dr. GRPO (Liu et al. 2025) argues"
-# Experiment → (the setting expected to do better, the one expected to do worse, why).
-PAIRS = {
-    "grpo_baseline_ablation": ("reinforce_with_baseline", "no_baseline", "the handout expects a baseline to help"),
-    "grpo_length_norm_ablation": (
-        "masked_normalize",
-        "masked_mean",
-        f"{DR_GRPO} a constant normaliser avoids the length bias of masked_mean",
-    ),
-    "grpo_std_norm_ablation": (
-        "no_std_normalization",
-        "std_normalization",
-        f"{DR_GRPO} dropping the std normalisation removes a question-difficulty bias (effect expected small)",
-    ),
-    "grpo_clip_ablation": ("grpo_clip", "grpo_no_clip", "many epochs per rollout batch without clipping are unstable"),
-    "grpo_prompt_ablation": (
-        "question_only",
-        "r1_zero",
-        f"{DR_GRPO} the R1 template hurts Qwen2.5-Math, which does best with the question alone",
-    ),
-    "grpo_dapo_ablation": (
-        "dapo",
-        "grpo",
-        "DAPO (Yu et al. 2025) reports dynamic sampling, token-level loss and overlong shaping together beat GRPO",
-    ),
-    "grpo_gspo_ablation": (
-        "gspo",
-        "grpo_clip",
-        "GSPO (Zheng et al. 2025) reports the sequence-level ratio trains more stably off-policy than token ratios",
-    ),
-    "grpo_kl_ablation": (
-        "kl_0",
-        "kl_0.01",
-        "DAPO and Dr. GRPO drop the KL term: with a verifiable reward it mostly holds the policy back",
-    ),
-    "grpo_question_sampling_ablation": (
-        "learnable",
-        "uniform",
-        "prime-rl and ROLL filter questions by difficulty: a group every sample solves, or none does, gives no "
-        "gradient, so drawing only questions with 0 < pass rate < 1 should learn more per step",
-    ),
-    "grpo_async_ablation": (
-        "synchronous",
-        "one_step_off",
-        "one step of staleness, corrected by truncated importance sampling, should cost at most a little "
-        "accuracy per step (its gain is wall-clock: compare the curves by wall-clock)",
-    ),
+DAPO = (
+    "DAPO (Yu et al. 2025) reports dynamic sampling, token-level loss and overlong shaping each help, and together "
+    "beat GRPO"
+)
+KL = "DAPO and Dr. GRPO drop the KL term: with a verifiable reward it mostly holds the policy back"
+# Each experiment's expectations from the handout or the literature: (a, b, parity, why). Directional (parity False):
+# a ends at or above b; parity: a and b end within ±DELTA of each other. A comparison is made wherever the records hold
+# runs labelled a and b in that experiment (they say which settings a and b are; see ``defining_keys``).
+EXPECTED: dict[str, list[tuple[str, str, bool, str]]] = {
+    "grpo_baseline_ablation": [
+        ("reinforce_with_baseline", "no_baseline", False, "the handout expects a baseline to help")
+    ],
+    "grpo_length_norm_ablation": [
+        (
+            "masked_normalize",
+            "masked_mean",
+            False,
+            f"{DR_GRPO} a constant normaliser avoids the length bias of masked_mean",
+        )
+    ],
+    "grpo_std_norm_ablation": [
+        (
+            "no_std_normalization",
+            "std_normalization",
+            False,
+            f"{DR_GRPO} dropping the std normalisation removes a question-difficulty bias (effect expected small)",
+        )
+    ],
+    "grpo_clip_ablation": [
+        ("grpo_clip", "grpo_no_clip", False, "many epochs per rollout batch without clipping are unstable")
+    ],
+    "grpo_prompt_ablation": [
+        (
+            "question_only",
+            "r1_zero",
+            False,
+            f"{DR_GRPO} the R1 template hurts Qwen2.5-Math, which does best with the question alone",
+        )
+    ],
+    "grpo_dapo_ablation": [(s, "grpo", False, DAPO) for s in ("dapo", "dynamic_sampling", "token_mean", "overlong")],
+    "grpo_gspo_ablation": [
+        (
+            "gspo",
+            "grpo_clip",
+            False,
+            "GSPO (Zheng et al. 2025) reports the sequence-level ratio trains more stably off-policy than token ratios",
+        )
+    ],
+    "grpo_kl_ablation": [("kl_0", "kl_0.01", False, KL), ("kl_0", "kl_0.001", False, KL)],
+    "grpo_question_sampling_ablation": [
+        (
+            "learnable",
+            "uniform",
+            False,
+            "prime-rl and ROLL filter questions by difficulty: a group every sample solves, or none does, gives no "
+            "gradient, so drawing only questions with 0 < pass rate < 1 should learn more per step",
+        )
+    ],
+    "grpo_async_ablation": [
+        (
+            "one_step_off",
+            "synchronous",
+            True,
+            "one step of staleness, corrected by truncated importance sampling, costs little or no accuracy per step "
+            "(its gain is wall-clock: compare the curves by wall-clock)",
+        )
+    ],
+    "grpo": [
+        (
+            "backend=vllm",
+            "backend=hf",
+            True,
+            "the rollout engine does not change what GRPO learns (vLLM and the hf engine sample one distribution)",
+        )
+    ],
 }
+OFF_POLICY = "several epochs per rollout batch (grpo_clip) get more out of each batch than one on-policy step"
 # Runs made by code with a bug fixed since (id prefix → why): listed apart, in no experiment, mean or comparison.
 SUPERSEDED = {
     "60cb54e8": "learnable question sampling filled a step short of learnable questions in problem order (the same "
     "few every step), fixed in f3e269c; re-run after the fix (the other learnable run)",
 }
-# Final metrics by name: the training runs' final evaluation, or the leaderboard run's score.
-MIN_RUNS = 3  # a verdict word needs this many finished runs of each setting, and as many pairs
+MIN_PAIRS = 3  # a verdict needs this many independent pairs (other start models or seeds)
+CONFIDENCE = 0.95  # of the t interval on the pairs' mean difference
+DELTA = 0.05  # within noise: the whole interval inside ±DELTA of accuracy
+# Not what a run ran with, when runs are matched: its label, where its start model's folder was, its seed (the start
+# model is matched by its weights' content hash, the seed on its own).
+UNMATCHED = ("setting", "model", "model_path", "seed")
 # Runs of one setting name that differ in one of these settings: a setting each, named by it.
 VARIANT_PARAMS = ("backend", "budget_hours")
-PARITY = {
-    ("backend=vllm", "backend=hf"): "the rollout engine does not change what GRPO learns (vLLM and the hf engine "
-    "sample one distribution)",
-}
 # Settings some runs logged as tags rather than params: part of what a run ran with.
 EFFECTIVE_TAGS = ("compile_layers", "fsdp_reshard_after_forward", "max_tokens_per_microbatch", "engine_device")
 FINALS = {
@@ -171,6 +202,21 @@ class Run:
         shown = {k: v for k, v in self.params.items() if k not in HIDDEN and not k.startswith(HIDDEN_PREFIXES)}
         shown |= {k: self.tags[k] for k in EFFECTIVE_TAGS if k in self.tags and k not in shown}
         return shown | ({"model_path": self.tags["model_path"]} if "model_path" in self.tags else {})
+
+    @property
+    def origin(self) -> str:
+        """The model it started from: its weights' content hash (its provenance record's), else, for a run
+        without that record, its parent run (the invocation, which started its children from one model)."""
+        return self.provenance.get("data model") or f"parent run {parent_of(self)}"
+
+    def core(self) -> dict[str, str]:
+        """What it ran with, as runs are matched: :meth:`settings` less :data:`UNMATCHED`."""
+        return {k: v for k, v in self.settings().items() if k not in UNMATCHED}
+
+    @property
+    def identity(self) -> tuple:
+        """(start model, settings, seed): runs alike in all three are one run made twice, and count once."""
+        return self.origin, tuple(sorted(self.core().items())), self.params.get("seed")
 
 
 @dataclass
@@ -255,11 +301,24 @@ def final_problems(artifacts: Path) -> dict[str, float] | None:
     return problem_scores([dict(zip(table["columns"], row, strict=True)) for row in table["data"]])
 
 
-def load_records(runs_dir: Path, tmp: Path) -> tuple[dict[str, Run], list[list]]:
+def read_pool(path: Path) -> list[tuple[str, int, int, str]]:
+    """A pool's runs (``lab/device_run.sh pool``'s ``pool.txt``: ``NAME start T`` and ``NAME end T rc=R`` lines):
+    (name, start, end, exit status) of each that ended."""
+    starts, ended = {}, []
+    for words in (line.split() for line in path.read_text().splitlines()):
+        if len(words) >= 3 and words[1] == "start":
+            starts[words[0]] = int(words[2])
+        elif len(words) >= 4 and words[1] == "end" and words[0] in starts:
+            ended.append((words[0], starts[words[0]], int(words[2]), words[3].removeprefix("rc=")))
+    return ended
+
+
+def load_records(runs_dir: Path, tmp: Path) -> tuple[dict[str, Run], list[list], tuple[list, list[float]]]:
     """Unpack every archive; the runs (one copy per id, with what their ``provenance.json`` says they were made
-    from) and a row per archive: name, kB, runs, walls."""
+    from), a row per archive (name, kB, runs, walls), and the pools of runs made side by side (:func:`read_pool`)
+    with the walls of the SFT runs their archives started with."""
     runs: dict[str, Run] = {}
-    archives = []
+    archives, pools, sft_seconds = [], [], []
     for archive in sorted(runs_dir.glob("*.tar.gz")):
         dest = tmp / archive.name
         with tarfile.open(archive) as tar:
@@ -282,7 +341,10 @@ def load_records(runs_dir: Path, tmp: Path) -> tuple[dict[str, Run], list[list]]
             kv = dict(item.split("=", 1) for item in line[1:] if "=" in item)
             walls += [f"{line[0]} (call {kv.get('call', '?')}, rc {kv.get('rc', '?')}): {kv.get('wall_s', '?')} s"]
         archives.append([f"`{archive.name}`", archive.stat().st_size // 1024, len(found), "; ".join(walls)])
-    return runs, archives
+        if pool := [entry for path in sorted(dest.rglob("pool.txt")) for entry in read_pool(path)]:
+            pools.append(pool)
+            sft_seconds += [float(m[1]) for w in walls if (m := re.fullmatch(r"sft\S* \(.*\): (\d+) s", w))]
+    return runs, archives, (pools, sft_seconds)
 
 
 def validation_set(parent: Run, children: list[Run]) -> str:
@@ -343,25 +405,23 @@ def finished(runs: list[Run]) -> list[Run]:
     return [r for r in runs if estimate(r)[0] is not None]
 
 
-def spread_se(values: list[float], binomial: float) -> float:
-    """The s.e. of a mean of ``values`` (one a run): their standard deviation / sqrt(k), the spread between runs,
-    or ``binomial`` (the runs' noise over problems) where that is larger or there is one value only."""
-    k = len(values)
-    if k < 2:
-        return binomial
-    mean = sum(values) / k
-    return max(math.sqrt(sum((v - mean) ** 2 for v in values) / (k - 1) / k), binomial)
+def distinct(runs: list[Run]) -> list[Run]:
+    """The finished runs, one per :attr:`Run.identity` (the first made): a run made twice counts once."""
+    found: dict[tuple, Run] = {}
+    for run in sorted(finished(runs), key=lambda r: r.start):
+        found.setdefault(run.identity, run)
+    return list(found.values())
 
 
 def mean_of(runs: list[Run], metric: str = "accuracy") -> tuple[float, float] | None:
-    """The mean final ``metric`` over ``runs`` and its s.e.: the spread between runs (:func:`spread_se`), at least
-    the runs' binomial s.e.s combined (sqrt(Σ se²) / k)."""
-    values = [(p, se or 0.0) for p, se, _ in (estimate(r, metric) for r in runs) if p is not None]
+    """The mean final ``metric`` over ``runs`` (each run once: :func:`distinct`) and its s.e.: the spread between
+    them (standard deviation / sqrt(runs)), or for one run its own s.e. over problems."""
+    values = [estimate(r, metric)[:2] for r in distinct(runs)]
     if not values:
         return None
-    k = len(values)
-    binomial = math.sqrt(sum(se**2 for _, se in values)) / k
-    return sum(p for p, _ in values) / k, spread_se([p for p, _ in values], binomial)
+    if len(values) == 1:
+        return values[0][0], values[0][1] or 0.0
+    return mean_and_se([p for p, _ in values])
 
 
 def pm(p: float | None, se: float | None = None, n: float | None = None) -> str:
@@ -392,87 +452,151 @@ def parent_of(run: Run) -> str:
 
 @dataclass
 class Comparison:
-    """``a`` − ``b`` in final ``metric``: the difference, its s.e., how many pairs gave it (0: unpaired means), the
-    finished runs of each, and the verdict's word."""
+    """``a`` − ``b`` in final ``metric`` over independent pairs of runs (each pair: the two settings from one start
+    model with one seed): the pairs' differences, the runs of each setting (each once), and the verdict. With fewer
+    than two pairs, ``within``: one pair's s.e. over problems, or (no pair) the unpaired means' ``unpaired``
+    difference and their s.e.s combined: within-run noise only."""
 
     a: str
     b: str
     metric: str
-    diff: float
-    se: float
-    pairs: int
+    diffs: list[float]
     runs: tuple[int, int]
+    within: float | None = None
+    unpaired: float | None = None
     by_problem: int = 0  # of the pairs, those whose runs' final evaluations were compared problem by problem
+    parity: bool = False
+
+    @property
+    def k(self) -> int:
+        return len(self.diffs)
+
+    @property
+    def mean(self) -> float:
+        return sum(self.diffs) / self.k if self.diffs else self.unpaired
+
+    @property
+    def half(self) -> float | None:
+        """The half-width of the t interval (:data:`CONFIDENCE`, k − 1 degrees of freedom); None under 2 pairs."""
+        return t_interval(self.diffs, CONFIDENCE)[1] if self.k >= 2 else None
 
     @property
     def word(self) -> str:
-        """agrees / disagrees only with MIN_RUNS runs of each setting and as many pairs, the paired difference
-        clearing two standard errors; else within noise, or too few runs."""
-        if min(*self.runs, self.pairs) < MIN_RUNS:
+        """Under MIN_PAIRS pairs: too few runs. Else, with the interval: agrees / disagrees when it excludes 0 (on
+        the expected side, or the other; for a parity expectation any side disagrees), within noise when it lies
+        inside ±DELTA, inconclusive otherwise."""
+        if self.k < MIN_PAIRS:
             return "too few runs"
-        if abs(self.diff) < 2 * self.se or self.diff == 0:
-            return "within noise"
-        return "agrees" if self.diff > 0 else "disagrees"
+        low, high = self.mean - self.half, self.mean + self.half
+        inside = -DELTA <= low and high <= DELTA
+        if self.parity:
+            return "within noise" if inside else "disagrees" if low > 0 or high < 0 else "inconclusive"
+        if low > 0 or high < 0:
+            return "agrees" if low > 0 else "disagrees"
+        return "within noise" if inside else "inconclusive"
 
     @property
     def difference(self) -> str:
-        return f"{self.diff:+.3f} ± {self.se:.3f}"
+        if self.half is not None:
+            return f"{self.mean:+.3f} ± {self.half:.3f} ({CONFIDENCE:.0%} t, {self.k - 1} df)"
+        what = "one pair's s.e. over problems" if self.k else "unpaired means"
+        return f"{self.mean:+.3f} ± {self.within:.3f} (within-run only: {what})"
+
+    @property
+    def verdict(self) -> str:
+        """The word, bold when it decides, and for inconclusive the half-width (what these runs could decide)."""
+        if self.word in ("agrees", "disagrees"):
+            return f"**{self.word}**"
+        return f"inconclusive (±{self.half:.3f})" if self.word == "inconclusive" else self.word
+
+    @property
+    def counted(self) -> str:
+        """The pairs behind the figure (and how many of them were compared problem by problem)."""
+        return f"{self.k or 'no'} pair{'s' * (self.k != 1)}" + (
+            f" ({self.by_problem} by problem)" if self.by_problem else ""
+        )
 
     def sentence(self) -> str:
-        word = "**disagrees**" if self.word == "disagrees" else self.word
-        how = (
-            f"paired over the {self.pairs} parent run{'s' * (self.pairs > 1)} and seed{'s' * (self.pairs > 1)} "
-            "that ran both: the same starting model and problems"
-            if self.pairs
-            else "unpaired means: no parent run and seed ran both"
+        text = f"{self.verdict}: {self.a} − {self.b} = {self.difference} in final {self.metric.replace('_', ' ')} "
+        text += (
+            f"({self.counted}, each a run of both settings from one start model with one seed; the records hold "
+            f"{self.runs[0]} run{'s' * (self.runs[0] != 1)} of {self.a} and {self.runs[1]} of {self.b}, each once)"
         )
-        if self.by_problem:
-            how += f"; {self.by_problem} of them also problem by problem"
-        z = f"{self.diff / self.se:+.1f} s.e.; " if self.se else ""
-        text = f"{word}: {self.a} − {self.b} = {self.difference} in final {self.metric.replace('_', ' ')} ({z}{how}; "
-        text += f"{self.runs[0]} and {self.runs[1]} finished runs)"
         if self.word == "too few runs":
-            return text + f"; a verdict needs {MIN_RUNS} runs of each setting, paired"
+            return text + f"; a verdict needs {MIN_PAIRS} pairs"
+        if self.word == "inconclusive":
+            return text + f"; differences beyond ±{self.half:.3f} would have been decided"
         if self.word == "disagrees":
-            return text + f"; {self.b} ends above {self.a}, the opposite of the expectation"
-        return text + (", under two standard errors" if self.word == "within noise" else "")
+            side = "they end apart" if self.parity else f"{self.b} ends above {self.a}"
+            return text + f"; {side}, against the expectation"
+        return text
 
 
-def compare(a: str, b: str, runs: dict[str, list[Run]], metric: str = "accuracy") -> Comparison | None:
-    """``a`` − ``b``: paired by (parent run, seed), the runs that started from the same model on the same problems
-    (mean of the pairs' differences, s.e. from their spread, at least their own s.e.s combined); with no such
-    pair, the difference of the plain means (each s.e. from :func:`mean_of`). A pair's own s.e. is, for accuracy
-    where both runs kept their final evaluation by problem, that of the per-problem differences (the same problems
-    solved by both cancel), else the two runs' binomial s.e.s combined. None when either has no final figure."""
-    done = {s: finished(runs.get(s, [])) for s in (a, b)}
-    if not done[a] or not done[b]:
+def defining_keys(a_runs: list[Run], b_runs: list[Run]) -> set[str]:
+    """The settings that make a run one of setting ``a`` or ``b`` (their labels say which runs are which): those
+    in which every run of the one differs from every run of the other (a setting only some pairs of runs differ in,
+    another invocation's, is not one of them)."""
+    differ = [
+        {k for k in ra.core().keys() | rb.core().keys() if ra.core().get(k) != rb.core().get(k)}
+        for ra in a_runs
+        for rb in b_runs
+    ]
+    return set.intersection(*differ) if differ else set()
+
+
+def pair_difference(ra: Run, rb: Run, metric: str) -> tuple[float, float, bool]:
+    """(``ra`` − ``rb`` in final ``metric``, its s.e. over problems, whether problem by problem): for accuracy where
+    both runs kept their final evaluation by problem, the per-problem differences' (problems both solve, or both
+    miss, cancel), else the two runs' binomial s.e.s combined."""
+    if metric == "accuracy" and ra.problems and rb.problems and ra.problems.keys() == rb.problems.keys():
+        paired = paired_difference(ra.problems, rb.problems)
+        return paired["difference"], paired["difference_se"], True
+    (pa, sa, _), (pb, sb, _) = estimate(ra, metric), estimate(rb, metric)
+    return pa - pb, math.hypot(sa or 0.0, sb or 0.0), False
+
+
+def compare(
+    exp: Experiment, a: str, b: str, pool: list[Run], metric: str = "accuracy", parity: bool = False
+) -> Comparison | None:
+    """``a`` − ``b``, settings of ``exp``: every run of ``pool`` (the records' finished runs, each once) whose
+    defining settings (:func:`defining_keys`, learnt from the runs ``exp`` labels ``a`` and ``b``) are ``a``'s is a
+    run of ``a``, wherever it was made, and likewise for ``b``; a pair is a run of each from the same start model
+    with the same seed and every other setting alike. None when ``exp`` has no finished run of ``a`` or ``b``."""
+    labelled = exp.by_setting()
+    a_runs, b_runs = finished(labelled.get(a, [])), finished(labelled.get(b, []))
+    if not a_runs or not b_runs:
         return None
-    keyed = [{(parent_of(r), r.params.get("seed")): r for r in done[s]} for s in (a, b)]
-    shared = sorted(set(keyed[0]) & set(keyed[1]), key=str)
-    counts = (len(done[a]), len(done[b]))
-    if not shared:
-        (ma, sa), (mb, sb) = mean_of(done[a], metric), mean_of(done[b], metric)
-        return Comparison(a, b, metric, ma - mb, math.hypot(sa, sb), 0, counts)
-    diffs, ses, by_problem = [], [], 0
-    for key in shared:
-        ra, rb = keyed[0][key], keyed[1][key]
-        if metric == "accuracy" and ra.problems and rb.problems and ra.problems.keys() == rb.problems.keys():
-            paired = paired_difference(ra.problems, rb.problems)
-            diffs.append(paired["difference"])
-            ses.append(paired["difference_se"])
-            by_problem += 1
-            continue
-        (pa, sa, _), (pb, sb, _) = estimate(ra, metric), estimate(rb, metric)
-        diffs.append(pa - pb)
-        ses.append(math.hypot(sa or 0.0, sb or 0.0))
-    k = len(diffs)
-    se = spread_se(diffs, math.sqrt(sum(s**2 for s in ses)) / k)
-    return Comparison(a, b, metric, sum(diffs) / k, se, k, counts, by_problem)
+    keys = defining_keys(a_runs, b_runs)
+    if keys:
+        values = [{k: runs[0].core().get(k) for k in keys} for runs in (a_runs, b_runs)]
+        a_units, b_units = ([u for u in pool if all(u.core().get(k) == v for k, v in vs.items())] for vs in values)
+    else:  # alike but for their labels: the labelled runs alone
+        a_units, b_units = distinct(a_runs), distinct(b_runs)
+
+    def key(run: Run) -> tuple:
+        return run.origin, run.params.get("seed"), tuple(sorted((k, v) for k, v in run.core().items() if k not in keys))
+
+    partners = {key(u): u for u in b_units}
+    pairs = [(u, partners[key(u)]) for u in a_units if key(u) in partners]
+    counts = (len(a_units), len(b_units))
+    if not pairs:
+        (ma, sa), (mb, sb) = mean_of(a_units, metric), mean_of(b_units, metric)
+        return Comparison(a, b, metric, [], counts, math.hypot(sa, sb), ma - mb, parity=parity)
+    found = [pair_difference(ra, rb, metric) for ra, rb in pairs]
+    return Comparison(
+        a,
+        b,
+        metric,
+        [d for d, _, _ in found],
+        counts,
+        within=found[0][1],
+        by_problem=sum(p for *_, p in found),
+        parity=parity,
+    )
 
 
-def verdict(a: str, b: str, runs: dict[str, list[Run]], metric: str = "accuracy") -> str:
-    """The measured ``a`` − ``b`` and its verdict (:class:`Comparison`), as a sentence."""
-    found = compare(a, b, runs, metric)
+def measured(found: Comparison | None, a: str, b: str, metric: str = "accuracy") -> str:
+    """``found`` as a sentence, or that it was not measured."""
     return found.sentence() if found else f"not measured ({a} or {b} has no final {metric})"
 
 
@@ -480,8 +604,9 @@ def verdict(a: str, b: str, runs: dict[str, list[Run]], metric: str = "accuracy"
 Expectation = tuple[str, "Comparison | None", str]
 
 
-def sft_expectations(runs: dict[str, list[Run]]) -> list[Expectation]:
+def sft_expectations(exp: Experiment, pool: list[Run]) -> list[Expectation]:
     """SFT: accuracy and format rate rise with the data size; filtered ≥ unfiltered at (nearly) equal size."""
+    runs = exp.by_setting()
     size = {
         s: int(rs[0].params["n_examples"]) for s, rs in runs.items() if rs[0].params.get("n_examples", "").isdigit()
     }
@@ -489,27 +614,28 @@ def sft_expectations(runs: dict[str, list[Run]]) -> list[Expectation]:
     found: list[Expectation] = []
     if len(sized) > 1:
         (n0, small), (n1, big) = sized[0], sized[-1]
-        acc, fmt = compare(big, small, runs), compare(big, small, runs, "format_rate")
+        acc, fmt = compare(exp, big, small, pool), compare(exp, big, small, pool, "format_rate")
         found.append(
             (
                 f"more SFT data, higher accuracy and format rate ({big} vs {small})",
                 acc,
                 f"Expectation (handout): accuracy and format rate rise with the SFT data size. Measured, {big} ({n1} "
-                f"examples) against {small} ({n0}): accuracy {verdict(big, small, runs)}; format rate "
-                f"{verdict(big, small, runs, 'format_rate')}.",
+                f"examples) against {small} ({n0}): accuracy {measured(acc, big, small)}; format rate "
+                f"{measured(fmt, big, small, 'format_rate')}.",
             )
         )
         if fmt:
             found.append((f"format rate, {big} vs {small}", fmt, ""))
     for filtered in [s for s in size if "filtered" in s][:1] if sized else []:
         n, near = min(sized, key=lambda x: abs(x[0] - size[filtered]))
+        acc, fmt = compare(exp, filtered, near, pool), compare(exp, filtered, near, pool, "format_rate")
         found.append(
             (
                 f"filtered traces ≥ unfiltered at equal size ({filtered} vs {near})",
-                compare(filtered, near, runs),
+                acc,
                 f"Expectation: filtered (correct-only) traces ≥ unfiltered ones at equal size; the nearest unfiltered "
-                f"size is {near} ({n} examples, against {size[filtered]}): accuracy {verdict(filtered, near, runs)}; "
-                f"format rate {verdict(filtered, near, runs, 'format_rate')}.",
+                f"size is {near} ({n} examples, against {size[filtered]}): accuracy {measured(acc, filtered, near)}; "
+                f"format rate {measured(fmt, filtered, near, 'format_rate')}.",
             )
         )
     return found
@@ -522,26 +648,23 @@ BIASED = (
 )
 
 
-def expectations(exp: Experiment) -> list[Expectation]:
+def expectations(exp: Experiment, pool: list[Run]) -> list[Expectation]:
     """The measured direction against each expectation, computed from the numbers."""
     runs = exp.by_setting()
-    if exp.key in PAIRS:
-        better, worse, why = PAIRS[exp.key]
-        found = compare(better, worse, runs)
-        return [(why, found, f"Expectation: {why}, so {better} ≥ {worse}. Measured: {verdict(better, worse, runs)}.")]
+    specs = [spec for spec in EXPECTED.get(exp.key, []) if spec[0] in runs and spec[1] in runs]
+    if exp.key == "grpo_off_policy_sweep" and "on_policy" in runs:
+        specs = [(s, "on_policy", False, f"{OFF_POLICY} ({s} vs on_policy)") for s in runs if s != "on_policy"]
+    if specs:
+        found = []
+        for a, b, parity, why in specs:
+            comparison = compare(exp, a, b, pool, parity=parity)
+            expected = f"{a} and {b} end within ±{DELTA}" if parity else f"{a} ≥ {b}"
+            found.append(
+                (why, comparison, f"Expectation: {why}, so {expected}. Measured: {measured(comparison, a, b)}.")
+            )
+        return found
     if exp.kind == "sft_experiment":
-        return sft_expectations(runs)
-    for (a, b), why in PARITY.items():
-        if set(runs) == {a, b}:
-            found = compare(a, b, runs)
-            return [
-                (
-                    f"{why}: {a} within two s.e. of {b}",
-                    found,
-                    f"Expectation: {why}, so {a} and {b} end within two standard errors of each other. "
-                    f"Measured: {verdict(a, b, runs)}.",
-                )
-            ]
+        return sft_expectations(exp, pool)
     finals = {s: m[0] for s, rs in runs.items() if (m := mean_of(rs)) is not None}
     if not finals:
         return []
@@ -551,58 +674,58 @@ def expectations(exp: Experiment) -> list[Expectation]:
         why = "too high a learning rate diverges"
         if top == best:
             return [(why, None, f"Expectation: {why}. Measured: the highest, {top}, ends best: no diverging rate.")]
+        found = compare(exp, best, top, pool)
         return [
             (
                 f"{why}: best ≥ highest ({top}){CHOSEN}",
-                compare(best, top, runs),
+                found,
                 f"Expectation: {why}, so the best ({best}, {BIASED}) ≥ the highest ({top}). "
-                f"Measured: {verdict(best, top, runs)}.",
+                f"Measured: {measured(found, best, top)}.",
             )
         ]
-    if exp.key == "grpo_off_policy_sweep" and "on_policy" in finals and len(finals) > 1:
-        off = max((s for s in finals if s != "on_policy"), key=finals.get)
-        why = "several epochs per rollout batch (grpo_clip) get more out of each batch than one on-policy step"
+    return other_expectations(exp, pool, best, min(finals, key=finals.get))
+
+
+def other_expectations(exp: Experiment, pool: list[Run], best: str, worst: str) -> list[Expectation]:
+    """Expert Iteration against its start; a single run's score; best against worst elsewhere."""
+    runs = exp.by_setting()
+    run = runs[best][0]
+    if exp.kind == "expert_iteration" and all(r.metrics.get("val_accuracy", {}).get(0) is not None for r in runs[best]):
+        units = distinct(runs[best])
+        start = [r.metrics["val_accuracy"][0] for r in units]
+        gains = [estimate(r)[0] - p0 for r, p0 in zip(units, start, strict=True)]
+        first = units[0]
+        n0 = first.metrics.get("val_n_problems", {}).get(0) or estimate(first)[2]
+        within = math.hypot(estimate(first)[1] or 0.0, math.sqrt(start[0] * (1 - start[0]) / n0))
+        found = Comparison(f"{best} final", "step 0", "accuracy", gains, (len(units), len(units)), within)
+        why = "Expert Iteration improves on its starting model"
         return [
             (
-                f"{why} ({off} vs on_policy){CHOSEN}",
-                compare(off, "on_policy", runs),
-                f"Expectation: {why}, so the best off-policy setting ({off}, {BIASED}) ≥ on_policy. Measured: "
-                f"{verdict(off, 'on_policy', runs)}.",
+                f"{why}{CHOSEN}",
+                found,
+                f"Expectation (handout): {why}. Measured, best setting ({BIASED}): {found.sentence()}.",
             )
         ]
-    return other_expectations(exp, runs, best, min(finals, key=finals.get))
-
-
-def other_expectations(exp: Experiment, runs: dict[str, list[Run]], best: str, worst: str) -> list[Expectation]:
-    """Expert Iteration against its start; a single run's score; best against worst elsewhere."""
-    run = runs[best][0]
-    p0, n0 = run.metrics.get("val_accuracy", {}).get(0), run.metrics.get("val_n_problems", {}).get(0)
-    if exp.kind == "expert_iteration" and p0 is not None and n0:
-        (p1, se1), se0 = mean_of(runs[best]), math.sqrt(p0 * (1 - p0) / n0)
-        found = Comparison(
-            f"{best} final", "step 0", "accuracy", p1 - p0, math.hypot(se1, se0), 0, (len(runs[best]), 1)
-        )
-        why = "Expert Iteration improves on its starting model"
-        return [(why, found, f"Expectation (handout): {why}. Measured, best setting ({BIASED}): {found.sentence()}.")]
     if exp.kind == "leaderboard":
         return [("", None, leaderboard_sentence(exp, r)) for r in exp.children if estimate(r)[0] is not None]
     if len(exp.children) == 1:
         budget = run.final("budget_seconds")
         spent = f" in {run.final('wall_seconds'):.0f} s of a {budget:.0f} s budget" if budget else ""
         return [("", None, f"Final score {pm(*estimate(run))}{spent}; no expectation to compare it with.")]
+    found = compare(exp, best, worst, pool)
     return [
         (
             "",
             None,
             f"No recorded expectation for this experiment; best against worst setting ({BIASED}): "
-            f"{verdict(best, worst, runs)}.",
+            f"{measured(found, best, worst)}.",
         )
     ]
 
 
-def directions(exp: Experiment) -> list[str]:
+def directions(exp: Experiment, pool: list[Run]) -> list[str]:
     """The sentences of :func:`expectations`."""
-    return [sentence for *_, sentence in expectations(exp) if sentence]
+    return [sentence for *_, sentence in expectations(exp, pool) if sentence]
 
 
 def plot(path: Path, series: dict[str, list[tuple[float, float]]], x: str, y: str, title: str) -> Path:
@@ -704,9 +827,12 @@ def leaderboard_sentence(exp: Experiment, run: Run) -> str:
     return f"{said}; {picked} chosen on {scored}, the problems that score it (its curve above): biased upward."
 
 
-def section(exp: Experiment, figure_dir: Path, link_base: Path, spreads: dict[str, float]) -> list[str]:
+def section(
+    exp: Experiment, pool: list[Run], figure_dir: Path, link_base: Path, spreads: dict[str, float]
+) -> list[str]:
     """An experiment's section: parents, settings, finals, runs of one setting, curves, trends, verdict, plots;
-    ``spreads``: run id → the spread of the runs with its parameters elsewhere in the records."""
+    ``pool``: the records' runs, each once (comparisons); ``spreads``: run id → the spread of the runs with its
+    settings and seed from other start models elsewhere in the records."""
     lines, differ = settings_lines(exp)
     lines = [f"## `{exp.key}` (MLflow experiment `{exp.kind}`)", "", *lines]
     walls = any(c.metrics.get("wall_seconds") for c in exp.children)
@@ -726,7 +852,7 @@ def section(exp: Experiment, figure_dir: Path, link_base: Path, spreads: dict[st
     lines += table(header + "|run (s)", rows)
     rows = []
     for s, rs in exp.by_setting().items():
-        done = finished(rs)
+        done = distinct(rs)
         if len(done) > 1:
             accs = [estimate(r)[0] for r in done]
             seeds = ", ".join(r.params.get("seed", "?") for r in done)
@@ -734,9 +860,9 @@ def section(exp: Experiment, figure_dir: Path, link_base: Path, spreads: dict[st
             rows.append([s, len(done), seeds, pm(*mean_of(done)), spread, formats])
     if rows:
         lines += [
-            "Runs of one setting (seeds, re-runs) that reached their final evaluation: the mean over runs, its s.e. "
-            "from the spread between runs (standard deviation / sqrt(runs), at least the runs' binomial s.e.s "
-            "combined), and the spread (max − min).",
+            "Runs of one setting (seeds, start models) that reached their final evaluation, a run made twice counted "
+            "once: the mean over runs, its s.e. from the spread between them (standard deviation / sqrt(runs)), and "
+            "the spread (max − min).",
             "",
         ]
         lines += table("setting|runs|seeds|mean accuracy ± s.e.|accuracy spread|mean format rate ± s.e.", rows)
@@ -758,11 +884,11 @@ def section(exp: Experiment, figure_dir: Path, link_base: Path, spreads: dict[st
             "|".join(["setting", *trends]),
             [[exp.label(c)] + [trend(c.metrics.get(t)) for t in trends] for c in exp.children],
         )
-    lines += [f"- {d}" for d in directions(exp)]
+    lines += [f"- {d}" for d in directions(exp, pool)]
     if spread := max((spreads[c.id] for c in exp.children if c.id in spreads), default=None):
         lines += [
-            f"- Runs with the parameters of runs here, made by other invocations, spread by up to {spread:.3f} in "
-            "final accuracy (Repeated configurations, below): compare the differences above with that."
+            f"- Runs with the settings and seed of runs here, from other start models, spread by up to {spread:.3f} "
+            "in final accuracy (Repeated configurations, below)."
         ]
     lines += [""]
     return lines + [f"![{p.stem}]({os.path.relpath(p.resolve(), link_base)})\n" for p in figures(exp, figure_dir)]
@@ -775,120 +901,152 @@ def trend(points: dict[int, float] | None) -> str:
 
 
 def repeats(experiments: list[Experiment]) -> tuple[list[str], dict[str, float]]:
-    """Runs of different parents (invocations) with identical parameters, seed included: a table of their final
-    accuracies, and each such run's id → the spread (max − min) of its group."""
+    """Finished runs with identical settings and seed made by more than one invocation: a table of their start models
+    and final accuracies, and each such run's id → the spread (max − min) among those of other start models (what a
+    retrained start model moves; runs of one start model are one run made again, counted once)."""
     groups: dict[tuple, list[tuple[str, Run]]] = defaultdict(list)
     for exp in experiments:
-        for run in exp.children:
-            same = tuple(sorted((k, v) for k, v in run.settings().items() if k not in ("setting", "model_path")))
-            groups[same].append((exp.key, run))
+        for run in finished(exp.children):
+            groups[(tuple(sorted(run.core().items())), run.params.get("seed"))].append((exp.key, run))
     rows, spreads = [], {}
     for group in groups.values():
-        # runs that ended with an evaluation, each with its estimate
-        scored = [(k, r, est) for k, r in group if (est := estimate(r))[0] is not None]
-        if len({parent_of(r) for _, r, _ in scored}) > 1:
-            spread = max(est[0] for *_, est in scored) - min(est[0] for *_, est in scored)
-            runs = "; ".join(f"{k}/{r.setting} `{r.id[:8]}`: {pm(*est)}" for k, r, est in scored)
-            rows.append([runs, f"{spread:.4f}"])
-            spreads |= {r.id: spread for _, r, _ in scored}
+        if len({parent_of(r) for _, r in group}) < 2:
+            continue
+        accs = {r.id: estimate(r)[0] for _, r in group}
+        origins = {r.origin for _, r in group}
+        runs = "; ".join(f"{k}/{r.setting} `{r.id[:8]}` ({short(r.origin)}): {pm(*estimate(r))}" for k, r in group)
+        same = [
+            "identical" if len({accs[r.id] for _, r in group if r.origin == o}) == 1 else "differ"
+            for o in origins
+            if sum(r.origin == o for _, r in group) > 1
+        ]
+        spread = max(accs.values()) - min(accs.values())
+        rows.append([runs, len(origins), ", ".join(same) or "—", f"{spread:.4f}"])
+        if len(origins) > 1:
+            spreads |= {r.id: spread for _, r in group}
     if not rows:
         return [], {}
     intro = (
-        "Runs of different invocations with identical effective settings (params, and the settings some runs logged "
-        "as tags instead, seed included); the same settings may still "
-        "start from different weights (tag `model_path`, where logged):"
+        "Runs with identical effective settings (params, and the settings some runs logged as tags instead, seed "
+        "included) made by different invocations, with the model each started from (its weights' content hash, or "
+        "its parent run where no record says): runs of one start model are one run made again (counted once, and "
+        "they should end identical); runs of other start models show what a retrained start model moves."
     )
-    header = "runs: final accuracy ± s.e.|spread (max − min)"
+    header = "runs (start model): final accuracy ± s.e.|start models|same start model: finals|spread (max − min)"
     return ["## Repeated configurations", "", intro, "", *table(header, rows)], spreads
 
 
-def clears(row: list[str]) -> bool:
-    """Whether a headline row's difference ``… = d ± se`` is at least two standard errors."""
-    d, se = (float(x) for x in row[2].rsplit("= ", 1)[1].split(" ± "))
-    return abs(d) >= 2 * se
+def short(origin: str) -> str:
+    """A start model as the tables name it: its hash's first hex digits, or its parent run's id's."""
+    return origin.split(":")[-1][:8] if not origin.startswith("parent run") else f"parent {origin.split()[-1][:8]}"
 
 
-def headline(experiments: list[Experiment], spreads: dict[str, float], runs: dict[str, Run]) -> list[str]:
-    """The page's opening: one row per expectation measured (experiment, expectation, difference ± s.e., runs,
-    verdict) and a paragraph of what they say, computed from the same numbers."""
-    rows, words, by_problem = [], [], 0
+def cost(pools: list[list[tuple[str, int, int, str]]], sft_seconds: list[float]) -> str:
+    """What the runs cost, from the pools of runs made side by side on one GPU (each run: name, start, end in epoch
+    seconds, exit status): runs, how many at once, the median run's wall time, runs a GPU-minute, and the GPU-minutes
+    a verdict (three pairs: six runs, three where the reference runs serve several comparisons) takes."""
+    done = [(s, e) for pool in pools for _, s, e, rc in pool if rc == "0"]
+    if not done:
+        return ""
+    events = sorted([(s, 1) for s, _ in done] + [(e, -1) for _, e in done])
+    at_once = max(itertools.accumulate(change for _, change in events))
+    minutes = sum(max(e for _, _, e, _ in p) - min(s for _, s, _, _ in p) for p in pools if p) / 60
+    walls = sorted((e - s) / 60 for s, e in done)
+    rate = len(done) / minutes
+    sft = f", plus the start model's SFT ({max(sft_seconds) / 60:.1f} min) once per batch" if sft_seconds else ""
+    return (
+        f" Cost: one H200 ran {len(done)} GRPO runs (40 steps of SmolLM2-135M) as processes side by side, at most "
+        f"{at_once} at once, in {minutes:.1f} GPU-minutes: a run took a median {walls[len(walls) // 2]:.1f} min of wall "
+        f"clock, {rate:.1f} runs a GPU-minute; a verdict's three pairs (six runs, three where the reference setting's "
+        f"runs serve several comparisons) take {6 / rate:.1f} GPU-minutes ({3 / rate:.1f} with a shared reference){sft}."
+    )
+
+
+def headline(
+    experiments: list[Experiment], pool: list[Run], spreads: dict[str, float], costs: str, runs: dict[str, Run]
+) -> list[str]:
+    """The page's opening: one row per expectation measured (experiment, expectation, difference ± its interval,
+    runs, verdict) and a paragraph of what they say and how they were decided, computed from the same numbers."""
+    rows, words = [], []
     for exp in experiments:
-        for why, found, _ in expectations(exp):
+        for why, found, _ in expectations(exp, pool):
             if found is None or not why:
                 continue
             metric = "" if found.metric == "accuracy" else f" ({found.metric.replace('_', ' ')})"
-            paired = f"; {found.pairs} paired" if found.pairs else "; unpaired"
-            paired += f" ({found.by_problem} by problem)" if found.by_problem else ""
-            by_problem += bool(found.by_problem)
-            rows.append(
-                [
-                    f"`{exp.key}`",
-                    why,
-                    f"{found.a} − {found.b}{metric} = {found.difference}",
-                    f"{found.runs[0]} + {found.runs[1]}{paired}",
-                    f"**{found.word}**" if found.word in ("agrees", "disagrees") else found.word,
-                ]
-            )
+            difference = f"{found.a} − {found.b}{metric} = {found.difference}"
+            rows.append([f"`{exp.key}`", why, difference, found.counted, found.verdict])
             words.append(found.word)
     lines = ["## Findings", ""]
-    lines += table("experiment|the handout's expectation|measured difference ± s.e.|runs|verdict", rows)
-    counts = ", ".join(f"{words.count(w)} {w}" for w in ("agrees", "disagrees", "within noise", "too few runs"))
+    lines += table("experiment|the expectation|measured difference ± interval|pairs|verdict", rows)
+    kinds = ("agrees", "disagrees", "within noise", "inconclusive", "too few runs")
+    counts = ", ".join(f"{words.count(w)} {w}" for w in kinds)
     lines += [
-        f"What we learned: of {len(words)} measured expectations: {counts}. A verdict word (agrees, disagrees) needs "
-        f"at least {MIN_RUNS} finished runs of each setting and {MIN_RUNS} pairs of runs made from the same starting "
-        "model (same parent run and seed), their mean difference clearing two standard errors; every ± includes the "
-        "spread between runs, not only each run's noise over problems."
+        f"What we learned: of {len(words)} measured expectations: {counts}. How a verdict is made: a comparison pairs "
+        "a run of each setting started from the same model (the content hash of its weights; for older runs that "
+        "recorded none, the same parent run) with the same seed, scored on the same problems; runs alike in start "
+        "model, settings and seed are one run made again and count once, wherever they were made (one run of today's "
+        "GRPO serves every comparison against it). With k pairs (k ≥ 2) the ± is the half-width of the "
+        f"{CONFIDENCE:.0%} Student's t interval on the mean of their k differences (k − 1 degrees of freedom). "
+        "**agrees** / **disagrees**: the interval excludes 0, on the expected side or the other (for an expectation "
+        f"of parity, either side disagrees); within noise: it lies inside ±{DELTA}; inconclusive: neither, with "
+        "its half-width, beyond which a difference would have been decided; too few runs: under "
+        f"{MIN_PAIRS} pairs, where one pair's ± is its s.e. over problems (within-run only, smaller than the spread "
+        "between runs) and no verdict is drawn."
     ]
+    made_twice = [group for group in identical_groups(runs) if len(group) > 1]
+    if made_twice:
+        differ = [group for group in made_twice if len({estimate(r)[0] for r in group}) > 1]
+        lines[-1] += (
+            f" Of {len(made_twice)} run{'s' * (len(made_twice) != 1)} made more than once from one start model "
+            f"with the same settings and seed, {len(made_twice) - len(differ)} ended with identical final accuracy "
+            "each time (Repeated configurations)"
+        )
+        if differ and all(r.core().get("max_tokens_per_microbatch") == "auto" for g in differ for r in g):
+            lines[-1] += (
+                f"; the {len(differ)} that differ ran with max_tokens_per_microbatch auto, which cuts micro-batches "
+                "by the memory free when a run starts (other runs on the GPU): the experiment profile pins it"
+            )
+        lines[-1] += "."
     if spreads:
-        ses = sorted(se for rid, se in ((r, estimate(runs[r])[1]) for r in spreads) if se)
         lines[-1] += (
-            f" Runs of identical effective settings made by different invocations spread by up to "
-            f"{max(spreads.values()):.3f} in final accuracy (Repeated configurations), where one run's s.e. over "
-            f"problems is about {ses[len(ses) // 2]:.3f}: the starting model, retrained by each invocation, moves the "
-            "score as much as most settings do, so most differences here are within what re-running alone gives."
+            f" Runs of identical settings and seed from other start models (an SFT model retrained) spread by up to "
+            f"{max(spreads.values()):.3f}: comparisons pair runs of one start model for that reason."
         )
-    if large := [r for r, w in zip(rows, words, strict=True) if w == "too few runs" and clears(r)]:
-        lines[-1] += (
-            " Differences that clear two standard errors all the same, measurements rather than verdicts with "
-            f"fewer than {MIN_RUNS} runs a setting: " + "; ".join(f"{r[0]} {r[2]}" for r in large) + "."
-        )
-    older = (
-        "the older runs keep per-problem results only for the 16 problems sampled into each evaluation's generations "
-        "table, so their pairs are runs only"
-    )
-    if by_problem:
-        lines[-1] += (
-            f" {by_problem} of the {len(rows)} comparisons are also paired problem by problem: where both runs of a "
-            "pair kept their final evaluation by problem, the pair's difference and s.e. come from the per-problem "
-            f"differences (problems both solve, or both miss, cancel); {older}."
-        )
-    else:
-        lines[-1] += f" No comparison is paired problem by problem: {older}."
-    return lines + [""]
+    return lines + [costs.strip(), ""] if costs else lines + [""]
+
+
+def identical_groups(runs: dict[str, Run]) -> list[list[Run]]:
+    """The finished runs grouped by :attr:`Run.identity` (a parent run has no final evaluation of its own)."""
+    groups: dict[tuple, list[Run]] = defaultdict(list)
+    for run in finished(list(runs.values())):
+        groups[run.identity].append(run)
+    return list(groups.values())
 
 
 def render(runs_dir: Path, figure_dir: Path, context: Path, out: Path) -> str:
     """The whole page, from the archives under ``runs_dir``."""
     with tempfile.TemporaryDirectory() as tmp:
-        runs, archives = load_records(runs_dir, Path(tmp))
+        runs, archives, pools = load_records(runs_dir, Path(tmp))
     superseded = [
         (run, why) for run in runs.values() for prefix, why in SUPERSEDED.items() if run.id.startswith(prefix)
     ]
     left_out = {run.id for run, _ in superseded} | set(reproductions(runs))
     experiments = find_experiments({rid: run for rid, run in runs.items() if rid not in left_out})
     repeated, spreads = repeats(experiments)
+    pool = distinct([run for exp in experiments for run in exp.children])
+    counted = {rid: run for rid, run in runs.items() if rid not in left_out}
     lines = [
         f"> Generated by `{COMMAND}` from the records in `{runs_dir.as_posix()}/`: do not edit by hand (edit "
         f"the script, or the hand-kept part on repeating the runs, `{context.as_posix()}`).",
         "",
         "# Results",
         "",
-        *headline(experiments, spreads, runs),
+        *headline(experiments, pool, spreads, cost(*pools), counted),
     ]
     rows = [[f"`{exp.key}`", exp.kind, len(exp.parents), len(exp.children)] for exp in experiments]
     lines += ["## Experiments in the records", "", *table("experiment|MLflow experiment|parent runs|runs", rows)]
     for exp in experiments:
-        lines += section(exp, figure_dir, out.resolve().parent, spreads)
+        lines += section(exp, pool, figure_dir, out.resolve().parent, spreads)
     lines += repeated
     lines += reproduction_section(runs)
     if superseded:

@@ -143,7 +143,8 @@ def test_section_table_seeds_and_plots(tmp_path, empty_store):
     assert "| 0.000 | 0.150 | 0.300 |" in _line(text.split("by step")[1], "| no_baseline |")
     # The findings at the top: the expectation, the paired difference (seed 0), the runs and the verdict.
     row = _line(text, "| `grpo_baseline_ablation` | the handout expects a baseline to help |")
-    assert "= +0.300 ± " in row and row.endswith("| 2 + 1; 1 paired | too few runs |")
+    assert "= +0.300 ± " in row and "(within-run only: one pair's s.e. over problems)" in row
+    assert row.endswith("| 1 pair | too few runs |")
     assert "| `grpo_baseline_ablation` | grpo | 1 | 3 |" in text
     # Records: the archive, its walls and the logs beside it.
     assert "grpo_baseline_ablation (call 3, rc 0): 269 s" in text and "`call0_setup.log`" in text
@@ -168,20 +169,43 @@ def _more_seeds(no_baseline: float):
     return more
 
 
+T_2 = 4.302653  # Student's t at 0.975 with 2 degrees of freedom: a 95% interval on three pairs
+
+
 @pytest.mark.parametrize(
     ("no_baseline", "verdict"),
-    [(0.3, "Measured: agrees:"), (0.8, "Measured: **disagrees**:"), (0.55, "Measured: within noise:")],
+    [
+        (0.3, "Measured: **agrees**:"),
+        (0.8, "Measured: **disagrees**:"),
+        (0.55, "Measured: inconclusive (±0.138):"),
+    ],
 )
 def test_direction_follows_the_numbers(tmp_path, empty_store, no_baseline, verdict):
     """Three runs a setting, paired by seed: reinforce_with_baseline ≥ no_baseline is the expectation; its runs
-    end at 0.6, 0.5, 0.55, so the mean paired difference is 0.55 − no_baseline, its s.e. from the pairs' spread."""
+    end at 0.6, 0.5, 0.55, so the pairs' differences are those less no_baseline's (which moves ±0.01 with the seed);
+    the ± is Student's t interval on their mean with 2 degrees of freedom (two s.e. would be an 82% interval)."""
     text = _generate(tmp_path, _records(tmp_path, empty_store, no_baseline, more=_more_seeds(no_baseline)))
     sentence = _line(text, "- Expectation: the handout expects a baseline to help")
-    assert verdict in sentence and "paired over the 3 parent runs and seeds" in sentence
+    assert verdict in sentence and "(3 pairs, each a run of both settings from one start model" in sentence
     diffs = [0.6 - no_baseline, 0.5 - no_baseline - 0.01, 0.55 - no_baseline + 0.01]
     mean = sum(diffs) / 3
-    spread = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 2 / 3)
-    assert f"= {mean:+.3f} ± {spread:.3f}" in sentence  # the spread of the pairs, larger than their binomial s.e.
+    half = T_2 * math.sqrt(sum((d - mean) ** 2 for d in diffs) / 2 / 3)
+    assert f"= {mean:+.3f} ± {half:.3f} (95% t, 2 df)" in sentence
+
+
+def test_a_difference_inside_the_margin_is_within_noise(tmp_path, empty_store):
+    """Pairs that differ by +0.005, −0.005 and 0: the interval (±0.012) lies inside ±0.05: within noise; the
+    findings row says so with the interval."""
+
+    def close(client, experiment_id, parent_id):
+        _child(client, experiment_id, parent_id, "no_baseline", 1, 0.505)
+        _child(client, experiment_id, parent_id, "no_baseline", 2, 0.55)
+        _child(client, experiment_id, parent_id, "reinforce_with_baseline", 2, 0.55)
+
+    text = _generate(tmp_path, _records(tmp_path, empty_store, no_baseline=0.595, more=close))
+    half = T_2 * math.sqrt((0.005**2 + 0.005**2) / 2 / 3)
+    row = _line(text, "| `grpo_baseline_ablation` | the handout")
+    assert f"= +0.000 ± {half:.3f} (95% t, 2 df) | 3 pairs | within noise |" in row
 
 
 def test_a_verdict_needs_three_runs_a_setting(tmp_path, empty_store):
@@ -190,7 +214,7 @@ def test_a_verdict_needs_three_runs_a_setting(tmp_path, empty_store):
     text = _generate(tmp_path, _records(tmp_path, empty_store, no_baseline=0.1))
     sentence = _line(text, "- Expectation: the handout expects a baseline to help")
     assert "Measured: too few runs: reinforce_with_baseline − no_baseline = +0.500 ±" in sentence
-    assert "agrees" not in sentence and "a verdict needs 3 runs of each setting, paired" in sentence
+    assert "agrees" not in sentence and "a verdict needs 3 pairs" in sentence
     assert _line(text, "| `grpo_baseline_ablation` | the handout").endswith("| too few runs |")
 
 
@@ -289,7 +313,7 @@ def test_a_stopped_run_and_newer_fields_change_no_figure(tmp_path, empty_store):
     mean_row = _line(text, "| reinforce_with_baseline | 2 | 0, 1 |")
     assert f"| {0.55:.3f} ± {0.05:.3f} |" in mean_row
     sentence = _line(text, "- Expectation: the handout expects a baseline to help")
-    assert "2 and 1 finished runs" in sentence and f"= {0.6 - 0.3:+.3f} ±" in sentence
+    assert "2 runs of reinforce_with_baseline and 1 of no_baseline" in sentence and f"= {0.6 - 0.3:+.3f} ±" in sentence
     assert "`lora_rank=0`" in _line(text, "Settings every run shares:")
     assert "lora_rank" not in _line(text, "| setting |") and "fields added since: `lora_rank`" in text
 
@@ -310,7 +334,7 @@ def test_a_superseded_run_is_listed_apart_and_counted_nowhere(tmp_path, empty_st
     row = _line(text, f"| `{made[0][:8]}` |")
     assert "reinforce_with_baseline" in row and _pm(0.95) in row and "fixed in abc123" in row
     sentence = _line(text, "- Expectation: the handout expects a baseline to help")
-    assert f"= {0.6 - 0.3:+.3f} ±" in sentence and "2 and 1 finished runs" in sentence
+    assert f"= {0.6 - 0.3:+.3f} ±" in sentence and "2 runs of reinforce_with_baseline and 1 of no_baseline" in sentence
 
 
 def test_runs_scored_on_another_validation_set_are_another_experiment(tmp_path, empty_store):
@@ -366,7 +390,7 @@ def test_repeated_configurations_pair_finished_runs_whatever_scheduled_them(tmp_
     text = _generate(tmp_path, _records(tmp_path, empty_store, no_baseline=0.3, more=again))
     repeats = text.split("## Repeated configurations")[1].split("\n## ")[0]
     row = _line(repeats, "| grpo_baseline_ablation/no_baseline")
-    assert f"`{made[0][:8]}`: {_pm(0.3)}" in row and row.endswith("| 0.0000 |")
+    assert f"`{made[0][:8]}` (parent " in row and _pm(0.3) in row and row.endswith("| 0.0000 |")
     assert made[1][:8] not in repeats
 
 
@@ -386,7 +410,7 @@ def test_a_verdict_compares_settings_within_the_parents_that_ran_both(tmp_path, 
     sentence = _line(text, "- Expectation: the handout expects a baseline to help")
     pair = math.hypot(math.sqrt(0.6 * 0.4 / N), math.sqrt(0.5 * 0.5 / N))
     assert f"Measured: too few runs: reinforce_with_baseline − no_baseline = {0.1:+.3f} ± {pair:.3f}" in sentence
-    assert "paired over the 1 parent run and seed that ran both: the same starting model" in sentence
+    assert "(1 pair, each a run of both settings from one start model with one seed" in sentence
 
 
 def test_a_run_with_a_phase_counts_its_own_steps_and_plots_its_own_clock(tmp_path, empty_store, monkeypatch):
@@ -436,7 +460,7 @@ def test_runs_of_one_setting_on_two_backends_are_two_settings_and_a_parity_findi
     assert _line(section, "| backend=hf | 2 | 0, 1 |") and _line(section, "| backend=vllm | 2 | 0, 1 |")
     assert "| single |" not in section
     row = _line(text, "| `grpo` | the rollout engine does not change what GRPO learns")
-    assert "backend=vllm − backend=hf = +0.040 ± " in row and "2 + 2; unpaired" in row
+    assert "backend=vllm − backend=hf = +0.040 ± " in row and "(within-run only: unpaired means) | no pairs |" in row
     assert "| backend=" not in text.split("## `grpo_baseline_ablation` (MLflow")[1].split("\n## ")[0]
 
 
@@ -530,5 +554,100 @@ def test_a_pair_whose_runs_kept_their_final_evaluation_by_problem_is_paired_prob
     text = _generate(tmp_path, _records(tmp_path, empty_store, no_baseline=0.3, more=tables))
     sentence = _line(text, "- Expectation: the handout expects a baseline to help")
     assert "reinforce_with_baseline − no_baseline = +0.300 ± 0.027" in sentence
-    assert "1 of them also problem by problem" in sentence
-    assert "1 of the " in _line(text, "What we learned:") and "also paired problem by problem" in text
+    assert "(1 pair (1 by problem)," in sentence
+
+
+def _with_records(tmp_path: Path, runs: Path, model_hash: dict[str, str]) -> None:
+    """The archive packed again with a provenance record for each run of ``model_hash`` (run id → the content hash
+    of the model it started from), as the newer runs' artifacts hold them."""
+    import json
+
+    with tarfile.open(runs / "records_call1.tar.gz", "w:gz") as tar:
+        tar.add(tmp_path / "store" / "mlflow.db", arcname="mlflow.db")
+        for run_id, model in model_hash.items():
+            path = tmp_path / f"{run_id}.json"
+            path.write_text(json.dumps({"code": {"commit": "abc"}, "inputs": {"model": {"hash": model}}}))
+            tar.add(path, arcname=f"mlruns/1/{run_id}/artifacts/provenance.json")
+
+
+def test_a_run_made_twice_counts_once_and_one_reference_serves_every_comparison(tmp_path, empty_store):
+    """From one start model (its weights' hash): three seeds of today's GRPO and of DAPO (its ablation), seed 0's
+    GRPO made again by a second invocation, and the KL ablation's kl_0.01 and kl_0.001 with one kl_0 of its own
+    (GRPO's settings). The copy counts once: DAPO has three pairs, not four; the DAPO ablation's GRPO runs are
+    kl_0's too, so kl_0 − kl_0.01 has three pairs; kl_0 − kl_0.001, which the records also support, is reported."""
+    made: dict[str, str] = {}
+    rwb = {"loss_type": "reinforce_with_baseline", "dynamic_sampling": "False", "kl_coef": "0.0"}
+
+    def runs_of(client, experiment_id, name, children):
+        parent = client.create_run(experiment_id, run_name=name).info.run_id
+        client.set_tag(parent, "ablation", name)
+        for setting, seed, final, extra in children:
+            made[f"{name}/{setting}/{seed}/{len(made)}"] = _child(
+                client, experiment_id, parent, setting, seed, final, extra=rwb | extra
+            )
+        client.set_terminated(parent)
+
+    def more(client, experiment_id, parent_id):
+        grpo = [("grpo", s, f, {}) for s, f in ((0, 0.40), (1, 0.42), (2, 0.38))]
+        dapo = [("dapo", s, f, {"dynamic_sampling": "True"}) for s, f in ((0, 0.45), (1, 0.46), (2, 0.44))]
+        runs_of(client, experiment_id, "grpo_dapo_ablation", grpo + dapo)
+        runs_of(client, experiment_id, "grpo_dapo_ablation", [("grpo", 0, 0.40, {})])  # the same run again
+        kl = [("kl_0.01", s, f, {"kl_coef": "0.01"}) for s, f in ((0, 0.35), (1, 0.36), (2, 0.30))]
+        kl += [("kl_0.001", 0, 0.39, {"kl_coef": "0.001"}), ("kl_0", 0, 0.40, {})]
+        runs_of(client, experiment_id, "grpo_kl_ablation", kl)
+
+    runs = _records(tmp_path, empty_store, no_baseline=0.3, more=more)
+    _with_records(tmp_path, runs, dict.fromkeys(made.values(), "folder:same-start"))
+    text = _generate(tmp_path, runs)
+    dapo = _line(text, "| `grpo_dapo_ablation` |")
+    assert "dapo − grpo = +0.050 ± " in dapo and "| 3 pairs |" in dapo
+    kl = _line(text, "| `grpo_kl_ablation` | DAPO and Dr. GRPO drop the KL term")
+    diffs = [0.05, 0.06, 0.08]
+    half = T_2 * math.sqrt(sum((d - sum(diffs) / 3) ** 2 for d in diffs) / 2 / 3)
+    assert f"kl_0 − kl_0.01 = +0.063 ± {half:.3f} (95% t, 2 df) | 3 pairs | **agrees** |" in kl
+    assert "kl_0 − kl_0.001 = +0.010 ±" in _line(text.split(kl)[1], "| `grpo_kl_ablation` |")
+    # the DAPO section's mean counts seed 0's GRPO once
+    assert _line(text.split("## `grpo_dapo_ablation`")[1], "| grpo | 3 | 0, 1, 2 |")
+    said = _line(text, "What we learned:")  # made three times: by two DAPO invocations and as the KL ablation's kl_0
+    assert "Of 1 run made more than once from one start model with the same settings and seed, 1 ended" in said
+
+
+@pytest.mark.parametrize(("shift", "word"), [(0.0, "within noise"), (0.1, "**disagrees**")])
+def test_a_parity_expectation_is_decided_by_an_equivalence_margin(tmp_path, empty_store, shift, word):
+    """One-step-off against synchronous, three seeds of one invocation: ends within a few thousandths (the
+    interval inside ±0.05): within noise, the parity holds; 0.1 lower on every seed: the interval excludes 0, and
+    any side of it disagrees with a parity."""
+
+    def pairs(client, experiment_id, parent_id):
+        parent = client.create_run(experiment_id, run_name="grpo_async_ablation").info.run_id
+        client.set_tag(parent, "ablation", "grpo_async_ablation")
+        for seed, final in ((0, 0.40), (1, 0.42), (2, 0.41)):
+            _child(client, experiment_id, parent, "synchronous", seed, final, extra={"pipeline_depth": "0"})
+            late = final - shift + 0.003 * (seed - 1)
+            _child(client, experiment_id, parent, "one_step_off", seed, late, extra={"pipeline_depth": "1"})
+        client.set_terminated(parent)
+
+    text = _generate(tmp_path, _records(tmp_path, empty_store, no_baseline=0.3, more=pairs))
+    row = _line(text, "| `grpo_async_ablation` |")
+    assert f"one_step_off − synchronous = {-shift + 0.0:+.3f} ±" in row and row.endswith(f"| 3 pairs | {word} |")
+
+
+def test_the_cost_of_a_verdict_comes_from_the_pool_of_runs(tmp_path, empty_store):
+    """A pool of four runs (two at a time, 240 s each, 8 minutes in all) after a 180 s SFT: 0.5 runs a GPU-minute;
+    a verdict's six runs 12 GPU-minutes, three with a shared reference 6."""
+    runs = _records(tmp_path, empty_store, no_baseline=0.3)
+    pool = tmp_path / "pool.txt"
+    pool.write_text(
+        "a start 1000\nb start 1000\na end 1240 rc=0\nc start 1240\nb end 1240 rc=0\nd start 1241\n"
+        "c end 1480 rc=0\nd end 1480 rc=0\ne start 1480\ne end 1490 rc=1\n"
+    )
+    (tmp_path / "walls.txt").write_text("sft call=2 rc=0 wall_s=180\n")
+    with tarfile.open(runs / "records_call1.tar.gz", "w:gz") as tar:
+        tar.add(tmp_path / "store" / "mlflow.db", arcname="mlflow.db")
+        tar.add(pool, arcname="outputs/.devrun/pool.txt")
+        tar.add(tmp_path / "walls.txt", arcname="outputs/.devrun/walls.txt")
+    text = _generate(tmp_path, runs)
+    cost = _line(text, "Cost:")
+    assert "ran 4 GRPO runs" in cost and "at most 2 at once, in 8.2 GPU-minutes" in cost
+    assert "a median 4.0 min" in cost and "0.5 runs a GPU-minute" in cost
+    assert "take 12.2 GPU-minutes (6.1 with a shared reference), plus the start model's SFT (3.0 min)" in cost
