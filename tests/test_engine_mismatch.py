@@ -151,19 +151,31 @@ def test_no_tokens_give_no_metrics():
 
 
 def test_the_training_forward_counts_the_first_optimizer_step_once_run_again_or_not():
-    """Measured from the training passes (no old log-probs): an optimizer step run again (out of memory) counts its
-    tokens once, and a later optimizer step (on updated weights, here log-probs shifted by 5) not at all."""
+    """Measured from the training passes (no old log-probs): an optimizer step whose first attempt ran out of memory
+    after one of its two micro-batches counts each token once, and a later optimizer step (on updated weights, here
+    log-probs shifted by 5) not at all."""
     generator = torch.Generator().manual_seed(2)
     train, engine = -torch.rand(2, 6, generator=generator) * 3, -torch.rand(2, 6, generator=generator) * 3
     mask = torch.tensor([[False, True, True, True, False, False], [False, False, True, True, True, True]])
-    t = {"input_ids": torch.zeros(2, 6, dtype=torch.long), "response_mask": mask, "engine_log_probs": engine}
     stats = StepStats(torch.device("cpu"), (), kl=False, ratios=False, mismatch=EngineMismatch(None))
-    for log_probs in (train, train, None, train + 5):  # None: the optimizer step ends
-        if log_probs is None:
-            stats.stepped(stats.read(torch.tensor(1.0)))
-            continue
-        stats.begin(1)  # the first optimizer step's attempt, that attempt again, then the second optimizer step
-        stats.add(int(mask.sum()), t, {"log_probs": log_probs}, torch.tensor(0.5), {}, 1)
+
+    def micro_batch(row: int, shift: float = 0.0) -> None:
+        rows = slice(row, row + 1)
+        t = {
+            "input_ids": torch.zeros(1, 6, dtype=torch.long),
+            "response_mask": mask[rows],
+            "engine_log_probs": engine[rows],
+        }
+        stats.add(int(mask[row].sum()), t, {"log_probs": train[rows] + shift}, torch.tensor(0.5), {}, 1)
+
+    stats.begin(2)
+    micro_batch(0)  # then out of memory: the optimizer step runs again
+    stats.begin(2)
+    micro_batch(0)
+    micro_batch(1)
+    stats.stepped(stats.read(torch.tensor(1.0)))
+    stats.begin(1)
+    micro_batch(0, shift=5.0)
     stats.stepped(stats.read(torch.tensor(1.0)))
     expected = EngineMismatch(None).of_rollouts([train[mask]], [engine[mask]])
     assert {k: stats.metrics()[k] for k in KEYS} == pytest.approx(expected, rel=1e-12)
