@@ -5,7 +5,6 @@ computed here from the rollouts the engine returned."""
 
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest
@@ -269,7 +268,7 @@ def test_one_step_off_counts_the_step_of_lag(tokenizer):
     """pipeline_depth 1: step 2's rollouts were sampled from the weights before step 1's update, its old
     log-probs are the weights after it, so a learning policy shows a mismatch there that step 1 has not."""
     model = planted_model(tokenizer)
-    engine = RecordingEngine(copy.deepcopy(model), tokenizer)
+    engine = RecordingEngine(model, tokenizer)  # a copy of its own, as one step off needs
     config = small_config(n_grpo_steps=2, pipeline_depth=1, tis_cap=2.0, learning_rate=1e-2)
     first, second = grpo(model, tokenizer, engine, PROBLEMS, TEMPLATE, parity_reward, config)
     assert first["mismatch_kl_k3"] <= SAME_WEIGHTS_K3
