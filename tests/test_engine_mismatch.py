@@ -14,7 +14,6 @@ from test_grpo import PROBLEMS, TEMPLATE, RecordingEngine, parity_reward, small_
 from a5core.grpo import grpo
 from a5core.grpo_pieces import MISMATCH_RATIO_CAP, EngineMismatch, StepStats
 from a5core.policy import get_response_log_probs
-from a5core.settings import OptimizerSettings
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -48,21 +47,6 @@ PATHS = {
 @pytest.fixture(scope="module")
 def tokenizer(tiny_tokenizer):
     return tiny_tokenizer
-
-
-@pytest.fixture
-def learning_rate_0(monkeypatch):
-    """The loops' AdamW at learning rate 0 (which the settings refuse): the weights never move, so every step's
-    engine holds the same weights as the policy that trains."""
-    adamw = OptimizerSettings.adamw
-
-    def frozen(self, params):
-        optimizer = adamw(self, params)
-        for group in optimizer.param_groups:
-            group["lr"] = 0.0
-        return optimizer
-
-    monkeypatch.setattr(OptimizerSettings, "adamw", frozen)
 
 
 def planted_model(tokenizer):

@@ -24,7 +24,6 @@ from a5core.grpo import GRPOConfig, grpo
 from a5core.policy import load_policy
 from a5core.prompts import load_prompt
 from a5core.rollout import make_engine
-from a5core.settings import OptimizerSettings
 
 pytestmark = [
     pytest.mark.gpu,
@@ -57,20 +56,6 @@ def model_dir(tmp_path_factory):
             solution = f"We add {a} and {b}: {filler}. <think> {a} + {b} = {a + b} </think> <answer> {a + b} </answer>"
             corpus.write(json.dumps({"problem": problem, "solution": solution}) + "\n")
     return build_tiny_lm(directory / "model", directory / "corpus.jsonl", heads=1)
-
-
-@pytest.fixture
-def learning_rate_0(monkeypatch):
-    """The loops' AdamW at learning rate 0 (which the settings refuse): the weights never move."""
-    adamw = OptimizerSettings.adamw
-
-    def frozen(self, params):
-        optimizer = adamw(self, params)
-        for group in optimizer.param_groups:
-            group["lr"] = 0.0
-        return optimizer
-
-    monkeypatch.setattr(OptimizerSettings, "adamw", frozen)
 
 
 def length_reward(response: str, ground_truth: str) -> dict[str, float]:
