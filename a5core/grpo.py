@@ -31,7 +31,8 @@ of ``grpo_clip`` means something.
 
 Beyond the handout, off by default: ``tis_cap`` multiplies each token's loss by the truncated
 importance weight min(π_old(o_t)/π_engine(o_t), tis_cap), correcting for the engine sampling from a
-slightly different distribution than the policy computes (bf16 engine, other kernels);
+slightly different distribution than the policy computes (bf16 engine, other kernels; how different, every
+step logs, tis_cap or not: ``mismatch_*``, :class:`a5core.grpo_pieces.EngineMismatch`);
 ``drop_uniform_groups`` removes the groups whose rewards are all equal (their advantages are all 0:
 they only dilute the batch; with ``no_baseline`` they would not be 0, and are dropped too);
 ``cliprange_high`` is DAPO's asymmetric "clip-higher" upper bound 1 + cliprange_high. Also from DAPO:
@@ -105,7 +106,15 @@ from a5core import distributed, progress
 from a5core.checkpoint import NonFiniteLossError, fingerprint, read_state
 from a5core.data import Problem, write_text_atomic
 from a5core.grpo_batch import RolloutBatch, assemble, grade
-from a5core.grpo_pieces import KLPenalty, MicroBatches, PhaseTimer, StepStats, TokenWeights, normalize_constant
+from a5core.grpo_pieces import (
+    EngineMismatch,
+    KLPenalty,
+    MicroBatches,
+    PhaseTimer,
+    StepStats,
+    TokenWeights,
+    normalize_constant,
+)
 from a5core.grpo_rollouts import DynamicSampling, Rollouts, rollout_source
 from a5core.guards import DivergenceGuard, warn_if_groups_are_uniform
 from a5core.lora import LoRASettings, add_adapters
@@ -331,7 +340,8 @@ def grpo(
 
     Each step logs the rollouts' reward, format and answer reward, advantage statistics, mean token
     entropy, response lengths (all, correct, incorrect), loss, gradient norm, clip fraction, learning
-    rate, ratio statistics (off-policy), the seconds of each phase (weight sync, generate, grade, old
+    rate, ratio statistics (off-policy), the engine's mismatch to the policy (``mismatch_*``: see
+    :class:`a5core.grpo_pieces.EngineMismatch`), the seconds of each phase (weight sync, generate, grade, old
     log-probs, train), tokens/s, and ``wall_seconds`` since the run began (resumes included); an
     evaluation's metrics are merged into its step's. A NaN/inf loss or gradient norm raises
     :class:`a5core.checkpoint.NonFiniteLossError` before the update, the last checkpoint intact.
@@ -407,9 +417,22 @@ def grpo_step(run: _Run, engine: Engine, reward_fn: RewardFn, step: int) -> dict
                 functools.partial(log_probs_pass, run, batch), where, batch.lengths, engine.release_memory
             )
 
+    # How far the engine's log-probs of the tokens it sampled are from the policy's at the same weights, at no
+    # forward pass of its own: the old log-probs are the policy's at those weights where this step computed them;
+    # else the first optimizer step's training forward gives them (its micro-batches all run before an update).
+    mismatch = EngineMismatch(config.tis_cap)
+    if batch.old_log_probs is not None:
+        metrics.update(mismatch.of_rollouts(batch.old_log_probs, batch.engine_log_probs))
+
     # 5. epochs_per_rollout_batch passes over the rollouts, shuffled per epoch, in optimizer steps of
     # train_batch_size rollouts (more than one step a batch: off-policy, where the ratio π/π_old matters).
-    stats = StepStats(run.device, run.loss.metrics, kl=bool(run.kl.coef), ratios=config.needs_old_log_probs)
+    stats = StepStats(
+        run.device,
+        run.loss.metrics,
+        kl=bool(run.kl.coef),
+        ratios=config.needs_old_log_probs,
+        mismatch=mismatch if batch.old_log_probs is None else None,
+    )
     budget, lengths = run.microbatches.budget, batch.lengths
     with timer("train"), run.microbatches.naming(f"GRPO step {step + 1}, training"):
         for epoch, train_batch in _train_batches(config, len(batch), step):  # none if every group was dropped

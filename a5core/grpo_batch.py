@@ -29,7 +29,7 @@ class RolloutBatch:
 
     prompt_ids, response_ids: N token-id lists; raw_rewards, advantages: (N,); correct, truncated: (N,)
     bool (truncated: cut at max_tokens); old_log_probs, engine_log_probs, ref_log_probs: None or N 1-D
-    fp32 tensors of the response's length.
+    fp32 tensors of the response's length (the engine's own: every step, from :func:`assemble`).
     """
 
     prompt_ids: list[list[int]]
@@ -180,9 +180,7 @@ def assemble(
         torch.cat([d.advantages for d in draws])[keep],
         correct[keep],
         torch.tensor([completions[i].finish_reason == "length" for i in keep], dtype=torch.bool),
-        engine_log_probs=[torch.tensor(completions[i].log_probs, dtype=torch.float32) for i in keep]
-        if config.tis_cap is not None
-        else None,
+        engine_log_probs=[torch.tensor(completions[i].log_probs, dtype=torch.float32) for i in keep],
     )
     return batch, metrics
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -23,8 +24,21 @@ from a5core.out_of_memory import naming_the_microbatch
 from a5core.policy import pad_id_of
 from a5core.token_budget import TokenBudget
 
+# The engine mismatch's sums over response tokens (summed over micro-batches and ranks; see EngineMismatch).
+_MISMATCH_SUMS = ("mismatch_log_ratio_sum", "mismatch_k3_sum", "mismatch_over_cap_tokens", "mismatch_tokens")
 # What one optimizer step accumulates over its micro-batches (summed over ranks when read).
-_STEP_SUMS = ("loss", "clipped", "ratio_sum", "entropy_sum", "kl_sum", "response_tokens", "entropy_tokens", "tokens")
+_STEP_SUMS = (
+    "loss",
+    "clipped",
+    "ratio_sum",
+    "entropy_sum",
+    "kl_sum",
+    "response_tokens",
+    "entropy_tokens",
+    "tokens",
+    *_MISMATCH_SUMS,
+)
+MISMATCH_RATIO_CAP = 2.0  # the ratio π_train/π_engine whose share of tokens beyond it is logged when tis_cap is off
 
 
 class PhaseTimer:
@@ -138,6 +152,58 @@ class KLPenalty:
         }
 
 
+class EngineMismatch:
+    """How far the engine's sampling distribution is from the policy's, over response tokens the engine
+    sampled: with d = log π_train − log π_engine at each token and r = exp(d) = π_train/π_engine,
+    ``mismatch_log_ratio_mean`` and ``mismatch_log_ratio_max`` (of d), ``mismatch_kl_k3`` (the mean of
+    k3 = r − 1 − log r, Schulman's estimator: the tokens being the engine's samples at temperature 1, an
+    unbiased estimate of KL(π_engine ‖ π_train), never negative) and ``mismatch_over_cap`` (the share of
+    tokens with r > ``tis_cap``, or :data:`MISMATCH_RATIO_CAP` when it is off: those whose importance weight
+    the cap truncates). π_train is the trainer's log-prob at the weights the engine was last given, so one
+    step off (``pipeline_depth`` 1) the step of lag counts too, as it does for the importance weight."""
+
+    def __init__(self, tis_cap: float | None) -> None:
+        self.cap = MISMATCH_RATIO_CAP if tis_cap is None else tis_cap
+
+    def sums(
+        self, train_log_probs: torch.Tensor, engine_log_probs: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """train_log_probs, engine_log_probs, mask: (b, T) (any shape, alike) → the ``_MISMATCH_SUMS`` over
+        the masked tokens, and the largest d among them (−inf if none): float64 scalars on their device,
+        no host sync."""
+        d = torch.where(mask, train_log_probs.detach().double() - engine_log_probs.double(), 0.0)
+        sums = {
+            "mismatch_log_ratio_sum": d.sum(),
+            "mismatch_k3_sum": (torch.expm1(d) - d).sum(),  # r − 1 − log r, exact to float64 for small d
+            "mismatch_over_cap_tokens": (mask & (torch.exp(d) > self.cap)).sum().double(),
+            "mismatch_tokens": mask.sum().double(),
+        }
+        return sums, torch.where(mask, d, -math.inf).max()
+
+    @staticmethod
+    def metrics(totals: Mapping[str, float]) -> dict[str, float]:
+        """The metrics from the ``_MISMATCH_SUMS`` and the largest d (``mismatch_log_ratio_max``); none
+        without tokens."""
+        tokens = totals["mismatch_tokens"]
+        if not tokens:
+            return {}
+        return {
+            "mismatch_log_ratio_mean": totals["mismatch_log_ratio_sum"] / tokens,
+            "mismatch_log_ratio_max": totals["mismatch_log_ratio_max"],
+            "mismatch_kl_k3": totals["mismatch_k3_sum"] / tokens,
+            "mismatch_over_cap": totals["mismatch_over_cap_tokens"] / tokens,
+        }
+
+    def of_rollouts(
+        self, train_log_probs: list[torch.Tensor], engine_log_probs: list[torch.Tensor]
+    ) -> dict[str, float]:
+        """The metrics over whole rollouts: train_log_probs, engine_log_probs: N 1-D tensors each, the i-th of
+        both rollout i's response log-probs."""
+        train, engine = torch.cat(train_log_probs), torch.cat(engine_log_probs)
+        sums, peak = self.sums(train, engine, torch.ones_like(train, dtype=torch.bool))
+        return self.metrics({**{k: v.item() for k, v in sums.items()}, "mismatch_log_ratio_max": peak.item()})
+
+
 def normalize_constant(config: Any, batch: RolloutBatch, train_batch: list[int], weights: TokenWeights) -> float:
     """The divisor of each sequence's summed token losses under ``masked_normalize`` (max_tokens) and DAPO's
     ``token_mean`` (the train batch's trained tokens per sequence: summed over the batch, every token weighs
@@ -152,20 +218,30 @@ class StepStats:
     """A step's training statistics. Within an optimizer step they stay on the device (no sync per
     micro-batch) until :meth:`read` sums them over ranks, once; over the step's optimizer steps they become
     its metrics: the loss's own (``loss_metrics``), the KL with a penalty (``kl``), the ratio π/π_old where
-    old log-probs are computed (``ratios``)."""
+    old log-probs are computed (``ratios``), and the engine ``mismatch`` when it is measured here: from the
+    first optimizer step's training forward, whose weights are still those the engine sampled with."""
 
-    def __init__(self, device: torch.device, loss_metrics: Sequence[str], kl: bool, ratios: bool) -> None:
-        self.device, self.ratios = device, ratios
+    def __init__(
+        self,
+        device: torch.device,
+        loss_metrics: Sequence[str],
+        kl: bool,
+        ratios: bool,
+        mismatch: EngineMismatch | None = None,
+    ) -> None:
+        self.device, self.ratios, self.mismatch = device, ratios, mismatch
         self.reports = (*loss_metrics, *(("kl",) if kl else ()), *(("ratio_mean",) if ratios else ()))
         self.sums = {"loss": 0.0, "grad_norm": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0, "kl": 0.0}
         self.ratio_max, self.entropy_sum, self.entropy_tokens, self.tokens = 0.0, 0.0, 0.0, 0.0
         self.optimizer_steps, self.passes = 0, 0
+        self.mismatch_metrics: dict[str, float] = {}
 
     def begin(self, microbatches: int) -> None:
         """An optimizer step of ``microbatches`` passes begins (again, if its first attempt ran out of memory:
         what that attempt accumulated is dropped)."""
         self.acc = {k: torch.zeros((), dtype=torch.float64, device=self.device) for k in _STEP_SUMS}
         self.ratio_peak = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.mismatch_peak = torch.full((), -math.inf, dtype=torch.float64, device=self.device)
         self.microbatches = microbatches
 
     def add(
@@ -194,21 +270,28 @@ class StepStats:
         if "token_entropy" in out:
             acc["entropy_sum"] += torch.where(mask, out["token_entropy"], 0.0).sum()
             acc["entropy_tokens"] += n_tokens
+        if self.mismatch is not None and not self.optimizer_steps:
+            sums, peak = self.mismatch.sums(out["log_probs"], t["engine_log_probs"], mask)
+            for key, value in sums.items():
+                acc[key] += value
+            self.mismatch_peak = torch.maximum(self.mismatch_peak, peak)
 
     def read(self, grad_norm: torch.Tensor) -> dict[str, float]:
-        """The optimizer step's statistics, summed (the ratio's peak: maximum) over ranks, and the gradient
-        norm: the one read of the step."""
+        """The optimizer step's statistics, summed (the peaks: maximum) over ranks, and the gradient norm: the
+        one read of the step."""
         values = torch.cat(
             [
                 distributed.global_sum(torch.stack(list(self.acc.values()))),
-                distributed.global_max(self.ratio_peak).view(1),
+                distributed.global_max(torch.stack([self.ratio_peak, self.mismatch_peak])),
                 distributed.full_tensor(grad_norm).double().view(1),
             ]
         ).tolist()
-        return dict(zip([*self.acc, "ratio_max", "grad_norm"], values, strict=True))
+        return dict(zip([*self.acc, "ratio_max", "mismatch_log_ratio_max", "grad_norm"], values, strict=True))
 
     def stepped(self, got: dict[str, float]) -> None:
         """The optimizer stepped with statistics ``got`` (from :meth:`read`)."""
+        if self.mismatch is not None and not self.optimizer_steps:
+            self.mismatch_metrics = self.mismatch.metrics(got)
         self.optimizer_steps += 1
         self.passes += self.microbatches
         tokens = max(got["response_tokens"], 1)
@@ -223,8 +306,9 @@ class StepStats:
         self.tokens += got["tokens"]
 
     def metrics(self, **extra: float) -> dict[str, float]:
-        """Means over the optimizer steps (the ratio's peak: maximum), entropy per token, counts, and ``extra``;
-        only ``optimizer_steps`` 0 when the step trained on nothing (every group dropped)."""
+        """Means over the optimizer steps (the ratio's peak: maximum), entropy per token, counts, the engine
+        mismatch where measured here, and ``extra``; only ``optimizer_steps`` 0 when the step trained on nothing
+        (every group dropped)."""
         if not self.optimizer_steps:
             return {"optimizer_steps": 0.0}
         metrics = {k: v / self.optimizer_steps for k, v in self.sums.items()}
@@ -239,6 +323,7 @@ class StepStats:
                 "optimizer_steps": float(self.optimizer_steps),
                 "train_tokens": self.tokens,
                 "microbatches": float(self.passes),
+                **self.mismatch_metrics,
                 **extra,
             }
         )

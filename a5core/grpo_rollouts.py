@@ -57,7 +57,7 @@ class Rollouts:
         sampling = config.sampling(
             self.template.stop,
             n=config.group_size,
-            logprobs=config.tis_cap is not None,
+            logprobs=True,  # every step: the engine mismatch is measured on each, tis_cap or not
             seed=config.step_seed(step) * world + rank + draw * _DRAW_SEED_STRIDE,
         )
         groups = engine.generate(prompts[distributed.rank_slice(len(prompts))], sampling)

@@ -91,6 +91,23 @@ def sgd_updates(monkeypatch):
     monkeypatch.setattr(OptimizerSettings, "adamw", lambda self, params: torch.optim.SGD(params, lr=self.learning_rate))
 
 
+@pytest.fixture
+def learning_rate_0(monkeypatch):
+    """The loops' AdamW at learning rate 0, which the settings refuse: the weights never move, so a GRPO run's
+    engine holds the policy's weights at every step (the engine mismatch tests)."""
+    from a5core.settings import OptimizerSettings
+
+    adamw = OptimizerSettings.adamw
+
+    def frozen(self, params):
+        optimizer = adamw(self, params)
+        for group in optimizer.param_groups:
+            group["lr"] = 0.0
+        return optimizer
+
+    monkeypatch.setattr(OptimizerSettings, "adamw", frozen)
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_lm_dir):
     """The tiny BPE tokenizer of ``tiny_lm_dir``."""

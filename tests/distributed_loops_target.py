@@ -21,6 +21,7 @@ Rank 0 saves ``OUT_DIR/results.pt``: each run's final weights (whole), logged me
 
 from __future__ import annotations
 
+import math
 import random
 import shutil
 import sys
@@ -99,12 +100,14 @@ class FixedEngine:
 
     def generate(self, prompts, sampling):
         groups = []
+        uniform = -math.log(len(self.tokenizer) - 1)  # each token's log-prob: drawn uniformly from ids 1, 2, ...
         for prompt in prompts:
             group = []
             for j in range(sampling.n):
                 rng = random.Random(f"{prompt}|{j}")
                 ids = tuple(rng.randrange(1, len(self.tokenizer)) for _ in range(rng.randrange(2, 9)))
-                group.append(Completion(self.tokenizer.decode(ids), ids, "length"))
+                log_probs = (uniform,) * len(ids) if sampling.logprobs else None
+                group.append(Completion(self.tokenizer.decode(ids), ids, "length", log_probs))
             groups.append(group)
         return groups
 

@@ -71,6 +71,10 @@ def test_single_run_logs_every_step_and_the_validation_curves(prefect_harness, t
         "generate_tokens_per_s",
         "train_tokens_per_s",
         "wall_seconds",
+        "mismatch_log_ratio_mean",
+        "mismatch_log_ratio_max",
+        "mismatch_kl_k3",
+        "mismatch_over_cap",
     }
     assert per_step <= set(run.data.metrics)
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "reward_mean")) == [1, 2]

@@ -158,7 +158,7 @@ class VariedLengthEngine(RecordingEngine):
                 j += 1
                 ids = c.token_ids[:n]
                 reason = "length" if n == sampling.max_tokens else "stop"
-                cut.append(c.__class__(self.tokenizer.decode(ids), ids, reason, None))
+                cut.append(c.__class__(self.tokenizer.decode(ids), ids, reason, c.log_probs and c.log_probs[:n]))
             varied.append(cut)
         self.calls.append((list(prompts), varied, sampling))
         return varied

@@ -250,6 +250,20 @@ def test_log_probs_match_the_policy(engine, prompts, policy, temperature, top_p)
             assert torch.allclose(torch.tensor(completion.log_probs), expected, atol=LOG_PROB_TOL)
 
 
+def test_the_static_loop_records_the_samplers_own_log_probs(hf_engine, prompts, policy, monkeypatch):
+    """The static-cache loop (the hf engine's for Llama-family models) takes each token's log-prob from the logits
+    it was drawn from: no teacher-forced pass after generation (a second forward would measure the engine's
+    weights, not its sampler, and cost a third of a training pass)."""
+    assert hf_engine.static_cache
+    monkeypatch.setattr(hf_engine, "_log_probs", lambda *a: pytest.fail("a second forward pass for the log-probs"))
+    model, tokenizer = policy
+    settings = SamplingSettings(n=2, max_tokens=24, seed=3, logprobs=True)
+    for prompt, group in zip(prompts, hf_engine.generate(prompts, settings), strict=True):
+        for completion in group:
+            expected = _policy_log_probs(model, tokenizer, prompt, completion)
+            assert torch.allclose(torch.tensor(completion.log_probs), expected, atol=LOG_PROB_TOL)
+
+
 # ------------------------------------------------------------------------------- weight pushes
 
 

@@ -31,9 +31,10 @@ check the vLLM backend against. See ``a5core.rollout`` for the shared semantics;
   may drop from a lone token, every row is decoded.
 - ``seed``: the whole call runs under ``torch.manual_seed(seed)`` in a forked RNG (the global RNG is
   left as it was); without a seed the global RNG is used.
-- Log-probs: after generation, one teacher-forced forward pass over prompt + completion gives
-  log-softmax(logits)[token] in fp32 for each generated token (raw distribution, temperature 1,
-  before top-p), the quantity ``a5core.policy.get_response_log_probs`` computes.
+- Log-probs: log-softmax(logits)[token] in fp32 for each generated token (raw distribution, temperature 1,
+  before top-p), the quantity ``a5core.policy.get_response_log_probs`` computes: the static loop takes them
+  from the very logits each token was drawn from (the engine's own numerics, at the cost of one logsumexp a
+  step); ``model.generate`` (other architectures) by one teacher-forced forward pass after generation.
 """
 
 from __future__ import annotations
@@ -243,17 +244,23 @@ class HFEngine:
         device = self.model.device
         enc = self.tokenizer(prompts, add_special_tokens=False, padding=True, padding_side="left", return_tensors="pt")
         input_ids, attention_mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+        sampled = None  # the sampler's own log-probs (the static loop records them as it draws)
         if self.static_cache:
             self._decoding += 1  # before the decoder is read: see release_memory
             try:
-                generated = self._decode_static(input_ids, attention_mask, s)
+                generated, sampled = self._decode_static(input_ids, attention_mask, s)
             finally:
                 self._decoding -= 1
         else:
             generated = self._decode_with_generate(input_ids, attention_mask, s)
         rows = [self._finish(ids, s) for ids in generated]
         if s.logprobs:
-            log_probs = self._log_probs(input_ids, attention_mask, [ids for _, ids, _ in rows])
+            completed = [ids for _, ids, _ in rows]
+            log_probs = (
+                [lp[: len(ids)] for lp, ids in zip(sampled, completed, strict=True)]
+                if sampled is not None
+                else self._log_probs(input_ids, attention_mask, completed)
+            )
             return [
                 Completion(text, tuple(ids), why, tuple(lp))
                 for (text, ids, why), lp in zip(rows, log_probs, strict=True)
@@ -292,8 +299,10 @@ class HFEngine:
 
     def _decode_static(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, s: SamplingSettings
-    ) -> list[list[int]]:
-        """Token ids generated for each row of left-padded prompts (B, P), trailing padding included.
+    ) -> tuple[list[list[int]], list[list[float]] | None]:
+        """Token ids generated for each row of left-padded prompts (B, P), trailing padding included, and (with
+        ``s.logprobs``) each token's log-prob under the logits it was drawn from (raw: temperature 1, before
+        top-p), in fp32: what the sampler saw, with no second forward pass.
 
         With ``shrink``, each decode step attends to the filled cache columns only (rounded up to a
         multiple of ``CAPACITY_STEP``), and when a read-back finds at most half the running rows
@@ -311,6 +320,7 @@ class HFEngine:
         attend[:, :prompt_len] = valid
         positions = valid.sum(-1)  # each row's next rotary position
         generated = torch.full((rows, s.max_tokens), self.pad_id, dtype=torch.long, device=device)
+        sampled = torch.zeros((rows, s.max_tokens), dtype=torch.float32, device=device) if s.logprobs else None
         live = torch.arange(rows, device=device)  # the chunk row each running cache row decodes
         finished = live >= real
         eos = torch.tensor(self.eos_ids, dtype=torch.long, device=device)
@@ -326,6 +336,9 @@ class HFEngine:
         for step in range(s.max_tokens):
             token = torch.where(finished, self.pad_id, self._sample(logits, s, step, eos))
             generated[live, step] = token
+            if sampled is not None:
+                picked = logits.float().gather(-1, token[:, None]).squeeze(-1)
+                sampled[live, step] = picked - torch.logsumexp(logits.float(), dim=-1)
             finished |= torch.isin(token, eos)
             if s.stop:
                 flagged |= self._may_stop(token, candidates)
@@ -348,7 +361,7 @@ class HFEngine:
             width = min(decoder.capacity, _round_up(prompt_len + step + 1)) if self.shrink else decoder.capacity
             logits = decoder.decode(token, positions + step, slot, attend[:, :width].contiguous())
             slot = slot + 1
-        return generated[:real, :steps].tolist()
+        return generated[:real, :steps].tolist(), sampled[:real, :steps].tolist() if sampled is not None else None
 
     def _sample(self, logits: torch.Tensor, s: SamplingSettings, step: int, eos: torch.Tensor) -> torch.Tensor:
         """Next token per row from fp32 logits (B, V) → (B,): greedy, temperature sampling (Gumbel-max,
