@@ -6,7 +6,8 @@ position and metrics, plus the run's fingerprint). A checkpoint is written whole
 ``.latest.partial/``, then swapped in by two renames (latest → .latest.previous, .latest.partial →
 latest) before .latest.previous is deleted: at every instant either latest/ or .latest.previous/ is
 a complete checkpoint, and :func:`load_checkpoint` puts .latest.previous back if a crash fell between
-the renames.
+the renames. A Ctrl-C or SIGTERM that arrives while a checkpoint is written waits for the write to finish
+(:func:`signals_held`), then acts as it would have.
 
 The fingerprint says what must match for a checkpoint to be resumed: the run's settings (less those
 that only say where and how often side effects happen) and a sha256 of its data, in order.
@@ -14,6 +15,7 @@ that only say where and how often side effects happen) and a sha256 of its data,
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -21,7 +23,9 @@ import os
 import pickle
 import random
 import shutil
-from collections.abc import Iterable, Sequence
+import signal
+import threading
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,13 +113,45 @@ def _save_fsynced(obj: Any, path: Path) -> None:
         os.fsync(f.fileno())
 
 
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM for the block: one that arrives is noted, and once the block is over the
+    handlers in place before are back and the signal is raised again, so it acts as it would have, after the
+    block (a checkpoint being written is finished first). A signal ignored stays ignored. Outside the main
+    thread, where handlers cannot be set: nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = {
+        signum: signal.signal(signum, lambda received, frame: held.append(received))
+        for signum in (signal.SIGINT, signal.SIGTERM)
+        if signal.getsignal(signum) not in (signal.SIG_IGN, None)
+    }
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(held):
+            signal.raise_signal(signum)
+
+
 def save_checkpoint(
     directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, state: dict[str, Any]
 ) -> Path:
-    """Write ``directory/latest`` atomically (see the module docstring); returns its path.
+    """Write ``directory/latest`` atomically (see the module docstring), a Ctrl-C or SIGTERM meanwhile held
+    until it is written (:func:`signals_held`); returns its path.
 
     state: JSON-able, must hold ``step`` and ``fingerprint``; scheduler may be None.
     """
+    with signals_held():
+        return _save_checkpoint(directory, model, optimizer, scheduler, state)
+
+
+def _save_checkpoint(
+    directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, state: dict[str, Any]
+) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     latest, partial, previous = directory / "latest", directory / ".latest.partial", directory / ".latest.previous"
     shutil.rmtree(partial, ignore_errors=True)

@@ -7,7 +7,8 @@ overrides for its selected ``profile`` (or ``--profile NAME``), and the flags. A
 and a bad value exits with its message.
 
 Every flow's ``main`` is wrapped by :func:`cli_main`: logging at INFO for the project's own loggers (the
-loops' one line per step), a Ctrl-C ends it with one line (exit status 130), and bad input (a data file, a
+loops' one line per step), a Ctrl-C ends it with one line (exit status 130; a SIGTERM: 143) wherever it lands,
+and bad input (a data file, a
 prompt template, a model path, settings, a NaN loss, a checkpoint of another run, a micro-batch too large for
 the GPU) ends the command with one message on stderr and exit status 1, not a traceback. ``A5_TRACEBACK=1``
 shows the traceback instead.
@@ -22,11 +23,14 @@ plain function, without Prefect, MLflow or outputs, and log warnings only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import functools
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -92,31 +96,123 @@ def configure_logging(level: int = logging.INFO) -> None:
 
 
 def cli_main(prog: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorate a flow's ``main(argv)``: configure logging, and turn a user's error (see
-    :func:`user_error_message`) into ``SystemExit("PROG: error: MESSAGE")`` (message on stderr, exit status 1)."""
+    """Decorate a flow's ``main(argv)``: configure logging, turn a user's error (see :func:`user_error_message`)
+    into ``SystemExit("PROG: error: MESSAGE")`` (message on stderr, exit status 1), and end the command with
+    one line on a Ctrl-C or a SIGTERM wherever it lands (:class:`StopSignals`): exit status 130 (143 for
+    SIGTERM), the shell's for a command a signal ended."""
 
     def decorate(main: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(main)
         def run(argv: list[str] | None = None) -> Any:
             configure_logging()
+            signals = StopSignals()
             try:
-                return main(argv)
-            except KeyboardInterrupt:  # Ctrl-C: one line, the shell's status for an interrupted command
-                print(
-                    f"{prog}: interrupted; what was written is intact (atomic writes, checkpoints): "
-                    "the same command resumes",
-                    file=sys.stderr,
-                )
-                raise SystemExit(130) from None
-            except Exception as error:
-                message = None if _show_tracebacks() else user_error_message(error)
+                with signals:
+                    result = main(argv)
+            except BaseException as error:
+                stopped = signals.received[0] if signals.received else _stop_signal_in(error)
+                if stopped is not None:
+                    print(stopped_line(prog, stopped), file=sys.stderr)
+                    raise SystemExit(128 + stopped) from None
+                message = None if not isinstance(error, Exception) or _show_tracebacks() else user_error_message(error)
                 if message is None:
                     raise
                 raise SystemExit(f"{prog}: error: {message}") from None
+            finally:
+                if getattr(sys.modules.get("__main__"), "main", None) is run:  # this command is the process
+                    exit_at_once_on_stop_signals(prog, announced=bool(signals.received))
+            if signals.received:  # a library swallowed the interrupt and the work went on to its end
+                print(stopped_line(prog, signals.received[0]), file=sys.stderr)
+                raise SystemExit(128 + signals.received[0])
+            return result
 
         return run
 
     return decorate
+
+
+def stopped_line(prog: str, signum: int) -> str:
+    """The one line a command a signal ended prints."""
+    how = "interrupted" if signum == signal.SIGINT else f"stopped ({signal.Signals(signum).name})"
+    return f"{prog}: {how}; what was written is intact (atomic writes, checkpoints): the same command resumes"
+
+
+class StopSignals:
+    """``with StopSignals() as signals:`` SIGINT and SIGTERM raise KeyboardInterrupt in the main thread, their
+    numbers appended to ``signals.received``, so an error an interrupt turned into another on its way up (a
+    serializer wraps it in its own error) is still known for what it is.
+
+    An interrupt a library turns into its own error and then catches would be lost, and the command would run
+    on (Prefect, serializing a flow's or a task's parameters, catches pydantic's error, which wraps the
+    interrupt): so until the block ends, the interrupt is raised again every :attr:`AGAIN_S` seconds. A signal
+    the process was started ignoring (a background job of a shell script) stays ignored. Outside the main
+    thread, where handlers cannot be set: nothing."""
+
+    AGAIN_S = 10.0
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.previous: dict[int, Any] = {}
+        self.over = threading.Event()
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {
+                signum: signal.signal(signum, self.interrupt)
+                for signum in (signal.SIGINT, signal.SIGTERM)
+                if signal.getsignal(signum) is not signal.SIG_IGN
+            }
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.over.set()
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+    def interrupt(self, signum: int, frame: Any) -> None:
+        self.received.append(signum)
+        if len(self.received) == 1:
+            threading.Thread(target=self._again, args=(signum,), name="interrupt-again", daemon=True).start()
+        raise KeyboardInterrupt
+
+    def _again(self, signum: int) -> None:
+        while not self.over.wait(self.AGAIN_S):
+            if signal.getsignal(signum) not in (signal.SIG_DFL, signal.SIG_IGN):  # this handler, or one holding it
+                signal.pthread_kill(threading.main_thread().ident, signum)  # a real signal: it ends a sleep too
+
+
+def _stop_signal_in(error: BaseException) -> int | None:
+    """The signal an error reports, where it is a Ctrl-C (KeyboardInterrupt) or Prefect's SIGTERM of a flow
+    run (TerminationSignal), itself or in its chain; else None."""
+    from prefect.exceptions import TerminationSignal
+
+    from tasks.tracking import exception_chain
+
+    for cause in exception_chain(error):
+        if isinstance(cause, KeyboardInterrupt):
+            return signal.SIGINT
+        if isinstance(cause, TerminationSignal):
+            return cause.signal
+    return None
+
+
+def exit_at_once_on_stop_signals(prog: str, announced: bool) -> None:
+    """From now on (the command's work is over; Prefect drains its logs and stops its temporary server) a
+    SIGINT or SIGTERM ends the process at once: its one line (unless ``announced`` already), exit status 128 +
+    the signal, no traceback out of an exit handler. A temporary Prefect server still running is stopped by
+    its watcher (:mod:`tasks.prefect_server`)."""
+
+    def exit_now(signum: int, frame: Any) -> None:
+        if not announced:
+            print(stopped_line(prog, signum), file=sys.stderr)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(128 + signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, exit_now)
 
 
 def user_error_message(error: BaseException) -> str | None:
