@@ -217,9 +217,9 @@ def exit_at_once_on_stop_signals(prog: str, announced: bool) -> None:
 
 def user_error_message(error: BaseException) -> str | None:
     """The one-line message for an error the user can act on, or None for a bug (keeps its traceback):
-    a :data:`USER_ERRORS` exception; a full disk anywhere in the error's chain (``torch.save`` reports
-    it as a RuntimeError caused by the OSError); an MLflow store that is read-only, full or cannot be
-    opened (:func:`tasks.tracking.store_problem`)."""
+    a :data:`USER_ERRORS` exception; a full disk or a name too long anywhere in the error's chain
+    (``torch.save`` reports a full disk as a RuntimeError caused by the OSError); an MLflow store that is
+    read-only, full or cannot be opened (:func:`tasks.tracking.store_problem`)."""
     from tasks.tracking import exception_chain, store_problem
 
     if isinstance(error, USER_ERRORS):
@@ -231,6 +231,11 @@ def user_error_message(error: BaseException) -> str | None:
             f"no space left on the device writing {full.filename or 'an output'}; outputs written before are "
             "intact (written atomically): free space and run again to resume"
         )
+    long = next((e for e in chain if isinstance(e, OSError) and e.errno == errno.ENAMETOOLONG), None)
+    if long is not None:
+        name = str(long.filename or "a path")
+        shown = name if len(name) <= 80 else f"{name[:60]}...({len(name)} characters)"
+        return f"{shown}: a file or folder name too long for the file system; give a shorter one"
     return store_problem(error)
 
 

@@ -285,7 +285,10 @@ def main(argv: list[str] | None = None) -> None:
     # commands four times, and each flow run would start a temporary Prefect server (20 s).
     try:
         if args.command == "filter":
-            check_output_dir(args.out_dir, "SFTData", "--out-dir")
+            sets = {name: Path(path) for name, path in (run.sets or DEFAULT_SETS).items()}
+            inputs = {path.name for path in sets.values() if path.parent.resolve() == Path(args.out_dir).resolve()}
+            written = {f"{name}_filtered.jsonl" for name in sets} | {p.name for p in DEFAULT_SETS.values()}
+            check_output_dir(args.out_dir, "SFTData", "--out-dir", ours=(inputs | written).__contains__)
             check_output_file(args.metrics, "--metrics", metrics=True)
         else:
             check_output_file(args.out, "--out")

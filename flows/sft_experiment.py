@@ -49,7 +49,7 @@ from tasks.checks import check_outputs, check_prompts_fit
 from tasks.engines import closing_engine, engine_for
 from tasks.evaluation import validation_hook
 from tasks.flow_summary import publish
-from tasks.outputs import link_model
+from tasks.outputs import claim_outputs, link_model
 from tasks.plots import log_comparison
 from tasks.run_lock import run_lock
 from tasks.runs import Run, Trained, curve, log_run_params, run_key, save_model_folder, training_run
@@ -121,6 +121,7 @@ def choose_best(rows: list[dict]) -> dict:
 @flow(name="sft_experiment")
 def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
     """Run every setting as a child of one parent run; returns the summary rows and output paths."""
+    claim_outputs(params)
     out = Path(params.output_dir)
     template = load_prompt(params.prompt)
     settings = subsets(load_trace_set(params.train_data, template, params.seed), params.sizes, params.seed)
