@@ -183,14 +183,34 @@ def _save_checkpoint(
     return latest
 
 
+def check_counts(path: Path, state: dict[str, Any], counts: dict[str, int | None], recovery: str) -> None:
+    """CorruptStateError naming ``path``, the key and ``recovery`` unless each key of ``counts`` holds a whole
+    number from 0 to its bound (None: no bound) and ``finished`` a boolean: the position a run resumes at."""
+    for key, high in counts.items():
+        value = state.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (high is not None and value > high):
+            bound = f"from 0 to {high}" if high is not None else "of 0 or more"
+            raise CorruptStateError(f"{path}: {key} {value!r} is not a whole number {bound} (damaged?); {recovery}")
+    finished = state.get("finished")
+    if not isinstance(finished, bool):
+        raise CorruptStateError(f"{path}: finished {finished!r} is not true or false (damaged?); {recovery}")
+
+
 def load_checkpoint(
-    directory: Path, expected: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+    directory: Path,
+    expected: dict[str, Any],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    counts: dict[str, int | None] | None = None,
 ) -> dict[str, Any] | None:
     """Restore ``directory/latest`` into model, optimizer, scheduler and the RNGs; return its state.json.
 
     None when there is no checkpoint. A finished run (state ``finished`` true) only restores the model.
     Raises CheckpointMismatchError, naming what differs, when its fingerprint is not ``expected``, and
-    CorruptStateError, naming the file and the folder to delete, for a file of it that cannot be read.
+    CorruptStateError, naming the file and the folder to delete, for a file of it that cannot be read or a
+    position that is not one of the run's (``step``, and each key of ``counts``, a whole number within its
+    bound: :func:`check_counts`).
     """
     latest, previous = directory / "latest", directory / ".latest.previous"
     if not latest.exists() and previous.exists():  # a crash between the two renames of a save
@@ -202,6 +222,7 @@ def load_checkpoint(
     state = read_state(latest / "state.json", ("step", "finished", "fingerprint"), recovery)
     if state["fingerprint"] != expected:
         raise CheckpointMismatchError(_describe_mismatch(latest, state["fingerprint"], expected))
+    check_counts(latest / "state.json", state, {"step": None, **(counts or {})}, recovery)
     device = next(model.parameters()).device
     model.load_state_dict(load_tensors(latest / "model.pt", recovery, device))
     if state.get("finished"):
