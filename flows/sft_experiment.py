@@ -37,12 +37,14 @@ import sys
 from pathlib import Path
 
 from prefect import flow
+from transformers import AutoTokenizer
 
 from a5core.data import Trace, write_text_atomic
+from a5core.models import resolve_model
 from a5core.problem_sets import load_problem_set, load_trace_set, split_validation
 from a5core.prompts import load_prompt
 from a5core.rollout import Engine
-from a5core.sft import train_sft
+from a5core.sft import check_cut, token_lengths, train_sft
 from flows.cli import flow_main, print_paths
 from flows.params import SFTExperimentParams
 from tasks.checks import check_outputs, check_prompts_fit
@@ -184,12 +186,20 @@ def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
 
 
 def check_inputs(params: SFTExperimentParams) -> None:
-    """Fail on bad input before an engine starts, with the error naming what and where: the trace sets,
-    the validation problems, prompts within the model's context, the outputs."""
+    """Fail on bad input before an engine starts, with the error naming what and where: the trace sets (and,
+    for a model folder, that max_seq_len leaves their responses a token to train on), the validation problems,
+    prompts within the model's context, the outputs."""
     template = load_prompt(params.prompt)
+    model = resolve_model(params.model)
+    tokenizer = AutoTokenizer.from_pretrained(model) if Path(model).is_dir() else None  # a hub id: read later
     for source in (params.train_data, params.filtered_data):
         if source:
-            load_trace_set(source, template, params.seed)
+            traces = load_trace_set(source, template, params.seed)
+            if tokenizer is not None:
+                try:
+                    check_cut(*token_lengths(traces, tokenizer), params.max_seq_len, warn=False)
+                except ValueError as error:
+                    raise ValueError(f"{source}: {error}") from None
     validation = load_problem_set(params.validation_data, params.validation_format, params.seed, "validation")
     split_validation(validation, params.val_subset, params.val_limit)  # two problems at least
     check_prompts_fit(params, {params.validation_data: validation}, params.max_tokens)

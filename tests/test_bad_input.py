@@ -656,3 +656,46 @@ def test_compare_names_an_unknown_run_and_a_bad_filter(tmp_path):
         compare(["--runs", "abc123", "--tracking-uri", uri])
     with pytest.raises(SystemExit, match=r"flows.compare: error: --filter 'params.a ==== 3': "):
         compare(["--experiment", "grpo", "--filter", "params.a ==== 3", "--tracking-uri", uri])
+
+
+# ------------------------------------------------------------------------------- numbers that would mislead
+
+
+@pytest.mark.parametrize("flow, argument", [("baseline_eval", "data"), ("grpo", "train_data")])
+def test_two_problems_sharing_an_id_are_refused_naming_both_lines(flow, argument, inputs, tmp_path):
+    """Samples are grouped by problem id: two problems under one id would be scored as one (accuracy, pass@k,
+    maj@k and their standard errors over the wrong groups)."""
+    records = [math_record(i) for i in range(8)]
+    records[5]["unique_id"] = records[2]["unique_id"]
+    duplicated = tmp_path / "duplicated.jsonl"
+    write_jsonl_atomic(duplicated, records)
+    message = user_error(flow, flags(flow, inputs, tmp_path, **{argument: str(duplicated)}))
+    assert f"{duplicated}:6: unique_id 'test/2.json' is also the id of {duplicated}:3" in message
+
+
+def test_sft_that_would_train_on_no_token_is_refused(inputs, tmp_path):
+    """max_seq_len below every prompt (215 tokens here) cuts every response away: each step would train on
+    nothing (loss 0, gradient 0), and the run would be saved as if it had trained."""
+    message = user_error("sft_experiment", flags("sft_experiment", inputs, tmp_path, max_seq_len=200))
+    assert f"{inputs['traces']}: max_seq_len 200: no example keeps a response token to train on" in message
+    assert "(the shortest prompt is 215 tokens)" in message
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("runs-*"))
+
+
+def test_sft_that_cuts_some_responses_says_how_many(inputs, flow_env, tmp_path):  # noqa: F811
+    """Two of the eight traces are longer than max_seq_len: the run trains, and says what share it cuts."""
+    traces = [trace_record(i) for i in range(8)]
+    for trace in traces[:2]:
+        trace["response"] = " so" * 40 + trace["response"]
+    write_jsonl_atomic(tmp_path / "long.jsonl", traces)
+    argv = flags("sft_experiment", inputs, tmp_path, train_data=str(tmp_path / "long.jsonl"), max_seq_len=250)
+    result = subprocess.run(
+        [sys.executable, "-m", "flows.sft_experiment", *argv, "--max-steps", "1"],
+        cwd=REPO,
+        env=flow_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-5000:]
+    assert "max_seq_len 250 cuts 2 of 8 examples (25%) to fit: they train on part of their response" in result.stderr
