@@ -303,8 +303,84 @@ def run_flow(flow: Any, params: BaseModel) -> Any:
 
 
 class ConfigError(ValueError):
-    """A ``--config`` file that cannot be read as settings: missing, not UTF-8, malformed YAML, a section
-    or profile that is not a mapping, a key no flow parameter has. The message names file and place."""
+    """A ``--config`` file that cannot be read as settings: missing, not UTF-8, malformed YAML (a key given twice
+    in one mapping, aliases that expand past :data:`MAX_YAML_VALUES` values), a section or profile that is not a
+    mapping, a profile it does not define, a key no flow parameter has. The message names file and place."""
+
+
+# The most values a settings document (or a flag's value) may expand to through its aliases: params.yaml holds a
+# few hundred; an "alias bomb" of a few lines expands to billions, and reading it would never end.
+MAX_YAML_VALUES = 100_000
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that refuses a key given twice in one mapping (the safe loader keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: its keys may be overridden here
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, str | int | float | bool) and key in first:
+                problem = f"key {key!r} given twice in one mapping (first on line {first[key]})"
+                raise yaml.constructor.ConstructorError(None, None, problem, key_node.start_mark)
+            first.setdefault(key, key_node.start_mark.line + 1)
+        return super().construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, lambda loader, node: loader.construct_mapping(node)
+)
+
+
+def load_yaml(text: str) -> Any:
+    """The YAML value of ``text``, read strictly: a key twice in one mapping, or aliases that expand past
+    :data:`MAX_YAML_VALUES` values (or refer to themselves), raise ``yaml.YAMLError`` with the place."""
+    loader = _StrictLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_expansion(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    """``yaml.YAMLError`` when the node graph, aliases expanded, holds more than :data:`MAX_YAML_VALUES` nodes
+    or an alias inside its own anchor. Each node is sized once (an alias is the node it names)."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    open_nodes: set[int] = set()
+    while stack:
+        node, children_done = stack.pop()
+        children = _children(node)
+        if children_done:
+            open_nodes.discard(id(node))
+            sizes[id(node)] = 1 + sum(sizes[id(child)] for child in children)
+            if sizes[id(node)] > MAX_YAML_VALUES:
+                raise yaml.YAMLError(
+                    f"at line {node.start_mark.line + 1}: its aliases expand to more than {MAX_YAML_VALUES:,} values; "
+                    "write the values out"
+                )
+            continue
+        if id(node) in sizes:
+            continue
+        if id(node) in open_nodes:
+            raise yaml.YAMLError(f"at line {node.start_mark.line + 1}: an alias inside its own anchor")
+        open_nodes.add(id(node))
+        stack.append((node, True))
+        stack.extend((child, False) for child in children if id(child) not in sizes)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [item for pair in node.value for item in pair]
+    return []
 
 
 def read_config(path: str | os.PathLike) -> dict[str, Any]:
@@ -319,13 +395,15 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
             f"--config {path}: not UTF-8 text (byte {error.start}: {error.object[error.start : error.start + 1]!r})"
         ) from None
     try:
-        document = yaml.safe_load(text)
+        document = load_yaml(text)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
         raise ConfigError(
             f"--config {path}{where}: malformed YAML ({getattr(error, 'problem', None) or error})"
         ) from None
+    except RecursionError:
+        raise ConfigError(f"--config {path}: malformed YAML (nested too deeply to read)") from None
     if document is None:
         return {}
     if not isinstance(document, dict):
@@ -344,19 +422,29 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
     return out
 
 
+# The profile of the settings as a file's sections give them, without a profile's overrides (params.yaml: the
+# handout's); any other profile is one the file's ``profiles`` defines.
+BASE_PROFILE = "a5"
+
+
 def profile_name(
     document: dict[str, Any], chosen: str | None = None, path: str | os.PathLike = "params.yaml"
 ) -> str | None:
     """The profile whose overrides apply: ``chosen`` (``--profile``), else the document's ``profile``.
-    ConfigError for a chosen profile the document does not define."""
+    ConfigError for either naming a profile the document does not define (nor :data:`BASE_PROFILE`)."""
     profiles = document.get("profiles") or {}
     if not isinstance(profiles, dict):
         raise ConfigError(
             f"--config {path}: `profiles` must be a mapping of profile names, got {type(profiles).__name__}"
         )
-    if chosen is not None and chosen not in profiles and chosen != document.get("profile"):
-        raise ConfigError(f"--profile {chosen}: no such profile in {path} (it has: {', '.join(profiles) or 'none'})")
-    return chosen or document.get("profile")
+    known = [BASE_PROFILE, *(name for name in profiles if name != BASE_PROFILE)]
+    defined = f"(it has: {', '.join(map(str, known))})"
+    if chosen is not None and chosen not in known:
+        raise ConfigError(f"--profile {chosen}: no such profile in {path} {defined}")
+    selected = document.get("profile")
+    if selected is not None and selected not in known:  # the file's own choice: never silently the base settings
+        raise ConfigError(f"--config {path}: `profile: {selected}` names no profile of the file {defined}")
+    return chosen or selected
 
 
 def section_settings(
@@ -431,8 +519,8 @@ def parse_params(model: type[Params], section: str, argv: list[str] | None = Non
         if raw is None:
             continue
         try:
-            values[name] = yaml.safe_load(raw)
-        except yaml.YAMLError as error:
+            values[name] = load_yaml(raw)
+        except (yaml.YAMLError, RecursionError) as error:
             parser.error(
                 f"--{name.replace('_', '-')} {raw!r}: not a YAML value ({getattr(error, 'problem', None) or error})"
             )

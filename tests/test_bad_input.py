@@ -553,6 +553,48 @@ def test_a_bad_config_file_is_one_message_naming_file_and_place(text, expected, 
     assert re.search(expected, config_error("baseline_eval", ["--config", str(config)], capsys))
 
 
+# Six lines whose aliases expand to a million strings (each level ten of the one before); a few more lines and
+# it is billions, which a plain YAML loader (and pydantic after it) would expand without end.
+ALIAS_BOMB = 'l0: &l0 ["x", "x", "x", "x", "x", "x", "x", "x", "x", "x"]\n' + "".join(
+    f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]\n" for i in range(1, 6)
+)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (
+            "profile: nosuch\nprofiles: {cpu: {baseline_eval: {limit: 1}}}\nbaseline_eval: {limit: 2}\n",
+            "`profile: nosuch` names no profile of the file (it has: a5, cpu)",
+        ),
+        (
+            "profile: nosuch\nbaseline_eval: {limit: 2}\n",
+            "`profile: nosuch` names no profile of the file (it has: a5)",
+        ),
+        (
+            "baseline_eval:\n  limit: 2\n  max_tokens: 12\n  limit: 1\n",
+            "params.yaml:4:3: malformed YAML (key 'limit' given twice in one mapping (first on line 2))",
+        ),
+        (ALIAS_BOMB + "baseline_eval:\n  stop: *l5\n", "its aliases expand to more than 100,000 values"),
+        ("baseline_eval:\n  stop: &s [a, *s]\n", "an alias inside its own anchor"),
+        ("baseline_eval: {limit: true}\n", "--limit True: Value error, a boolean (true/false) where a number goes"),
+        ("baseline_eval: {top_p: false}\n", "--top-p False: Value error, a boolean (true/false) where a number goes"),
+    ],
+)
+def test_a_config_that_would_run_other_settings_than_it_says_is_refused(text, expected, tmp_path, capsys):
+    """An unknown profile in the file (not only on the command line), a key given twice, a boolean for a
+    number, and aliases that expand without end: each one line, nothing run."""
+    config = tmp_path / "params.yaml"
+    config.write_text(text)
+    assert expected in config_error("baseline_eval", ["--config", str(config)], capsys)
+
+
+def test_a_boolean_flag_value_for_a_number_is_refused(capsys):
+    assert "--limit True: Value error, a boolean (true/false) where a number goes" in parameter_error(
+        "baseline_eval", ["--limit", "true"], capsys
+    )
+
+
 def test_a_config_that_is_not_utf8_is_named(tmp_path, capsys):
     config = tmp_path / "params.yaml"
     config.write_bytes("baseline_eval: {prompt: r1_zéro}\n".encode("latin-1"))
