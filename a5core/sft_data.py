@@ -320,6 +320,15 @@ class OpenAICompletionsTeacher:
             text += matched
         return Completion(text=text, token_ids=(), finish_reason=reason)
 
+    def _json(self, body: bytes) -> Any:
+        """A reply's JSON; TeacherError for one that is not JSON or nests too deeply to read ([[[[...)."""
+        try:
+            return json.loads(body)
+        except ValueError:
+            raise TeacherError(f"POST {self.shown_url}: reply is not JSON: {body[:200]!r}") from None
+        except RecursionError:
+            raise TeacherError(f"POST {self.shown_url}: reply is JSON nested too deeply to read") from None
+
     def _post(self, body: dict[str, Any]) -> Any:
         data = json.dumps(body).encode()
         answers = len(body["prompt"]) * body["n"]
@@ -356,10 +365,7 @@ class OpenAICompletionsTeacher:
                 if reply.status < 500 and reply.status != 429:
                     raise TeacherError(f"POST {self.shown_url}: {failure}")
                 continue
-            try:
-                return json.loads(reply.body)
-            except ValueError:
-                raise TeacherError(f"POST {self.shown_url}: reply is not JSON: {reply.body[:200]!r}") from None
+            return self._json(reply.body)
         raise TeacherError(f"POST {self.shown_url} failed after {self.max_retries + 1} attempt(s): {failure}")
 
 

@@ -280,14 +280,15 @@ def run_flow(flow: Any, params: BaseModel) -> Any:
     calls the flow (a Prefect flow run, tracked as usual) and every other rank its plain function
     (``flow.fn``: the same training, untracked; see :func:`tasks.tracking.tracking_rank`). Returns the
     flow's result on rank 0 and None on the others. Prefect's temporary API server, when one starts, is
-    stopped with this process even if it is killed (:mod:`tasks.prefect_server`).
+    stopped with this process even if it is killed; a server ``PREFECT_API_URL`` names must answer first
+    (:mod:`tasks.prefect_server`).
     """
     import atexit
 
     import torch.distributed as dist
 
     from a5core import distributed
-    from tasks.prefect_server import stop_temporary_server_with_this_process
+    from tasks.prefect_server import check_prefect_api, stop_temporary_server_with_this_process
 
     stop_temporary_server_with_this_process()  # a killed flow leaves no Prefect server behind
     joined = dist.is_initialized()
@@ -297,6 +298,7 @@ def run_flow(flow: Any, params: BaseModel) -> Any:
     if rank != 0:
         configure_logging(logging.WARNING)  # one rank's INFO lines are enough
     if rank == 0:
+        check_prefect_api()  # a server named but not answering: one line now, not minutes of retries
         return flow(params)
     flow.fn(params)
     return None

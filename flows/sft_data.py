@@ -62,6 +62,7 @@ from flows.params import DistillParams, Prompt
 from tasks.engines import closing_engine
 from tasks.flow_summary import publish
 from tasks.outputs import check_output_dir, check_output_file
+from tasks.prefect_server import check_prefect_api
 
 OUT_DIR = Path("data/sft")
 DEFAULT_SETS = {
@@ -292,6 +293,8 @@ def main(argv: list[str] | None = None) -> None:
             check_output_file(args.metrics, "--metrics", metrics=True)
         else:
             check_output_file(args.out, "--out")
+        if os.environ.get("PREFECT_API_URL"):
+            check_prefect_api()
         done = (sft_data if os.environ.get("PREFECT_API_URL") else sft_data.fn)(run)
     except (ValueError, TeacherError, ModelResolutionError, FileNotFoundError) as e:  # DataError: a ValueError
         sys.exit(f"sft_data {args.command}: {e}")

@@ -741,3 +741,14 @@ def test_sft_that_cuts_some_responses_says_how_many(inputs, flow_env, tmp_path):
     )
     assert result.returncode == 0, result.stderr[-5000:]
     assert "max_seq_len 250 cuts 2 of 8 examples (25%) to fit: they train on part of their response" in result.stderr
+
+
+def test_a_generated_task_is_drawn_at_once_or_refused_at_once(inputs, tmp_path):
+    """arithmetic:10:5 draws 10 of its 2·10¹⁰ problems at once (the command goes on to its next check, here a
+    difficulty table that is missing), instead of counting them all first; two million problems are refused."""
+    task = {"reward_fn": "arithmetic", "validation_data": "arithmetic:4:1"}
+    missing = tmp_path / "missing.csv"
+    argv = flags("grpo", inputs, tmp_path, train_data="arithmetic:10:5", difficulty_table=str(missing), **task)
+    assert str(missing) in user_error("grpo", argv)
+    message = user_error("grpo", flags("grpo", inputs, tmp_path, train_data="arithmetic:2000000:9", **task))
+    assert "2,000,000 problems: the arithmetic task generates at most 1,000,000 at a time" in message

@@ -692,3 +692,26 @@ def test_profile_overrides_merge_into_nested_distill_settings(tmp_path):
     assert (params.dedup, params.distill.enabled, params.distill.n, params.distill.max_tokens) == (False, True, 8, 64)
     real = flow.load_params(ROOT / "params.yaml")  # the project's own params validate
     assert real.distill.enabled is (yaml.safe_load((ROOT / "params.yaml").read_text())["profile"] == "cpu")
+
+
+def test_a_teacher_reply_nested_too_deeply_ends_in_one_line(tmp_path, shared_data, server):
+    """A reply of JSON nested thousands deep (Python's reader recurses into it): one line naming the teacher,
+    not a RecursionError's traceback."""
+    server.script = [(200, "[" * 20_000 + "]" * 20_000)]
+    config = _config(
+        tmp_path,
+        shared_data,
+        distill={
+            "enabled": True,
+            "base_url": server.base_url,
+            "model": "m",
+            "max_retries": 0,
+            "problems": str(shared_data / "math/train.jsonl"),
+            "limit": 1,
+        },
+    )
+    with pytest.raises(SystemExit) as stopped:
+        flow.main(["distill", "--config", str(config), "--out", str(tmp_path / "d.jsonl")])
+    assert str(stopped.value.code) == (
+        f"sft_data distill: POST {server.base_url}/completions: reply is JSON nested too deeply to read"
+    )
