@@ -33,7 +33,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -483,6 +483,11 @@ def _unknown_keys(model: type[BaseModel], values: dict[str, Any], where: str) ->
     return f"{where}: unknown setting(s) {', '.join(hints)}"
 
 
+def _refuse(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+    """Exit status 2 with one line (no usage: the message names the file, the place or the flag)."""
+    parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+
 def parse_params(model: type[Params], section: str, argv: list[str] | None = None, description: str = "") -> Params:
     """Build ``model`` from defaults < ``--config FILE`` section ``section`` < command-line flags."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -501,6 +506,7 @@ def parse_params(model: type[Params], section: str, argv: list[str] | None = Non
             help=f"{field.description or name} (default: {field.default!r})",
         )
     args = vars(parser.parse_args(argv))
+    refuse = functools.partial(_refuse, parser)
     values: dict[str, Any] = {}
     config, profile_flag = args.pop("config"), args.pop("_profile")
     if config is not None:
@@ -511,21 +517,19 @@ def parse_params(model: type[Params], section: str, argv: list[str] | None = Non
             profile = profile_name(document, profile_flag, config)
             values.update(section_settings(document, section, profile, config))
         except ConfigError as error:
-            parser.error(str(error))
+            refuse(str(error))
         unknown = _unknown_keys(
             model, values, f"--config {config} section `{section}`" + (f" (with profile {profile})" if profile else "")
         )
         if unknown:
-            parser.error(unknown)
+            refuse(unknown)
     for name, raw in args.items():
         if raw is None:
             continue
         try:
             values[name] = load_yaml(raw)
         except (yaml.YAMLError, RecursionError) as error:
-            parser.error(
-                f"--{name.replace('_', '-')} {raw!r}: not a YAML value ({getattr(error, 'problem', None) or error})"
-            )
+            refuse(f"--{name.replace('_', '-')} {raw!r}: not a YAML value ({getattr(error, 'problem', None) or error})")
     try:
         return model(**values)
     except ValidationError as e:
@@ -538,4 +542,4 @@ def parse_params(model: type[Params], section: str, argv: list[str] | None = Non
             return f"{flag} {error.get('input')!r}: {error['msg']}"
 
         problems = "; ".join(describe(error) for error in e.errors())
-        parser.exit(2, f"{parser.prog}: error: invalid parameters: {problems}\n")  # no usage: the flag is named
+        refuse(f"invalid parameters: {problems}")
