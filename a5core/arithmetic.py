@@ -112,11 +112,7 @@ def arithmetic_problems(
         raise ValueError(f"n and digits must be ≥ 1, got n={n}, digits={digits}")
     rng = random.Random(f"{seed}/{split}")
     high = 10**digits - 1
-    available = sum(_split_of(a, op, b) == split for a in range(high + 1) for op in operations for b in range(high + 1))
-    if n > available:
-        raise ValueError(
-            f"only {available} distinct {split} problems exist for digits={digits}, operations={operations!r}"
-        )
+    _check_drawable(n, digits, operations, split)
     seen: set[tuple[int, str, int]] = set()
     problems = []
     while len(problems) < n:
@@ -138,6 +134,36 @@ def arithmetic_problems(
             )
         )
     return problems
+
+
+# Sizes the generator draws in seconds: at most MAX_PROBLEMS problems; the problems of a split counted one by one
+# where there are at most EXACT_COUNT of them in all (a second), else taken as the split's share of them (crc32
+# spreads a large space evenly); and at most half of them, so that drawing at random rarely draws one again.
+MAX_PROBLEMS = 1_000_000
+EXACT_COUNT = 1_000_000
+
+
+def _check_drawable(n: int, digits: int, operations: str, split: str) -> None:
+    """ValueError, before any is drawn, for ``n`` problems the generator cannot draw in reasonable time: more
+    than :data:`MAX_PROBLEMS`, more than the split holds, or more than half of a split too large to count."""
+    if n > MAX_PROBLEMS:
+        raise ValueError(f"{n:,} problems: the arithmetic task generates at most {MAX_PROBLEMS:,} at a time")
+    space = 10 ** (2 * digits) * len(operations)
+    if space <= EXACT_COUNT:
+        high = 10**digits - 1
+        pairs = ((a, op, b) for a in range(high + 1) for op in operations for b in range(high + 1))
+        available = sum(_split_of(*pair) == split for pair in pairs)
+        if n > available:
+            raise ValueError(
+                f"only {available} distinct {split} problems exist for digits={digits}, operations={operations!r}"
+            )
+        return
+    about = space // 5 if split == "validation" else space * 4 // 5
+    if n > about // 2:
+        raise ValueError(
+            f"{n:,} problems: more than half of the about {about:,} distinct {split} problems of digits={digits}, "
+            f"operations={operations!r}, which drawing at random does not find in reasonable time; ask for fewer"
+        )
 
 
 _INTEGER_ANSWER = re.compile(r"^\$?\s*(-?\d+)\s*\$?$")

@@ -6,7 +6,8 @@ position and metrics, plus the run's fingerprint). A checkpoint is written whole
 ``.latest.partial/``, then swapped in by two renames (latest → .latest.previous, .latest.partial →
 latest) before .latest.previous is deleted: at every instant either latest/ or .latest.previous/ is
 a complete checkpoint, and :func:`load_checkpoint` puts .latest.previous back if a crash fell between
-the renames.
+the renames. A Ctrl-C or SIGTERM that arrives while a checkpoint is written waits for the write to finish
+(:func:`signals_held`), then acts as it would have.
 
 The fingerprint says what must match for a checkpoint to be resumed: the run's settings (less those
 that only say where and how often side effects happen) and a sha256 of its data, in order.
@@ -14,6 +15,7 @@ that only say where and how often side effects happen) and a sha256 of its data,
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -21,7 +23,9 @@ import os
 import pickle
 import random
 import shutil
-from collections.abc import Iterable, Sequence
+import signal
+import threading
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,13 +113,45 @@ def _save_fsynced(obj: Any, path: Path) -> None:
         os.fsync(f.fileno())
 
 
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM for the block: one that arrives is noted, and once the block is over the
+    handlers in place before are back and the signal is raised again, so it acts as it would have, after the
+    block (a checkpoint being written is finished first). A signal ignored stays ignored. Outside the main
+    thread, where handlers cannot be set: nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = {
+        signum: signal.signal(signum, lambda received, frame: held.append(received))
+        for signum in (signal.SIGINT, signal.SIGTERM)
+        if signal.getsignal(signum) not in (signal.SIG_IGN, None)
+    }
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(held):
+            signal.raise_signal(signum)
+
+
 def save_checkpoint(
     directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, state: dict[str, Any]
 ) -> Path:
-    """Write ``directory/latest`` atomically (see the module docstring); returns its path.
+    """Write ``directory/latest`` atomically (see the module docstring), a Ctrl-C or SIGTERM meanwhile held
+    until it is written (:func:`signals_held`); returns its path.
 
     state: JSON-able, must hold ``step`` and ``fingerprint``; scheduler may be None.
     """
+    with signals_held():
+        return _save_checkpoint(directory, model, optimizer, scheduler, state)
+
+
+def _save_checkpoint(
+    directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, state: dict[str, Any]
+) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     latest, partial, previous = directory / "latest", directory / ".latest.partial", directory / ".latest.previous"
     shutil.rmtree(partial, ignore_errors=True)
@@ -147,14 +183,34 @@ def save_checkpoint(
     return latest
 
 
+def check_counts(path: Path, state: dict[str, Any], counts: dict[str, int | None], recovery: str) -> None:
+    """CorruptStateError naming ``path``, the key and ``recovery`` unless each key of ``counts`` holds a whole
+    number from 0 to its bound (None: no bound) and ``finished`` a boolean: the position a run resumes at."""
+    for key, high in counts.items():
+        value = state.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (high is not None and value > high):
+            bound = f"from 0 to {high}" if high is not None else "of 0 or more"
+            raise CorruptStateError(f"{path}: {key} {value!r} is not a whole number {bound} (damaged?); {recovery}")
+    finished = state.get("finished")
+    if not isinstance(finished, bool):
+        raise CorruptStateError(f"{path}: finished {finished!r} is not true or false (damaged?); {recovery}")
+
+
 def load_checkpoint(
-    directory: Path, expected: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+    directory: Path,
+    expected: dict[str, Any],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    counts: dict[str, int | None] | None = None,
 ) -> dict[str, Any] | None:
     """Restore ``directory/latest`` into model, optimizer, scheduler and the RNGs; return its state.json.
 
     None when there is no checkpoint. A finished run (state ``finished`` true) only restores the model.
     Raises CheckpointMismatchError, naming what differs, when its fingerprint is not ``expected``, and
-    CorruptStateError, naming the file and the folder to delete, for a file of it that cannot be read.
+    CorruptStateError, naming the file and the folder to delete, for a file of it that cannot be read or a
+    position that is not one of the run's (``step``, and each key of ``counts``, a whole number within its
+    bound: :func:`check_counts`).
     """
     latest, previous = directory / "latest", directory / ".latest.previous"
     if not latest.exists() and previous.exists():  # a crash between the two renames of a save
@@ -166,6 +222,7 @@ def load_checkpoint(
     state = read_state(latest / "state.json", ("step", "finished", "fingerprint"), recovery)
     if state["fingerprint"] != expected:
         raise CheckpointMismatchError(_describe_mismatch(latest, state["fingerprint"], expected))
+    check_counts(latest / "state.json", state, {"step": None, **(counts or {})}, recovery)
     device = next(model.parameters()).device
     model.load_state_dict(load_tensors(latest / "model.pt", recovery, device))
     if state.get("finished"):

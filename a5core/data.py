@@ -180,15 +180,25 @@ def _level(value: Any, where: str) -> int | None:
 
 
 def load_math(source: str | os.PathLike, split: str | None = None) -> list[Problem]:
-    """Load MATH problems (unique_id, problem, solution, answer, level, type or subject)."""
-    problems = []
+    """Load MATH problems (unique_id, problem, solution, answer, level, type or subject). Two records with one
+    ``unique_id`` raise DataError naming both: samples are grouped by it (accuracy, pass@k, maj@k and their
+    standard errors would be computed over merged problems)."""
+    problems: list[Problem] = []
+    first: dict[str, str] = {}  # unique_id → where it was first read
     for where, record in _records(source, split):
         _require(record, where, "unique_id", "problem", "solution", "answer", "level")
         if "type" not in record and "subject" not in record:
             raise DataError(f"{where}: missing key 'type' (or 'subject')")
+        unique_id = _text(record, "unique_id", where)
+        if unique_id in first:
+            raise DataError(
+                f"{where}: unique_id {unique_id!r} is also the id of {first[unique_id]}; each problem needs its own "
+                "(its samples are grouped by it for accuracy, pass@k and maj@k): give one of them another"
+            )
+        first[unique_id] = where
         problems.append(
             Problem(
-                unique_id=_text(record, "unique_id", where),
+                unique_id=unique_id,
                 problem=_text(record, "problem", where),
                 answer=_text(record, "answer", where),
                 solution=_text(record, "solution", where),

@@ -360,14 +360,21 @@ def save_checkpoint(
 
 
 def load_checkpoint(
-    directory: Any, expected: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+    directory: Any,
+    expected: dict[str, Any],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    counts: dict[str, int | None] | None = None,
 ) -> dict[str, Any] | None:
     """:func:`a5core.checkpoint.load_checkpoint`, called by every rank: each reads the full checkpoint
     and keeps its shards. Rank 0 reads first (it repairs a save a crash interrupted), then the others."""
     if rank_and_world()[1] == 1:
-        return checkpoint.load_checkpoint(directory, expected, model, optimizer, scheduler)
+        return checkpoint.load_checkpoint(directory, expected, model, optimizer, scheduler, counts)
     with _rank0_first():
-        return checkpoint.load_checkpoint(directory, expected, _Sharding(model), _Sharding(optimizer), scheduler)
+        return checkpoint.load_checkpoint(
+            directory, expected, _Sharding(model), _Sharding(optimizer), scheduler, counts
+        )
 
 
 @contextlib.contextmanager

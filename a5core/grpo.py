@@ -619,8 +619,11 @@ class _Record:
     ) -> None:
         self.run, self.expected, self.evaluate, self.log = run, expected, evaluate, log
         checkpoint = run.checkpoint
+        counts = {"step": run.config.n_grpo_steps}
         state = (
-            distributed.load_checkpoint(checkpoint, expected, run.model, run.optimizer, None) if checkpoint else None
+            distributed.load_checkpoint(checkpoint, expected, run.model, run.optimizer, None, counts)
+            if checkpoint
+            else None
         )
         self.finished = state is not None and state["finished"]
         self.step, self.history = (0, []) if state is None else (state["step"], state["history"])

@@ -65,6 +65,41 @@ def post(url: str, data: bytes, headers: dict[str, str], deadline_s: float, max_
     raise RedirectRefused(f"more than {MAX_REDIRECTS} redirects")
 
 
+def answers(url: str, headers: dict[str, str], deadline_s: float) -> int:
+    """The status a GET of ``url`` gets within ``deadline_s`` seconds (the status line and headers read, the
+    body not; a redirect not followed): TimeoutError past the deadline, however the server trickles; OSError
+    or HTTPException for a connection that fails."""
+    parts = urllib.parse.urlsplit(url)
+    connection_type = HTTPSConnection if parts.scheme == "https" else HTTPConnection
+    connection = connection_type(parts.hostname, parts.port, timeout=deadline_s)
+    deadline = time.monotonic() + deadline_s
+    try:
+        connection.connect()
+        sock, expired = connection.sock, threading.Event()
+        timer = threading.Timer(max(deadline - time.monotonic(), 0), lambda: (expired.set(), _shut(sock)))
+        timer.daemon = True
+        timer.start()
+        try:
+            path = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
+            connection.request("GET", path, headers=headers)
+            return connection.getresponse().status
+        except (OSError, HTTPException):
+            if expired.is_set():
+                raise TimeoutError(f"timed out after {deadline_s:g} s") from None
+            raise
+        finally:
+            timer.cancel()
+    finally:
+        connection.close()
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
 def _post_once(
     url: str, data: bytes, headers: dict[str, str], deadline: float, deadline_s: float, max_bytes: int
 ) -> tuple[Reply, str | None]:

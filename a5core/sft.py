@@ -353,7 +353,12 @@ def _setup(
     if config.compiles(device):
         compile_decoder_layers(model, activation_memory_budget=COMPILED_ACTIVATION_BUDGET)
     budget = TokenBudget(config.max_tokens_per_microbatch, device, params)
-    positions = _positions(examples, tokenizer, config.max_seq_len) if budget.value is not None else None
+    prompt_lengths, response_lengths = token_lengths(examples, tokenizer)
+    check_cut(prompt_lengths, response_lengths, config.max_seq_len)
+    positions = None
+    if budget.value is not None:  # each example's trained positions: prompt + response tokens − 1, cut
+        lengths = zip(prompt_lengths, response_lengths, strict=True)
+        positions = [min(p + r - 1, config.max_seq_len - 1) for p, r in lengths]
     return _Run(
         config,
         model,
@@ -375,8 +380,9 @@ def _start(run: _Run, fingerprint: dict[str, Any], steps_per_epoch: int) -> dict
     """Where the run starts: its checkpoint's position (the weights, optimizer, schedule and RNG states
     loaded), or step 0 with every RNG seeded."""
     config, checkpoint = run.config, run.checkpoint
+    counts = {"step": run.total_steps, "epoch": config.epochs, "batch_in_epoch": steps_per_epoch - 1}
     state = (
-        distributed.load_checkpoint(checkpoint, fingerprint, run.model, run.optimizer, run.scheduler)
+        distributed.load_checkpoint(checkpoint, fingerprint, run.model, run.optimizer, run.scheduler, counts)
         if checkpoint
         else None
     )
@@ -408,11 +414,35 @@ def _start(run: _Run, fingerprint: dict[str, Any], steps_per_epoch: int) -> dict
     return state
 
 
-def _positions(examples: list[Trace], tokenizer: Any, max_seq_len: int) -> list[int]:
-    """Each example's trained positions: prompt + response tokens − 1, cut at ``max_seq_len − 1``."""
+def token_lengths(examples: Sequence[Trace], tokenizer: Any) -> tuple[list[int], list[int]]:
+    """Each example's prompt and response lengths in tokens, tokenised as a step tokenises them."""
     prompts = tokenizer([t.prompt for t in examples], add_special_tokens=False)["input_ids"]
     responses = tokenizer([t.response for t in examples], add_special_tokens=False)["input_ids"]
-    return [min(len(p) + len(r) - 1, max_seq_len - 1) for p, r in zip(prompts, responses, strict=True)]
+    return [len(p) for p in prompts], [len(r) for r in responses]
+
+
+def check_cut(prompt_lengths: list[int], response_lengths: list[int], max_seq_len: int, warn: bool = True) -> None:
+    """ValueError when ``max_seq_len`` cuts every example's whole response (each step would train on no token:
+    loss 0, gradient 0); with ``warn``, a warning naming the share of examples it cuts when it cuts some.
+    An example of prompt length p and response length r trains on max(0, min(p + r, max_seq_len) − p) tokens."""
+    pairs = list(zip(prompt_lengths, response_lengths, strict=True))
+    if pairs and not any(min(p + r, max_seq_len) > p for p, r in pairs):
+        raise ValueError(
+            f"max_seq_len {max_seq_len}: no example keeps a response token to train on (the shortest prompt is "
+            f"{min(prompt_lengths)} tokens), so every step would train on nothing; raise max_seq_len above the prompts"
+        )
+    cut = sum(p + r > max_seq_len for p, r in pairs)
+    if cut and warn:
+        emptied = sum(p >= max_seq_len for p, r in pairs)
+        logger.warning(
+            "max_seq_len %d cuts %d of %d examples (%.0f%%) to fit%s: they train on part of their response; raise "
+            "it to train on whole responses",
+            max_seq_len,
+            cut,
+            len(pairs),
+            100 * cut / len(pairs),
+            f", {emptied} of them to no response token at all" if emptied else "",
+        )
 
 
 def run_fingerprint(config: SFTConfig, examples: Sequence[Trace]) -> dict[str, Any]:

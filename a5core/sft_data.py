@@ -168,6 +168,9 @@ def distill(
 # tokens each. 64 bytes a token is generous (a token is a few characters; JSON escapes one in at most 6
 # bytes); a larger reply is not an answer to the request, and is refused before it fills memory.
 REPLY_BYTES_BASE, REPLY_BYTES_PER_ANSWER, REPLY_BYTES_PER_TOKEN = 64 << 10, 4 << 10, 64
+# A served teacher must answer (anything) within it before a prompt is sent: one that takes connections and never
+# answers is named in seconds, not after a whole request's deadline (timeout_s) at every attempt.
+ANSWER_DEADLINE_S = 10.0
 
 
 class TeacherError(RuntimeError):
@@ -230,6 +233,7 @@ class OpenAICompletionsTeacher:
     batch_size: int = _SERVED.batch_size
     concurrency: int = _SERVED.concurrency
     extra_body: dict[str, Any] = field(default_factory=dict)
+    answered: bool = field(default=False, init=False, repr=False)  # the server has answered once
 
     @classmethod
     def served(cls, settings: TeacherSettings, model: str, api_key: str | None = None) -> OpenAICompletionsTeacher:
@@ -270,6 +274,7 @@ class OpenAICompletionsTeacher:
         if sampling.logprobs:
             raise ValueError("OpenAICompletionsTeacher does not return token log-probs; use a local Engine for that")
         batches = [prompts[i : i + self.batch_size] for i in range(0, len(prompts), self.batch_size)]
+        self._check_answers()
         with ThreadPoolExecutor(max_workers=min(self.concurrency, max(1, len(batches)))) as pool:
             results = list(pool.map(lambda batch: self._generate_batch(batch, sampling), batches))
         return [group for result in results for group in result]
@@ -320,10 +325,17 @@ class OpenAICompletionsTeacher:
             text += matched
         return Completion(text=text, token_ids=(), finish_reason=reason)
 
-    def _post(self, body: dict[str, Any]) -> Any:
-        data = json.dumps(body).encode()
-        answers = len(body["prompt"]) * body["n"]
-        max_bytes = REPLY_BYTES_BASE + answers * (REPLY_BYTES_PER_ANSWER + REPLY_BYTES_PER_TOKEN * body["max_tokens"])
+    def _json(self, body: bytes) -> Any:
+        """A reply's JSON; TeacherError for one that is not JSON or nests too deeply to read ([[[[...)."""
+        try:
+            return json.loads(body)
+        except ValueError:
+            raise TeacherError(f"POST {self.shown_url}: reply is not JSON: {body[:200]!r}") from None
+        except RecursionError:
+            raise TeacherError(f"POST {self.shown_url}: reply is JSON nested too deeply to read") from None
+
+    def _headers(self) -> dict[str, str]:
+        """The requests' headers: JSON, and the credentials (the API key, else the URL's user and password)."""
         headers = {"Content-Type": "application/json"}
         user_info = urllib.parse.urlsplit(self.base_url).netloc.rpartition("@")[0]
         if self.api_key:
@@ -331,6 +343,31 @@ class OpenAICompletionsTeacher:
         elif user_info:
             credentials = urllib.parse.unquote(user_info).encode()
             headers["Authorization"] = "Basic " + base64.b64encode(credentials).decode()
+        return headers
+
+    def _check_answers(self) -> None:
+        """Once: a GET of ``{base_url}/models`` must get an answer, whatever its status, within
+        :data:`ANSWER_DEADLINE_S` seconds, else TeacherError naming it (a hung server). A connection that fails
+        is the requests' to retry and name."""
+        if self.answered:
+            return
+        models = self.url.removesuffix("/completions") + "/models"
+        try:
+            http_post.answers(models, self._headers(), ANSWER_DEADLINE_S)
+        except TimeoutError:
+            raise TeacherError(
+                f"GET {self.shown_url.removesuffix('/completions')}/models: no answer within {ANSWER_DEADLINE_S:g} s; "
+                "the teacher server takes connections but does not answer: restart it, or fix base_url"
+            ) from None
+        except (OSError, HTTPException):
+            return
+        self.answered = True
+
+    def _post(self, body: dict[str, Any]) -> Any:
+        data = json.dumps(body).encode()
+        answers = len(body["prompt"]) * body["n"]
+        max_bytes = REPLY_BYTES_BASE + answers * (REPLY_BYTES_PER_ANSWER + REPLY_BYTES_PER_TOKEN * body["max_tokens"])
+        headers = self._headers()
         failure = ""
         for attempt in range(self.max_retries + 1):
             if attempt:
@@ -356,10 +393,7 @@ class OpenAICompletionsTeacher:
                 if reply.status < 500 and reply.status != 429:
                     raise TeacherError(f"POST {self.shown_url}: {failure}")
                 continue
-            try:
-                return json.loads(reply.body)
-            except ValueError:
-                raise TeacherError(f"POST {self.shown_url}: reply is not JSON: {reply.body[:200]!r}") from None
+            return self._json(reply.body)
         raise TeacherError(f"POST {self.shown_url} failed after {self.max_retries + 1} attempt(s): {failure}")
 
 

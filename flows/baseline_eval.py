@@ -26,6 +26,7 @@ from flows.params import BaselineEvalParams
 from tasks.checks import check_outputs, check_prompts_fit
 from tasks.evaluation import generate, grade, load_problems, log_evaluation_run, write_outputs
 from tasks.flow_summary import publish
+from tasks.outputs import claim_outputs
 from tasks.provenance import log_provenance
 from tasks.tracking import UI_COMMAND, flow_run, ui_address
 
@@ -34,6 +35,7 @@ from tasks.tracking import UI_COMMAND, flow_run, ui_address
 def baseline_eval(params: BaselineEvalParams = BaselineEvalParams()) -> dict:
     """Zero-shot evaluation; returns the summary, output paths and the MLflow run id (and each extra set's
     summary and paths under ``sets``). Its MLflow run spans the whole evaluation (generation included)."""
+    claim_outputs(params)
     template = load_prompt(params.prompt)
     sampling = params.sampling_for(template)
     evaluated = {}

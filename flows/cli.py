@@ -7,7 +7,8 @@ overrides for its selected ``profile`` (or ``--profile NAME``), and the flags. A
 and a bad value exits with its message.
 
 Every flow's ``main`` is wrapped by :func:`cli_main`: logging at INFO for the project's own loggers (the
-loops' one line per step), a Ctrl-C ends it with one line (exit status 130), and bad input (a data file, a
+loops' one line per step), a Ctrl-C ends it with one line (exit status 130; a SIGTERM: 143) wherever it lands,
+and bad input (a data file, a
 prompt template, a model path, settings, a NaN loss, a checkpoint of another run, a micro-batch too large for
 the GPU) ends the command with one message on stderr and exit status 1, not a traceback. ``A5_TRACEBACK=1``
 shows the traceback instead.
@@ -22,14 +23,17 @@ plain function, without Prefect, MLflow or outputs, and log warnings only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import functools
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -92,38 +96,130 @@ def configure_logging(level: int = logging.INFO) -> None:
 
 
 def cli_main(prog: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorate a flow's ``main(argv)``: configure logging, and turn a user's error (see
-    :func:`user_error_message`) into ``SystemExit("PROG: error: MESSAGE")`` (message on stderr, exit status 1)."""
+    """Decorate a flow's ``main(argv)``: configure logging, turn a user's error (see :func:`user_error_message`)
+    into ``SystemExit("PROG: error: MESSAGE")`` (message on stderr, exit status 1), and end the command with
+    one line on a Ctrl-C or a SIGTERM wherever it lands (:class:`StopSignals`): exit status 130 (143 for
+    SIGTERM), the shell's for a command a signal ended."""
 
     def decorate(main: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(main)
         def run(argv: list[str] | None = None) -> Any:
             configure_logging()
+            signals = StopSignals()
             try:
-                return main(argv)
-            except KeyboardInterrupt:  # Ctrl-C: one line, the shell's status for an interrupted command
-                print(
-                    f"{prog}: interrupted; what was written is intact (atomic writes, checkpoints): "
-                    "the same command resumes",
-                    file=sys.stderr,
-                )
-                raise SystemExit(130) from None
-            except Exception as error:
-                message = None if _show_tracebacks() else user_error_message(error)
+                with signals:
+                    result = main(argv)
+            except BaseException as error:
+                stopped = signals.received[0] if signals.received else _stop_signal_in(error)
+                if stopped is not None:
+                    print(stopped_line(prog, stopped), file=sys.stderr)
+                    raise SystemExit(128 + stopped) from None
+                message = None if not isinstance(error, Exception) or _show_tracebacks() else user_error_message(error)
                 if message is None:
                     raise
                 raise SystemExit(f"{prog}: error: {message}") from None
+            finally:
+                if getattr(sys.modules.get("__main__"), "main", None) is run:  # this command is the process
+                    exit_at_once_on_stop_signals(prog, announced=bool(signals.received))
+            if signals.received:  # a library swallowed the interrupt and the work went on to its end
+                print(stopped_line(prog, signals.received[0]), file=sys.stderr)
+                raise SystemExit(128 + signals.received[0])
+            return result
 
         return run
 
     return decorate
 
 
+def stopped_line(prog: str, signum: int) -> str:
+    """The one line a command a signal ended prints."""
+    how = "interrupted" if signum == signal.SIGINT else f"stopped ({signal.Signals(signum).name})"
+    return f"{prog}: {how}; what was written is intact (atomic writes, checkpoints): the same command resumes"
+
+
+class StopSignals:
+    """``with StopSignals() as signals:`` SIGINT and SIGTERM raise KeyboardInterrupt in the main thread, their
+    numbers appended to ``signals.received``, so an error an interrupt turned into another on its way up (a
+    serializer wraps it in its own error) is still known for what it is.
+
+    An interrupt a library turns into its own error and then catches would be lost, and the command would run
+    on (Prefect, serializing a flow's or a task's parameters, catches pydantic's error, which wraps the
+    interrupt): so until the block ends, the interrupt is raised again every :attr:`AGAIN_S` seconds. A signal
+    the process was started ignoring (a background job of a shell script) stays ignored. Outside the main
+    thread, where handlers cannot be set: nothing."""
+
+    AGAIN_S = 10.0
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.previous: dict[int, Any] = {}
+        self.over = threading.Event()
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {
+                signum: signal.signal(signum, self.interrupt)
+                for signum in (signal.SIGINT, signal.SIGTERM)
+                if signal.getsignal(signum) is not signal.SIG_IGN
+            }
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.over.set()
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+    def interrupt(self, signum: int, frame: Any) -> None:
+        self.received.append(signum)
+        if len(self.received) == 1:
+            threading.Thread(target=self._again, args=(signum,), name="interrupt-again", daemon=True).start()
+        raise KeyboardInterrupt
+
+    def _again(self, signum: int) -> None:
+        while not self.over.wait(self.AGAIN_S):
+            if signal.getsignal(signum) not in (signal.SIG_DFL, signal.SIG_IGN):  # this handler, or one holding it
+                signal.pthread_kill(threading.main_thread().ident, signum)  # a real signal: it ends a sleep too
+
+
+def _stop_signal_in(error: BaseException) -> int | None:
+    """The signal an error reports, where it is a Ctrl-C (KeyboardInterrupt) or Prefect's SIGTERM of a flow
+    run (TerminationSignal), itself or in its chain; else None."""
+    from prefect.exceptions import TerminationSignal
+
+    from tasks.tracking import exception_chain
+
+    for cause in exception_chain(error):
+        if isinstance(cause, KeyboardInterrupt):
+            return signal.SIGINT
+        if isinstance(cause, TerminationSignal):
+            return cause.signal
+    return None
+
+
+def exit_at_once_on_stop_signals(prog: str, announced: bool) -> None:
+    """From now on (the command's work is over; Prefect drains its logs and stops its temporary server) a
+    SIGINT or SIGTERM ends the process at once: its one line (unless ``announced`` already), exit status 128 +
+    the signal, no traceback out of an exit handler. A temporary Prefect server still running is stopped by
+    its watcher (:mod:`tasks.prefect_server`)."""
+
+    def exit_now(signum: int, frame: Any) -> None:
+        if not announced:
+            print(stopped_line(prog, signum), file=sys.stderr)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(128 + signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, exit_now)
+
+
 def user_error_message(error: BaseException) -> str | None:
     """The one-line message for an error the user can act on, or None for a bug (keeps its traceback):
-    a :data:`USER_ERRORS` exception; a full disk anywhere in the error's chain (``torch.save`` reports
-    it as a RuntimeError caused by the OSError); an MLflow store that is read-only, full or cannot be
-    opened (:func:`tasks.tracking.store_problem`)."""
+    a :data:`USER_ERRORS` exception; a full disk or a name too long anywhere in the error's chain
+    (``torch.save`` reports a full disk as a RuntimeError caused by the OSError); an MLflow store that is
+    read-only, full or cannot be opened (:func:`tasks.tracking.store_problem`)."""
     from tasks.tracking import exception_chain, store_problem
 
     if isinstance(error, USER_ERRORS):
@@ -135,6 +231,11 @@ def user_error_message(error: BaseException) -> str | None:
             f"no space left on the device writing {full.filename or 'an output'}; outputs written before are "
             "intact (written atomically): free space and run again to resume"
         )
+    long = next((e for e in chain if isinstance(e, OSError) and e.errno == errno.ENAMETOOLONG), None)
+    if long is not None:
+        name = str(long.filename or "a path")
+        shown = name if len(name) <= 80 else f"{name[:60]}...({len(name)} characters)"
+        return f"{shown}: a file or folder name too long for the file system; give a shorter one"
     return store_problem(error)
 
 
@@ -179,14 +280,15 @@ def run_flow(flow: Any, params: BaseModel) -> Any:
     calls the flow (a Prefect flow run, tracked as usual) and every other rank its plain function
     (``flow.fn``: the same training, untracked; see :func:`tasks.tracking.tracking_rank`). Returns the
     flow's result on rank 0 and None on the others. Prefect's temporary API server, when one starts, is
-    stopped with this process even if it is killed (:mod:`tasks.prefect_server`).
+    stopped with this process even if it is killed; a server ``PREFECT_API_URL`` names must answer first
+    (:mod:`tasks.prefect_server`).
     """
     import atexit
 
     import torch.distributed as dist
 
     from a5core import distributed
-    from tasks.prefect_server import stop_temporary_server_with_this_process
+    from tasks.prefect_server import check_prefect_api, stop_temporary_server_with_this_process
 
     stop_temporary_server_with_this_process()  # a killed flow leaves no Prefect server behind
     joined = dist.is_initialized()
@@ -196,14 +298,91 @@ def run_flow(flow: Any, params: BaseModel) -> Any:
     if rank != 0:
         configure_logging(logging.WARNING)  # one rank's INFO lines are enough
     if rank == 0:
+        check_prefect_api()  # a server named but not answering: one line now, not minutes of retries
         return flow(params)
     flow.fn(params)
     return None
 
 
 class ConfigError(ValueError):
-    """A ``--config`` file that cannot be read as settings: missing, not UTF-8, malformed YAML, a section
-    or profile that is not a mapping, a key no flow parameter has. The message names file and place."""
+    """A ``--config`` file that cannot be read as settings: missing, not UTF-8, malformed YAML (a key given twice
+    in one mapping, aliases that expand past :data:`MAX_YAML_VALUES` values), a section or profile that is not a
+    mapping, a profile it does not define, a key no flow parameter has. The message names file and place."""
+
+
+# The most values a settings document (or a flag's value) may expand to through its aliases: params.yaml holds a
+# few hundred; an "alias bomb" of a few lines expands to billions, and reading it would never end.
+MAX_YAML_VALUES = 100_000
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that refuses a key given twice in one mapping (the safe loader keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: its keys may be overridden here
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, str | int | float | bool) and key in first:
+                problem = f"key {key!r} given twice in one mapping (first on line {first[key]})"
+                raise yaml.constructor.ConstructorError(None, None, problem, key_node.start_mark)
+            first.setdefault(key, key_node.start_mark.line + 1)
+        return super().construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, lambda loader, node: loader.construct_mapping(node)
+)
+
+
+def load_yaml(text: str) -> Any:
+    """The YAML value of ``text``, read strictly: a key twice in one mapping, or aliases that expand past
+    :data:`MAX_YAML_VALUES` values (or refer to themselves), raise ``yaml.YAMLError`` with the place."""
+    loader = _StrictLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_expansion(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    """``yaml.YAMLError`` when the node graph, aliases expanded, holds more than :data:`MAX_YAML_VALUES` nodes
+    or an alias inside its own anchor. Each node is sized once (an alias is the node it names)."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    open_nodes: set[int] = set()
+    while stack:
+        node, children_done = stack.pop()
+        children = _children(node)
+        if children_done:
+            open_nodes.discard(id(node))
+            sizes[id(node)] = 1 + sum(sizes[id(child)] for child in children)
+            if sizes[id(node)] > MAX_YAML_VALUES:
+                raise yaml.YAMLError(
+                    f"at line {node.start_mark.line + 1}: its aliases expand to more than {MAX_YAML_VALUES:,} values; "
+                    "write the values out"
+                )
+            continue
+        if id(node) in sizes:
+            continue
+        if id(node) in open_nodes:
+            raise yaml.YAMLError(f"at line {node.start_mark.line + 1}: an alias inside its own anchor")
+        open_nodes.add(id(node))
+        stack.append((node, True))
+        stack.extend((child, False) for child in children if id(child) not in sizes)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [item for pair in node.value for item in pair]
+    return []
 
 
 def read_config(path: str | os.PathLike) -> dict[str, Any]:
@@ -218,13 +397,15 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
             f"--config {path}: not UTF-8 text (byte {error.start}: {error.object[error.start : error.start + 1]!r})"
         ) from None
     try:
-        document = yaml.safe_load(text)
+        document = load_yaml(text)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
         raise ConfigError(
             f"--config {path}{where}: malformed YAML ({getattr(error, 'problem', None) or error})"
         ) from None
+    except RecursionError:
+        raise ConfigError(f"--config {path}: malformed YAML (nested too deeply to read)") from None
     if document is None:
         return {}
     if not isinstance(document, dict):
@@ -243,19 +424,29 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
     return out
 
 
+# The profile of the settings as a file's sections give them, without a profile's overrides (params.yaml: the
+# handout's); any other profile is one the file's ``profiles`` defines.
+BASE_PROFILE = "a5"
+
+
 def profile_name(
     document: dict[str, Any], chosen: str | None = None, path: str | os.PathLike = "params.yaml"
 ) -> str | None:
     """The profile whose overrides apply: ``chosen`` (``--profile``), else the document's ``profile``.
-    ConfigError for a chosen profile the document does not define."""
+    ConfigError for either naming a profile the document does not define (nor :data:`BASE_PROFILE`)."""
     profiles = document.get("profiles") or {}
     if not isinstance(profiles, dict):
         raise ConfigError(
             f"--config {path}: `profiles` must be a mapping of profile names, got {type(profiles).__name__}"
         )
-    if chosen is not None and chosen not in profiles and chosen != document.get("profile"):
-        raise ConfigError(f"--profile {chosen}: no such profile in {path} (it has: {', '.join(profiles) or 'none'})")
-    return chosen or document.get("profile")
+    known = [BASE_PROFILE, *(name for name in profiles if name != BASE_PROFILE)]
+    defined = f"(it has: {', '.join(map(str, known))})"
+    if chosen is not None and chosen not in known:
+        raise ConfigError(f"--profile {chosen}: no such profile in {path} {defined}")
+    selected = document.get("profile")
+    if selected is not None and selected not in known:  # the file's own choice: never silently the base settings
+        raise ConfigError(f"--config {path}: `profile: {selected}` names no profile of the file {defined}")
+    return chosen or selected
 
 
 def section_settings(
@@ -292,6 +483,11 @@ def _unknown_keys(model: type[BaseModel], values: dict[str, Any], where: str) ->
     return f"{where}: unknown setting(s) {', '.join(hints)}"
 
 
+def _refuse(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+    """Exit status 2 with one line (no usage: the message names the file, the place or the flag)."""
+    parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+
 def parse_params(model: type[Params], section: str, argv: list[str] | None = None, description: str = "") -> Params:
     """Build ``model`` from defaults < ``--config FILE`` section ``section`` < command-line flags."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -310,6 +506,7 @@ def parse_params(model: type[Params], section: str, argv: list[str] | None = Non
             help=f"{field.description or name} (default: {field.default!r})",
         )
     args = vars(parser.parse_args(argv))
+    refuse = functools.partial(_refuse, parser)
     values: dict[str, Any] = {}
     config, profile_flag = args.pop("config"), args.pop("_profile")
     if config is not None:
@@ -320,21 +517,19 @@ def parse_params(model: type[Params], section: str, argv: list[str] | None = Non
             profile = profile_name(document, profile_flag, config)
             values.update(section_settings(document, section, profile, config))
         except ConfigError as error:
-            parser.error(str(error))
+            refuse(str(error))
         unknown = _unknown_keys(
             model, values, f"--config {config} section `{section}`" + (f" (with profile {profile})" if profile else "")
         )
         if unknown:
-            parser.error(unknown)
+            refuse(unknown)
     for name, raw in args.items():
         if raw is None:
             continue
         try:
-            values[name] = yaml.safe_load(raw)
-        except yaml.YAMLError as error:
-            parser.error(
-                f"--{name.replace('_', '-')} {raw!r}: not a YAML value ({getattr(error, 'problem', None) or error})"
-            )
+            values[name] = load_yaml(raw)
+        except (yaml.YAMLError, RecursionError) as error:
+            refuse(f"--{name.replace('_', '-')} {raw!r}: not a YAML value ({getattr(error, 'problem', None) or error})")
     try:
         return model(**values)
     except ValidationError as e:
@@ -347,4 +542,4 @@ def parse_params(model: type[Params], section: str, argv: list[str] | None = Non
             return f"{flag} {error.get('input')!r}: {error['msg']}"
 
         problems = "; ".join(describe(error) for error in e.errors())
-        parser.exit(2, f"{parser.prog}: error: invalid parameters: {problems}\n")  # no usage: the flag is named
+        refuse(f"invalid parameters: {problems}")

@@ -39,6 +39,7 @@ from a5core.settings import defaults
 from flows.cli import flow_main, print_paths
 from flows.params import MLflowLogging, OutputDir, TrackingStore
 from tasks.flow_summary import publish
+from tasks.outputs import claim_outputs
 from tasks.plots import plot_curves
 from tasks.provenance import read_record, record_rows
 from tasks.tables import csv_text, markdown_table
@@ -292,6 +293,7 @@ def log_comparison_run(params: CompareParams, runs: list[Any], result: dict[str,
 @flow(name="compare")
 def compare(params: CompareParams) -> dict:
     """Compare MLflow runs: table (md/csv/json) and plots into output_dir, logged as a comparison run."""
+    claim_outputs(params)
     reader = store_client(params.tracking_uri)
     runs = find_runs(reader, params)
     if not runs:

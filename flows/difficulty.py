@@ -30,6 +30,7 @@ from flows.params import DifficultyParams
 from tasks.checks import check_outputs, check_prompts_fit
 from tasks.evaluation import generate, grade
 from tasks.flow_summary import publish
+from tasks.outputs import claim_outputs
 from tasks.plots import plot_histogram
 from tasks.provenance import log_provenance
 from tasks.tracking import flow_run, log_files_run
@@ -41,6 +42,7 @@ BINS = (0.0, 0.25, 0.5, 0.75, 1.0)  # histogram edges; 0 and 1 get bins of their
 def difficulty(params: DifficultyParams = DifficultyParams()) -> dict:
     """Estimate the pass rates; returns the summary, the paths and the MLflow run id. Its MLflow run spans the
     whole estimate (generation included)."""
+    claim_outputs(params)
     with flow_run(
         params.experiment, f"{params.model.rstrip('/').split('/')[-1]}-difficulty", params.tracking_uri
     ) as run:

@@ -41,6 +41,7 @@ from flows.params import EIParams
 from tasks.checks import check_difficulty, check_outputs, check_placement, check_prompts_fit
 from tasks.engines import closing_engine, engine_for
 from tasks.flow_summary import publish
+from tasks.outputs import claim_outputs
 from tasks.plots import log_comparison
 from tasks.run_lock import run_lock
 from tasks.runs import Run, Trained, log_run_params, run_key, save_model_folder, training_run
@@ -105,6 +106,7 @@ def grid(params: EIParams) -> dict[str, EIParams]:
 def expert_iteration_flow(params: EIParams = EIParams()) -> dict:
     """One EI run, or (``sweep``) the grid, as the children of one parent run (``expert_iteration`` or
     ``ei_sweep``) with the comparison plot, the children's curves and each child's policy registered."""
+    claim_outputs(params)
     out = Path(params.output_dir)
     name = "ei_sweep" if params.sweep else "expert_iteration"
     with (

@@ -68,6 +68,7 @@ from flows.params import GRPOParams
 from tasks.checks import check_grpo_run, check_placement
 from tasks.engines import closing_engine, engine_for
 from tasks.flow_summary import publish
+from tasks.outputs import claim_outputs
 from tasks.plots import log_comparison
 from tasks.run_lock import run_lock
 from tasks.runs import (
@@ -176,6 +177,7 @@ def run_sweep(run_name: str, children: dict[str, GRPOParams], parent_params: GRP
     """``children`` as the child runs of one parent MLflow run named ``run_name`` (resumable), then the
     comparison, the registered policies and the flow run's summary (:func:`tasks.flow_summary.publish`)."""
     params = parent_params
+    claim_outputs(params)
     run_id_file = Path(params.output_dir) / f"runs-{run_key(parent_params)}" / "mlflow_run_id"
     with (
         run_lock(run_id_file.parent),

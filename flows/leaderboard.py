@@ -68,7 +68,7 @@ from tasks.checks import check_grpo_run, check_prompts_fit
 from tasks.engines import closing_engine, engine_for
 from tasks.evaluation import validation_hook
 from tasks.flow_summary import publish
-from tasks.outputs import link_model
+from tasks.outputs import claim_outputs, link_model
 from tasks.runs import Run, Trained, save_model_folder, training_run
 from tasks.tracking import REGISTERED_MODELS, register_model, tracking_rank
 
@@ -101,6 +101,7 @@ CHOSEN_FILE = "selection.json"
 def leaderboard(params: LeaderboardParams = LeaderboardParams()) -> dict:
     """Train within the budget, keep the best checkpoint, score it on the validation set."""
     start = time.monotonic()
+    claim_outputs(params)
     out = Path(params.output_dir)
     if Path(params.train_data).resolve() == Path(params.validation_data).resolve():
         raise ValueError("leaderboard: train_data and validation_data are the same file; train on MATH train only")

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from a5core.data import LOADERS, DataError, write_text_atomic
 from flows.cli import cli_main, profile_name, read_config, section_settings
 from tasks.flow_summary import publish
+from tasks.prefect_server import check_prefect_api
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
 HUB_EXAMPLE = "HuggingFaceH4/MATH-500"  # MATH's record keys: problem, solution, answer, subject, level, unique_id
@@ -157,6 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="data/prepared/manifest.json")
     args = parser.parse_args(argv)
     params = PrepareDataParams(config=args.params, profile=args.profile, dvc_file=args.dvc_file, out=args.out)
+    if os.environ.get("PREFECT_API_URL"):
+        check_prefect_api()
     result = (prepare_data if os.environ.get("PREFECT_API_URL") else prepare_data.fn)(params)
     for name, entry in result["datasets"].items():
         print(f"{name:16} {entry['records']:>6} records  {entry['source']}")

@@ -1,7 +1,10 @@
 """Flow ``reproduce``: run an MLflow run again from its provenance record and put the metrics side by side.
 
 The run's ``provenance.json`` (:mod:`tasks.provenance`) names the flow that made it and every setting it
-resolved. Before anything runs, the present is checked against the record: the git commit and uncommitted
+resolved. A record is data, never code: it is checked field by field (a damaged one is named), the flow it
+names must be one of this project's own flows (looked up by name, nothing else is imported), and the
+re-run's outputs go inside the project or into a folder a5 made (its marker), never where a record points
+otherwise. Before anything runs, the present is checked against the record: the git commit and uncommitted
 changes, the content of each data file and model folder the run read, the flow's settings (one removed or
 added, a default changed for a setting the run left to its default) and the versions and device. Any
 difference is named and the flow stops, unless ``--allow-differences``. Then the same flow runs with the
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import math
 import re
 import sys
@@ -35,11 +39,12 @@ from typing import Any
 
 from prefect import Flow, flow
 from prefect.settings import PREFECT_TASKS_REFRESH_CACHE, temporary_settings
-from pydantic import Field, StrictBool
+from pydantic import BaseModel, Field, StrictBool, ValidationError
 
 from flows.cli import cli_main, run_flow
 from flows.params import TrackingStore
-from tasks.provenance import differences, read_record
+from tasks.outputs import OUTPUT_MARKER
+from tasks.provenance import ARTIFACT, differences, read_record
 from tasks.tables import markdown_table
 from tasks.tracking import store_client
 
@@ -108,36 +113,111 @@ def main_module(entrypoint: str, flow_name: str | None) -> str:
     )
 
 
+class RecordedFlow(BaseModel):
+    name: str | None = None
+    entrypoint: str | None = None
+
+
+class RecordedInput(BaseModel):
+    path: str
+    hash: str
+    dvc_md5: str | None = None
+
+
+class Record(BaseModel):
+    """What :func:`tasks.provenance.build_record` writes, as reproducing reads it: every field's type."""
+
+    flow: RecordedFlow
+    settings: dict[str, Any]
+    explicit: list[str] = []
+    defaults: dict[str, Any] = {}
+    inputs: dict[str, RecordedInput] = {}
+    code: dict[str, str | bool | None] = {}
+    versions: dict[str, str | None] = {}
+    device: str | None = None
+    cwd: str | None = None
+
+
+def checked_record(client: Any, run_id: str, tracking_uri: str) -> dict[str, Any]:
+    """Run ``run_id``'s provenance record, every field of the type it is written with; ValueError naming the
+    run's ``provenance.json`` and what is wrong with it when it cannot be read (truncated, not JSON) or a
+    field is missing or of another type."""
+    damaged = f"run {run_id}: its {ARTIFACT} is damaged"
+    try:
+        record = read_record(client, run_id, tracking_uri)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{damaged} (not a JSON document: {error}); it cannot be re-run from it") from None
+    try:
+        Record.model_validate(record)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(map(str, first["loc"])) or "the record"
+        raise ValueError(f"{damaged} ({where}: {first['msg']}); it cannot be re-run from it") from None
+    return record
+
+
+def project_flows() -> dict[str, Any]:
+    """This project's own flows, by the entrypoint a record names them with (``flows.grpo:grpo_flow``): the
+    allow-list of what a record may run."""
+    from flows.serve import discover_flows
+
+    return {f"{f.fn.__module__}:{f.fn.__name__}": f for f in discover_flows().values()}
+
+
 def flow_of(record: dict[str, Any]) -> tuple[Any, type]:
-    """The Prefect flow a record names and its parameter model; ValueError when it names none here. A record
-    naming ``__main__:<function>`` is resolved to the one flow module here with that flow (:func:`main_module`)."""
-    entrypoint = (record.get("flow") or {}).get("entrypoint")
+    """The Prefect flow a record names, one of this project's own (:func:`project_flows`), and its parameter
+    model; ValueError, before anything the record names is imported, when it names no flow of the project. A
+    record naming ``__main__:<function>`` is resolved to the one flow module here with that flow
+    (:func:`main_module`)."""
+    entrypoint = record["flow"].get("entrypoint")
     if not entrypoint:
         raise ValueError("the run's provenance names no flow (it ran outside a Prefect flow run): nothing to re-run")
     module, _, name = entrypoint.partition(":")
     if module == "__main__":
-        module = main_module(entrypoint, (record.get("flow") or {}).get("name"))
-    try:
-        found = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        raise ValueError(f"the run was made by flow {entrypoint}, which the code here does not have") from None
+        module = main_module(entrypoint, record["flow"].get("name"))
+    allowed = project_flows()
+    found = allowed.get(f"{module}:{name}")
+    if found is None:
+        raise ValueError(
+            f"the run's record names flow {entrypoint[:200]!r}, which is not one of this project's flows; a record "
+            "is re-run only with one of them (such as flows.grpo:grpo_flow), never with other code"
+        )
     (parameter,) = found.parameters.properties  # a flow takes one pydantic parameter model
     return found, typing.get_type_hints(found.fn)[parameter]
 
 
-def replay_params(record: dict[str, Any], model: type, output_dir: str | None, run_id: str, tracking_uri: str) -> Any:
-    """The recorded settings as ``model``, outputs in a new folder, logged to ``tracking_uri`` (not the store the
-    record names, which is where the run was made: another machine's, for an archived run), no DVC metrics file."""
+def replay_params(record: dict[str, Any], model: type, params: ReproduceParams) -> Any:
+    """The recorded settings as ``model``: outputs in a new folder (``params.output_dir``, else one inside the
+    run's recorded output folder: :func:`recorded_output_dir`) with any output file in it, no DVC metrics file,
+    and MLflow runs into ``params.into``, else the store the record was read from (not the store the record
+    names, which is where the run was made: another machine's, for an archived run)."""
     settings = {k: v for k, v in record["settings"].items() if k in model.model_fields}
-    settings["tracking_uri"] = tracking_uri
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
-    settings["output_dir"] = output_dir or str(Path(settings["output_dir"]) / f"reproduce-{run_id[:8]}-{stamp}")
+    folder = params.output_dir or str(recorded_output_dir(settings) / f"reproduce-{params.run_id[:8]}-{stamp}")
+    settings["output_dir"] = folder
     if "metrics_path" in settings:
         settings["metrics_path"] = None
+    if "table" in settings:  # the difficulty flow's table
+        settings["table"] = str(Path(folder) / Path(str(settings["table"])).name)
+    settings["tracking_uri"] = params.into or params.tracking_uri
     try:
         return model.model_validate(settings)
     except ValueError as error:
         raise ValueError(f"the run's recorded settings are not valid settings of the flow now: {error}") from None
+
+
+def recorded_output_dir(settings: dict[str, Any]) -> Path:
+    """The run's recorded ``output_dir``, which must be inside the project (the working directory) or a folder
+    a5 made (its marker: the run's own folder); ValueError saying to give ``--output-dir`` otherwise."""
+    recorded = settings.get("output_dir")
+    folder = Path(str(recorded)).expanduser()
+    inside = isinstance(recorded, str) and Path.cwd() in (folder.resolve(), *folder.resolve().parents)
+    if not (inside or (folder / OUTPUT_MARKER).is_file()):
+        raise ValueError(
+            f"the run's record puts its outputs in {str(recorded)[:200]!r}, which is neither inside this project "
+            "nor a folder a5 made; give the re-run's folder with --output-dir"
+        )
+    return folder
 
 
 def run_tree(client: Any, run: Any) -> dict[str, Any]:
@@ -195,7 +275,7 @@ def reproduce(params: ReproduceParams) -> dict:
     """Check the present against a run's provenance record, run its flow again with the recorded settings as a
     new MLflow run tagged ``reproduces``, and compare the metrics."""
     client = store_client(params.tracking_uri)
-    record = read_record(client, params.run_id, params.tracking_uri)
+    record = checked_record(client, params.run_id, params.tracking_uri)
     target, model = flow_of(record)
     found = differences(record, model)
     if found and not params.allow_differences:
@@ -203,7 +283,7 @@ def reproduce(params: ReproduceParams) -> dict:
             f"run {params.run_id} was made under other conditions than these; not re-running it "
             "(--allow-differences re-runs it anyway):\n  " + "\n  ".join(found)
         )
-    replay = replay_params(record, model, params.output_dir, params.run_id, params.into or params.tracking_uri)
+    replay = replay_params(record, model, params)
     with temporary_settings({PREFECT_TASKS_REFRESH_CACHE: True}):  # computed again, not read from a cache
         result = target(replay)
     original = client.get_run(params.run_id)

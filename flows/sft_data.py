@@ -62,6 +62,7 @@ from flows.params import DistillParams, Prompt
 from tasks.engines import closing_engine
 from tasks.flow_summary import publish
 from tasks.outputs import check_output_dir, check_output_file
+from tasks.prefect_server import check_prefect_api
 
 OUT_DIR = Path("data/sft")
 DEFAULT_SETS = {
@@ -285,10 +286,15 @@ def main(argv: list[str] | None = None) -> None:
     # commands four times, and each flow run would start a temporary Prefect server (20 s).
     try:
         if args.command == "filter":
-            check_output_dir(args.out_dir, "SFTData", "--out-dir")
+            sets = {name: Path(path) for name, path in (run.sets or DEFAULT_SETS).items()}
+            inputs = {path.name for path in sets.values() if path.parent.resolve() == Path(args.out_dir).resolve()}
+            written = {f"{name}_filtered.jsonl" for name in sets} | {p.name for p in DEFAULT_SETS.values()}
+            check_output_dir(args.out_dir, "SFTData", "--out-dir", ours=(inputs | written).__contains__)
             check_output_file(args.metrics, "--metrics", metrics=True)
         else:
             check_output_file(args.out, "--out")
+        if os.environ.get("PREFECT_API_URL"):
+            check_prefect_api()
         done = (sft_data if os.environ.get("PREFECT_API_URL") else sft_data.fn)(run)
     except (ValueError, TeacherError, ModelResolutionError, FileNotFoundError) as e:  # DataError: a ValueError
         sys.exit(f"sft_data {args.command}: {e}")

@@ -37,19 +37,21 @@ import sys
 from pathlib import Path
 
 from prefect import flow
+from transformers import AutoTokenizer
 
 from a5core.data import Trace, write_text_atomic
+from a5core.models import resolve_model
 from a5core.problem_sets import load_trace_set, load_validation_set, split_validation
 from a5core.prompts import load_prompt
 from a5core.rollout import Engine
-from a5core.sft import train_sft
+from a5core.sft import check_cut, token_lengths, train_sft
 from flows.cli import flow_main, print_paths
 from flows.params import SFTExperimentParams
 from tasks.checks import check_outputs, check_prompts_fit
 from tasks.engines import closing_engine, engine_for
 from tasks.evaluation import validation_hook
 from tasks.flow_summary import publish
-from tasks.outputs import link_model
+from tasks.outputs import claim_outputs, link_model
 from tasks.plots import log_comparison
 from tasks.run_lock import run_lock
 from tasks.runs import Run, Trained, curve, log_run_params, run_key, save_model_folder, training_run
@@ -121,6 +123,7 @@ def choose_best(rows: list[dict]) -> dict:
 @flow(name="sft_experiment")
 def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
     """Run every setting as a child of one parent run; returns the summary rows and output paths."""
+    claim_outputs(params)
     out = Path(params.output_dir)
     template = load_prompt(params.prompt)
     settings = subsets(load_trace_set(params.train_data, template, params.seed), params.sizes, params.seed)
@@ -183,12 +186,20 @@ def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
 
 
 def check_inputs(params: SFTExperimentParams) -> None:
-    """Fail on bad input before an engine starts, with the error naming what and where: the trace sets,
-    the validation problems, prompts within the model's context, the outputs."""
+    """Fail on bad input before an engine starts, with the error naming what and where: the trace sets (and,
+    for a model folder, that max_seq_len leaves their responses a token to train on), the validation problems,
+    prompts within the model's context, the outputs."""
     template = load_prompt(params.prompt)
+    model = resolve_model(params.model)
+    tokenizer = AutoTokenizer.from_pretrained(model) if Path(model).is_dir() else None  # a hub id: read later
     for source in (params.train_data, params.filtered_data):
         if source:
-            load_trace_set(source, template, params.seed)
+            traces = load_trace_set(source, template, params.seed)
+            if tokenizer is not None:
+                try:
+                    check_cut(*token_lengths(traces, tokenizer), params.max_seq_len, warn=False)
+                except ValueError as error:
+                    raise ValueError(f"{source}: {error}") from None
     validation = load_validation_set(params.validation_data, params.validation_format)
     split_validation(validation, params.val_subset, params.val_limit)  # two problems at least
     check_prompts_fit(params, {params.validation_data: validation}, params.max_tokens)

@@ -22,7 +22,7 @@ from a5core.problem_sets import load_problem_set, load_validation_set
 from a5core.prompts import load_prompt
 from a5core.question_sampling import load_pass_rates
 from tasks.engines import parse_engine_devices
-from tasks.outputs import claim_output_dir, output_kind
+from tasks.outputs import claim_outputs
 from tasks.tracking import check_store
 
 
@@ -45,7 +45,7 @@ def check_outputs(params: Any) -> None:
     (:func:`tasks.outputs.claim_output_dir`)."""
     if getattr(params, "output_dir", None):
         check_writable_folder(params.output_dir, "output_dir")
-        claim_output_dir(params.output_dir, output_kind(type(params)))
+        claim_outputs(params)
     if getattr(params, "metrics_path", None):
         check_writable_folder(Path(params.metrics_path).parent, "the folder of metrics_path")
     if getattr(params, "tracking_uri", None):

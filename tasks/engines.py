@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from safetensors import SafetensorError
 
 from a5core.distributed import rank_and_world
 from a5core.rollout import make_engine, vllm_available
@@ -37,6 +38,7 @@ class EngineStartError(RuntimeError):
 # Errors a retry cannot mend: a bad setting, a missing or unreadable file, a missing package. Anything
 # else (GPU memory still held by a process that is ending, a busy port, a slow filesystem) is retried.
 DETERMINISTIC_ERRORS: tuple[type[BaseException], ...] = (
+    SafetensorError,  # a weights file damaged
     ValueError,
     TypeError,
     LookupError,

@@ -11,7 +11,14 @@ replace something that is not this flow's output:
 - an output folder that is an existing file, holds files git tracks (a source folder such as ``.`` or
   ``docs``; the ``.gitignore`` and ``.dvc`` files DVC commits beside its outputs do not count), or holds
   another flow's outputs: the report's (marker ``.a5-report``) or another kind of run's (marker
-  ``.a5-outputs``, naming it, which :func:`claim_output_dir` writes once the checks pass).
+  ``.a5-outputs``, naming it, which :func:`claim_output_dir` writes once the checks pass);
+- an output folder that is not empty and that a5 did not make (no marker): files a5 did not write, which
+  its outputs (``report.md``, ``summary.json``, ``run.json``, ...) could replace;
+- an output folder in a system folder (``/etc``, ``/usr``, ...), or in a read-only one (no write permission
+  for anyone: a folder of data others read, such as the shared data), even for a user, root, whom the
+  permissions would not stop.
+
+A folder a5 made (its marker) takes the same kind of run's outputs again: a run's own earlier folder.
 """
 
 from __future__ import annotations
@@ -19,7 +26,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -81,12 +90,42 @@ def check_output_file(path: str | os.PathLike, what: str, metrics: bool = False)
             )
 
 
-def check_output_dir(folder: str | os.PathLike, owner: str, what: str = "output_dir") -> None:
-    """Refuse output folder ``folder`` for a flow of kind ``owner`` when it is a file, holds files git
-    tracks, or holds another flow's outputs (see the module docstring)."""
+# Folders of the operating system: never an output folder, nor anything in them (but their scratch space).
+SYSTEM_FOLDERS = tuple(Path("/", name) for name in "bin boot dev etc lib lib32 lib64 proc run sbin sys usr var".split())
+SCRATCH_FOLDERS = (Path("/var/tmp"),)
+DVC_FILES = (".gitignore", ".dvc")  # what DVC commits beside the outputs it keeps out of git
+
+
+def check_output_dir(
+    folder: str | os.PathLike, owner: str, what: str = "output_dir", ours: Callable[[str], bool] = lambda name: False
+) -> None:
+    """Refuse output folder ``folder`` for a flow of kind ``owner`` when it is a file, a system or read-only
+    folder (or in one), holds files git tracks, another flow's outputs, or (a folder a5 did not make) files
+    other than those ``ours(name)`` says the flow itself writes or reads there (see the module docstring)."""
     folder = Path(folder).expanduser()
-    if not folder.exists():
-        return
+    try:
+        _check_place(folder, what)
+        if folder.exists():
+            _check_contents(folder, owner, what, ours)
+    except OSError as error:  # a name too long, a folder that cannot be listed
+        raise ValueError(f"{what} {folder}: cannot be used as a folder ({error.strerror or error})") from None
+
+
+def _check_place(folder: Path, what: str) -> None:
+    """A system folder, or a read-only one, or in one: refused."""
+    resolved = folder.resolve()
+    in_system = any(resolved == s or s in resolved.parents for s in SYSTEM_FOLDERS) or resolved == Path("/")
+    if in_system and not any(resolved == s or s in resolved.parents for s in SCRATCH_FOLDERS):
+        raise ValueError(f"{what} {folder}: a system folder; outputs go in a folder of your own (e.g. under outputs/)")
+    existing = next(p for p in (resolved, *resolved.parents) if p.exists())
+    if not existing.stat().st_mode & 0o222:
+        raise ValueError(
+            f"{what} {folder}: {existing} is read-only (no one may write there: data others read, such as the "
+            "shared data); outputs go in a folder of your own (e.g. under outputs/)"
+        )
+
+
+def _check_contents(folder: Path, owner: str, what: str, ours: Callable[[str], bool]) -> None:
     if not folder.is_dir():
         raise ValueError(f"{what} {folder}: a file, not a folder")
     if (folder / REPORT_MARKER).is_file() and owner != "Report":
@@ -102,19 +141,37 @@ def check_output_dir(folder: str | os.PathLike, owner: str, what: str = "output_
             "there: choose another folder"
         )
     # DVC keeps its outputs out of git with a .gitignore beside them (and .dvc files): those mark an output folder
-    tracked = [name for name in git_tracked(folder, recursive=True) if not name.endswith((".gitignore", ".dvc"))]
+    tracked = [name for name in git_tracked(folder, recursive=True) if not name.endswith(DVC_FILES)]
     if tracked:
-        listed = ", ".join(tracked[:3]) + (f" and {len(tracked) - 3} more" if len(tracked) > 3 else "")
         raise ValueError(
-            f"{what} {folder}: holds files git tracks ({listed}); outputs go in a folder of their own "
+            f"{what} {folder}: holds files git tracks ({_listed(tracked)}); outputs go in a folder of their own "
             "(e.g. under outputs/)"
         )
+    if marker.is_file() or owner == "Report":  # a5 made it (the report flow checks its own folder's files)
+        return
+    foreign = sorted(e.name for e in folder.iterdir() if not e.name.endswith(DVC_FILES) and not ours(e.name))
+    if foreign:
+        raise ValueError(
+            f"{what} {folder}: holds files a5 did not write ({_listed(foreign)}), which its outputs could replace; "
+            "give an empty or new folder (or one a5 made), or move those files away"
+        )
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def output_kind(params_model: type) -> str:
     """The kind of run a parameter model describes, as a marker names it: ``GRPOParams`` → ``GRPO`` (the
     GRPO run and its ablations share it)."""
     return params_model.__name__.removesuffix("Params")
+
+
+def claim_outputs(params: Any) -> None:
+    """Mark the run's ``output_dir`` as this kind of run's (:func:`claim_output_dir`): every flow that writes
+    there does so first, whether a command line or a Prefect deployment started it, so that its next run
+    finds the folder its own."""
+    claim_output_dir(params.output_dir, output_kind(type(params)))
 
 
 def claim_output_dir(folder: str | os.PathLike, owner: str) -> None:

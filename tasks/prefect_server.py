@@ -22,6 +22,26 @@ from pathlib import Path
 from typing import Any
 
 WATCHER = Path(__file__).with_name("_orphan_watch.py")
+API_DEADLINE_S = 10  # a Prefect API named by PREFECT_API_URL must answer within it before a flow starts
+
+
+def check_prefect_api() -> None:
+    """With a Prefect API configured (``PREFECT_API_URL``, in the environment or the Prefect profile): ValueError
+    naming it unless it answers within :data:`API_DEADLINE_S` seconds (Prefect's client would retry, with
+    tracebacks). Without one (a temporary server starts): nothing."""
+    from prefect.settings import PREFECT_API_URL
+
+    from tasks.tracking import unanswered
+
+    url = PREFECT_API_URL.value()
+    if not url:
+        return
+    reason = unanswered(url.rstrip("/") + "/health", API_DEADLINE_S)
+    if reason is not None:
+        raise ValueError(
+            f"Prefect API {url} (PREFECT_API_URL): no answer within {API_DEADLINE_S} s ({reason}); start the "
+            "server (prefect server start --host 127.0.0.1), or unset PREFECT_API_URL to run with a temporary one"
+        )
 
 
 def stop_with_this_process(pid: int) -> subprocess.Popen:

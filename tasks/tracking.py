@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import sys
 import tempfile
@@ -34,6 +35,11 @@ from types import SimpleNamespace
 from typing import Any
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+# A tracking server that stops answering mid-run fails a call in seconds, not after MLflow's default 7 retries
+# with growing waits (minutes): two retries, 1 and 2 s apart, each request given 30 s.
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
 
 import mlflow  # noqa: E402
 
@@ -56,6 +62,10 @@ _DAMAGED = (
     "its runs cannot be read back: move the file aside (keep it for a recovery tool) and run again to start a "
     "new store; runs resumed from their checkpoints then say which MLflow run they cannot find"
 )
+_VANISHED = (
+    "the run's checkpoints and outputs are intact: put the file back, or run again (a new store, created there, "
+    "takes the runs from then on; a resumed run then says which MLflow run it cannot find)"
+)
 _STORE_PROBLEMS = {
     "readonly database": ("it is read-only", _INTACT),
     "database or disk is full": ("the disk holding it is full", _INTACT),
@@ -66,6 +76,46 @@ _STORE_PROBLEMS = {
     ),
     "database disk image is malformed": ("the database is damaged (truncated?)", _DAMAGED),
 }
+
+
+SERVER_DEADLINE_S = 10  # a tracking server's /health must answer within it before a run starts
+
+
+def shown_uri(tracking_uri: str) -> str:
+    """A store's address as messages show it: a password in it masked."""
+    scheme, sep, rest = tracking_uri.partition("://")
+    credentials, at, host = rest.rpartition("@")
+    if not at or ":" not in credentials:
+        return tracking_uri
+    return f"{scheme}{sep}{credentials.partition(':')[0]}:***@{host}"
+
+
+def unanswered(url: str, deadline_s: float) -> str | None:
+    """Why a server does not answer a GET of ``url`` within ``deadline_s`` seconds (refused, unreachable, timed
+    out, no such host), or None when it answers, whatever its status."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=deadline_s):
+            return None
+    except urllib.error.HTTPError:  # it answered
+        return None
+    except (OSError, ValueError) as error:
+        return str(getattr(error, "reason", None) or error)
+
+
+def check_server(tracking_uri: str) -> None:
+    """For a tracking server (``http(s)://``): ValueError naming it unless it answers within
+    :data:`SERVER_DEADLINE_S` seconds (MLflow's own client would retry for minutes). Other stores: nothing."""
+    if not tracking_uri.startswith(("http://", "https://")):
+        return
+    reason = unanswered(tracking_uri.rstrip("/") + "/health", SERVER_DEADLINE_S)
+    if reason is not None:
+        raise ValueError(
+            f"MLflow tracking server {shown_uri(tracking_uri)}: no answer within {SERVER_DEADLINE_S} s ({reason}); "
+            "start it, or pass another --tracking-uri"
+        )
 
 
 def exception_chain(error: BaseException) -> list[BaseException]:
@@ -79,12 +129,33 @@ def exception_chain(error: BaseException) -> list[BaseException]:
 
 def store_problem(error: BaseException) -> str | None:
     """A message for an MLflow store that cannot take writes or cannot be read, found in the error's chain
-    (MLflow wraps SQLite's errors), else None."""
+    (MLflow wraps SQLite's errors): among them a database deleted while a run logs into it (SQLite then finds
+    it read-only) and a database whose driver is not installed; else None."""
+    uri = mlflow.get_tracking_uri()
     for cause in exception_chain(error):
+        if isinstance(cause, ModuleNotFoundError) and "://" in uri and not uri.startswith(("sqlite", "http", "file")):
+            return (
+                f"MLflow store {shown_uri(uri)}: the database driver it needs is not installed ({cause}); "
+                "install it (pip install ...) or pass another --tracking-uri"
+            )
         for needle, (meaning, advice) in _STORE_PROBLEMS.items():
             if needle in str(cause):
-                return f"MLflow store {mlflow.get_tracking_uri()}: {meaning} (SQLite: {needle}); {advice}"
+                database = sqlite_database(uri)
+                if needle == "readonly database" and database is not None and not database.exists():
+                    meaning, advice = "its database file is gone (deleted or moved while the run logged)", _VANISHED
+                return f"MLflow store {shown_uri(uri)}: {meaning} (SQLite: {needle}); {advice}"
     return None
+
+
+class _QuietStoreErrors(logging.Filter):
+    """On MLflow's SQL store logger: drop its record of a database error that :func:`store_problem` reports in
+    one line (it logs each with three chained tracebacks first)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and store_problem(record.exc_info[1]))
+
+
+logging.getLogger("mlflow.store.db.utils").addFilter(_QuietStoreErrors())
 
 
 def ui_address(
@@ -227,8 +298,10 @@ def ensure_experiment(
 
 
 def check_store(tracking_uri: str, experiment: str) -> None:
-    """Before a run spends its time: the store takes writes (the experiment is looked up or created now).
-    ValueError with :func:`store_problem`'s message otherwise."""
+    """Before a run spends its time: a tracking server answers (:func:`check_server`) and the store takes
+    writes (the experiment is looked up or created now). ValueError with :func:`store_problem`'s message
+    otherwise."""
+    check_server(tracking_uri)
     try:
         ensure_experiment(experiment, tracking_uri)
     except Exception as error:
@@ -442,7 +515,9 @@ def log_files_run(
 
 
 def store_client(tracking_uri: str) -> Any:
-    """A client reading ``tracking_uri`` (and the fluent API pointed there too)."""
+    """A client reading ``tracking_uri`` (and the fluent API pointed there too); a tracking server must answer
+    first (:func:`check_server`)."""
+    check_server(tracking_uri)
     mlflow.set_tracking_uri(tracking_uri)
     return mlflow.MlflowClient(tracking_uri=tracking_uri)
 

@@ -45,6 +45,19 @@ def quiet_env(tmp: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+# A shell script's background job (a CI run started with `&` among them) starts with SIGINT ignored, and so does
+# every process it starts: Python keeps an inherited "ignore". A test that sends a Ctrl-C starts its child the
+# way a terminal's foreground job starts, SIGINT at its default, whatever started the test run.
+AS_FROM_A_TERMINAL = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
+)
+
+
+def from_a_terminal(cmd: list[str]) -> list[str]:
+    """``cmd`` (its program an absolute path) started with SIGINT at its default disposition."""
+    return [sys.executable, "-c", AS_FROM_A_TERMINAL, *cmd]
+
+
 def log_tail(path: Path, chars: int = 4000) -> str:
     return path.read_text(errors="replace")[-chars:] if path.exists() else ""
 

@@ -553,6 +553,48 @@ def test_a_bad_config_file_is_one_message_naming_file_and_place(text, expected, 
     assert re.search(expected, config_error("baseline_eval", ["--config", str(config)], capsys))
 
 
+# Six lines whose aliases expand to a million strings (each level ten of the one before); a few more lines and
+# it is billions, which a plain YAML loader (and pydantic after it) would expand without end.
+ALIAS_BOMB = 'l0: &l0 ["x", "x", "x", "x", "x", "x", "x", "x", "x", "x"]\n' + "".join(
+    f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]\n" for i in range(1, 6)
+)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (
+            "profile: nosuch\nprofiles: {cpu: {baseline_eval: {limit: 1}}}\nbaseline_eval: {limit: 2}\n",
+            "`profile: nosuch` names no profile of the file (it has: a5, cpu)",
+        ),
+        (
+            "profile: nosuch\nbaseline_eval: {limit: 2}\n",
+            "`profile: nosuch` names no profile of the file (it has: a5)",
+        ),
+        (
+            "baseline_eval:\n  limit: 2\n  max_tokens: 12\n  limit: 1\n",
+            "params.yaml:4:3: malformed YAML (key 'limit' given twice in one mapping (first on line 2))",
+        ),
+        (ALIAS_BOMB + "baseline_eval:\n  stop: *l5\n", "its aliases expand to more than 100,000 values"),
+        ("baseline_eval:\n  stop: &s [a, *s]\n", "an alias inside its own anchor"),
+        ("baseline_eval: {limit: true}\n", "--limit True: Value error, a boolean (true/false) where a number goes"),
+        ("baseline_eval: {top_p: false}\n", "--top-p False: Value error, a boolean (true/false) where a number goes"),
+    ],
+)
+def test_a_config_that_would_run_other_settings_than_it_says_is_refused(text, expected, tmp_path, capsys):
+    """An unknown profile in the file (not only on the command line), a key given twice, a boolean for a
+    number, and aliases that expand without end: each one line, nothing run."""
+    config = tmp_path / "params.yaml"
+    config.write_text(text)
+    assert expected in config_error("baseline_eval", ["--config", str(config)], capsys)
+
+
+def test_a_boolean_flag_value_for_a_number_is_refused(capsys):
+    assert "--limit True: Value error, a boolean (true/false) where a number goes" in parameter_error(
+        "baseline_eval", ["--limit", "true"], capsys
+    )
+
+
 def test_a_config_that_is_not_utf8_is_named(tmp_path, capsys):
     config = tmp_path / "params.yaml"
     config.write_bytes("baseline_eval: {prompt: r1_zéro}\n".encode("latin-1"))
@@ -656,3 +698,57 @@ def test_compare_names_an_unknown_run_and_a_bad_filter(tmp_path):
         compare(["--runs", "abc123", "--tracking-uri", uri])
     with pytest.raises(SystemExit, match=r"flows.compare: error: --filter 'params.a ==== 3': "):
         compare(["--experiment", "grpo", "--filter", "params.a ==== 3", "--tracking-uri", uri])
+
+
+# ------------------------------------------------------------------------------- numbers that would mislead
+
+
+@pytest.mark.parametrize("flow, argument", [("baseline_eval", "data"), ("grpo", "train_data")])
+def test_two_problems_sharing_an_id_are_refused_naming_both_lines(flow, argument, inputs, tmp_path):
+    """Samples are grouped by problem id: two problems under one id would be scored as one (accuracy, pass@k,
+    maj@k and their standard errors over the wrong groups)."""
+    records = [math_record(i) for i in range(8)]
+    records[5]["unique_id"] = records[2]["unique_id"]
+    duplicated = tmp_path / "duplicated.jsonl"
+    write_jsonl_atomic(duplicated, records)
+    message = user_error(flow, flags(flow, inputs, tmp_path, **{argument: str(duplicated)}))
+    assert f"{duplicated}:6: unique_id 'test/2.json' is also the id of {duplicated}:3" in message
+
+
+def test_sft_that_would_train_on_no_token_is_refused(inputs, tmp_path):
+    """max_seq_len below every prompt (215 tokens here) cuts every response away: each step would train on
+    nothing (loss 0, gradient 0), and the run would be saved as if it had trained."""
+    message = user_error("sft_experiment", flags("sft_experiment", inputs, tmp_path, max_seq_len=200))
+    assert f"{inputs['traces']}: max_seq_len 200: no example keeps a response token to train on" in message
+    assert "(the shortest prompt is 215 tokens)" in message
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("runs-*"))
+
+
+def test_sft_that_cuts_some_responses_says_how_many(inputs, flow_env, tmp_path):  # noqa: F811
+    """Two of the eight traces are longer than max_seq_len: the run trains, and says what share it cuts."""
+    traces = [trace_record(i) for i in range(8)]
+    for trace in traces[:2]:
+        trace["response"] = " so" * 40 + trace["response"]
+    write_jsonl_atomic(tmp_path / "long.jsonl", traces)
+    argv = flags("sft_experiment", inputs, tmp_path, train_data=str(tmp_path / "long.jsonl"), max_seq_len=250)
+    result = subprocess.run(
+        [sys.executable, "-m", "flows.sft_experiment", *argv, "--max-steps", "1"],
+        cwd=REPO,
+        env=flow_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-5000:]
+    assert "max_seq_len 250 cuts 2 of 8 examples (25%) to fit: they train on part of their response" in result.stderr
+
+
+def test_a_generated_task_is_drawn_at_once_or_refused_at_once(inputs, tmp_path):
+    """arithmetic:10:5 draws 10 of its 2·10¹⁰ problems at once (the command goes on to its next check, here a
+    difficulty table that is missing), instead of counting them all first; two million problems are refused."""
+    task = {"reward_fn": "arithmetic", "validation_data": "arithmetic:4:1"}
+    missing = tmp_path / "missing.csv"
+    argv = flags("grpo", inputs, tmp_path, train_data="arithmetic:10:5", difficulty_table=str(missing), **task)
+    assert str(missing) in user_error("grpo", argv)
+    message = user_error("grpo", flags("grpo", inputs, tmp_path, train_data="arithmetic:2000000:9", **task))
+    assert "2,000,000 problems: the arithmetic task generates at most 1,000,000 at a time" in message

@@ -99,6 +99,30 @@ def test_a_damaged_checkpoint_names_its_file_and_the_folder_to_delete(project, t
     assert files(project) == before
 
 
+@pytest.mark.parametrize(
+    "key, value, problem",
+    [
+        ("step", -5, "step -5 is not a whole number from 0 to 8"),
+        ("step", "abc", "step 'abc' is not a whole number from 0 to 8"),
+        ("step", 99, "step 99 is not a whole number from 0 to 8"),
+        ("step", True, "step True is not a whole number from 0 to 8"),
+        ("batch_in_epoch", 7, "batch_in_epoch 7 is not a whole number from 0 to 3"),
+        ("finished", "no", "finished 'no' is not true or false"),
+    ],
+)
+def test_a_checkpoint_position_that_is_not_the_runs_is_named(project, tiny_lm_dir, key, value, problem):
+    """A state.json that reads as JSON but holds a position no run of these settings reaches (a step below 0 or
+    past the run's 8, a string): one message naming the file, not a run resumed at step -5 or five tracebacks."""
+    (checkpoint,) = project.glob("out/runs-*/full/checkpoint")
+    state = json.loads((checkpoint / "latest/state.json").read_text())
+    (checkpoint / "latest/state.json").write_text(json.dumps({**state, key: value}))
+    before = files(project)
+    message = user_error("sft_experiment", argv(tiny_lm_dir, Path.cwd()))
+    shown = checkpoint.relative_to(project) / "latest/state.json"
+    assert f"{shown}: {problem} (damaged?); delete {shown.parent.parent} to train this run again" in message, message
+    assert files(project) == before
+
+
 @pytest.mark.parametrize("name, content", [("done.json", '{"setting": "fu'), ("mlflow_run_id", "0f3a")])
 def test_a_damaged_run_record_names_its_file(project, tiny_lm_dir, name, content):
     (run,) = project.glob("out/runs-*/full")

@@ -48,7 +48,7 @@ def test_dvc_repro_then_nothing_to_do(tmp_path, tiny_lm_dir, shared_data):
             "max_steps": 1,
             "batch_size": 2,
             "microbatch_size": 2,
-            "max_seq_len": 128,
+            "max_seq_len": 512,  # r1_zero prompts are 215+ tiny-tokenizer tokens
             "val_subset": 2,
             "val_limit": 2,
             "eval_every": 1,
@@ -64,7 +64,7 @@ def test_dvc_repro_then_nothing_to_do(tmp_path, tiny_lm_dir, shared_data):
             "rollouts_per_question": 2,
             "batch_size": 2,
             "microbatch_size": 2,
-            "max_seq_len": 128,
+            "max_seq_len": 512,
         },
         "difficulty": {**tiny, "train_data": "arithmetic:20:1", "reward_fn": "arithmetic", "limit": 2, "n": 2},
         "grpo": {

@@ -146,7 +146,7 @@ def test_expert_iteration_resumes_after_kill_9(warm_policy_dir, flow_env, tmp_pa
         learning_rate=1e-3,
         batch_size=batch_size,
         microbatch_size=2,
-        max_seq_len=160,
+        max_seq_len=256,  # the tiny tokenizer's r1_zero prompts are 215 tokens: room for the responses
         output_dir="out",
         metrics_path="metrics.json",
         tracking_uri=tracking_uri,

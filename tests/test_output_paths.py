@@ -12,6 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 import flows.baseline_eval
+import flows.grpo
 import flows.sft_data
 from flows.params import BaselineEvalParams, DifficultyParams, GRPOParams
 from tasks.outputs import OUTPUT_MARKER, REPORT_MARKER, link_model
@@ -131,3 +132,58 @@ def test_the_link_to_a_chosen_model_survives_moving_the_output_folder(tmp_path):
     link_model(model, tmp_path / "out/best")  # replaced, not refused
     (tmp_path / "out").rename(tmp_path / "moved")
     assert (tmp_path / "moved/best/config.json").read_text() == "{}"
+
+
+# ----------------------------------------------------------------------- folders that are not the flow's
+
+
+def test_a_read_only_data_folder_is_not_an_output_folder(project, capsys, monkeypatch):
+    """The shared data is a read-only folder (r-x for all), which root may write all the same: neither it nor a
+    new folder inside it takes outputs."""
+    shared = project.parent / "shared"
+    (shared / "data/math").mkdir(parents=True)
+    (shared / "data/math/train.jsonl").write_text("{}\n")
+    for folder in (shared / "data/math", shared / "data", shared):
+        folder.chmod(0o555)
+    try:
+        for target in (shared, shared / "data/math", shared / "data/math/outputs"):
+            err = refused(["--output-dir", str(target)], capsys, monkeypatch)
+            assert f"output_dir {target}: " in err and "is read-only" in err, err
+        assert sorted(p.name for p in shared.rglob("*")) == ["data", "math", "train.jsonl"]
+    finally:
+        for folder in (shared, shared / "data", shared / "data/math"):
+            folder.chmod(0o755)
+
+
+@pytest.mark.parametrize("folder", ["/etc", "/etc/a5-outputs", "/usr/local/share", "/"])
+def test_a_system_folder_is_not_an_output_folder(folder, project, capsys, monkeypatch):
+    err = refused(["--output-dir", folder], capsys, monkeypatch)
+    assert f"output_dir {folder}: a system folder" in err
+    assert not Path("/etc/a5-outputs").exists()
+
+
+def test_a_folder_of_the_users_own_files_is_not_replaced(project, capsys, monkeypatch):
+    """An untracked folder holding the user's report.md, summary.json and run.json (what baseline_eval writes):
+    refused, the files untouched. An empty folder, or one a5 made, is fine."""
+    mine = project / "mine"
+    mine.mkdir()
+    for name in ("report.md", "summary.json", "run.json"):
+        (mine / name).write_text(f"my {name}\n")
+    err = refused(["--output-dir", "mine"], capsys, monkeypatch)
+    assert "output_dir mine: holds files a5 did not write (report.md, run.json, summary.json)" in err
+    assert all((mine / name).read_text() == f"my {name}\n" for name in ("report.md", "summary.json", "run.json"))
+    (project / "empty").mkdir()
+    assert BaselineEvalParams(output_dir="empty").output_dir == "empty"
+    (mine / OUTPUT_MARKER).write_text("BaselineEval\n")  # a5 made it: its own run's folder again
+    assert BaselineEvalParams(output_dir="mine").output_dir == "mine"
+
+
+@pytest.mark.parametrize("flow", ["baseline_eval", "grpo"])
+def test_an_output_folder_name_too_long_is_one_line(flow, project, capsys, monkeypatch):
+    main = {"baseline_eval": flows.baseline_eval.main, "grpo": flows.grpo.main}[flow]
+    monkeypatch.setattr("tasks.evaluation.make_engine", lambda *a, **k: pytest.fail("an engine started"))
+    with pytest.raises(SystemExit) as stopped:
+        main(["--output-dir", "x" * 300])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot be used as a folder (File name too long)" in err, err

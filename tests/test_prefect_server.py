@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from servers import background, listening_addresses, log_tail, quiet_env, running_prefect_server
+from servers import background, from_a_terminal, listening_addresses, log_tail, quiet_env, running_prefect_server
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPECTED_FLOWS = {
@@ -235,10 +235,21 @@ INTERRUPTIBLE_FLOW = HANGING_FLOW.replace(
 )
 
 
+# How a CI run started in the background (`.ci/run &` beside other work) starts what it runs: SIGINT ignored, an
+# "ignore" every process below it inherits.
+AS_A_BACKGROUND_JOB = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); os.execv(sys.argv[1], sys.argv[1:])"
+)
+
+
 def test_ctrl_c_ends_a_flow_at_once_with_one_line_and_stops_its_server(tmp_path):
     """Ctrl-C in a terminal signals the whole foreground process group. The temporary server, in a session
     of its own, does not get it: the flow ends (status 130, one line, no traceback) instead of retrying a
-    dead server for minutes, and stops its server on the way out."""
+    dead server for minutes, and stops its server on the way out.
+
+    The flow is started as a terminal starts a command, SIGINT at its default (:func:`servers.from_a_terminal`),
+    from a parent that ignores SIGINT, as a CI run started in the background does: a flow that inherits the
+    "ignore" never sees the signal (what failed a CI run on a busy machine)."""
     import os
     import signal
 
@@ -246,7 +257,8 @@ def test_ctrl_c_ends_a_flow_at_once_with_one_line_and_stops_its_server(tmp_path)
 
     marker, log = tmp_path / "running", tmp_path / "flow.log"
     env = quiet_env(tmp_path, PYTHONPATH=str(ROOT))
-    with background([sys.executable, "-c", INTERRUPTIBLE_FLOW, str(marker)], log, env, cwd=tmp_path) as flow_process:
+    command = [sys.executable, "-c", AS_A_BACKGROUND_JOB, *from_a_terminal([sys.executable, "-c", INTERRUPTIBLE_FLOW])]
+    with background([*command, str(marker)], log, env, cwd=tmp_path) as flow_process:
         deadline = time.monotonic() + 180
         while not marker.exists():
             assert flow_process.poll() is None and time.monotonic() < deadline, log_tail(log)

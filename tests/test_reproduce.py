@@ -256,6 +256,91 @@ def test_an_archived_run_unpacked_elsewhere_reproduces_from_its_archive(
         tar.extractall(tmp_path / "unpacked", filter="data")
     monkeypatch.chdir(tmp_path)
     archived = f"sqlite:///{tmp_path / 'unpacked/store/mlflow.db'}"
-    main(["--run-id", original, "--tracking-uri", archived, "--into", f"sqlite:///{tmp_path / 'mine.db'}"])
+    into = ["--into", f"sqlite:///{tmp_path / 'mine.db'}", "--output-dir", str(tmp_path / "again")]
+    main(["--run-id", original, "--tracking-uri", archived, *into])
     printed = capsys.readouterr().out
     assert "reproduced exactly" in printed and "| grpo-single | final_val_accuracy |" in printed, printed
+
+
+# --------------------------------------------------------------------------- a record is data, never code
+
+
+@pytest.fixture
+def recorded(prefect_harness, tmp_path, monkeypatch):
+    """``record(edit)``: an MLflow run (in ``tmp_path/mlflow.db``) holding a provenance record of a baseline
+    evaluation made here, changed by ``edit(record)`` (or, given text, that text as the record); its id."""
+    import mlflow
+
+    from flows.params import BaselineEvalParams
+    from tasks.provenance import build_record
+
+    project = tmp_path / "project"
+    project.mkdir()
+    monkeypatch.chdir(project)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+    def record(edit) -> str:
+        mlflow.set_tracking_uri(uri)
+        mlflow.set_experiment("records")
+        entry = build_record(BaselineEvalParams(model="no-such-model-folder/", output_dir="out"))
+        entry["flow"] = {"name": "baseline_eval", "entrypoint": "flows.baseline_eval:baseline_eval"}
+        with mlflow.start_run() as run:
+            if isinstance(edit, str):
+                mlflow.log_text(edit, "provenance.json")
+            else:
+                edit(entry)
+                mlflow.log_dict(entry, "provenance.json")
+        return run.info.run_id
+
+    record.uri = uri
+    return record
+
+
+def reproduce_error(run_id: str, uri: str, *flags: str) -> str:
+    from flows.reproduce import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["--run-id", run_id, "--tracking-uri", uri, *flags])
+    message = stopped.value.code
+    assert isinstance(message, str) and message.startswith("flows.reproduce: error: "), message
+    assert "\n" not in message, message
+    return message
+
+
+def test_a_record_naming_other_code_is_refused_before_it_is_imported(recorded, tmp_path):
+    """A record whose flow is a module of its writer's choosing (here one in the working directory, which
+    Python would import from) is refused, with or without --allow-differences, and the module never runs."""
+    (tmp_path / "project/planted.py").write_text("from pathlib import Path\nPath('imported').write_text('ran')\n")
+    for entrypoint in ("planted:flow", "os:system", "flows.cli:main", "__main__:planted"):
+        run_id = recorded(lambda r, e=entrypoint: r["flow"].update(entrypoint=e))
+        for flags in ([], ["--allow-differences"]):
+            message = reproduce_error(run_id, recorded.uri, *flags)
+            assert "not one of this project's flows" in message or "no module of the flows package" in message
+    assert not (tmp_path / "project/imported").exists()
+
+
+@pytest.mark.parametrize(
+    "damage, named",
+    [
+        ('{"flow": {"name": "baseline_eval", "entrypoint": "flows.bas', "not a JSON document"),
+        ('["a", "list"]', "the record: Input should be a valid dictionary"),
+        ("{}", "flow: Field required"),
+        (lambda r: r.update(settings="out"), "settings: Input should be a valid dictionary"),
+        (lambda r: r["inputs"].update(model={"path": 3}), "inputs.model.path: Input should be a valid string"),
+    ],
+)
+def test_a_damaged_record_is_named(damage, named, recorded):
+    run_id = recorded(damage)
+    message = reproduce_error(run_id, recorded.uri)
+    assert f"run {run_id}: its provenance.json is damaged (" in message and named in message, message
+
+
+def test_a_record_cannot_send_the_outputs_outside_the_project(recorded, tmp_path):
+    """The re-run's folder goes inside the run's recorded output folder: one outside the project (a system
+    folder, another user's files) that a5 did not make is refused; --output-dir gives the folder instead."""
+    elsewhere = tmp_path / "elsewhere"
+    for folder in (str(elsewhere), "/etc", "../elsewhere"):
+        run_id = recorded(lambda r, f=folder: r["settings"].update(output_dir=f))
+        message = reproduce_error(run_id, recorded.uri, "--allow-differences")
+        assert f"the run's record puts its outputs in {folder!r}, which is neither inside this project" in message
+    assert not elsewhere.exists() and not list(Path("/etc").glob("reproduce-*"))

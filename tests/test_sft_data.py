@@ -471,6 +471,7 @@ def test_credentials_never_follow_a_redirect_to_another_port(server, tmp_path, s
         teacher = OpenAICompletionsTeacher(f"{same_origin.url}/v1", "m", api_key="k")
         assert teacher.generate(["p"], SamplingSettings())[0][0].text == " ok"
         assert [(r["path"], r["headers"]["Authorization"]) for r in same_origin.requests] == [
+            ("/v1/models", "Bearer k"),  # the teacher answers at all (within seconds)
             ("/v1/completions", "Bearer k"),
             ("/v2/completions", "Bearer k"),
         ]
@@ -692,3 +693,54 @@ def test_profile_overrides_merge_into_nested_distill_settings(tmp_path):
     assert (params.dedup, params.distill.enabled, params.distill.n, params.distill.max_tokens) == (False, True, 8, 64)
     real = flow.load_params(ROOT / "params.yaml")  # the project's own params validate
     assert real.distill.enabled is (yaml.safe_load((ROOT / "params.yaml").read_text())["profile"] == "cpu")
+
+
+def test_a_teacher_reply_nested_too_deeply_ends_in_one_line(tmp_path, shared_data, server):
+    """A reply of JSON nested thousands deep (Python's reader recurses into it): one line naming the teacher,
+    not a RecursionError's traceback."""
+    server.script = [(200, "[" * 20_000 + "]" * 20_000)]
+    config = _config(
+        tmp_path,
+        shared_data,
+        distill={
+            "enabled": True,
+            "base_url": server.base_url,
+            "model": "m",
+            "max_retries": 0,
+            "problems": str(shared_data / "math/train.jsonl"),
+            "limit": 1,
+        },
+    )
+    with pytest.raises(SystemExit) as stopped:
+        flow.main(["distill", "--config", str(config), "--out", str(tmp_path / "d.jsonl")])
+    assert str(stopped.value.code) == (
+        f"sft_data distill: POST {server.base_url}/completions: reply is JSON nested too deeply to read"
+    )
+
+
+def test_a_teacher_that_takes_connections_and_never_answers_is_named_in_seconds(tmp_path, shared_data):
+    """A hung teacher (connections taken, nothing answered) with a whole request's deadline of minutes: named
+    within seconds (10 s), in one line, instead of waiting out the deadline at every attempt."""
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(16)
+        base_url = f"http://127.0.0.1:{hung.getsockname()[1]}/v1"
+        config = _config(
+            tmp_path,
+            shared_data,
+            distill={
+                "enabled": True,
+                "base_url": base_url,
+                "model": "m",
+                "timeout_s": 120,
+                "max_retries": 0,
+                "problems": str(shared_data / "math/train.jsonl"),
+                "limit": 1,
+            },
+        )
+        with pytest.raises(SystemExit) as stopped:
+            flow.main(["distill", "--config", str(config), "--out", str(tmp_path / "d.jsonl")])
+    assert str(stopped.value.code) == (
+        f"sft_data distill: GET {base_url}/models: no answer within 10 s; the teacher server takes connections but "
+        "does not answer: restart it, or fix base_url"
+    )
