@@ -56,7 +56,7 @@ GOOD = json.dumps(
 @pytest.mark.parametrize(
     "lines, message",
     [
-        ([GOOD, GOOD, '{"unique_id": "b", "problem": '], r"bad\.jsonl:3: malformed JSON"),
+        ([GOOD, '{"unique_id": "b", "problem": '], r"bad\.jsonl:2: malformed JSON"),
         (
             [GOOD, json.dumps({"unique_id": "b", "problem": "p", "solution": "s", "level": 1, "type": "t"})],
             r"bad\.jsonl:2: missing key\(s\) 'answer'",
