@@ -12,7 +12,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 export DVC_NO_ANALYTICS := 1
 export MLFLOW_DISABLE_TELEMETRY := true
 
-.PHONY: setup test pipeline bench-grading check-gpu-extra
+.PHONY: setup test pipeline ui bench-grading check-gpu-extra
 
 setup: $(VENV)/.installed
 
@@ -38,8 +38,13 @@ pipeline: setup
 	dvc exp run -S profile=$(PROFILE)
 	@echo; echo "report:   outputs/report/report.md and report.html (every stage on one page)"
 	@echo "results:  outputs/baseline_eval/ (records.jsonl, summary.json, report.md), metrics/baseline_eval.json"
-	@echo "MLflow:   mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1, then open"
-	@$(PY) -c "from tasks.tracking import ui_address; print('         ', ui_address('baseline_eval'))"
+	@echo "MLflow:   make ui (the MLflow UI on 127.0.0.1:5000), then open"
+	@$(PY) -c "from tasks.tracking import landing; print(landing())"
+
+# The MLflow UI over the project's store, on this machine only; first, where each stage's runs are.
+ui: setup
+	@$(PY) -c "from tasks.tracking import landing; print(landing())"
+	mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000
 
 bench-grading: setup
 	cd benchmarks && ../$(PY) grading.py
