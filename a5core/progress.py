@@ -42,6 +42,15 @@ def enabled() -> bool:
     return bool(getattr(sys.stderr, "isatty", lambda: False)())
 
 
+def quiet_library_bars() -> None:
+    """Where :func:`enabled` is false, transformers' own bars ("Loading weights", "Writing model shards") are
+    off too: off a terminal they are lines of carriage returns in the log, one per model loaded or saved."""
+    if not enabled():
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+
+
 def interval() -> float:
     """Seconds between two status lines (``A5_PROGRESS_INTERVAL``, 30 by default)."""
     value = os.environ.get(INTERVAL_ENV, "").strip()

@@ -18,7 +18,6 @@ from pathlib import Path
 
 from prefect import flow
 
-from a5core.data import PROBLEM_LOADERS
 from a5core.evaluation import CATEGORIES
 from a5core.prompts import load_prompt
 from flows.cli import flow_main, print_paths
@@ -42,7 +41,7 @@ def baseline_eval(params: BaselineEvalParams = BaselineEvalParams()) -> dict:
         if run.info.run_id is not None:
             log_provenance(params)
         for name, source in {"": params.data, **params.extra_sets}.items():
-            problems = load_problems(source, params.data_format, params.limit)
+            problems = load_problems(source, params.data_format, params.limit, params.seed or 0)
             prompts = [template.format(p.problem) for p in problems]
             completions = generate(params.model, params.backend, params.dtype, prompts, sampling)
             records = grade(problems, prompts, completions, params.grader)
@@ -77,7 +76,7 @@ def check_inputs(params: BaselineEvalParams) -> None:
     """Fail on bad input before an engine starts, with the error naming what and where: the problems of
     every set, prompts within the model's context, outputs that cannot be written."""
     sources = (params.data, *params.extra_sets.values())
-    sets = {source: PROBLEM_LOADERS[params.data_format](source)[: params.limit] for source in sources}
+    sets = {source: load_problems(source, params.data_format, params.limit, params.seed or 0) for source in sources}
     check_prompts_fit(params, sets, params.max_tokens)
     check_outputs(params)
 

@@ -123,7 +123,9 @@ def landing(tracking_uri: str = DEFAULT_TRACKING_URI, root: str = UI_ROOT) -> st
     experiment's runs table, as addresses to open."""
     experiments = mlflow.MlflowClient(tracking_uri).search_experiments(order_by=["creation_time ASC"])
     lines = [f"MLflow UI: {root} (pick Model training at the top left; its experiments then open on their runs)"]
-    lines += [f"  {e.name:<17} {ui_address(e.name, tracking_uri, root=root)}" for e in experiments if e.name != "Default"]
+    lines += [
+        f"  {e.name:<17} {ui_address(e.name, tracking_uri, root=root)}" for e in experiments if e.name != "Default"
+    ]
     return "\n".join(lines)
 
 
@@ -285,6 +287,11 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 VERSIONED_PACKAGES = ("torch", "transformers", "vllm", "peft", "mlflow", "prefect", "dvc")
 
 
+# What a run's commit is compared with: every tracked file but dvc.lock, which records what the stages made (DVC
+# rewrites it as a pipeline runs) and decides nothing a stage computes.
+NOT_DVC_RECORDS = ("--", ".", ":(exclude)dvc.lock")
+
+
 def git(*args: str) -> str | None:
     """``git ARGS`` in the project's folder: its output, or None where git fails (no repository, no git)."""
     import subprocess
@@ -349,7 +356,8 @@ def run_tags() -> dict[str, str]:
       Prefect UI's page of the flow run), when it runs inside one; then also the run's description
       (``mlflow.note.content``) links that page, and its source (``mlflow.source.name``) is the flow's module;
     - ``mlflow.source.git.commit`` (shown by MLflow as the run's commit; MLflow records none for a run that
-      Prefect's engine starts), ``git.dirty`` (``true``: the tree had uncommitted changes to tracked files);
+      Prefect's engine starts), ``git.dirty`` (``true``: the tree had uncommitted changes to tracked files,
+      other than ``dvc.lock``: DVC's record of what the pipeline's stages made, which it rewrites as they run);
     - ``versions.python``, ``versions.a5`` and ``versions.<package>`` of :data:`VERSIONED_PACKAGES` installed;
     - ``device``: ``cuda`` with the GPUs' names and count, or ``cpu``.
 
@@ -366,7 +374,7 @@ def run_tags() -> dict[str, str]:
     commit = git("rev-parse", "HEAD")
     if commit:
         tags["mlflow.source.git.commit"] = commit
-        tags["git.dirty"] = str(bool(git("status", "--porcelain", "--untracked-files=no"))).lower()
+        tags["git.dirty"] = str(bool(git("status", "--porcelain", "--untracked-files=no", *NOT_DVC_RECORDS))).lower()
     if flow_run.get("url"):  # the run's description: a link back to the Prefect flow run
         tags["mlflow.note.content"] = (
             f"Started by Prefect flow run [{flow_run['name']}]({flow_run['url']}) of flow `{flow_run['flow']}`"

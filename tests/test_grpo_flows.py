@@ -6,6 +6,7 @@ import pytest
 
 from a5core.problem_sets import REWARD_FNS
 from flows.grpo import ABLATIONS, GRPOParams, ablation_settings, grpo_baseline_ablation, grpo_flow, main
+from tasks.tables import headline_metrics
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -86,7 +87,10 @@ def test_single_run_logs_every_step_and_the_validation_curves(prefect_harness, t
     out = tmp_path / "out"
     for name in ("accuracy_vs_step.png", "accuracy_vs_wall_clock.png", "token_entropy_vs_step.png", "curves.csv"):
         assert (out / name).stat().st_size > 0, name
-    assert json.loads((tmp_path / "metrics.json").read_text()) == result["summary"]
+    assert json.loads((out / "summary.json").read_text()) == result["summary"]
+    (row,) = result["summary"]  # the metrics file: its headline, a flat mapping (a row of `dvc metrics show`)
+    assert json.loads((tmp_path / "metrics.json").read_text()) == headline_metrics(row)
+    assert set(headline_metrics(row)) == {"accuracy", "accuracy_se", "change", "change_se", "format_rate"}
     # The parent run holds the comparison and the child's curve; the final policy is registered (a5-grpo).
     parent = result["mlflow_run_id"]
     assert {"accuracy_vs_step.png", "summary.md"} <= {a.path for a in client.list_artifacts(parent)}

@@ -166,3 +166,17 @@ def test_vllm_logs_warnings_only_and_not_the_rotary_table_at_each_weight_push(mo
         reload_log.warning("%s: Failed to load weights", "RotaryEmbedding")
         reload_log.warning("%s: Failed to load weights", "QKVParallelLinear")
     assert [r.getMessage() for r in caplog.records] == ["QKVParallelLinear: Failed to load weights"]
+
+
+def test_off_a_terminal_transformers_loads_models_without_a_bar(tiny_lm_dir, monkeypatch, capsys):
+    from transformers.utils import logging as transformers_logging
+
+    from a5core.policy import load_policy
+
+    monkeypatch.setenv(progress.ENV, "0")
+    try:
+        load_policy(tiny_lm_dir)
+        assert not transformers_logging.is_progress_bar_enabled()
+        assert "Loading weights" not in capsys.readouterr().err
+    finally:
+        transformers_logging.enable_progress_bar()
