@@ -46,7 +46,9 @@ pipeline: setup
 
 # The experiments (`dvc exp run`) side by side in a terminal's width: the settings that differ between them and
 # GRPO's final accuracy and change. Bare `dvc exp show` lists every dependency's hash and every key of params.yaml.
-EXPS_DROP := ^Created$$|^(a5core|tasks)$$|^(flows|data|outputs)/|^metrics/[^:]*$$|^metrics/(?!grpo\.json:(accuracy|change)$$)
+# (Dropped: the dependencies' hashes, and every metric but GRPO's accuracy and change: those the stages share are
+# named metrics/<stage>.json:<key>, the others by their key alone.)
+EXPS_DROP := ^Created$$|^(a5core|tasks|traces|learnable)$$|^(flows|data|outputs)/|^metrics/(?!grpo\.json:(accuracy|change)$$)
 exps:
 	dvc exp show --no-pager --only-changed --drop '$(EXPS_DROP)'
 

@@ -345,10 +345,11 @@ def grpo(
     if record.finished:
         return record.history
     was_training = model.training
-    if record.step == 0 and evaluate is not None and config.eval_every:
-        record.finish_step({}, 0)  # the starting policy: the first point of every curve
     steps_bar = progress.bar(desc="GRPO", total=config.n_grpo_steps, initial=record.step, unit="step", leave=True)
     try:
+        if record.step == 0 and evaluate is not None and config.eval_every:
+            run.timer.on_phase = functools.partial(_show_phase, steps_bar, 0)
+            record.finish_step({}, 0)  # the starting policy: the first point of every curve
         for step in range(record.step + 1, config.n_grpo_steps + 1):  # step: the steps done once it is
             run.timer.on_phase = functools.partial(_show_phase, steps_bar, step)
             metrics = grpo_step(run, engine, reward_fn, step - 1)

@@ -37,6 +37,7 @@ from types import SimpleNamespace
 from typing import Any
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar for each small table read back
 
 import mlflow  # noqa: E402
 
