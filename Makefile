@@ -44,13 +44,14 @@ pipeline: setup
 	@echo "MLflow:   make ui (the MLflow UI on 127.0.0.1:5000), then open"
 	@$(PY) -c "from tasks.tracking import landing; print(landing())"
 
-# The experiments (`dvc exp run`) side by side in a terminal's width: the settings that differ between them and
-# GRPO's final accuracy and change. Bare `dvc exp show` lists every dependency's hash and every key of params.yaml.
-# (Dropped: the dependencies' hashes, and every metric but GRPO's accuracy and change: those the stages share are
-# named metrics/<stage>.json:<key>, the others by their key alone.)
-EXPS_DROP := ^Created$$|^(a5core|tasks|traces|learnable)$$|^(flows|data|outputs)/|^metrics/(?!grpo\.json:(accuracy|change)$$)
+# The experiments (`dvc exp run`) side by side in a terminal's width: GRPO's final accuracy and change, and the
+# settings that differ between them. Bare `dvc exp show` lists every dependency's hash and every key of params.yaml.
+# (Dropped: the dependencies, and the other metrics: those the stages share are named metrics/<stage>.json:<key>,
+# the others by their key alone.)
+EXPS_KEEP := ^metrics/grpo\.json:(accuracy|change)$$
+EXPS_DROP := ^Created$$|^(a5core|tasks|traces|learnable)$$|^(flows|data|outputs|metrics)/
 exps:
-	dvc exp show --no-pager --only-changed --drop '$(EXPS_DROP)'
+	dvc exp show --no-pager --only-changed --keep '$(EXPS_KEEP)' --drop '$(EXPS_DROP)'
 
 # The MLflow UI over the project's store, on this machine only; first, where each stage's runs are.
 ui: setup
