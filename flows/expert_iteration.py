@@ -95,6 +95,7 @@ SUMMARY_KEYS = (
     "final_format_rate",
     "accuracy_change",
     "accuracy_change_se",
+    "paired_problems",
 )
 
 

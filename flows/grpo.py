@@ -100,6 +100,7 @@ SUMMARY_KEYS = (
     "final_format_rate",
     "accuracy_change",
     "accuracy_change_se",
+    "paired_problems",
     "wall_seconds",
 )
 TREND_METRICS = ("reward_mean", "token_entropy", "response_tokens_mean", "frac_groups_all_equal")

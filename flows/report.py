@@ -725,8 +725,8 @@ def scored_sets_note(rows: list[dict[str, Any]]) -> str:
     scored = {row["scored on"] for row in rows if row.get("scored on")}
     if len(scored) == 1:
         return (
-            f"Every row is scored on the same problems, {scored.pop()}: a row's after is the next row's before, and "
-            "the change is paired problem by problem (± its standard error)."
+            f"Every row is scored on the same problems, {scored.pop()}: the rows compare with one another, and each "
+            "change is paired problem by problem (± its standard error)."
         )
     if not scored:
         return ""

@@ -173,6 +173,7 @@ def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
                     "final_format_rate",
                     "accuracy_change",
                     "accuracy_change_se",
+                    "paired_problems",
                 )
             }
             for r in rows
