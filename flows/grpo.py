@@ -146,8 +146,8 @@ def run_grpo(name: str, params: GRPOParams, engine: Engine, parent_run_id: str |
                     for h in history
                     if "val_accuracy" in h
                 ],
-                "trends": [
-                    {"step": h["step"], **{k: h[k] for k in TREND_METRICS}} for h in history if "reward_mean" in h
+                "trends": [  # a step that trained on nothing (every group dropped) has no entropy: left blank
+                    {"step": h["step"], **{k: h.get(k) for k in TREND_METRICS}} for h in history if "reward_mean" in h
                 ],
                 "model_dir": str(run.folder / "model"),
             },
