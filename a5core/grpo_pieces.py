@@ -13,7 +13,7 @@ import contextlib
 import copy
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -42,13 +42,20 @@ MISMATCH_RATIO_CAP = 2.0  # the ratio π_train/π_engine whose share of tokens b
 
 
 class PhaseTimer:
-    """Seconds spent in each phase of a step (``time_<phase>``), the GPU synchronised at both ends."""
+    """Seconds spent in each phase of a step (``time_<phase>``), the GPU synchronised at both ends. Each phase
+    is announced to ``on_phase`` (if set) as it starts: the progress shown names it."""
 
     def __init__(self, device: torch.device) -> None:
         self.device, self.times = device, {}
+        self.on_phase: Callable[[str], None] | None = None
+
+    def announce(self, phase: str) -> None:
+        if self.on_phase is not None:
+            self.on_phase(phase)
 
     @contextlib.contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
+        self.announce(phase)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         start = time.perf_counter()

@@ -39,8 +39,10 @@ def load_policy(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from a5core import progress
     from a5core.models import resolve_model
 
+    progress.quiet_library_bars()
     name = resolve_model(model_name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
     model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, trust_remote_code=False).to(device)

@@ -201,13 +201,13 @@ def train_sft(
     step, epoch, batch_in_epoch, metrics = state["step"], state["epoch"], state["batch_in_epoch"], state["metrics"]
     rank = distributed.rank_and_world()[0]
     was_training = model.training
+    steps_bar = progress.bar(desc="SFT", total=total_steps, initial=step, unit="step", leave=True)  # evaluation too
     if step == 0 and evaluate is not None and config.eval_every:
         model.eval()
         start = evaluate(model, 0)  # the starting model: step 0 of the curves
         if rank == 0:
             log(start, 0)
     model.train()
-    steps_bar = progress.bar(desc="SFT", total=total_steps, initial=step, unit="step", leave=True)
     while step < total_steps:
         order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(config.seed + epoch)).tolist()
         batch = order[batch_in_epoch * config.batch_size : (batch_in_epoch + 1) * config.batch_size]

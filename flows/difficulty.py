@@ -73,8 +73,9 @@ def difficulty(params: DifficultyParams = DifficultyParams()) -> dict:
                 out / "pass_rate_histogram.png", rates, BINS, "pass rate", f"pass rates of {len(rates)} questions"
             ),
         }
-        if params.metrics_path:
-            paths["metrics"] = write_text_atomic(Path(params.metrics_path), json.dumps(summary, indent=2) + "\n")
+        if params.metrics_path:  # the headline (dvc metrics show): the mean pass rate, and the share still learnable
+            headline = {"accuracy": summary["mean_pass_rate"], "learnable": summary["difficulty_learnable"]}
+            paths["metrics"] = write_text_atomic(Path(params.metrics_path), json.dumps(headline, indent=2) + "\n")
         run_id = log_files_run(
             params.experiment,
             f"{params.model.rstrip('/').split('/')[-1]}-{len(problems)}x{params.n}",

@@ -45,6 +45,7 @@ from tasks.outputs import claim_outputs
 from tasks.plots import log_comparison
 from tasks.run_lock import run_lock
 from tasks.runs import Run, Trained, log_run_params, run_key, save_model_folder, training_run
+from tasks.tables import headline_metrics
 from tasks.tracking import REGISTERED_MODELS, register_model, start_resumable_run, tracked, tracking_rank
 
 
@@ -78,13 +79,25 @@ def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | Non
                 ],
                 "model_dir": str(run.folder / "model"),
             },
+            final=run.final_from(history[-1]) if history else None,
         )
 
     run = tracked(training_run.with_options(name="run_ei")) if as_task else training_run.fn
     return run(name, f"ei-{name}", params, engine, parent_run_id, train)
 
 
-SUMMARY_KEYS = ("setting", "initial_accuracy", "initial_format_rate", "final_accuracy", "final_format_rate")
+SUMMARY_KEYS = (
+    "setting",
+    "initial_accuracy",
+    "initial_accuracy_se",
+    "initial_format_rate",
+    "final_accuracy",
+    "final_accuracy_se",
+    "final_format_rate",
+    "accuracy_change",
+    "accuracy_change_se",
+    "paired_problems",
+)
 
 
 def grid(params: EIParams) -> dict[str, EIParams]:
@@ -138,7 +151,8 @@ def expert_iteration_flow(params: EIParams = EIParams()) -> dict:
             if Path(r.get("model_dir") or "").is_dir()
         ]
     if params.metrics_path:
-        write_text_atomic(Path(params.metrics_path), json.dumps(summary, indent=2) + "\n")
+        best = max(summary, key=lambda r: r["final_accuracy"])
+        write_text_atomic(Path(params.metrics_path), json.dumps(headline_metrics(best), indent=2) + "\n")
     publish(
         "expert_iteration",
         title.split(":")[0],

@@ -80,6 +80,7 @@ from tasks.runs import (
     save_model_folder,
     training_run,
 )
+from tasks.tables import headline_metrics
 from tasks.tracking import (
     REGISTERED_MODELS,
     register_model,
@@ -89,7 +90,21 @@ from tasks.tracking import (
     tracking_rank,
 )
 
-TREND_METRICS = ("reward_mean", "token_entropy", "response_tokens_mean")
+# A setting's row in the summary (summary.json, summary.md, the report's table).
+SUMMARY_KEYS = (
+    "setting",
+    "initial_accuracy",
+    "initial_accuracy_se",
+    "initial_format_rate",
+    "final_accuracy",
+    "final_accuracy_se",
+    "final_format_rate",
+    "accuracy_change",
+    "accuracy_change_se",
+    "paired_problems",
+    "wall_seconds",
+)
+TREND_METRICS = ("reward_mean", "token_entropy", "response_tokens_mean", "frac_groups_all_equal")
 
 
 # ----------------------------------------------------------------------------------------- a run
@@ -132,11 +147,12 @@ def run_grpo(name: str, params: GRPOParams, engine: Engine, parent_run_id: str |
                     for h in history
                     if "val_accuracy" in h
                 ],
-                "trends": [
-                    {"step": h["step"], **{k: h[k] for k in TREND_METRICS}} for h in history if "reward_mean" in h
+                "trends": [  # a step that trained on nothing (every group dropped) has no entropy: left blank
+                    {"step": h["step"], **{k: h.get(k) for k in TREND_METRICS}} for h in history if "reward_mean" in h
                 ],
                 "model_dir": str(run.folder / "model"),
             },
+            final=run.final_from(history[-1]),
         )
 
     run = tracked(training_run.with_options(name="run_grpo")) if as_task else training_run.fn
@@ -148,20 +164,7 @@ def _report(params: GRPOParams, rows: list[dict], title: str) -> tuple[list[dict
     child's final policy registered (``a5-grpo``)."""
     curves = [{"setting": r["setting"], **point} for r in rows for point in r["curve"]]
     trends = [{"setting": r["setting"], **point} for r in rows for point in r["trends"]]
-    summary = [
-        {
-            k: r.get(k)
-            for k in (
-                "setting",
-                "initial_accuracy",
-                "initial_format_rate",
-                "final_accuracy",
-                "final_format_rate",
-                "wall_seconds",
-            )
-        }
-        for r in rows
-    ]
+    summary = [{k: r.get(k) for k in SUMMARY_KEYS} for r in rows]
     paths = log_comparison(Path(params.output_dir), curves, summary, "setting", title, trends=trends)
     models = [
         register_model(r["model_dir"], REGISTERED_MODELS["grpo"], r["mlflow_run_id"], r["setting"])
@@ -169,7 +172,8 @@ def _report(params: GRPOParams, rows: list[dict], title: str) -> tuple[list[dict
         if Path(r.get("model_dir") or "").is_dir()
     ]
     if params.metrics_path:
-        write_text_atomic(Path(params.metrics_path), json.dumps(summary, indent=2) + "\n")
+        best = max(summary, key=lambda r: r["final_accuracy"])
+        write_text_atomic(Path(params.metrics_path), json.dumps(headline_metrics(best), indent=2) + "\n")
     return summary, paths, models
 
 

@@ -34,7 +34,7 @@ from a5core.sft import SFTConfig
 from a5core.sft_data import TeacherSettings
 from flows.ablations import AblationName
 from tasks.engines import parse_engine_devices
-from tasks.outputs import check_output_dir, check_output_file, git_tracked, output_kind
+from tasks.outputs import check_output_dir, check_output_file, git_tracked, output_kind, source_folders_refused
 from tasks.tracking import DEFAULT_TRACKING_URI, sqlite_database
 
 Backend = Literal[BACKENDS]
@@ -173,7 +173,7 @@ class Generation(ModelChoice, SamplingFields):
 
 
 class OutputDir(Settings):
-    output_dir: str = Field("outputs", description="where the run's files go")
+    output_dir: str = Field("outputs", description="where the run's files go", json_schema_extra=source_folders_refused)
 
     @field_validator("output_dir")
     @classmethod

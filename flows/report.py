@@ -1,9 +1,10 @@
 """Flow ``report``: one page summarising what the pipeline produced, from the files the stages wrote.
 
-Reads what exists of: ``metrics/baseline_eval.json`` (or ``outputs/baseline_eval/summary.json``) and the
-case report ``outputs/baseline_eval/report.md``; ``metrics/sft_data.json``; ``metrics/sft_experiment.json``
-and ``outputs/sft_experiment/*.png``; ``metrics/expert_iteration.json`` and ``outputs/expert_iteration/*.png``;
-``metrics/grpo.json`` and ``outputs/grpo/*.png``; ``metrics/leaderboard.json``; the settings in
+Reads what exists of: ``outputs/baseline_eval/summary.json`` and the case report
+``outputs/baseline_eval/report.md``; ``data/sft/sizes.json``; each training stage's rows,
+``outputs/<stage>/summary.json`` (sft_experiment, expert_iteration, grpo; the metrics file of a run made
+before metrics files were flat mappings), and its ``*.png``; GRPO's ``train_curves.csv`` (the steps with no
+learning signal); ``outputs/difficulty/summary.json``; ``metrics/leaderboard.json``; the settings in
 ``params.yaml`` (with its profile's overrides); and, from MLflow, the newest parent run of each GRPO
 ablation (experiment ``grpo``, tag ``ablation``) with its children's final metrics and a validation
 accuracy plot. A stage with nothing on disk is reported as "not run".
@@ -11,7 +12,7 @@ accuracy plot. A stage with nothing on disk is reported as "not run".
 Each stage's section links its MLflow run (``outputs/<stage>/run.json``, written by the stage's flow) and
 states the settings the run recorded (its MLflow parameters; ``params.yaml``'s where the store is not at hand)
 and what it did (steps run, the sets it trained and validated on). The difficulty table has a section of its own
-(``metrics/difficulty.json``, its histogram).
+(``outputs/difficulty/summary.json``, its histogram).
 
 Writes ``outputs/report/``: ``report.md`` (plots linked from ``figures/``), ``report.html`` (the same page,
 plots and the baseline's case report embedded: one self-contained file; text from settings and files is
@@ -275,6 +276,12 @@ def _read_json(path: Path) -> Any:
     return json.loads(path.read_text())
 
 
+def _first_json(*paths: Path) -> Any:
+    """The JSON of the first of ``paths`` that holds some (a stage's full summary before its metrics file, which
+    a run made before metrics files were flat mappings filled with the same), None if none does."""
+    return next((value for value in map(_read_json, paths) if value is not None), None)
+
+
 def stage_settings(params_file: Path | None) -> dict[str, dict[str, Any]]:
     """Each stage's section of params.yaml with its profile's overrides applied (as the flows see them)."""
     if params_file is None or not params_file.is_file():
@@ -384,18 +391,26 @@ def _before_after(prefix: str, best: dict[str, Any] | None) -> dict[str, float]:
         return {}
     names = {
         "accuracy": "final_accuracy",
+        "accuracy_se": "final_accuracy_se",
         "format_rate": "final_format_rate",
         "initial_accuracy": "initial_accuracy",
+        "initial_accuracy_se": "initial_accuracy_se",
         "initial_format_rate": "initial_format_rate",
+        "change": "accuracy_change",
+        "change_se": "accuracy_change_se",
+        "selection_accuracy": "selection_accuracy",
     }
     return {f"{prefix}_{name}": best[key] for name, key in names.items() if isinstance(best.get(key), (int, float))}
 
 
-def _rows(value: Any) -> list[dict[str, Any]] | None:
-    """A metrics file's rows (the training stages write a list of per-setting rows)."""
-    if value is None:
-        return None
-    return value if isinstance(value, list) else [value]
+def _rows(root: Path, stage: str) -> list[dict[str, Any]] | None:
+    """A training stage's per-setting rows: ``outputs/<stage>/summary.json`` (the metrics file of a run made
+    before metrics files were flat mappings held them too); None where the stage has not run."""
+    for path in (root / "outputs" / stage / "summary.json", root / "metrics" / f"{stage}.json"):
+        value = _read_json(path)
+        if isinstance(value, list) and value:
+            return value
+    return None
 
 
 # ------------------------------------------------------------------------------------ sections
@@ -403,7 +418,7 @@ def _rows(value: Any) -> list[dict[str, Any]] | None:
 
 def baseline_section(page: Page, root: Path, settings: dict[str, Any], out_files: dict[str, str]) -> dict[str, float]:
     page.h(1, "Zero-shot baseline")
-    summary = _read_json(root / "metrics/baseline_eval.json") or _read_json(root / "outputs/baseline_eval/summary.json")
+    summary = _first_json(root / "outputs/baseline_eval/summary.json", root / "metrics/baseline_eval.json")
     if summary is None:
         page.p(f"Baseline evaluation: {NOT_RUN}.")
         return {}
@@ -441,7 +456,11 @@ def baseline_section(page: Page, root: Path, settings: dict[str, Any], out_files
         out_files["baseline_cases.md"] = text
         page.document("baseline_cases.md", "Examples of each category", text)
     _link_run(page, root, "baseline_eval")
-    return {"baseline_accuracy": summary["accuracy"], "baseline_format_rate": summary["format_rate"]}
+    return {
+        f"baseline_{key}": summary[key]
+        for key in ("accuracy", "accuracy_se", "format_rate")
+        if isinstance(summary.get(key), (int, float))
+    }
 
 
 def _link_run(page: Page, root: Path, stage: str) -> None:
@@ -452,11 +471,11 @@ def _link_run(page: Page, root: Path, stage: str) -> None:
 
 def sft_section(page: Page, root: Path, settings: dict[str, Any]) -> dict[str, float]:
     page.h(1, "SFT")
-    data = _read_json(root / "metrics/sft_data.json")
-    if data:
-        page.p("SFT data sets after filtering to the traces the grader accepts (`metrics/sft_data.json`):")
+    data = _first_json(root / "data/sft/sizes.json", root / "metrics/sft_data.json")
+    if data and all(isinstance(values, dict) for values in data.values()):
+        page.p("SFT data sets after filtering to the traces the grader accepts (`data/sft/sizes.json`):")
         page.table([{"set": name, **values} for name, values in data.items()])
-    rows = _rows(_read_json(root / "metrics/sft_experiment.json"))
+    rows = _rows(root, "sft_experiment")
     if not rows:
         page.p(f"SFT sweep: {NOT_RUN}.")
         return {}
@@ -476,7 +495,7 @@ def sft_section(page: Page, root: Path, settings: dict[str, Any]) -> dict[str, f
 
 def ei_section(page: Page, root: Path, settings: dict[str, Any]) -> dict[str, float]:
     page.h(1, "Expert Iteration")
-    rows = _rows(_read_json(root / "metrics/expert_iteration.json"))
+    rows = _rows(root, "expert_iteration")
     if not rows:
         page.p(f"Expert Iteration: {NOT_RUN}.")
         return {}
@@ -499,7 +518,7 @@ def ei_section(page: Page, root: Path, settings: dict[str, Any]) -> dict[str, fl
 
 def grpo_section(page: Page, root: Path, settings: dict[str, Any]) -> dict[str, float]:
     page.h(1, "GRPO")
-    rows = _rows(_read_json(root / "metrics/grpo.json"))
+    rows = _rows(root, "grpo")
     if not rows:
         page.p(f"GRPO: {NOT_RUN}.")
         return {}
@@ -517,16 +536,56 @@ def grpo_section(page: Page, root: Path, settings: dict[str, Any]) -> dict[str, 
             else ""
         )
     )
+    if best:
+        page.p(_change_sentence(best) + _signal_sentence(root / "outputs/grpo/train_curves.csv", best["setting"]))
     page.table(rows)
     _add_plots(page, "grpo", root / "outputs/grpo")
     _link_run(page, root, "grpo")
     return _before_after("grpo_best", best)
 
 
+def _change_sentence(row: dict[str, Any]) -> str:
+    """``Accuracy 0.344 ± 0.084 → 0.594 ± 0.088; paired on the 32 problems both scored: +0.250 ± 0.080. ``"""
+    if not isinstance(row.get("initial_accuracy"), (int, float)):
+        return ""
+    text = f"Accuracy {_plus_minus(row, 'initial_accuracy')} → {_plus_minus(row, 'final_accuracy')}"
+    if isinstance(row.get("accuracy_change"), (int, float)):
+        text += (
+            f"; paired on the {row.get('paired_problems', '')} problems both scored: "
+            f"**{row['accuracy_change']:+.3f} ± {row.get('accuracy_change_se') or 0:.3f}**"
+        )
+    return text + ". "
+
+
+def _plus_minus(row: dict[str, Any], key: str) -> str:
+    se = row.get(f"{key}_se")
+    return f"{row[key]:.3f}" + (f" ± {se:.3f}" if isinstance(se, (int, float)) else "")
+
+
+def _signal_sentence(curves: Path, setting: str) -> str:
+    """How many of a GRPO run's steps had no learning signal (every group's rewards equal), from its
+    ``train_curves.csv``; "" where the file holds no such column."""
+    import csv
+
+    if not curves.is_file():
+        return ""
+    with open(curves, newline="") as f:
+        steps = [r for r in csv.DictReader(f) if r.get("setting") == setting and r.get("frac_groups_all_equal")]
+    if not steps:
+        return ""
+    shares = [float(r["frac_groups_all_equal"]) for r in steps]
+    none = [r["step"] for r, share in zip(steps, shares, strict=True) if share == 1.0]
+    listed = f" (step {', '.join(none)})" if none else ""
+    return (
+        f"Steps with no learning signal (every group's rewards equal, so every advantage 0): {len(none)} of "
+        f"{len(steps)}{listed}; share of groups with equal rewards, mean over steps: {sum(shares) / len(shares):.2f}."
+    )
+
+
 def difficulty_section(page: Page, root: Path, settings: dict[str, Any]) -> bool:
     """The difficulty table's shares and histogram; nothing (False) where the stage has not run."""
-    summary = _read_json(root / "metrics/difficulty.json")
-    if not isinstance(summary, dict):
+    summary = _first_json(root / "outputs/difficulty/summary.json", root / "metrics/difficulty.json")
+    if not isinstance(summary, dict) or "mean_pass_rate" not in summary:
         return False
     page.h(1, "Questions by difficulty")
     page.p(
@@ -610,35 +669,71 @@ HEADLINE_STAGES = (
 
 
 def headline(metrics: dict[str, float], settings: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per stage: what it was validated on, and its accuracy and format rate before it trained
-    (its starting model) and after ("not run" for a stage with no output)."""
+    """One row per stage: the problems it is scored on, its accuracy (± its standard error) before it trained
+    (its starting model) and after, the change paired problem by problem (± its standard error), and its
+    format rate ("not run" for a stage with no output)."""
     rows = []
     for stage, prefix, section in HEADLINE_STAGES:
         if f"{prefix}_accuracy" not in metrics:
-            rows.append({"stage": stage, "validated on": "", "accuracy": NOT_RUN})
+            rows.append({"stage": stage, "scored on": "", "accuracy": NOT_RUN})
             continue
-        stage_settings = settings.get(section, {})
-        data = stage_settings.get("validation_data") or stage_settings.get("data") or ""
-        limit = stage_settings.get("val_limit") or stage_settings.get("limit")
-        before = {k: metrics.get(f"{prefix}_initial_{k}") for k in ("accuracy", "format_rate")}
+        before = {k: metrics.get(f"{prefix}_initial_{k}") for k in ("accuracy", "accuracy_se", "format_rate")}
+        change = metrics.get(f"{prefix}_change")
         rows.append(
             {
                 "stage": stage,
-                "validated on": Path(str(data)).name + (f" (first {limit})" if limit else ""),
-                "accuracy": _arrow(before["accuracy"], metrics[f"{prefix}_accuracy"]),
-                "format rate": _arrow(before["format_rate"], metrics.get(f"{prefix}_format_rate")),
+                "scored on": scored_on(settings.get(section, {}), f"{prefix}_selection_accuracy" in metrics),
+                "accuracy": _arrow(
+                    _with_se(before["accuracy"], before["accuracy_se"]),
+                    _with_se(metrics[f"{prefix}_accuracy"], metrics.get(f"{prefix}_accuracy_se")),
+                ),
+                "change": "" if change is None else f"{change:+.3f} ± {metrics.get(f'{prefix}_change_se') or 0:.3f}",
+                "format rate": _arrow(_value(before["format_rate"]), _value(metrics.get(f"{prefix}_format_rate"))),
             }
         )
     if "leaderboard_score" in metrics:
-        rows.append({"stage": "Leaderboard run", "validated on": "", "accuracy": _value(metrics["leaderboard_score"])})
+        rows.append({"stage": "Leaderboard run", "scored on": "", "accuracy": _value(metrics["leaderboard_score"])})
     return rows
 
 
-def _arrow(before: float | None, after: float | None) -> str:
+def scored_on(settings: dict[str, Any], score_split: bool) -> str:
+    """The problems a stage's final evaluation scores, from its settings: ``arithmetic:32:1 (first 32)``;
+    ``score_split``: a sweep's, the first of those apart from its selection split."""
+    data = settings.get("validation_data") or settings.get("data") or ""
+    limit = settings.get("val_limit") or settings.get("limit")
+    first = f"first {limit}" if limit else ""
+    where = ", ".join(part for part in (first, "score split" if score_split else "") if part)
+    return Path(str(data)).name + (f" ({where})" if where else "")
+
+
+def _with_se(value: float | None, se: float | None) -> str | None:
+    """``0.312 ± 0.082`` (the value alone without its standard error; None without a value)."""
+    if value is None:
+        return None
+    return _value(value) + (f" ± {_value(se)}" if se is not None else "")
+
+
+def _arrow(before: str | None, after: str | None) -> str:
     """``0.000 → 0.312`` when both are known, else the one that is."""
-    if after is None:
+    if not after:
         return ""
-    return f"{_value(before)} → {_value(after)}" if before is not None else _value(after)
+    return f"{before} → {after}" if before else after
+
+
+def scored_sets_note(rows: list[dict[str, Any]]) -> str:
+    """What the headline's rows are scored on: the same problems (then rows compare), or not (then say so)."""
+    scored = {row["scored on"] for row in rows if row.get("scored on")}
+    if len(scored) == 1:
+        return (
+            f"Every row is scored on the same problems, {scored.pop()}: the rows compare with one another, and each "
+            "change is paired problem by problem (± its standard error)."
+        )
+    if not scored:
+        return ""
+    return (
+        "The rows are scored on different problems (see *scored on*): compare a row's before and after, not one "
+        "row with another."
+    )
 
 
 # ------------------------------------------------------------------------------------- writing
@@ -743,11 +838,13 @@ def build_report(params: ReportParams) -> dict[str, Any]:
         lead.append(
             (
                 "p",
-                "Each stage's accuracy and format rate on its validation set, before it trained (its "
-                "starting model) → after.",
+                "Each stage's accuracy (± its standard error over problems) and format rate on the problems it is "
+                "scored on, before it trained (its starting model) → after.",
             )
         )
-        page.blocks[summary_at:summary_at] = [*lead, ("table", headline(metrics, settings))]
+        rows = headline(metrics, settings)
+        note = scored_sets_note(rows)
+        page.blocks[summary_at:summary_at] = [*lead, ("table", rows), *([("p", note)] if note else [])]
         (built / "figures").mkdir(exist_ok=True)
         for name, source in page.figures.items():
             if source.parent != built / "figures":
@@ -826,9 +923,10 @@ def report(params: ReportParams = ReportParams()) -> dict:
 
 def show(params: ReportParams, result: dict) -> None:
     for row in result["headline"]:
+        change = f" (change {row['change']})" if row.get("change") else ""
         rates = f", format rate {row['format rate']}" if row.get("format rate") else ""
-        place = f" on {row['validated on']}" if row["validated on"] else ""
-        print(f"{row['stage']:>24}: accuracy {row['accuracy']}{rates}{place}")
+        place = f" on {row['scored on']}" if row["scored on"] else ""
+        print(f"{row['stage']:>24}: accuracy {row['accuracy']}{change}{rates}{place}")
     print_paths({"report": result["report_md"], "html": result["report_html"]})
     if result["mlflow_run_id"]:
         print(f"mlflow run {result['mlflow_run_id']} (experiment {result['experiment']})")

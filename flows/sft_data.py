@@ -3,7 +3,7 @@
     python -m flows.sft_data math     --config params.yaml   # data/sft/math_solutions.jsonl
     python -m flows.sft_data traces   --config params.yaml   # data/sft/teacher_raw.jsonl
     python -m flows.sft_data distill  --config params.yaml   # data/sft/distilled_raw.jsonl
-    python -m flows.sft_data filter   --config params.yaml   # data/sft/<set>_filtered.jsonl + metrics/sft_data.json
+    python -m flows.sft_data filter   --config params.yaml   # data/sft/<set>_filtered.jsonl, sizes.json + metrics
 
 Settings come from params.yaml's ``sft_data`` section, deep-merged with
 ``profiles.<profile>.sft_data`` (so a profile may override one key of ``distill``).
@@ -21,8 +21,9 @@ Settings come from params.yaml's ``sft_data`` section, deep-merged with
   and the ``a5`` profile uses the teacher traces file instead. The ``cpu`` profile enables it with
   the embedded SmolLM2-135M on a handful of problems, to exercise the route, not to get good traces.
 - ``filter``: per set, drop exact duplicates (``sft_data.dedup``), keep traces the r1_zero grader
-  gives reward 1, write ``<set>_filtered.jsonl``; metrics per set: ``raw``, ``duplicates``,
-  ``filtered``, ``kept_fraction`` (filtered / raw) and ``format_rate`` (of the deduplicated traces).
+  gives reward 1, write ``<set>_filtered.jsonl``; per set in ``sizes.json`` beside them: ``raw``,
+  ``duplicates``, ``filtered``, ``kept_fraction`` (filtered / raw) and ``format_rate`` (of the deduplicated
+  traces); the metrics file holds the traces kept in all (``traces``).
   An empty raw file (distillation disabled) gives an empty filtered file and null rates.
 
 Every output is written atomically (temporary file, then rename). Each command is also the Prefect flow
@@ -71,6 +72,7 @@ DEFAULT_SETS = {
     "distilled": OUT_DIR / "distilled_raw.jsonl",
 }
 DEFAULT_METRICS = Path("metrics/sft_data.json")
+SIZES = "sizes.json"  # beside the filtered sets: each set's raw, duplicate and kept traces
 
 
 class SftDataParams(Prompt):
@@ -161,7 +163,8 @@ def write_filtered(
     metrics_path: str | os.PathLike | None,
     dedup: bool = True,
 ) -> dict[str, dict[str, Any]]:
-    """For each ``name → raw file``: dedup (optional), keep correct traces, write ``<name>_filtered.jsonl``."""
+    """For each ``name → raw file``: dedup (optional), keep correct traces, write ``<name>_filtered.jsonl``; each
+    set's sizes to ``sizes.json`` beside them, and the traces kept in all (``traces``) to the metrics file."""
     metrics = {}
     for name, raw_path in sets.items():
         raw = read_set(raw_path)
@@ -175,8 +178,10 @@ def write_filtered(
             "kept_fraction": len(kept) / len(raw) if raw else None,
             "format_rate": stats["format_rate"],
         }
+    write_text_atomic(Path(out_dir) / SIZES, json.dumps(metrics, indent=2) + "\n")
     if metrics_path:
-        write_text_atomic(metrics_path, json.dumps(metrics, indent=2) + "\n")
+        traces = sum(m["filtered"] for m in metrics.values())
+        write_text_atomic(metrics_path, json.dumps({"traces": traces}, indent=2) + "\n")
     return metrics
 
 

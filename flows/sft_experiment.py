@@ -18,7 +18,9 @@ EI and GRPO do). The best is chosen apart from the score: the validation set is 
 (:func:`a5core.problem_sets.split_validation`): the curve's evaluations run on the last ``val_subset``
 problems (at most half), the selection split that chooses the best setting; the final evaluation, the
 reported score, on the first ``val_limit`` of the others. The parent run's tags ``chosen_on`` and
-``scored_on`` say which.
+``scored_on`` say which. With one setting there is nothing to choose: every evaluation, the curve's
+included, scores the first ``val_limit`` problems, so the curve ends at the final score (the problems EI
+and GRPO score when they validate on the same set).
 
     python -m flows.sft_experiment --help
     python -m flows.sft_experiment --config params.yaml
@@ -55,6 +57,7 @@ from tasks.outputs import claim_outputs, link_model
 from tasks.plots import log_comparison
 from tasks.run_lock import run_lock
 from tasks.runs import Run, Trained, curve, log_run_params, run_key, save_model_folder, training_run
+from tasks.tables import headline_metrics
 from tasks.tracking import (
     REGISTERED_MODELS,
     mlflow_logger,
@@ -73,13 +76,18 @@ def subsets(traces: list[Trace], sizes: list[int | str], seed: int) -> dict[str,
 
 
 def train_setting(
-    name: str, traces: list[Trace], params: SFTExperimentParams, engine: Engine, parent_run_id: str
+    name: str, traces: list[Trace], params: SFTExperimentParams, engine: Engine, parent_run_id: str, alone: bool
 ) -> dict:
     """One setting (:func:`tasks.runs.training_run`, a child of the sweep's run); its row adds the number
-    of examples and steps and the validation curve, and with ``save_models`` its final model is saved."""
+    of examples and steps and the validation curve, and with ``save_models`` its final model is saved.
+    ``alone``: the only setting, so nothing is chosen: the curve evaluates the score split too, and its last
+    point is the final score (evaluated once)."""
 
     def train(run: Run) -> Trained:
-        selection, score = split_validation(run.validation_problems, params.val_subset, params.val_limit)
+        if alone:
+            selection = score = run.validation_problems[: params.val_limit]
+        else:
+            selection, score = split_validation(run.validation_problems, params.val_subset, params.val_limit)
 
         def hook(problems: list, subset: int | None):
             return validation_hook(
@@ -100,6 +108,8 @@ def train_setting(
             save_model_folder(run.model, run.tokenizer, run.folder / "model")
         step = int(trained.get("step", 0))
         row = {"n_examples": len(traces), "steps": step, "curve": curve(run.run_id)}
+        if alone and "val_accuracy" in trained:  # the last evaluation was on the score split, at the last step
+            return Trained(step, row, final={k: v for k, v in trained.items() if k.startswith("val_")})
         last = (curve(run.run_id, "val_format_rate") or [{}])[-1]  # the last evaluation on the selection split
         row |= {"selection_accuracy": last.get("val_accuracy"), "selection_format_rate": last.get("val_format_rate")}
         return Trained(step, row, final=hook(score, None)(run.model, step))  # the score split, at the end
@@ -109,9 +119,14 @@ def train_setting(
     )
 
 
-# Which problems choose the best setting and which score it (the validation set split by split_validation).
+# Which problems choose the best setting and which score it (the validation set split by split_validation);
+# with one setting, nothing is chosen and every evaluation scores the first val_limit problems.
 SELECTION_SPLIT = "the last val_subset validation problems, at most half (the curve's evaluations)"
 SCORE_SPLIT = "the first val_limit of the other validation problems (the final evaluation)"
+ALONE_CHOSEN, ALONE_SCORED = (
+    "one setting: nothing to choose",
+    "the first val_limit validation problems (every evaluation)",
+)
 
 
 def choose_best(rows: list[dict]) -> dict:
@@ -138,7 +153,10 @@ def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
         closing_engine(engine),
     ):
         log_run_params(params)
-        rows = [train_setting(name, traces, params, engine, parent.info.run_id) for name, traces in settings.items()]
+        alone = len(settings) == 1
+        rows = [
+            train_setting(name, traces, params, engine, parent.info.run_id, alone) for name, traces in settings.items()
+        ]
         if not tracking_rank():  # a torchrun rank other than 0 trained along; rank 0 reports
             return {"summary": None, "paths": None, "mlflow_run_id": None}
         curves = [{"setting": r["setting"], **point} for r in rows for point in r["curve"]]
@@ -150,10 +168,15 @@ def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
                     "n_examples",
                     "steps",
                     "initial_accuracy",
+                    "initial_accuracy_se",
                     "initial_format_rate",
                     "selection_accuracy",
                     "final_accuracy",
+                    "final_accuracy_se",
                     "final_format_rate",
+                    "accuracy_change",
+                    "accuracy_change_se",
+                    "paired_problems",
                 )
             }
             for r in rows
@@ -163,14 +186,16 @@ def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
             best = choose_best(rows)
             best_model = out / f"runs-{run_key(params)}" / best["setting"] / "model"
             link_model(best_model, out / "best_model")
-            tag_active_run(best_setting=best["setting"], chosen_on=SELECTION_SPLIT, scored_on=SCORE_SPLIT)
+            chosen_on, scored_on = (ALONE_CHOSEN, ALONE_SCORED) if alone else (SELECTION_SPLIT, SCORE_SPLIT)
+            tag_active_run(best_setting=best["setting"], chosen_on=chosen_on, scored_on=scored_on)
             models.append(
                 register_model(best_model, REGISTERED_MODELS["sft_experiment"], best["mlflow_run_id"], best["setting"])
             )
         paths = log_comparison(out, curves, summary, "setting", "SFT: validation accuracy by training-set size")
         mlflow_logger()({f"final_accuracy_{r['setting']}": r["final_accuracy"] for r in rows}, 0)
         if params.metrics_path:
-            write_text_atomic(Path(params.metrics_path), json.dumps(summary, indent=2) + "\n")
+            best = choose_best(rows)
+            write_text_atomic(Path(params.metrics_path), json.dumps(headline_metrics(best), indent=2) + "\n")
     publish(
         "sft_experiment",
         "SFT sweep",
@@ -201,7 +226,8 @@ def check_inputs(params: SFTExperimentParams) -> None:
                 except ValueError as error:
                     raise ValueError(f"{source}: {error}") from None
     validation = load_validation_set(params.validation_data, params.validation_format)
-    split_validation(validation, params.val_subset, params.val_limit)  # two problems at least
+    if len(params.sizes) + bool(params.filtered_data) > 1:  # settings to choose from: two splits
+        split_validation(validation, params.val_subset, params.val_limit)  # two problems at least
     check_prompts_fit(params, {params.validation_data: validation}, params.max_tokens)
     check_outputs(params)
 
@@ -210,8 +236,8 @@ def show(params: SFTExperimentParams, result: dict) -> None:
     for row in result["summary"]:
         print(
             f"{row['setting']:>9}: {row['n_examples']:>5} examples, {row['steps']:>4} steps, "
-            f"selection accuracy {row['selection_accuracy'] or 0:.3f}; "
-            f"score: accuracy {row['final_accuracy']:.3f}, format {row['final_format_rate']:.3f}"
+            + (f"selection accuracy {row['selection_accuracy']:.3f}; " if row["selection_accuracy"] is not None else "")
+            + f"score: accuracy {row['final_accuracy']:.3f}, format {row['final_format_rate']:.3f}"
         )
     print_paths(result["paths"])
     print(f"mlflow parent run {result['mlflow_run_id']}")

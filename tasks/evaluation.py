@@ -18,7 +18,7 @@ from a5core import distributed
 from a5core.data import PROBLEM_LOADERS, Problem, write_jsonl_atomic, write_text_atomic
 from a5core.evaluation import case_report, evaluate, grade_completions, log_generations, per_problem_table, summarize
 from a5core.models import resolve_model
-from a5core.problem_sets import REWARD_FNS
+from a5core.problem_sets import REWARD_FNS, load_validation_set
 from a5core.prompts import PromptTemplate
 from a5core.rollout import Completion, Engine, SamplingSettings, make_engine
 from tasks.engines import closing_engine, retry_unless_deterministic, start_engine
@@ -32,8 +32,12 @@ RESULTS = Path(".a5-cache/prefect-results")
 
 @task(cache_policy=NO_CACHE)
 def load_problems(source: str, data_format: str, limit: int | None) -> list[Problem]:
-    """The first ``limit`` problems (all if None) of a MATH or GSM8K source. Not cached: a key on the
-    file's contents would read the file anyway, and a key on its path would miss an edit."""
+    """The first ``limit`` problems (all if None) of a MATH or GSM8K source, in the file's order, or of
+    ``arithmetic:N:DIGITS``: its validation problems in the order the training flows validate on them, so an
+    evaluation scores the problems they score. Not cached: a key on the file's contents would read the file
+    anyway, and a key on its path would miss an edit."""
+    if source.startswith("arithmetic:"):
+        return load_validation_set(source, data_format)[:limit]
     return PROBLEM_LOADERS[data_format](source)[:limit]
 
 
@@ -73,7 +77,8 @@ def grade(
 
 @task
 def write_outputs(records: list[dict[str, Any]], output_dir: str, metrics_path: str | None) -> dict[str, Any]:
-    """Write records.jsonl, summary.json, report.md (and the DVC metrics file), each atomically."""
+    """Write records.jsonl, summary.json, report.md (and the DVC metrics file: the headline accuracy, its
+    standard error and the format rate, a flat mapping), each atomically."""
     out = Path(output_dir)
     summary = summarize(records)
     paths = {
@@ -82,7 +87,8 @@ def write_outputs(records: list[dict[str, Any]], output_dir: str, metrics_path: 
         "report": write_text_atomic(out / "report.md", case_report(records)),
     }
     if metrics_path:
-        paths["metrics"] = write_text_atomic(metrics_path, json.dumps(summary, indent=2) + "\n")
+        headline = {key: summary[key] for key in ("accuracy", "accuracy_se", "format_rate")}
+        paths["metrics"] = write_text_atomic(metrics_path, json.dumps(headline, indent=2) + "\n")
     return {"summary": summary, "paths": {k: str(v) for k, v in paths.items()}}
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -88,6 +89,20 @@ def check_output_file(path: str | os.PathLike, what: str, metrics: bool = False)
                 f"{what} {path}: exists and is not a metrics file (JSON: an object or a list); not replacing it: "
                 "give another path, or delete it if it is an old output"
             )
+
+
+def source_folders_refused(schema: dict[str, Any]) -> None:
+    """The JSON schema of an output folder setting (what the Prefect UI's form validates against): a pattern
+    that refuses the project itself and each of its top-level folders that holds files git tracks (``flows``,
+    ``docs``, ...), as :func:`check_output_dir` does, so the form refuses them before a run starts. Outside a
+    repository, no pattern (nothing is tracked)."""
+    folders = sorted({name.split("/")[0] for name in git_tracked(Path("."), recursive=True) if "/" in name})
+    if folders:
+        names = "|".join(re.escape(folder) for folder in folders)
+        schema["pattern"] = rf"^(?!(\./)*({names})?/*$)"
+        schema["description"] = (
+            f"{schema.get('description', '')} (a folder of its own: not the project's, nor {', '.join(folders)})"
+        ).strip()
 
 
 # Folders of the operating system: never an output folder, nor anything in them (but their scratch space).

@@ -44,7 +44,7 @@ def plot_curves(path: Path, rows: Sequence[dict[str, Any]], x: str, y: str, seri
 
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for name in dict.fromkeys(str(r[series]) for r in rows):
-        points = sorted((r[x], r[y]) for r in rows if str(r[series]) == name)
+        points = sorted((r[x], r[y]) for r in rows if str(r[series]) == name and r[y] is not None)
         axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
     axes.set(xlabel=x, ylabel=y, title=title)
     ys = [r[y] for r in rows if isinstance(r[y], numbers.Real)]

@@ -58,9 +58,9 @@ def _jsonable(value: Any) -> Any:
 
 
 def git_state() -> dict[str, Any]:
-    """The commit checked out, whether tracked files differ from it, and the diff (``diff``, not recorded)."""
+    """The commit checked out, whether tracked files (dvc.lock aside) differ from it, and the diff (not recorded)."""
     commit = git("rev-parse", "HEAD")
-    diff = (git("diff", "HEAD") or "") if commit else ""
+    diff = (git("diff", "HEAD", "--", ".", ":(exclude)dvc.lock") or "") if commit else ""  # as run_tags's git.dirty
     return {
         "commit": commit,
         "dirty": bool(diff),

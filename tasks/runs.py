@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import shutil
 from collections import Counter
 from collections.abc import Callable
@@ -128,6 +129,16 @@ class Run:
             self.engine, self.tokenizer, self.validation_problems, self.template, self.reward_fn, self.sampling, subset
         )
 
+    def final_from(self, last: dict[str, Any]) -> dict[str, float] | None:
+        """The loop's last evaluation (the metrics of its last step) as the run's final one, when it scored the
+        problems the final evaluation would (the first ``val_subset`` are the first ``val_limit``): the curve
+        then ends at the final score, evaluated once. None otherwise (the skeleton evaluates again)."""
+        n = len(self.validation_problems)
+        subset, limit = self.params.val_subset, self.params.val_limit
+        if "val_accuracy" not in last or min(subset or n, n) != min(limit or n, n):
+            return None
+        return {key: value for key, value in last.items() if key.startswith("val_")}
+
 
 @dataclass
 class Trained:
@@ -202,9 +213,12 @@ def training_run(
             row = {
                 "setting": name,
                 "initial_accuracy": start.get("val_accuracy"),
+                "initial_accuracy_se": start.get("val_accuracy_se"),
                 "initial_format_rate": start.get("val_format_rate"),
                 "final_accuracy": final["val_accuracy"],
+                "final_accuracy_se": final.get("val_accuracy_se"),
                 "final_format_rate": final["val_format_rate"],
+                **accuracy_change(mlflow_run.info.run_id),
                 **trained.row,
                 "mlflow_run_id": mlflow_run.info.run_id,
             }
@@ -275,9 +289,41 @@ def _starting_evaluation(run_id: str | None) -> dict[str, float]:
     client = mlflow.MlflowClient()
     return {
         key: m.value
-        for key in ("val_accuracy", "val_format_rate")
+        for key in ("val_accuracy", "val_accuracy_se", "val_format_rate")
         for m in client.get_metric_history(run_id, key)
         if m.step == 0
+    }
+
+
+def accuracy_change(run_id: str | None) -> dict[str, float]:
+    """The final evaluation's accuracy less the starting model's, problem by problem on the problems both
+    scored (``accuracy_change``, its standard error ``accuracy_change_se`` over ``paired_problems``): a gain
+    is measured against the noise of those problems, not against two separate standard errors. From the
+    ``per_problem/`` tables of step 0 and of the final evaluation; {} off the tracking rank, without a
+    step-0 table, or when the two evaluations share no problem (the SFT sweep's selection and score splits)."""
+    import mlflow
+
+    from a5core.sample_metrics import paired_difference, problem_scores
+    from tasks.tracking import final_per_problem, run_records
+
+    if run_id is None:
+        return {}
+    client = mlflow.MlflowClient()
+    run = client.get_run(run_id)
+    starts = [a.path for a in client.list_artifacts(run_id, "per_problem") if a.path.endswith("_step_000000.json")]
+    final = final_per_problem(client, run)
+    if not starts or not final:
+        return {}
+    largest = max(starts, key=lambda path: float("inf") if "/full_" in path else int(re.findall(r"\d+", path)[0]))
+    start = run_records(client, run, largest, folder="per_problem")
+    try:
+        change = paired_difference(problem_scores(final), problem_scores(start))
+    except ValueError:  # no problem in common
+        return {}
+    return {
+        "accuracy_change": change["difference"],
+        "accuracy_change_se": change["difference_se"],
+        "paired_problems": int(change["n_problems"]),
     }
 
 

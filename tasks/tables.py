@@ -37,3 +37,21 @@ def csv_text(rows: Sequence[dict[str, Any]]) -> str:
     writer.writeheader()
     writer.writerows(rows)
     return buffer.getvalue()
+
+
+# A training stage's DVC metrics (its best row's): the same few keys in every stage's file, so that `dvc metrics
+# show` is one row a stage and one column a number.
+HEADLINE_METRICS = {
+    "accuracy": "final_accuracy",
+    "accuracy_se": "final_accuracy_se",
+    "change": "accuracy_change",
+    "change_se": "accuracy_change_se",
+    "format_rate": "final_format_rate",
+}
+
+
+def headline_metrics(row: dict[str, Any]) -> dict[str, float]:
+    """A flat mapping of a stage's headline numbers from its best row: final accuracy and its standard error,
+    the change from the starting model on the same problems and its standard error, format rate (those the
+    row holds)."""
+    return {key: row[field] for key, field in HEADLINE_METRICS.items() if isinstance(row.get(field), (int, float))}

@@ -4,7 +4,10 @@ MLflow 3.17 refuses a plain ``./mlruns`` file store, so runs live in SQLite and 
 Experiments are created as model-training experiments (tag ``mlflow.experimentKind``). MLflow 3.17's
 UI ignores that tag, though: it opens an experiment in the view its "GenAI | Model training" switch last
 chose in the browser (GenAI at first) unless the address says ``workflowType=machine_learning``, so the
-addresses the flows print (:func:`ui_address`) say so, and land on the runs. A new store is created, and an
+addresses the flows print (:func:`ui_address`) say so, and land on the runs. For a user who starts at the
+UI's home page, each experiment's description (shown there beside it) says which switch to pick. The
+runs table opens sorted by the stage's headline metric, shown as a column with its standard error: a shared
+view (MLflow's ``mlflow.sharedViewState.<key>`` experiment tag, which the address names). A new store is created, and an
 experiment looked up or created, under a file lock: runs started together on a new ``mlflow.db`` each
 race to create its tables (and the same experiment) otherwise, and all but one failed.
 
@@ -40,6 +43,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar for each small table read back
 
 import mlflow  # noqa: E402
 
@@ -51,6 +55,17 @@ DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 DEFAULT_ARTIFACT_ROOT = "mlruns"
 # What an experiment says it is: a model-training experiment (MLflow's kinds), not a GenAI application's.
 EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT = "mlflow.experimentKind", "custom_model_development"
+# Each experiment's runs table as the printed addresses open it: MLflow's shared view ``VIEW_KEY`` (an experiment
+# tag), sorted by the stage's headline metric (HEADLINE_METRICS; the training stages': final_val_accuracy) and
+# showing it and its standard error (columns off the screen's width are not drawn: these come first).
+VIEW_KEY, VIEW_TAG = "a5", "mlflow.sharedViewState.a5"
+HEADLINE_METRICS = {"baseline_eval": "accuracy", "difficulty": "mean_pass_rate", "report": "grpo_best_accuracy"}
+TRAINING_HEADLINE = "final_val_accuracy"
+DESCRIPTION_TAG = "mlflow.note.content"
+DESCRIPTION = (
+    "Runs of the {name} stage. From MLflow's home page, pick Model training (top left, once in a browser) before "
+    "opening it: MLflow shows an experiment's GenAI view until then, and its runs after."
+)
 # The MLflow UI as a user starts it, and the address it serves (port 5000).
 UI_COMMAND = "mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1"
 UI_ROOT = "http://127.0.0.1:5000"
@@ -161,14 +176,44 @@ logging.getLogger("mlflow.store.db.utils").addFilter(_QuietStoreErrors())
 def ui_address(
     experiment: str, tracking_uri: str = DEFAULT_TRACKING_URI, run_id: str | None = None, root: str = UI_ROOT
 ) -> str:
-    """The MLflow UI's page of ``experiment`` (its runs) or of one of its runs, in the model-training view
+    """The MLflow UI's page of ``experiment`` (its runs, in the shared view :data:`VIEW_KEY` where the experiment
+    holds it: the headline metric as a column) or of one of its runs, in the model-training view
     (``workflowType=machine_learning``; without it MLflow 3.17 opens its GenAI view). The experiment list
     if the store has no such experiment."""
     found = mlflow.MlflowClient(tracking_uri).get_experiment_by_name(experiment)
     page = f"{root}/#/experiments" + (f"/{found.experiment_id}" if found else "")
     if found and run_id:
-        page += f"/runs/{run_id}"
+        return f"{page}/runs/{run_id}?workflowType=machine_learning"
+    if found:
+        view = f"viewStateShareKey={VIEW_KEY}&" if VIEW_TAG in found.tags else ""
+        return f"{page}/runs?{view}workflowType=machine_learning"
     return page + "?workflowType=machine_learning"
+
+
+def landing(tracking_uri: str = DEFAULT_TRACKING_URI, root: str = UI_ROOT) -> str:
+    """Where a user finds the runs in the MLflow UI: the home page (and the switch to pick there), then each
+    experiment's runs table, as addresses to open."""
+    experiments = mlflow.MlflowClient(tracking_uri).search_experiments(order_by=["creation_time ASC"])
+    lines = [f"MLflow UI: {root} (pick Model training at the top left; its experiments then open on their runs)"]
+    lines += [
+        f"  {e.name:<17} {ui_address(e.name, tracking_uri, root=root)}" for e in experiments if e.name != "Default"
+    ]
+    return "\n".join(lines)
+
+
+def experiment_tags(name: str) -> dict[str, str]:
+    """What every experiment of the project carries: its kind (model training), a description that tells a
+    user at the UI's home page how to reach its runs, and the runs table's shared view (:data:`VIEW_KEY`)."""
+    import json
+
+    metric = HEADLINE_METRICS.get(name, TRAINING_HEADLINE)
+    columns = [f"metrics.`{metric}`", f"metrics.`{metric}_se`"]
+    view = {"orderByKey": columns[0], "orderByAsc": False, "selectedColumns": columns, "columnOrder": columns}
+    return {
+        EXPERIMENT_KIND_TAG: TRAINING_EXPERIMENT,
+        DESCRIPTION_TAG: DESCRIPTION.format(name=name),
+        VIEW_TAG: json.dumps(view),
+    }
 
 
 def find_runs(client: Any, params: Any) -> list[Any]:
@@ -287,13 +332,13 @@ def ensure_experiment(
     with store_lock(tracking_uri):
         client = mlflow.MlflowClient(tracking_uri)
         experiment = client.get_experiment_by_name(name)
+        tags = experiment_tags(name)
         if experiment is None:
             location = (Path(artifact_root).resolve() / name).as_uri()
-            return client.create_experiment(
-                name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: TRAINING_EXPERIMENT}
-            )
-        if EXPERIMENT_KIND_TAG not in experiment.tags:  # made before the tag was set: open it on its runs too
-            client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT)
+            return client.create_experiment(name, artifact_location=location, tags=tags)
+        for key, value in tags.items():  # an experiment made before a tag was set gets it (a user's own kept)
+            if key not in experiment.tags:
+                client.set_experiment_tag(experiment.experiment_id, key, value)
         return experiment.experiment_id
 
 
@@ -314,6 +359,11 @@ def check_store(tracking_uri: str, experiment: str) -> None:
 # The project's root (its git work tree, when it is one) and the packages whose versions a run records.
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 VERSIONED_PACKAGES = ("torch", "transformers", "vllm", "peft", "mlflow", "prefect", "dvc")
+
+
+# What a run's commit is compared with: every tracked file but dvc.lock, which records what the stages made (DVC
+# rewrites it as a pipeline runs) and decides nothing a stage computes.
+NOT_DVC_RECORDS = ("--", ".", ":(exclude)dvc.lock")
 
 
 def git(*args: str) -> str | None:
@@ -380,7 +430,8 @@ def run_tags() -> dict[str, str]:
       Prefect UI's page of the flow run), when it runs inside one; then also the run's description
       (``mlflow.note.content``) links that page, and its source (``mlflow.source.name``) is the flow's module;
     - ``mlflow.source.git.commit`` (shown by MLflow as the run's commit; MLflow records none for a run that
-      Prefect's engine starts), ``git.dirty`` (``true``: the tree had uncommitted changes to tracked files);
+      Prefect's engine starts), ``git.dirty`` (``true``: the tree had uncommitted changes to tracked files,
+      other than ``dvc.lock``: DVC's record of what the pipeline's stages made, which it rewrites as they run);
     - ``versions.python``, ``versions.a5`` and ``versions.<package>`` of :data:`VERSIONED_PACKAGES` installed;
     - ``device``: ``cuda`` with the GPUs' names and count, or ``cpu``.
 
@@ -397,7 +448,7 @@ def run_tags() -> dict[str, str]:
     commit = git("rev-parse", "HEAD")
     if commit:
         tags["mlflow.source.git.commit"] = commit
-        tags["git.dirty"] = str(bool(git("status", "--porcelain", "--untracked-files=no"))).lower()
+        tags["git.dirty"] = str(bool(git("status", "--porcelain", "--untracked-files=no", *NOT_DVC_RECORDS))).lower()
     if flow_run.get("url"):  # the run's description: a link back to the Prefect flow run
         tags["mlflow.note.content"] = (
             f"Started by Prefect flow run [{flow_run['name']}]({flow_run['url']}) of flow `{flow_run['flow']}`"

@@ -61,7 +61,8 @@ def test_flow_runs_caches_and_logs_to_mlflow(prefect_harness, tiny_lm_dir, share
     records = [json.loads(line) for line in (tmp_path / "out/records.jsonl").read_text().splitlines()]
     first_four = [p.unique_id for p in load_math(shared_data / "math/validation.jsonl")[:4]]
     assert [r["unique_id"] for r in records] == [i for i in first_four for _ in range(2)]
-    assert json.loads((tmp_path / "metrics.json").read_text())["n_records"] == 8
+    assert json.loads((tmp_path / "out/summary.json").read_text())["n_records"] == 8
+    assert set(json.loads((tmp_path / "metrics.json").read_text())) == {"accuracy", "accuracy_se", "format_rate"}
     assert "# Evaluation case analysis" in (tmp_path / "out/report.md").read_text()
 
     second = baseline_eval(params)

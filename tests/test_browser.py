@@ -279,7 +279,7 @@ def test_the_dvc_plots_page_offline_and_the_report_alone(uis, browser, tmp_path)
         alone.parent.mkdir()
         alone.write_bytes((root / "report/report.html").read_bytes())
         browser.get(alone.as_uri())
-        wait_for_text(browser, "0.200 → 0.450", shots / "report.png")  # the headline
+        wait_for_text(browser, "0.200 ± 0.100 → 0.450 ± 0.110", shots / "report.png")  # the headline
         browser.find_element("css selector", "details#baseline-cases > summary").click()
         wait_for_text(browser, "Evaluation case analysis", shots / "report_cases.png")  # the case report, in the page
         images = browser.find_elements("css selector", "figure img")
@@ -291,6 +291,62 @@ def test_the_dvc_plots_page_offline_and_the_report_alone(uis, browser, tmp_path)
     finally:
         with contextlib.suppress(Exception):
             browser.delete_network_conditions()
+        with contextlib.suppress(OSError):
+            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+            for shot in shots.glob("*.png"):
+                shutil.copy2(shot, SCREENSHOTS / shot.name)
+
+
+def test_mlflow_from_its_home_page_and_a_prefect_form_that_refuses_a_source_folder(uis, browser, tmp_path):
+    """A user who opens MLflow at its root reads there how to reach an experiment's runs (its description), picks
+    "Model training" and opens the experiment on its runs; the address the flows print opens the runs table with
+    the stage's headline metric as a column. A Prefect form with ``output_dir`` a source folder (``flows``) is
+    refused, and no flow run is made."""
+    import mlflow
+
+    from tasks.tracking import ensure_experiment, ui_address
+
+    root = Path(__file__).resolve().parents[1]
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    with mlflow.start_run(experiment_id=ensure_experiment("grpo", uis["tracking_uri"]), run_name="grpo-single") as run:
+        mlflow.log_metrics({"final_val_accuracy": 0.59375, "final_val_accuracy_se": 0.088})
+    deployment = subprocess.run(  # the report flow's deployment, made where the project is (its folders git tracks)
+        [sys.executable, "-c", "from flows.report import report; print(report.to_deployment(name='form').apply())"],
+        cwd=root,
+        env=quiet_env(uis["tmp"], PREFECT_API_URL=f"{uis['prefect']}/api", PYTHONPATH=str(root)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert deployment.returncode == 0, deployment.stderr[-3000:]
+    try:
+        browser.get(f"{uis['mlflow']}/")
+        wait_for_text(browser, "pick Model training", shots / "mlflow_home.png")  # the experiment's description
+        click_text(browser, "Model training")
+        click_text(browser, "grpo")
+        wait_for_text(browser, run.info.run_name, shots / "mlflow_home_to_runs.png")
+        assert "/runs?" in browser.current_url and "workflowType=machine_learning" in browser.current_url
+        browser.get(ui_address("grpo", uis["tracking_uri"], root=uis["mlflow"]))
+        wait_for_text(browser, "final_val_accuracy_se", shots / "mlflow_runs_headline.png")  # a column of the table
+        wait_for_text(browser, "0.59375", shots / "mlflow_runs_headline.png")
+
+        from selenium.webdriver.common.by import By
+
+        deployment_id = deployment.stdout.split()[-1]
+        browser.get(f"{uis['prefect']}/deployments/deployment/{deployment_id}/run")
+        wait_for_text(browser, "Output Dir", shots / "prefect_form.png")
+        field = browser.find_element(
+            By.XPATH, "//*[normalize-space(text())='Output Dir (Optional)']/following::textarea"
+        )
+        field.clear()
+        field.send_keys("flows")
+        click_text(browser, "Submit")
+        wait_for_text(browser, "does not match", shots / "prefect_form_refused.png")
+        assert "output_dir" in browser.find_element(By.TAG_NAME, "body").text
+        made = {"deployments": {"id": {"any_": [deployment_id]}}}  # no flow run of the form's deployment
+        assert httpx.post(f"{uis['prefect']}/api/flow_runs/filter", json=made, timeout=10).json() == []
+    finally:
         with contextlib.suppress(OSError):
             SCREENSHOTS.mkdir(parents=True, exist_ok=True)
             for shot in shots.glob("*.png"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 
 import pytest
 
@@ -47,6 +48,9 @@ def test_the_table_counts_each_questions_correct_samples_and_grpo_samples_by_it(
     summary = result["summary"]
     assert summary["difficulty_unsolved"] + summary["difficulty_learnable"] + summary["difficulty_solved"] == 1
     assert (tmp_path / "out/pass_rate_histogram.png").stat().st_size > 0
+    assert json.loads((tmp_path / "out/summary.json").read_text()) == summary  # the metrics file: its headline
+    headline = {"accuracy": summary["mean_pass_rate"], "learnable": summary["difficulty_learnable"]}
+    assert json.loads((tmp_path / "metrics.json").read_text()) == headline
     run = mlflow.MlflowClient(params.tracking_uri).get_run(result["mlflow_run_id"])
     assert run.data.metrics["questions"] == 6
 

@@ -100,13 +100,15 @@ def test_dvc_repro_then_nothing_to_do(tmp_path, tiny_lm_dir, shared_data):
     stages = ("prepare_data", "baseline_eval", "sft_data", "sft_filter", "sft", "ei", "difficulty", "grpo", "report")
     for stage in stages:
         assert f"Running stage '{stage}'" in first
-    metrics = yaml.safe_load((repo / "metrics/baseline_eval.json").read_text())
-    assert metrics["n_records"] == 2
+    assert json.loads((repo / "outputs/baseline_eval/summary.json").read_text())["n_records"] == 2
     assert (repo / "outputs/baseline_eval/records.jsonl").is_file() and (repo / "mlflow.db").is_file()
-    assert json.loads((repo / "metrics/sft_experiment.json").read_text())[0]["setting"] == "4"
+    assert json.loads((repo / "outputs/sft_experiment/summary.json").read_text())[0]["setting"] == "4"
     assert (repo / "outputs/sft_experiment/accuracy_vs_step.png").is_file()
-    assert json.loads((repo / "metrics/expert_iteration.json").read_text())[0]["setting"] == "single"
-    assert json.loads((repo / "metrics/grpo.json").read_text())[0]["setting"] == "single"
+    assert json.loads((repo / "outputs/expert_iteration/summary.json").read_text())[0]["setting"] == "single"
+    assert json.loads((repo / "outputs/grpo/summary.json").read_text())[0]["setting"] == "single"
+    for metrics in (repo / "metrics").glob("*.json"):  # flat mappings of numbers: a row each in `dvc metrics show`
+        values = json.loads(metrics.read_text()).values()
+        assert values and all(isinstance(v, (int, float)) for v in values), metrics
     assert (repo / "data/difficulty/pass_rates.csv").read_text().count("\n") == 3  # a header and 2 questions
     assert (repo / "outputs/grpo/accuracy_vs_wall_clock.png").is_file()
     report = (repo / "outputs/report/report.md").read_text()
@@ -125,6 +127,8 @@ def test_dvc_repro_then_nothing_to_do(tmp_path, tiny_lm_dir, shared_data):
         assert result.returncode == 0, result.stdout + result.stderr
         return result.stdout
 
+    screens_read_at_120_columns(repo, env)
+
     # The learning curves render (`dvc plots show`), and a local remote round-trips every cached output.
     dvc("plots", "show", "-o", str(tmp_path / "plots"))
     assert (tmp_path / "plots/index.html").stat().st_size > 0
@@ -138,6 +142,37 @@ def test_dvc_repro_then_nothing_to_do(tmp_path, tiny_lm_dir, shared_data):
     assert (repo / "outputs/baseline_eval/records.jsonl").read_bytes() == records
     assert (repo / "data/sft/math_solutions.jsonl").stat().st_size > 0
     assert stages_run(repro()) == ["prepare_data"]  # what was pulled is what the pipeline made
+
+
+def screens_read_at_120_columns(repo: Path, env: dict[str, str]) -> None:
+    """What a user reads in a terminal of 120 columns once the pipeline ran: `dvc metrics show`, every stage's
+    headline numbers (no "-" row); and, with the run committed and an experiment that changed a setting, `make
+    exps` (dvc exp show, narrowed): the experiments with the setting that differs and GRPO's accuracy and change.
+    Nothing wider than the terminal, no column folded to "…"."""
+    env = {**env, "COLUMNS": "120", "GIT_AUTHOR_NAME": "a5", "GIT_AUTHOR_EMAIL": "a5@localhost"}
+    env |= {"GIT_COMMITTER_NAME": "a5", "GIT_COMMITTER_EMAIL": "a5@localhost"}
+
+    def run(*command: str) -> list[str]:
+        result = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout.splitlines()
+
+    shown = run("dvc", "metrics", "show")
+    assert max(map(len, shown)) <= 120, "\n".join(shown)
+    for stage in ("baseline_eval", "sft_data", "sft_experiment", "expert_iteration", "difficulty", "grpo"):
+        (row,) = [line for line in shown if line.startswith(f"metrics/{stage}.json")]
+        assert re.search(r"\d", row.split(None, 1)[1]), row
+    run("git", "add", "-A")
+    run("git", "commit", "-qm", "the pipeline, run")
+    run("dvc", "exp", "save", "-n", "first")
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["profiles"]["test"]["grpo"]["learning_rate"] = 3e-4
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    run("dvc", "exp", "save", "-n", "faster")
+    table = run("make", "-s", "exps")
+    assert max(map(len, table)) <= 120 and "…" not in "\n".join(table), "\n".join(table)
+    assert "metrics/grpo.json:accuracy" in table[1] and "profiles.test.grpo.learning_rate" in table[1], table[1]
+    assert any("[faster]" in line and "0.0003" in line for line in table), "\n".join(table)
 
 
 # ------------------------------------------------------------------------------ what a stage depends on

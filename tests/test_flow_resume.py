@@ -25,6 +25,9 @@ from kill9 import kill_at_marker
 from a5core.arithmetic import arithmetic_problems
 from a5core.data import Trace, write_jsonl_atomic
 from a5core.prompts import load_prompt
+from flows.expert_iteration import SUMMARY_KEYS as EI_SUMMARY
+from flows.grpo import SUMMARY_KEYS as GRPO_SUMMARY
+from tasks.tables import headline_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATE = load_prompt("r1_zero")
@@ -186,12 +189,8 @@ def test_expert_iteration_resumes_after_kill_9(warm_policy_dir, flow_env, tmp_pa
     assert len(rounds) == n_rounds and rounds[0] == round_0
     done = json.loads((run_dir / "done.json").read_text())
     assert done["mlflow_run_id"] == run_id and [p["step"] for p in done["curve"]] == list(range(1, n_rounds + 1))
-    assert json.loads((tmp_path / "metrics.json").read_text()) == [
-        {
-            k: done[k]
-            for k in ("setting", "initial_accuracy", "initial_format_rate", "final_accuracy", "final_format_rate")
-        }
-    ]
+    assert json.loads((tmp_path / "out/summary.json").read_text()) == [{k: done.get(k) for k in EI_SUMMARY}]
+    assert json.loads((tmp_path / "metrics.json").read_text()) == headline_metrics(done)
     assert done["initial_accuracy"] is not None  # the starting policy, evaluated before round 0 (step 0)
 
     found = client.search_runs([client.get_experiment_by_name("expert_iteration").experiment_id])
@@ -276,7 +275,7 @@ def test_sft_experiment_resumes_after_kill_9(tiny_lm_dir, flow_env, tmp_path):
 
     assert f"mlflow parent run {parent_id}" in stdout
     assert snapshot(*before) == before  # the finished setting was not trained again
-    summary = json.loads((tmp_path / "metrics.json").read_text())
+    summary = json.loads((tmp_path / "out/summary.json").read_text())
     assert [(r["setting"], r["n_examples"], r["steps"]) for r in summary] == [("4", 4, 2), ("8", 8, 4)]
     assert json.loads((tmp_path / "out/summary.json").read_text()) == summary
     assert (tmp_path / "out/accuracy_vs_step.png").stat().st_size > 1000
@@ -394,19 +393,8 @@ def test_grpo_resumes_after_kill_9(tiny_lm_dir, flow_env, tmp_path):
     done = json.loads((run_dir / "done.json").read_text())
     assert done["mlflow_run_id"] == run_id and [p["step"] for p in done["curve"]] == list(range(n_steps + 1))
     assert [p["step"] for p in done["trends"]] == list(range(1, n_steps + 1))
-    assert json.loads((tmp_path / "metrics.json").read_text()) == [
-        {
-            k: done[k]
-            for k in (
-                "setting",
-                "initial_accuracy",
-                "initial_format_rate",
-                "final_accuracy",
-                "final_format_rate",
-                "wall_seconds",
-            )
-        }
-    ]
+    assert json.loads((tmp_path / "out/summary.json").read_text()) == [{k: done.get(k) for k in GRPO_SUMMARY}]
+    assert json.loads((tmp_path / "metrics.json").read_text()) == headline_metrics(done)
     for name in (
         "summary.json",
         "curves.csv",
@@ -465,7 +453,7 @@ def test_grpo_ablation_resumes_after_kill_9(tiny_lm_dir, flow_env, tmp_path):
     assert first_id_file.read_text().strip() == first_id
     (second_id_file,) = out.glob("runs-*/reinforce_with_baseline/mlflow_run_id")
     second_id = second_id_file.read_text().strip()
-    summary = json.loads((tmp_path / "metrics.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
     assert [r["setting"] for r in summary] == ["no_baseline", "reinforce_with_baseline"]
 
     client = MlflowClient(tracking_uri)

@@ -7,6 +7,7 @@ import pytest
 
 from a5core.problem_sets import REWARD_FNS
 from flows.grpo import ABLATIONS, GRPOParams, ablation_settings, grpo_baseline_ablation, grpo_flow, main
+from tasks.tables import headline_metrics
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -91,7 +92,10 @@ def test_single_run_logs_every_step_and_the_validation_curves(prefect_harness, t
     out = tmp_path / "out"
     for name in ("accuracy_vs_step.png", "accuracy_vs_wall_clock.png", "token_entropy_vs_step.png", "curves.csv"):
         assert (out / name).stat().st_size > 0, name
-    assert json.loads((tmp_path / "metrics.json").read_text()) == result["summary"]
+    assert json.loads((out / "summary.json").read_text()) == result["summary"]
+    (row,) = result["summary"]  # the metrics file: its headline, a flat mapping (a row of `dvc metrics show`)
+    assert json.loads((tmp_path / "metrics.json").read_text()) == headline_metrics(row)
+    assert set(headline_metrics(row)) == {"accuracy", "accuracy_se", "change", "change_se", "format_rate"}
     # The parent run holds the comparison and the child's curve; the final policy is registered (a5-grpo).
     parent = result["mlflow_run_id"]
     assert {"accuracy_vs_step.png", "summary.md"} <= {a.path for a in client.list_artifacts(parent)}
@@ -340,3 +344,24 @@ def test_one_step_off_through_the_flow_with_the_engine_in_its_own_process(prefec
     versions = client.get_metric_history(run_id, "rollout_policy_version")
     assert [m.value for m in sorted(versions, key=lambda m: m.step)] == [0, 0, 1]
     assert len(client.get_metric_history(run_id, "time_wait_rollouts")) == 2
+
+
+def test_steps_without_a_learning_signal_are_said_and_the_run_ends_with_its_curves(
+    prefect_harness, tiny_lm_dir, tmp_path, caplog
+):
+    """The tiny model never writes the r1_zero format: every group's rewards are equal (0), so with
+    drop_uniform_groups no step trains. Each step says it had no learning signal, three in a row are warned of,
+    and the run still writes its trends (no entropy where nothing was trained) and its report."""
+    import csv
+    import logging
+
+    params = tiny_params(tmp_path, tiny_lm_dir, drop_uniform_groups=True, n_grpo_steps=3, eval_every=3)
+    with caplog.at_level(logging.INFO, logger="a5core"):
+        result = grpo_flow(params)
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("no learning signal (every group's rewards equal)" in line for line in lines) == 3, lines
+    assert any(line.startswith("GRPO steps 1-3 of 3: no learning signal in 3 steps in a row") for line in lines)
+    with open(tmp_path / "out/train_curves.csv") as f:
+        steps = list(csv.DictReader(f))
+    assert [(s["frac_groups_all_equal"], s["token_entropy"]) for s in steps] == [("1.0", "")] * 3
+    assert result["summary"][0]["final_accuracy"] == 0.0

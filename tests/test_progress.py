@@ -95,3 +95,88 @@ def test_sft_logs_a_line_per_step(tiny_tokenizer, caplog, monkeypatch, capsys):
 def test_grade_batch_of_a_plain_callable_is_unchanged():
     rewards = grade_batch(lambda r, t: {"reward": float(r == t)}, ["1", "2"], ["1", "3"])
     assert [r["reward"] for r in rewards] == [1.0, 0.0]
+
+
+def test_off_a_terminal_a_long_bar_logs_a_status_line_at_each_interval_and_a_last_one(monkeypatch, caplog):
+    """Where stderr is not a terminal, work that outlasts the interval is not silent: a plain line every
+    interval (requests done / total, the postfix's tokens/s), and one when it ends; work under it adds none."""
+    import time
+
+    monkeypatch.delenv(progress.ENV, raising=False)
+    monkeypatch.setattr(sys, "stderr", type("Log", (), {"isatty": lambda self: False, "write": len, "flush": id})())
+    monkeypatch.setenv(progress.INTERVAL_ENV, "0.2")
+    with caplog.at_level(logging.INFO, logger="a5core.progress"):
+        with progress.bar(desc="quick", total=1, unit="seq") as quick:
+            quick.update(1)
+        slow = progress.engine_bar(total=4, desc="Processed prompts", postfix="output: 0.00 toks/s")
+        deadline = time.monotonic() + 30  # a generous wait for two intervals on a loaded machine
+        while sum("generate" in r.getMessage() for r in caplog.records) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        slow.postfix = "output: 12.50 toks/s"
+        slow.update(4)
+        slow.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "a5core.progress"]
+    assert not any("quick" in line for line in lines), lines
+    assert len(lines) >= 3 and lines[0].startswith("generate: 0/4 requests after "), lines
+    assert lines[-1].startswith("generate: 4/4 requests after ") and lines[-1].endswith("(output: 12.50 toks/s); done")
+
+
+def test_a_bad_interval_is_named(monkeypatch):
+    monkeypatch.setenv(progress.INTERVAL_ENV, "soon")
+    with pytest.raises(ValueError, match="A5_PROGRESS_INTERVAL='soon'"):
+        progress.interval()
+
+
+def test_grpo_steps_without_a_learning_signal_are_said_and_a_run_of_them_warned_of(caplog):
+    from a5core.guards import LearningSignal
+
+    signal = LearningSignal(uses_advantages=True, patience=3)
+    uniform, varied = {"frac_groups_all_equal": 1.0, "reward_max": 1.0}, {"frac_groups_all_equal": 0.5}
+    with caplog.at_level(logging.INFO, logger="a5core"):
+        notes = [signal.observe(step, 9, m) for step, m in enumerate([uniform, varied, *[uniform] * 4], start=1)]
+    assert notes[0] == notes[2] == "no learning signal (every group's rewards equal)" and notes[1] == ""
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.startswith("GRPO steps 3-5 of 9: no learning signal in 3 steps in a row"), warning
+    # a loss on the raw rewards (no_baseline) still learns from a uniform group, unless its rewards are all 0
+    raw = LearningSignal(uses_advantages=False)
+    assert raw.observe(1, 2, uniform) == "" and raw.observe(2, 2, {**uniform, "reward_max": 0.0})
+
+
+def test_status_line_carries_a_note():
+    line = progress.status_line("GRPO step", 2, 8, {"loss": 0.0, "wall_seconds": 3.0}, ("loss",), "no learning signal")
+    assert line == "GRPO step 2/8: loss 0; no learning signal (3.0 s)"
+
+
+def test_vllm_logs_warnings_only_and_not_the_rotary_table_at_each_weight_push(monkeypatch, caplog):
+    """vLLM's start-up report stays out of the log unless asked for (VLLM_LOGGING_LEVEL), and a weight push does
+    not warn that the rotary embedding's table (computed, never loaded) failed to load; other layers still do."""
+    import os
+
+    from a5core.rollout.vllm import _RELOAD_LOGGER, _quiet_computed_layers, set_vllm_env
+
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    set_vllm_env()
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "WARNING"
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "INFO")
+    set_vllm_env()
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "INFO"  # the user's choice stands
+    _quiet_computed_layers()
+    reload_log = logging.getLogger(_RELOAD_LOGGER)
+    with caplog.at_level(logging.WARNING, logger=_RELOAD_LOGGER):
+        reload_log.warning("%s: Failed to load weights", "RotaryEmbedding")
+        reload_log.warning("%s: Failed to load weights", "QKVParallelLinear")
+    assert [r.getMessage() for r in caplog.records] == ["QKVParallelLinear: Failed to load weights"]
+
+
+def test_off_a_terminal_transformers_loads_models_without_a_bar(tiny_lm_dir, monkeypatch, capsys):
+    from transformers.utils import logging as transformers_logging
+
+    from a5core.policy import load_policy
+
+    monkeypatch.setenv(progress.ENV, "0")
+    try:
+        load_policy(tiny_lm_dir)
+        assert not transformers_logging.is_progress_bar_enabled()
+        assert "Loading weights" not in capsys.readouterr().err
+    finally:
+        transformers_logging.enable_progress_bar()

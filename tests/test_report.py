@@ -56,12 +56,19 @@ GRPO = [
     {
         "setting": "single",
         "initial_accuracy": 0.2,
+        "initial_accuracy_se": 0.1,
         "initial_format_rate": 0.5,
         "final_accuracy": 0.45,
+        "final_accuracy_se": 0.11,
         "final_format_rate": 0.99,
+        "accuracy_change": 0.25,
+        "accuracy_change_se": 0.09,
+        "paired_problems": 20,
         "wall_seconds": 321.0,
     }
 ]
+# GRPO's steps: the share of groups whose rewards were all equal (1: no learning signal)
+GRPO_STEPS = "setting,step,reward_mean,frac_groups_all_equal\nsingle,1,0.0,1.0\nsingle,2,0.5,0.5\n"
 
 
 def write(path, text):
@@ -84,24 +91,30 @@ def project(root, stages=("baseline", "sft", "ei", "grpo", "difficulty")):
     }
     write(root / "params.yaml", yaml.safe_dump(params))
     if "baseline" in stages:
-        write(root / "metrics/baseline_eval.json", BASELINE)
+        write(root / "metrics/baseline_eval.json", {"accuracy": 0.25, "format_rate": 0.5})
         write(root / "outputs/baseline_eval/summary.json", BASELINE)
         write(root / "outputs/baseline_eval/report.md", CASES)
     if "sft" in stages:
+        write(root / "metrics/sft_data.json", {"traces": 6})
         write(
-            root / "metrics/sft_data.json",
+            root / "data/sft/sizes.json",
             {"teacher": {"raw": 10, "duplicates": 0, "filtered": 6, "kept_fraction": 0.6, "format_rate": 0.8}},
         )
-        write(root / "metrics/sft_experiment.json", SFT)
+        write(root / "outputs/sft_experiment/summary.json", SFT)
+        write(root / "metrics/sft_experiment.json", {"accuracy": 0.3, "format_rate": 0.95})
         plot(root / "outputs/sft_experiment/accuracy_vs_step.png")
     if "ei" in stages:
-        write(root / "metrics/expert_iteration.json", EI)
+        write(root / "outputs/expert_iteration/summary.json", EI)
+        write(root / "metrics/expert_iteration.json", {"accuracy": 0.35, "format_rate": 0.97})
         plot(root / "outputs/expert_iteration/accuracy_vs_step.png")
     if "difficulty" in stages:
-        write(root / "metrics/difficulty.json", DIFFICULTY)
+        write(root / "outputs/difficulty/summary.json", DIFFICULTY)
+        write(root / "metrics/difficulty.json", {"accuracy": 0.4, "learnable": 0.5})
         plot(root / "outputs/difficulty/pass_rate_histogram.png")
     if "grpo" in stages:
-        write(root / "metrics/grpo.json", GRPO)
+        write(root / "outputs/grpo/summary.json", GRPO)
+        write(root / "outputs/grpo/train_curves.csv", GRPO_STEPS)
+        write(root / "metrics/grpo.json", {"accuracy": 0.45, "change": 0.25})
         for name in ("token_entropy_vs_step", "accuracy_vs_wall_clock", "accuracy_vs_step"):
             plot(root / f"outputs/grpo/{name}.png")
         plot(root / "outputs/grpo/runs-abc/single/ignored.png")  # only a stage folder's top level is shown
@@ -164,12 +177,16 @@ def test_full_report_with_plots_ablations_and_mlflow_run(prefect_harness, tmp_pa
     md = (out / "report.md").read_text()
     assert md.startswith("# Test report")
     assert "Settings: `params.yaml` with profile `cpu`." in md
-    # The headline: each stage before it trained (where it evaluated its starting model) → after.
-    assert "| stage | validated on | accuracy | format rate |" in md
-    assert "| Zero-shot baseline |  | 0.250 | 0.500 |" in md
-    assert "| SFT (best setting) | arithmetic:16:1 | 0.000 → 0.300 | 0.100 → 0.950 |" in md  # as its run recorded
-    assert "| Expert Iteration (best) |  | 0.350 | 0.970 |" in md
-    assert "| GRPO (best) | validation.jsonl | 0.200 → 0.450 | 0.500 → 0.990 |" in md
+    # The headline: each stage before it trained (where it evaluated its starting model) → after, ± its standard
+    # error, and the change paired on the same problems; these rows are scored on different sets, and it says so.
+    assert "| stage | scored on | accuracy | change | format rate |" in md
+    assert "| Zero-shot baseline |  | 0.250 |  | 0.500 |" in md
+    assert "| SFT (best setting) | arithmetic:16:1 | 0.000 → 0.300 |  | 0.100 → 0.950 |" in md  # as its run recorded
+    assert "| Expert Iteration (best) |  | 0.350 |  | 0.970 |" in md
+    assert "| GRPO (best) | validation.jsonl | 0.200 ± 0.100 → 0.450 ± 0.110 | +0.250 ± 0.090 | 0.500 → 0.990 |" in md
+    assert "The rows are scored on different problems" in md
+    assert "paired on the 20 problems both scored: **+0.250 ± 0.090**" in md
+    assert "Steps with no learning signal (every group's rewards equal, so every advantage 0): 1 of 2 (step 1)" in md
     assert "Settings: model `smollm2-135m-instruct`." in md  # the profile's override, as the stage ran
     assert "| format0_answer0 | format not followed | 4 | 0.500 |" in md
     assert "Of the 4 format-0 responses, 1 contain a correct answer" in md
@@ -244,9 +261,13 @@ def test_full_report_with_plots_ablations_and_mlflow_run(prefect_harness, tmp_pa
         "ei_best_accuracy": 0.35,
         "ei_best_format_rate": 0.97,
         "grpo_best_accuracy": 0.45,
+        "grpo_best_accuracy_se": 0.11,
         "grpo_best_format_rate": 0.99,
         "grpo_best_initial_accuracy": 0.2,
+        "grpo_best_initial_accuracy_se": 0.1,
         "grpo_best_initial_format_rate": 0.5,
+        "grpo_best_change": 0.25,
+        "grpo_best_change_se": 0.09,
     }
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert artifacts == {"report.md", "report.html", "figures", "baseline_cases.md"}  # not the folder's marker
@@ -263,8 +284,11 @@ def test_missing_stages_say_not_run_and_a_rerun_replaces_the_folder(prefect_harn
 
     for stale in (
         "metrics/sft_experiment.json",
+        "outputs/sft_experiment/summary.json",
         "metrics/sft_data.json",
+        "data/sft/sizes.json",
         "metrics/grpo.json",
+        "outputs/grpo/summary.json",
         "outputs/grpo/accuracy_vs_step.png",
         "outputs/baseline_eval/report.md",
     ):
@@ -492,3 +516,25 @@ def test_the_best_row_is_chosen_on_the_selection_split_where_there_is_one():
     assert best["setting"] == "a" and "chosen on the selection split" in _chosen_on(best, rows)
     plain = [{k: v for k, v in r.items() if k != "selection_accuracy"} for r in rows]
     assert _best(plain)["setting"] == "b" and "biased upward" in _chosen_on(_best(plain), plain)
+
+
+def test_the_headline_says_whether_every_row_is_scored_on_the_same_problems():
+    from flows.report import headline, scored_sets_note
+
+    same = {"validation_data": "arithmetic:32:1", "val_limit": 32}
+    settings = {
+        "baseline_eval": {"data": "arithmetic:32:1", "limit": 32},
+        "sft_experiment": same,
+        "expert_iteration": same,
+        "grpo": same,
+    }
+    metrics = {f"{p}_accuracy": 0.5 for p in ("baseline", "sft_best", "ei_best", "grpo_best")}
+    metrics |= {"grpo_best_initial_accuracy": 0.3, "grpo_best_change": 0.2, "grpo_best_change_se": 0.05}
+    rows = headline(metrics, settings)
+    assert {row["scored on"] for row in rows} == {"arithmetic:32:1 (first 32)"}
+    assert rows[-1]["accuracy"] == "0.300 → 0.500" and rows[-1]["change"] == "+0.200 ± 0.050"
+    assert scored_sets_note(rows).startswith("Every row is scored on the same problems, arithmetic:32:1 (first 32):")
+    # a sweep's SFT row is scored apart from its selection split: other problems, and the table says so
+    rows = headline({**metrics, "sft_best_selection_accuracy": 0.4}, settings)
+    assert rows[1]["scored on"] == "arithmetic:32:1 (first 32, score split)"
+    assert scored_sets_note(rows).startswith("The rows are scored on different problems")

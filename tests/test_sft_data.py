@@ -575,7 +575,8 @@ def test_cli_writes_every_set_and_the_metrics(tmp_path, shared_data, server, cap
             *[f"--set={k}={v}" for k, v in sets.items()],
         ]
     )
-    metrics = json.loads(metrics_path.read_text())
+    metrics = json.loads((out / "sizes.json").read_text())
+    assert json.loads(metrics_path.read_text()) == {"traces": sum(m["filtered"] for m in metrics.values())}
     assert metrics["math_solutions"] == {
         "raw": 7498,
         "duplicates": 0,
@@ -604,6 +605,7 @@ def test_cli_writes_every_set_and_the_metrics(tmp_path, shared_data, server, cap
         "math_solutions_filtered.jsonl",
         "teacher_filtered.jsonl",
         "distilled_filtered.jsonl",
+        "sizes.json",
     }  # no temporaries left
     teacher_raw = load_sft_traces(sets["teacher"])
     assert teacher_raw[0].prompt == R1.format(

@@ -51,18 +51,40 @@ def test_runs_started_together_on_a_new_store_all_land(tmp_path):
 
 
 def test_experiments_are_training_experiments_and_old_ones_are_tagged(tmp_path):
-    """The MLflow UI opens an experiment tagged mlflow.experimentKind=custom_model_development on its runs."""
+    """Every experiment is a model-training one, says on MLflow's home page how to reach its runs, and holds the
+    runs table's view that the printed address opens (its headline metric a column); older ones get the tags,
+    a user's own description is kept."""
+    import json
+
     import mlflow
 
-    from tasks.tracking import EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT, ensure_experiment
+    from tasks.tracking import (
+        DESCRIPTION_TAG,
+        EXPERIMENT_KIND_TAG,
+        TRAINING_EXPERIMENT,
+        VIEW_TAG,
+        ensure_experiment,
+        ui_address,
+    )
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)
-    new = ensure_experiment("new", uri, str(tmp_path / "mlruns"))
-    assert client.get_experiment(new).tags[EXPERIMENT_KIND_TAG] == TRAINING_EXPERIMENT
-    old = client.create_experiment("old")  # as an earlier version made them
-    assert ensure_experiment("old", uri) == old
-    assert client.get_experiment(old).tags[EXPERIMENT_KIND_TAG] == TRAINING_EXPERIMENT
+    new = ensure_experiment("grpo", uri, str(tmp_path / "mlruns"))
+    tags = client.get_experiment(new).tags
+    assert tags[EXPERIMENT_KIND_TAG] == TRAINING_EXPERIMENT and "pick Model training" in tags[DESCRIPTION_TAG]
+    view = json.loads(tags[VIEW_TAG])
+    assert (
+        view["orderByKey"] == "metrics.`final_val_accuracy`"
+        and "metrics.`final_val_accuracy`" in view["selectedColumns"]
+    )
+    assert ui_address("grpo", uri).endswith(
+        f"/#/experiments/{new}/runs?viewStateShareKey=a5&workflowType=machine_learning"
+    )
+    old = client.create_experiment("baseline_eval", tags={DESCRIPTION_TAG: "mine"})  # as an earlier version made them
+    assert ensure_experiment("baseline_eval", uri) == old
+    tags = client.get_experiment(old).tags
+    assert tags[EXPERIMENT_KIND_TAG] == TRAINING_EXPERIMENT and tags[DESCRIPTION_TAG] == "mine"
+    assert json.loads(tags[VIEW_TAG])["orderByKey"] == "metrics.`accuracy`"
 
 
 def test_the_store_lock_of_a_sqlite_uri_lies_beside_its_database(tmp_path, monkeypatch):

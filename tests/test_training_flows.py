@@ -32,7 +32,8 @@ def test_sft_experiment_parent_children_plot_and_resume(prefect_harness, tiny_lm
     import mlflow
 
     import flows.sft_experiment as flow_module
-    from flows.sft_experiment import SFTExperimentParams, sft_experiment
+    from flows.sft_experiment import SFTExperimentParams, choose_best, sft_experiment
+    from tasks.tables import headline_metrics
 
     write_jsonl_atomic(tmp_path / "train.jsonl", [asdict(t) for t in arithmetic_traces(24)])
     write_jsonl_atomic(tmp_path / "filtered.jsonl", [asdict(t) for t in arithmetic_traces(6)])
@@ -63,7 +64,9 @@ def test_sft_experiment_parent_children_plot_and_resume(prefect_harness, tiny_lm
     assert [r["setting"] for r in result["summary"]] == ["8", "full", "filtered"]
     assert [r["steps"] for r in result["summary"]] == [2, 6, 2]
     assert (tmp_path / "out/accuracy_vs_step.png").stat().st_size > 1000
-    assert json.loads((tmp_path / "metrics.json").read_text()) == result["summary"]
+    assert json.loads((tmp_path / "out/summary.json").read_text()) == result["summary"]
+    best = choose_best(result["summary"])  # the metrics file: the chosen setting's headline, a flat mapping
+    assert json.loads((tmp_path / "metrics.json").read_text()) == headline_metrics(best)
     curves = (tmp_path / "out/curves.csv").read_text().splitlines()
     assert (
         curves[0] == "setting,step,val_accuracy" and len(curves) == 1 + 2 + 4 + 2
@@ -201,7 +204,10 @@ def test_sft_on_generated_arithmetic_hands_its_best_model_to_the_next_stage(
 
     client = mlflow.MlflowClient(params.tracking_uri)
     tags = client.get_run(result["mlflow_run_id"]).data.tags
-    assert tags["best_setting"] == "full" and tags["chosen_on"].startswith("the last val_subset")
+    assert tags["best_setting"] == "full" and tags["chosen_on"] == "one setting: nothing to choose"
+    (row,) = result["summary"]  # so its curve scored the problems its final evaluation scores, and ends there
+    assert row["selection_accuracy"] is None
+    assert row["accuracy_change"] == pytest.approx(row["final_accuracy"] - row["initial_accuracy"])
 
     # The best model is registered (a5-sft), its run's final metrics its description; loaded back through the
     # registry it generates. Its weights are the saved folder's: the MLflow model holds no second copy.

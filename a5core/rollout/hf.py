@@ -236,6 +236,9 @@ class HFEngine:
                 torch.manual_seed(sampling.seed)
             for start in range(0, len(expanded), self.batch_size):
                 completions += self._generate_batch(expanded[start : start + self.batch_size], sampling)
+                tokens = sum(len(c.token_ids) for c in completions)
+                elapsed = max(sequences.format_dict["elapsed"], 1e-9)
+                sequences.set_postfix_str(f"output: {tokens / elapsed:.1f} toks/s", refresh=False)
                 sequences.update(len(completions) - sequences.n)
         groups = [completions[i * copies : (i + 1) * copies] for i in range(len(prompts))]
         return [group * sampling.n for group in groups] if sampling.greedy else groups

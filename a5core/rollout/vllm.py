@@ -6,6 +6,11 @@ vLLM is imported lazily, inside the engine, after ``set_vllm_env`` has set (only
   can hand it a plain iterator of tensors (with the multiprocess engine it would have to be
   serialised); this is also what the A5 handout's weight-sync recipe assumes.
 - ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB of KV cache on CPU; ignored on GPU), ``VLLM_NO_USAGE_STATS=1``.
+- ``VLLM_LOGGING_LEVEL=WARNING``: vLLM's start-up report (a few hundred INFO lines) stays out of the log;
+  ``VLLM_LOGGING_LEVEL=INFO`` in the environment brings it back.
+
+vLLM's warning "RotaryEmbedding: Failed to load weights" on every weight push is dropped: the rotary
+embedding's cos/sin table is computed from the config, never loaded, so nothing failed.
 
 Defaults chosen here (each can be overridden through ``backend_kwargs``):
 
@@ -38,6 +43,7 @@ torn down whenever the garbage collector reaches it, possibly under the next eng
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -53,13 +59,31 @@ _VLLM_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_LOGGING_LEVEL": "WARNING",
 }
+# vLLM's logger that warns of every layer a weight push left without weights, and the layers that have none to load.
+_RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+_COMPUTED_LAYERS = ("RotaryEmbedding",)
 
 
 def set_vllm_env() -> None:
     """Set the environment vLLM needs here, where the caller has not set it (before importing vllm)."""
     for key, value in _VLLM_ENV.items():
         os.environ.setdefault(key, value)
+
+
+class _ComputedLayersLoaded(logging.Filter):
+    """Drops vLLM's "X: Failed to load weights" for the layers of :data:`_COMPUTED_LAYERS` (their tensors are
+    computed from the config, not loaded); any other layer's still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == "%s: Failed to load weights" and record.args and record.args[0] in _COMPUTED_LAYERS)
+
+
+def _quiet_computed_layers() -> None:
+    reload_logger = logging.getLogger(_RELOAD_LOGGER)
+    if not any(isinstance(f, _ComputedLayersLoaded) for f in reload_logger.filters):
+        reload_logger.addFilter(_ComputedLayersLoaded())
 
 
 def _eager_count_greater_equal(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -90,6 +114,8 @@ class VLLMEngine:
         set_vllm_env()
         import vllm
         from vllm.platforms import current_platform
+
+        _quiet_computed_layers()
 
         platform_device = current_platform.device_type
         if device is not None and torch.device(device).type != platform_device:
@@ -165,7 +191,7 @@ class VLLMEngine:
         ]
         self._wake(("weights", "kv_cache"))
         try:
-            outputs = self.llm.generate(token_prompts, self._sampling_params(sampling), use_tqdm=progress.enabled())
+            outputs = self.llm.generate(token_prompts, self._sampling_params(sampling), use_tqdm=progress.engine_bar)
         finally:
             self._sleep()
         groups = []
