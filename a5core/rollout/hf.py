@@ -48,7 +48,7 @@ import torch
 
 from a5core import progress
 from a5core.policy import LOGPROB_CHUNK_TOKENS, checkpoint_name, load_policy, pad_id_of, token_log_probs
-from a5core.rollout import Completion, SamplingSettings, check_prompts, resolve_dtype
+from a5core.rollout.engine import Completion, SamplingSettings, check_prompts, resolve_dtype
 from a5core.rollout.static_decode import StaticKVDecoder, supports
 
 STOP_CHECK_EVERY = 16  # decode steps between read-backs of which rows are done (static loop)

@@ -40,7 +40,8 @@ from typing import Any
 
 import torch
 
-from a5core.rollout import BACKENDS, Completion, SamplingSettings, check_prompts, make_engine, vllm_available
+from a5core.rollout import make_engine, vllm_available
+from a5core.rollout.engine import BACKENDS, Completion, SamplingSettings, check_prompts
 from a5core.weight_sync import (
     DEFAULT_BUCKET_BYTES,
     DEFAULT_TIMEOUT_S,

@@ -52,8 +52,8 @@ import torch
 
 from a5core import progress
 from a5core.policy import checkpoint_name
-from a5core.rollout import Completion, SamplingSettings, check_prompts, resolve_dtype
 from a5core.rollout.colocate import kv_bytes_per_token
+from a5core.rollout.engine import Completion, SamplingSettings, check_prompts, resolve_dtype
 
 _VLLM_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
