@@ -149,7 +149,8 @@ OFF_POLICY = "several epochs per rollout batch (grpo_clip) get more out of each 
 # Runs made by code with a bug fixed since (id prefix → why): listed apart, in no experiment, mean or comparison.
 SUPERSEDED = {
     "60cb54e8": "learnable question sampling filled a step short of learnable questions in problem order (the same "
-    "few every step), fixed in f3e269c; re-run after the fix (the other learnable run)",
+    "few every step, and the questions its table called unsolved never measured again: its groups ended 97% "
+    "all-equal), fixed in f3e269c; re-run after the fix (the other learnable run)",
 }
 MIN_PAIRS = 3  # a verdict needs this many independent pairs (other start models or seeds)
 CONFIDENCE = 0.95  # of the t interval on the pairs' mean difference
