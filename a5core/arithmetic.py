@@ -205,8 +205,8 @@ def _integer_reward(formatted: bool, answer: str | None, ground_truth: str) -> d
 
 def arithmetic_reward_fn(response: str, ground_truth: str) -> dict[str, float]:
     """The r1_zero format rule, then the answer must *be* the integer: a literal such as ``68``, ``$-12$``
-    or ``\\boxed{68}``, not an expression equal to it (GRPO on the H200 learned to copy the question's
-    expression within 30 steps when graded by the MATH grader, which accepts ``$58 + 74$`` for 132).
+    or ``\\boxed{68}``, not an expression equal to it: the MATH grader accepts ``$58 + 74$`` for 132, and GRPO
+    graded by it learns to copy the question's expression (``docs/learning_runs.md``).
 
     Integers are compared as canonical digit strings, so an answer of any length grades (a 5,000-digit
     one is 0 or 1, never an error). Raises ValueError if ``ground_truth`` is not an integer.

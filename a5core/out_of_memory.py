@@ -1,5 +1,5 @@
 """One clear error when a training pass runs out of GPU memory: which pass, the micro-batch's shape, and the
-setting that makes micro-batches smaller (its value, and where the README says what fits which GPU); or, when
+setting that makes micro-batches smaller (its value, and where docs/gpu.md says what fits which GPU); or, when
 the micro-batch held one sequence, which no smaller micro-batch can split, what else frees memory."""
 
 from __future__ import annotations
@@ -39,18 +39,18 @@ def naming_the_microbatch(
                 "holds (the policy's weights, gradients and optimizer state; a rollout engine's weights and cache), "
                 "and no smaller micro-batch can split it: make sequences shorter (max_tokens; SFT: max_seq_len), "
                 "hold less (policy_dtype: bfloat16; GRPO: engine_device, the engine on a GPU of its own), recompute "
-                "activations (gradient_checkpointing: true), or use a GPU with more memory (README, 'Memory plan "
+                "activations (gradient_checkpointing: true), or use a GPU with more memory (docs/gpu.md, 'Memory plan "
                 "for one GPU shared by policy and engine')"
             )
         elif budget_now is not None:
             fix = (
                 f"micro-batches are cut by max_tokens_per_microbatch {budget_now:,}: set a lower number and run the "
-                "same command again, it resumes from the last checkpoint (README, 'Micro-batches by token budget': "
-                "which budget fits which GPU)"
+                "same command again, it resumes from the last checkpoint (docs/gpu.md, 'Micro-batches by token "
+                "budget': which budget fits which GPU)"
             )
         else:
             fix = (
                 f"micro-batches are cut by count ({count_setting}), or set max_tokens_per_microbatch, "
-                "gradient_checkpointing: true or compile_layers: true (README, 'On a GPU')"
+                "gradient_checkpointing: true or compile_layers: true (docs/gpu.md)"
             )
         raise MicrobatchOutOfMemoryError(f"{where}: out of GPU memory in a micro-batch{tensor}; {fix}") from error

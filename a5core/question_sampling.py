@@ -87,8 +87,8 @@ class QuestionSampler:
         rest = [p for p in self.problems if id(p) not in chosen]
         if mode == "learnable":
             # at random: filled in problem order, the same few questions came every step, and the questions the
-            # table calls unsolved were never measured again (on the H200, a learnable run whose table came from
-            # the SFT model ended with 97% of its groups all-equal and below uniform sampling)
+            # table calls unsolved were never measured again (a learnable run sampled that way ended below uniform
+            # sampling: docs/results.md, Superseded runs)
             return rng.sample(pool, len(pool)) + rng.sample(rest, count - len(pool))
         rest.sort(key=lambda p: (p.level is None, p.level or 0))  # a curriculum: the next levels first
         return rng.sample(pool, len(pool)) + rest[: count - len(pool)]

@@ -1,7 +1,7 @@
 """The shrinking decode with each (rows, width) bucket compiled as a static shape, for the benchmarks: a candidate
-beside today's, where the decode step is compiled once with rows and width symbolic (``varying``) and, measured
-on the H200, runs 0.5 ms a step slower than the full-size step's static graph although it attends fewer columns
-(``benchmarks/RESULTS.md``, fourth measurement). Here each bucket the loop meets (at most 5 row counts ×
+beside today's, where the decode step is compiled once with rows and width symbolic (``varying``) and runs slower
+a step than the full-size step's static graph although it attends fewer columns (``benchmarks/RESULTS.md``, fourth
+measurement). Here each bucket the loop meets (at most 5 row counts ×
 capacity / 256 widths) is compiled and captured on its own, specialised to its shape, at the price of one
 compilation per bucket."""
 

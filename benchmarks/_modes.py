@@ -29,9 +29,9 @@ class Mode(NamedTuple):
 
 
 MODES = {
-    "shipped": Mode("eager", None, "float32", None),  # the a5 profile before auto: GRPO 15.3 s a step on the H200
+    "shipped": Mode("eager", None, "float32", None),  # the a5 profile before auto: eager, micro-batches by count
     "defaults": Mode("auto", "auto", "float32", None),  # the defaults now: compiled layers, a budget sized to the GPU
-    "best": Mode("layers", 32768, "bfloat16", None),  # the best hand-set: GRPO 4.7–5.1 s a step on the H200
+    "best": Mode("layers", 32768, "bfloat16", None),  # the fastest hand-set configuration measured
     "defaults-80g": Mode("auto", "auto", "float32", 80.0),
     "defaults-40g": Mode("auto", "auto", "float32", 40.0),
 }

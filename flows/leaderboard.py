@@ -22,8 +22,7 @@ to it.
 
 Smoke runs with small models use the generated arithmetic task (``arithmetic:N:DIGITS``, as the cpu
 profile does) with ``reward_fn: arithmetic``: the MATH grader accepts a copy of the question ("12 + 34")
-as the answer, and a 2×H200 run learned exactly that (subset accuracy 0.31 → 1.00 in 8 steps). Such runs
-are never ``official``.
+as the answer, and GRPO learns exactly that (``docs/learning_runs.md``). Such runs are never ``official``.
 
 The default GRPO settings follow the public leaderboard's best entries: GRPO at lr 3e-5 (they used
 2–5e-5), group size 8, masked_normalize length normalisation (every token weighted alike), on-policy.
@@ -187,7 +186,7 @@ def _budgeted(start: float, run: Run) -> Trained:
     )
     subset_eval = validation_hook(engine, tokenizer, selection, template, run.reward_fn, curve_sampling, len(selection))
     token_ratio = FINAL_SAMPLING.max_tokens / params.max_tokens
-    # An engine's first call compiles (the hf engine: ~45 s on an H200); made here, it stays out of
+    # An engine's first call compiles (the hf engine: most of a minute on a GPU); made here, it stays out of
     # the evaluations' cost per problem, which would otherwise inflate the reserve and end the run early.
     engine.generate([template.format(selection[0].problem)], curve_sampling)
 

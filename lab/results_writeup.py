@@ -1,7 +1,7 @@
 """Generate ``docs/results.md`` from the runs' own records, never by hand.
 
     python lab/results_writeup.py [--runs lab/records] [--out docs/results.md] \\
-        [--figures docs/results] [--context lab/how_to_repeat.md]
+        [--figures docs/results] [--context lab/how_to_repeat.md] [--index RUNS/INDEX.md]
 
 Every ``*.tar.gz`` under ``--runs`` is unpacked into a temporary folder and each ``mlflow.db`` in it read
 through sqlite3, read-only (no migration; the runs/params/tags/metrics tables every MLflow store has). A run
@@ -22,8 +22,9 @@ few runs" otherwise. Then, for each experiment: the settings its runs share and 
 settings: params, and the settings some runs logged as tags, ``EFFECTIVE_TAGS``); final validation accuracy and
 format rate ± sqrt(p(1−p)/n); the mean and spread over runs of one setting; curves, training trends and plots
 (``--figures``). Repeated configurations group runs by effective settings. ``--context`` (hand-kept: how to
-repeat the runs) is copied verbatim after the results. The
-page is written atomically.
+repeat the runs) is copied verbatim after the results. The page is keyed by experiment and the dates its runs
+started, and says how to re-run each with the flows' own commands; it names no archive. Which archive holds which
+run, and what each archive holds, goes to ``--index`` (beside the archives). Both are written atomically.
 """
 
 from __future__ import annotations
@@ -134,11 +135,22 @@ EXPECTED: dict[str, list[tuple[str, str, bool, str]]] = {
         )
     ],
 }
+# The flow that makes an MLflow experiment's runs, and the flags a sweep's parent run name stands for: an
+# experiment's re-run command (``rerun``).
+FLOWS = {
+    "sft_experiment": "sft_experiment",
+    "expert_iteration": "expert_iteration",
+    "grpo": "grpo",
+    "leaderboard": "leaderboard",
+}
+SWEEP_FLAGS = {"ei_sweep": "--sweep true"}
+PROFILE = "--config params.yaml --profile gpu-small"  # the profile every recorded run was made with
 OFF_POLICY = "several epochs per rollout batch (grpo_clip) get more out of each batch than one on-policy step"
 # Runs made by code with a bug fixed since (id prefix → why): listed apart, in no experiment, mean or comparison.
 SUPERSEDED = {
     "60cb54e8": "learnable question sampling filled a step short of learnable questions in problem order (the same "
-    "few every step), fixed in f3e269c; re-run after the fix (the other learnable run)",
+    "few every step, and the questions its table called unsolved never measured again: its groups ended 97% "
+    "all-equal), fixed in f3e269c; re-run after the fix (the other learnable run)",
 }
 MIN_PAIRS = 3  # a verdict needs this many independent pairs (other start models or seeds)
 CONFIDENCE = 0.95  # of the t interval on the pairs' mean difference
@@ -790,10 +802,10 @@ def settings_lines(exp: Experiment) -> tuple[list[str], list[str]]:
     """The parent runs and the settings every run shares; the names of the settings that differ."""
     lines = []
     for p in exp.parents:
-        when = datetime.fromtimestamp(p.start / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        when = started(p)
         tags = [f"{k} `{v}`" for k, v in p.tags.items() if k in ("best_setting",)]
         took = f"{p.seconds:.0f} s" if p.seconds else "no end recorded"
-        lines.append(f"- parent run `{p.id}` ({p.archive}): started {when}, {took}; {ended(p.status)}")
+        lines.append(f"- parent run `{p.id}`: started {when}, {took}; {ended(p.status)}")
         lines[-1] += "".join(f"; {t}" for t in tags)
     settings = [c.settings() for c in exp.children]
     keys = list(dict.fromkeys(k for s in settings for k in s))
@@ -827,6 +839,41 @@ def leaderboard_sentence(exp: Experiment, run: Run) -> str:
     return f"{said}; {picked} chosen on {scored}, the problems that score it (its curve above): biased upward."
 
 
+def dates(exp: Experiment) -> str:
+    """The days its runs started (its parent runs', or its own runs' where it has no parent): ``first – last``."""
+    days = sorted({datetime.fromtimestamp(r.start / 1000, timezone.utc).date() for r in exp.parents or exp.children})
+    return f"{days[0]} – {days[-1]}" if len(days) > 1 else str(days[0])
+
+
+def rerun(exp: Experiment) -> str:
+    """The flows' own command that makes the experiment again with the profile its runs were made with (the flags
+    some runs added are in the hand-kept part, how to repeat the runs); "" for runs of a flow this page does not
+    know. A study in an MLflow experiment of its own (``--experiment``) is named by it; a set scored apart,
+    ``NAME on SET``, by its ``--validation-data``."""
+    first = (exp.parents or exp.children)[0]
+    ablation = ablation_of(exp)
+    flow = FLOWS.get(exp.kind) or FLOWS.get(first.name) or ("grpo" if ablation else None)  # ablations: flows.grpo's
+    if flow is None:
+        return ""
+    words = [f"python -m flows.{flow} {PROFILE}"]
+    if ablation:
+        words.append(f"--ablation {ablation}")
+    if flags := SWEEP_FLAGS.get(first.name):
+        words.append(flags)
+    if exp.kind != flow:
+        words.append(f"--experiment {exp.kind}")
+    if " on " in exp.key:
+        words.append(f"--validation-data {exp.key.split(' on ', 1)[1]}")
+    return " ".join(words)
+
+
+def ablation_of(exp: Experiment) -> str | None:
+    """The ablation or sweep its parent runs ran (their tag ``ablation``; older parents carry it as their run name
+    alone), else None (a flow's plain run, or a sweep of its own flag, ``SWEEP_FLAGS``)."""
+    named = [p.tags.get("ablation", p.name) for p in exp.parents]
+    return next((n for n in named if n.endswith(("_ablation", "_sweep")) and n not in SWEEP_FLAGS), None)
+
+
 def section(
     exp: Experiment, pool: list[Run], figure_dir: Path, link_base: Path, spreads: dict[str, float]
 ) -> list[str]:
@@ -834,7 +881,8 @@ def section(
     ``pool``: the records' runs, each once (comparisons); ``spreads``: run id → the spread of the runs with its
     settings and seed from other start models elsewhere in the records."""
     lines, differ = settings_lines(exp)
-    lines = [f"## `{exp.key}` (MLflow experiment `{exp.kind}`)", "", *lines]
+    made = f"Runs started {dates(exp)}; re-run: `{rerun(exp)}`" if rerun(exp) else f"Runs started {dates(exp)}"
+    lines = [f"## `{exp.key}` (MLflow experiment `{exp.kind}`)", "", made + ".", "", *lines]
     walls = any(c.metrics.get("wall_seconds") for c in exp.children)
     rows = []
     for c in exp.children:
@@ -917,7 +965,7 @@ def repeats(experiments: list[Experiment]) -> tuple[list[str], dict[str, float]]
         runs = "; ".join(f"{k}/{r.setting} `{r.id[:8]}` ({short(r.origin)}): {pm(*estimate(r))}" for k, r in group)
         same = [
             "identical" if len({accs[r.id] for _, r in group if r.origin == o}) == 1 else "differ"
-            for o in origins
+            for o in sorted(origins)
             if sum(r.origin == o for _, r in group) > 1
         ]
         spread = max(accs.values()) - min(accs.values())
@@ -1023,8 +1071,9 @@ def identical_groups(runs: dict[str, Run]) -> list[list[Run]]:
     return list(groups.values())
 
 
-def render(runs_dir: Path, figure_dir: Path, context: Path, out: Path) -> str:
-    """The whole page, from the archives under ``runs_dir``."""
+def render(runs_dir: Path, figure_dir: Path, context: Path, out: Path) -> tuple[str, str]:
+    """The whole page, from the archives under ``runs_dir``, and the lab's index of those archives (which
+    experiment's runs each holds, its size, its flows' walls, the logs beside them)."""
     with tempfile.TemporaryDirectory() as tmp:
         runs, archives, pools = load_records(runs_dir, Path(tmp))
     superseded = [
@@ -1036,29 +1085,82 @@ def render(runs_dir: Path, figure_dir: Path, context: Path, out: Path) -> str:
     pool = distinct([run for exp in experiments for run in exp.children])
     counted = {rid: run for rid, run in runs.items() if rid not in left_out}
     lines = [
-        f"> Generated by `{COMMAND}` from the records in `{runs_dir.as_posix()}/`: do not edit by hand (edit "
-        f"the script, or the hand-kept part on repeating the runs, `{context.as_posix()}`).",
+        f"> Generated by `{COMMAND}` from the runs' MLflow records: do not edit by hand (edit the script, or the "
+        f"hand-kept part on repeating the runs, `{context.as_posix()}`).",
         "",
         "# Results",
         "",
         *headline(experiments, pool, spreads, cost(*pools), counted),
     ]
-    rows = [[f"`{exp.key}`", exp.kind, len(exp.parents), len(exp.children)] for exp in experiments]
-    lines += ["## Experiments in the records", "", *table("experiment|MLflow experiment|parent runs|runs", rows)]
+    rows = [
+        [
+            dates(exp),
+            f"`{exp.key}`",
+            exp.kind,
+            len(exp.parents),
+            len(exp.children),
+            f"`{rerun(exp)}`" * bool(rerun(exp)),
+        ]
+        for exp in experiments
+    ]
+    lines += [
+        "## Experiments by date",
+        "",
+        "Each experiment, the days its runs started and the command that makes it again (`--seed 1` for another "
+        "seed; the flags some runs added are under How to repeat the runs); one recorded run again, as it was: "
+        "`python -m flows.reproduce --run-id RUN_ID`.",
+        "",
+        *table("started|experiment|MLflow experiment|parent runs|runs|re-run", rows),
+    ]
     for exp in experiments:
         lines += section(exp, pool, figure_dir, out.resolve().parent, spreads)
     lines += repeated
     lines += reproduction_section(runs)
     if superseded:
         rows = [
-            [f"`{r.id[:8]}`", r.tags.get("ablation", r.experiment), r.setting, pm(*estimate(r)), r.archive, why]
+            [f"`{r.id[:8]}`", r.tags.get("ablation", r.experiment), r.setting, pm(*estimate(r)), why]
             for r, why in superseded
         ]
         lines += ["## Superseded runs", "", "Made by code with a bug fixed since; in no table or comparison above:", ""]
-        lines += table("run|experiment|setting|final accuracy ± s.e.|archive|why", rows)
+        lines += table("run|experiment|setting|final accuracy ± s.e.|why", rows)
     lines += [context.read_text().rstrip(), ""] if context.is_file() else []
-    lines += [
-        "## Records",
+    index = archive_index(runs_dir, out, experiments, archives, superseded, reproductions(runs))
+    return "\n".join(lines).rstrip() + "\n", index
+
+
+def archive_index(
+    runs_dir: Path,
+    out: Path,
+    experiments: list[Experiment],
+    archives: list[list],
+    superseded: list[tuple[Run, str]],
+    made_again: dict[str, Run],
+) -> str:
+    """The lab's map from the page to the archives: each experiment's parent runs (or runs, where it has no parent),
+    the superseded runs and the reproductions, with the archive holding each; then each archive's size, MLflow runs
+    and its flows' process walls (``walls.txt``), and the logs beside them."""
+    rows = []
+    for exp in experiments:
+        for run in exp.parents or exp.children:
+            rows.append([f"`{exp.key}`", f"`{run.id}`", started(run), f"`{run.archive}`"])
+    rows += [
+        [f"superseded: `{r.tags.get('ablation', r.experiment)}`", f"`{r.id}`", started(r), f"`{r.archive}`"]
+        for r, _ in superseded
+    ]
+    rows += [
+        [f"reproduction of `{r.tags['reproduces'][:8]}`", f"`{r.id}`", started(r), f"`{r.archive}`"]
+        for r in sorted(made_again.values(), key=lambda r: r.start)
+        if "reproduces" in r.tags
+    ]
+    lines = [
+        f"# The record archives behind `{out.as_posix()}`",
+        "",
+        f"> Generated by `{COMMAND}` beside the page: do not edit by hand.",
+        "",
+        "## Which archive holds which run",
+        "",
+        *table("experiment|run|started|archive", rows),
+        "## The archives",
         "",
         f"The archives under `{runs_dir.as_posix()}/`, the MLflow runs each store holds and "
         "its flows' process walls (`walls.txt`):",
@@ -1068,6 +1170,11 @@ def render(runs_dir: Path, figure_dir: Path, context: Path, out: Path) -> str:
     logs = sorted(p.name for p in runs_dir.glob("*.log"))
     lines += [f"Logs beside them: {', '.join(f'`{name}`' for name in logs)}.", ""] if logs else []
     return "\n".join(lines).rstrip() + "\n"
+
+
+def started(run: Run) -> str:
+    """When the run started, to the minute (UTC)."""
+    return datetime.fromtimestamp(run.start / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def reproductions(runs: dict[str, Run]) -> dict[str, Run]:
@@ -1094,7 +1201,7 @@ def reproduction_rows(runs: dict[str, Run], made: dict[str, Run]) -> list[list]:
         curve = max((abs(new[s] - old[s]) for s in both), default=0.0)
         rows.append(
             [
-                f"`{original.id[:8]}` ({original.archive})",
+                f"`{original.id[:8]}`",
                 original.tags.get("ablation", original.experiment),
                 original.setting,
                 f"`{run.id[:8]}`",
@@ -1166,11 +1273,16 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument(
         "--context", type=Path, default=Path("lab/how_to_repeat.md"), help="hand-kept: how to repeat the runs"
     )
+    parser.add_argument(
+        "--index", type=Path, help="where each run's archive is listed (default: INDEX.md in the --runs folder)"
+    )
     args = parser.parse_args(argv)
     if not any(args.runs.glob("*.tar.gz")):
         parser.error(f"no *.tar.gz record archives under {args.runs}")
-    write_atomic(args.out, render(args.runs, args.figures, args.context, args.out))
-    print(f"wrote {args.out}")
+    page, index = render(args.runs, args.figures, args.context, args.out)
+    write_atomic(args.out, page)
+    write_atomic(index_path := args.index or args.runs / "INDEX.md", index)
+    print(f"wrote {args.out} and {index_path}")
     return args.out
 
 

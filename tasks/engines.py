@@ -176,8 +176,8 @@ def colocated_vllm_kwargs(
 
 def colocated_backend(backend: str) -> str:
     """``auto`` for an engine in the trainer's process: on CUDA the hf engine, which decodes the policy's own
-    weights (one GRPO step at the A5 settings on an H200: 4.96 s, against 5.94 s with vLLM sleeping beside the
-    policy and 5.47 s with vLLM awake: ``benchmarks/RESULTS.md``); elsewhere vLLM where it is installed."""
+    weights and needs no push (faster in a GRPO step than vLLM beside the policy, asleep or awake: ``docs/gpu.md``);
+    elsewhere vLLM where it is installed."""
     if backend != "auto":
         return backend
     if torch.cuda.is_available():

@@ -64,8 +64,8 @@ def _round_up(n: int) -> int:
 def gumbel_max_sample(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """One draw per row from softmax(logits / temperature): (B, V) → (B,). The Gumbel-max trick,
     argmax(logits / T − log(−log U)) with U uniform on [0, 1), draws from exactly that distribution in one
-    pass over the logits (fused into one kernel when compiled), where softmax then ``multinomial`` took
-    several (on the H200 ≈ 1 ms of a 5.3 ms decode step at 256 × 151,936 fp32 logits). A row's −inf logits
+    pass over the logits (fused into one kernel when compiled), where softmax then ``multinomial`` take
+    several (``benchmarks/RESULTS.md``, third measurement). A row's −inf logits
     (a masked EOS) are never drawn; U = 0 gives −inf noise, never drawn either."""
     return (logits / temperature - torch.log(-torch.log(torch.rand_like(logits)))).argmax(-1)
 
@@ -144,10 +144,9 @@ class HFEngine:
     architecture is supported); ``compile``: capture its decode step as a CUDA graph (default: on CUDA);
     ``shrink``: in the static loop, attend to the filled cache columns only and run fewer rows as rows
     finish (see ``_decode_static``; False: every step runs the whole chunk over the whole cache). On by
-    default, compiled or not: measured on the H200 (benchmarks/RESULTS.md, third measurement), a GRPO step
-    with responses of 30–1,024 tokens took 6.7 s shrinking against 9.4 s at full size; only when every row
-    runs to the same length is full size faster (35k against 31k tok/s at 512 tokens: shrinking changes
-    graphs as its width grows and copies the mask each step).
+    default, compiled or not: faster whenever rows end at different lengths, as real responses do; full size
+    is faster only when every row runs to the same length (shrinking changes graphs as its width grows and
+    copies the mask each step; ``docs/gpu.md``, ``benchmarks/RESULTS.md`` third measurement).
     """
 
     def __init__(
@@ -332,8 +331,8 @@ class HFEngine:
         logits = decoder.prefill(input_ids, valid)
         smallest = max(2, rows >> ROW_HALVINGS)  # a compiled step would specialise on 1 row
         # the cache column each step writes, kept on the device: made from a Python int at every step it was a
-        # host-to-device copy, which waits for the GPU to finish the step before (measured on the H200: half
-        # of a 9 ms step spent waiting there, with the GPU idle while the next step was launched)
+        # host-to-device copy, which waits for the GPU to finish the step before, leaving it idle while the next
+        # step is launched (benchmarks/RESULTS.md, second measurement)
         slot = torch.full((1,), prompt_len, dtype=torch.long, device=device)
         steps = 0
         for step in range(s.max_tokens):

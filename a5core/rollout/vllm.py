@@ -33,7 +33,8 @@ wake it first, after returning the training pass's cached blocks to the driver. 
 while awake is ``gpu_memory_utilization``; ``a5core.rollout.colocate`` derives it from the memory free at
 start and what the policy will hold, instead of a guessed fraction. ``kv_cache_tokens`` sizes the
 KV cache to the rollouts at hand (vLLM's ``kv_cache_memory_bytes``) rather than to all of that share: waking
-maps the cache anew each time, and mapping 100 GiB where 10 suffice cost ~2 s a GRPO step on an H200.
+maps the cache anew each time, so a cache far larger than the rollouts need costs seconds a step
+(``benchmarks/RESULTS.md``, vLLM beside the hf engine).
 
 vLLM's distributed state (its process groups) belongs to the process, not to one engine: an engine's teardown
 destroys it. ``close`` an engine before the next one starts in the same process; dropped instead, the engine is
