@@ -5,6 +5,7 @@ Knows nothing of Prefect, MLflow or DVC. The CS336 A5 training primitives are im
 
 from a5core.data import DataError, Problem, Trace, load_gsm8k, load_math, load_sft_traces
 from a5core.grading import answers_equivalent, grade_batch, question_only_reward_fn, r1_zero_reward_fn
+from a5core.grpo.objective import grpo_microbatch_train_step
 from a5core.losses import (
     compute_entropy,
     compute_group_normalized_rewards,
@@ -14,13 +15,7 @@ from a5core.losses import (
     masked_mean,
     masked_normalize,
 )
-from a5core.policy import (
-    get_response_log_probs,
-    grpo_microbatch_train_step,
-    load_policy,
-    sft_microbatch_train_step,
-    tokenize_prompt_and_output,
-)
+from a5core.policy import get_response_log_probs, load_policy, sft_microbatch_train_step, tokenize_prompt_and_output
 from a5core.prompts import PromptTemplate, PromptTemplateError, load_prompt
 
 __all__ = [
