@@ -30,7 +30,7 @@ _EXPORTS = {
     "masked_mean": "a5core.losses",
     "masked_normalize": "a5core.losses",
     "get_response_log_probs": "a5core.policy",
-    "grpo_microbatch_train_step": "a5core.policy",
+    "grpo_microbatch_train_step": "a5core.grpo.objective",
     "load_policy": "a5core.policy",
     "sft_microbatch_train_step": "a5core.policy",
     "tokenize_prompt_and_output": "a5core.policy",

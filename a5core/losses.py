@@ -1,7 +1,8 @@
 """Losses and their reductions, as pure functions with the CS336 A5 (2025) semantics.
 
 Shapes: ``B`` sequences (rollouts) in a batch, ``T`` token positions, ``V`` vocabulary entries.
-Nothing here holds state or calls ``backward``; the train steps in :mod:`a5core.policy` do.
+Nothing here holds state or calls ``backward``, nor imports the loops: the GRPO objective
+(:func:`a5core.grpo.objective.microbatch_loss`) and the SFT step (:mod:`a5core.policy`) build on these.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from typing import Any, Literal, get_args
 
 import torch
 
+# The policy-gradient losses, by the name GRPOConfig.loss_type takes (see POLICY_GRADIENT_INPUTS).
+LossType = Literal["no_baseline", "reinforce_with_baseline", "grpo_clip", "grpo_no_clip", "gspo"]
 # Per-sequence mean over response tokens, their sum over a constant, or (DAPO) every response token of the
 # train batch weighted alike (see docs/length_normalization.md).
 LengthNormalization = Literal["masked_mean", "masked_normalize", "token_mean"]
@@ -204,6 +207,26 @@ def overlong_penalty(lengths: torch.Tensor, max_tokens: int, buffer: int, factor
     return -factor * over / buffer
 
 
+# What each policy-gradient loss reads (beside the policy's log-probs): the handout's dispatcher refuses a call
+# without one, naming it.
+POLICY_GRADIENT_INPUTS: dict[str, tuple[str, ...]] = {
+    "no_baseline": ("raw_rewards",),
+    "reinforce_with_baseline": ("advantages",),
+    "grpo_clip": ("advantages", "old_log_probs", "cliprange"),
+    "grpo_no_clip": ("advantages", "old_log_probs"),
+    "gspo": ("advantages", "old_log_probs", "response_mask", "cliprange"),
+}
+
+
+def require_inputs(loss_type: str, **given: Any) -> None:
+    """ValueError when ``loss_type`` is unknown, or when one of the inputs it reads is None in ``given``."""
+    if loss_type not in POLICY_GRADIENT_INPUTS:
+        raise ValueError(f"unknown loss_type {loss_type!r}; expected one of {', '.join(POLICY_GRADIENT_INPUTS)}")
+    missing = [name for name in POLICY_GRADIENT_INPUTS[loss_type] if given.get(name) is None]
+    if missing:
+        raise ValueError(f"loss_type {loss_type!r} needs {', '.join(missing)}")
+
+
 def compute_policy_gradient_loss(
     policy_log_probs: torch.Tensor,
     loss_type: str,
@@ -214,7 +237,7 @@ def compute_policy_gradient_loss(
     cliprange_high: float | None = None,
     response_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The handout's dispatcher: the per-token loss of ``loss_type`` (a loss of :mod:`a5core.pg_losses`).
+    """The handout's dispatcher: the per-token loss of ``loss_type``.
 
     policy_log_probs: (B, T); raw_rewards, advantages: (B, 1); old_log_probs, response_mask: (B, T) →
     loss (B, T). ``no_baseline`` needs raw_rewards; ``reinforce_with_baseline`` needs advantages;
@@ -223,17 +246,14 @@ def compute_policy_gradient_loss(
     response_mask and cliprange (its own, far smaller than grpo_clip's; cliprange_high optional).
     A missing argument raises ValueError naming it.
     """
-    from a5core.pg_losses import loss_class  # the losses are built on this module's functions
-
-    loss = loss_class(loss_type)
-    given = dict(
-        raw_rewards=raw_rewards,
-        advantages=advantages,
-        old_log_probs=old_log_probs,
-        response_mask=response_mask,
-        cliprange=cliprange,
-    )
-    missing = [name for name in loss.inputs if given[name] is None]
-    if missing:
-        raise ValueError(f"loss_type {loss_type!r} needs {', '.join(missing)}")
-    return loss.with_clip_range(cliprange, cliprange_high).per_token(policy_log_probs, given)
+    given = dict(raw_rewards=raw_rewards, advantages=advantages, old_log_probs=old_log_probs)
+    require_inputs(loss_type, **given, response_mask=response_mask, cliprange=cliprange)
+    if loss_type == "no_baseline":
+        return compute_naive_policy_gradient_loss(raw_rewards, policy_log_probs), {}
+    if loss_type == "reinforce_with_baseline":
+        return compute_naive_policy_gradient_loss(advantages, policy_log_probs), {}
+    if loss_type == "grpo_no_clip":
+        return compute_grpo_no_clip_loss(advantages, policy_log_probs, old_log_probs)
+    if loss_type == "grpo_clip":
+        return compute_grpo_clip_loss(advantages, policy_log_probs, old_log_probs, cliprange, cliprange_high)
+    return compute_gspo_loss(advantages, policy_log_probs, old_log_probs, response_mask, cliprange, cliprange_high)

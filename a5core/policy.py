@@ -1,4 +1,5 @@
-"""The policy: loading a causal LM, tokenising prompt/response pairs, per-token log-probs, train steps.
+"""The policy: loading a causal LM, tokenising prompt/response pairs, per-token log-probs, the SFT train step
+(GRPO's: :func:`a5core.grpo.objective.grpo_microbatch_train_step`).
 
 Shapes: ``B`` sequences, ``T`` token positions (prompt + response − 1), ``V`` vocabulary entries.
 """
@@ -13,14 +14,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from a5core.lm_head_log_probs import FUSABLE_MODEL_TYPES, linear_log_probs
-from a5core.losses import (
-    LENGTH_NORMALIZATIONS,
-    compute_entropy,
-    compute_kl_penalty,
-    compute_policy_gradient_loss,
-    masked_mean,
-    masked_normalize,
-)
+from a5core.losses import compute_entropy, masked_mean, masked_normalize
 
 LOGPROB_CHUNK_TOKENS = 4096  # positions per chunk when reducing logits: bounds fp32 temporaries
 # The loops' activation-memory budget for compiled layers: on the H200 at 16×1024 it kept 52k tok/s and
@@ -257,109 +251,3 @@ def sft_microbatch_train_step(
         "response_tokens": response_mask.sum().detach(),
         "mean_log_prob": masked_mean(policy_log_probs.detach(), response_mask),
     }
-
-
-def grpo_microbatch_train_step(
-    policy_log_probs: torch.Tensor,
-    response_mask: torch.Tensor,
-    gradient_accumulation_steps: float,
-    loss_type: str,
-    raw_rewards: torch.Tensor | None = None,
-    advantages: torch.Tensor | None = None,
-    old_log_probs: torch.Tensor | None = None,
-    cliprange: float | None = None,
-    length_normalization: str = "masked_mean",
-    normalize_constant: float | None = None,
-    cliprange_high: float | None = None,
-    token_weights: torch.Tensor | None = None,
-    ref_log_probs: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The handout's policy-gradient micro-batch step: ``loss_type``'s per-token loss
-    (:func:`a5core.losses.compute_policy_gradient_loss`), then :func:`policy_gradient_backward`.
-
-    policy_log_probs, response_mask, old_log_probs, token_weights, ref_log_probs: (B, T); raw_rewards,
-    advantages: (B, 1). Returns the loss, scaled for accumulation as it was back-propagated, and metadata.
-    """
-    per_token, loss_metadata = compute_policy_gradient_loss(
-        policy_log_probs, loss_type, raw_rewards, advantages, old_log_probs, cliprange, cliprange_high, response_mask
-    )
-    return policy_gradient_backward(
-        per_token,
-        loss_metadata,
-        policy_log_probs,
-        response_mask,
-        gradient_accumulation_steps,
-        length_normalization=length_normalization,
-        normalize_constant=normalize_constant,
-        token_weights=token_weights,
-        ref_log_probs=ref_log_probs,
-        kl_coef=kl_coef,
-        kl_estimator=kl_estimator,
-    )
-
-
-def policy_gradient_backward(
-    per_token: torch.Tensor,
-    loss_metadata: dict[str, torch.Tensor],
-    policy_log_probs: torch.Tensor,
-    response_mask: torch.Tensor,
-    gradient_accumulation_steps: float,
-    *,
-    length_normalization: str = "masked_mean",
-    normalize_constant: float | None = None,
-    token_weights: torch.Tensor | None = None,
-    ref_log_probs: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """A micro-batch's per-token policy-gradient loss → per-sequence reduction → batch mean → ``backward``.
-
-    per_token, policy_log_probs, response_mask, token_weights, ref_log_probs: (B, T); ``loss_metadata``: the
-    loss's ("clipped" (B, T) where it clipped). ``token_weights`` (no gradient), if given, multiply the
-    loss per token (e.g. truncated importance weights; 0 masks a token out). ``kl_coef`` > 0 adds
-    ``kl_coef`` · KL estimate (:func:`a5core.losses.compute_kl_penalty`, ``kl_estimator``) to every
-    response token's loss, which needs ``ref_log_probs``. ``length_normalization``: ``masked_mean`` divides
-    each sequence's summed loss by its own response length; ``masked_normalize`` divides by
-    ``normalize_constant`` (e.g. max_tokens) for every sequence; ``token_mean`` (DAPO's token-level loss: the
-    sum over every response token of the train batch divided by their count) is computed as
-    ``masked_normalize`` with ``normalize_constant`` the train batch's response tokens per sequence (its token
-    count / its sequence count), which the caller knows. The batch mean is divided by
-    gradient_accumulation_steps before ``backward``. Returns that loss (detached) and metadata: the loss, the
-    fraction of response tokens whose ratio was clipped (where the loss clips), and with a KL term its mean
-    per token.
-    """
-    if token_weights is not None:
-        per_token = per_token * token_weights.detach()
-    kl = None
-    if kl_coef:
-        if ref_log_probs is None:
-            raise ValueError("kl_coef > 0 needs ref_log_probs (the frozen reference policy's log-probs)")
-        kl = compute_kl_penalty(policy_log_probs, ref_log_probs, kl_estimator)
-        per_token = per_token + kl_coef * kl
-    per_sequence = _per_sequence(per_token, response_mask, length_normalization, normalize_constant)
-    loss = per_sequence.mean() / gradient_accumulation_steps
-    loss.backward()
-    metadata = {"loss": loss.detach()}
-    if "clipped" in loss_metadata:
-        metadata["clip_fraction"] = masked_mean(loss_metadata["clipped"].float(), response_mask)
-    if kl is not None:
-        metadata["kl"] = masked_mean(kl.detach(), response_mask)
-    return loss.detach(), metadata
-
-
-def _per_sequence(
-    per_token: torch.Tensor, response_mask: torch.Tensor, length_normalization: str, normalize_constant: float | None
-) -> torch.Tensor:
-    """(B, T) token losses → (B,) sequence losses under ``length_normalization``."""
-    if length_normalization == "masked_mean":
-        return masked_mean(per_token, response_mask, dim=-1)
-    if length_normalization in ("masked_normalize", "token_mean"):
-        if normalize_constant is None:
-            need = "e.g. max_tokens" if length_normalization == "masked_normalize" else "tokens per sequence"
-            raise ValueError(f"length_normalization {length_normalization!r} needs normalize_constant ({need})")
-        return masked_normalize(per_token, response_mask, normalize_constant, dim=-1)
-    raise ValueError(
-        f"unknown length_normalization {length_normalization!r}; expected one of {', '.join(LENGTH_NORMALIZATIONS)}"
-    )

@@ -51,14 +51,13 @@ rank 0 and resume on any number of ranks.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import math
 import os
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -74,11 +73,9 @@ from a5core.checkpoint import (  # noqa: F401  (the errors are part of this modu
 )
 from a5core.data import Trace
 from a5core.guards import DivergenceGuard
-from a5core.lora import LoRASettings, add_adapters
+from a5core.lora import LoRASettings
 from a5core.out_of_memory import naming_the_microbatch
 from a5core.policy import (
-    COMPILED_ACTIVATION_BUDGET,
-    compile_decoder_layers,
     get_response_log_probs,
     pad_id_of,
     pad_positions,
@@ -94,7 +91,7 @@ from a5core.settings import (
     SpeedSettings,
     defaults,
 )
-from a5core.token_budget import TokenBudget
+from a5core.training import TrainedPolicy, prepare
 
 logger = logging.getLogger(__name__)
 
@@ -149,24 +146,18 @@ def lr_multiplier(step: int, warmup_steps: int, total_steps: int, schedule: str)
 
 @dataclass
 class _Run:
-    """What every step of a run uses: the settings, the policy, its optimizer and schedule, the examples."""
+    """What every step of a run uses: the settings, the policy and what trains it (its optimizer, schedule and
+    token budget: :class:`a5core.training.TrainedPolicy`), the examples."""
 
     config: SFTConfig
-    model: torch.nn.Module
+    policy: TrainedPolicy
     tokenizer: Any
     examples: list[Trace]
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LambdaLR
-    params: list[torch.nn.Parameter]
-    device: torch.device
-    autocast: contextlib.AbstractContextManager
-    budget: TokenBudget  # the micro-batches' token budget (a5core.token_budget)
     positions: list[int] | None  # under a token budget: each example's trained positions
     total_steps: int
     checkpoint: Path | None
     last_shape: tuple[int, ...] | None = None  # the latest micro-batch's (rows, positions)
     release_memory: Callable[[], bool] | None = None  # a rollout engine's in this process (train_sft's argument)
-    guard: DivergenceGuard = field(default_factory=lambda: DivergenceGuard(fixed_scale=True))
 
 
 def train_sft(
@@ -233,9 +224,9 @@ def train_sft(
                 "metrics": metrics,
                 "fingerprint": fingerprint,
             }
-            distributed.save_checkpoint(checkpoint, model, run.optimizer, run.scheduler, progress_state)
+            distributed.save_checkpoint(checkpoint, model, run.policy.optimizer, run.policy.scheduler, progress_state)
     steps_bar.close()
-    run.optimizer.zero_grad(set_to_none=True)  # free the gradients (a model's worth of memory) for what comes next
+    run.policy.optimizer.zero_grad(set_to_none=True)  # free the gradients (a model's worth of memory) for what's next
     model.train(was_training)
     return {**metrics, "step": step}
 
@@ -244,32 +235,21 @@ def sft_step(run: _Run, batch_order: list[int], step: int) -> dict[str, float]:
     """One optimizer step on the examples ``batch_order``: micro-batch losses, back-propagated and
     accumulated; the gradient norm clipped; AdamW at the scheduled rate. Returns the step's metrics, the
     whole batch's (summed over ranks)."""
-    config, device = run.config, run.device
+    config, policy = run.config, run.policy
     count = f"microbatch_size {config.microbatch_size}: lower it"
     where = f"SFT step {step + 1}"
-    with naming_the_microbatch(where, lambda: run.budget.value, count, lambda: run.last_shape):
+    with naming_the_microbatch(where, lambda: policy.budget.value, count, lambda: run.last_shape):
         # Out of memory under an auto budget: the accumulation again, after the engine released its cache,
         # else at half the budget.
         lengths = [run.positions[i] for i in batch_order] if run.positions is not None else []
         accumulate = functools.partial(_accumulate, run, batch_order)
-        loss, nll, tokens, truncated = run.budget.retrying(accumulate, where, lengths, run.release_memory)
-    grad_norm = torch.nn.utils.clip_grad_norm_(run.params, config.grad_clip if config.grad_clip > 0 else math.inf)
-    grad_norm_value = distributed.full_tensor(grad_norm).item()
-    sums = torch.stack(
-        [loss.double(), nll.double(), tokens.double(), torch.tensor(truncated, dtype=torch.float64, device=device)]
-    )
+        loss, nll, tokens, truncated = policy.budget.retrying(accumulate, where, lengths, run.release_memory)
+    grad_norm_value = distributed.full_tensor(policy.clip_gradients()).item()
+    cut = torch.tensor(truncated, dtype=torch.float64, device=policy.device)
+    sums = torch.stack([loss.double(), nll.double(), tokens.double(), cut])
     loss_value, nll_value, token_count, truncated = distributed.global_sum(sums).tolist()  # the whole batch's
-    if not (math.isfinite(loss_value) and math.isfinite(grad_norm_value)):
-        kept = f"; {run.checkpoint / 'latest'}, if written, still holds the last good step" if run.checkpoint else ""
-        raise NonFiniteLossError(
-            f"SFT step {step + 1} of {run.total_steps}: loss {loss_value}, grad_norm {grad_norm_value}; "
-            f"training stopped before the update{kept}"
-        )
-    run.guard.check(f"SFT step {step + 1} of {run.total_steps}", loss_value, grad_norm_value)
-    lr = run.scheduler.get_last_lr()[0]
-    run.optimizer.step()
-    run.scheduler.step()
-    run.budget.settle()  # auto: sized once, after the first update (AdamW's moments then hold their memory)
+    lr = policy.scheduler.get_last_lr()[0]  # the rate this step uses
+    policy.update(f"SFT step {step + 1} of {run.total_steps}", loss_value, grad_norm_value, run.checkpoint)
     return {
         "loss": loss_value,
         "token_nll": nll_value / max(token_count, 1),
@@ -284,14 +264,15 @@ def _accumulate(run: _Run, batch_order: list[int]) -> tuple[torch.Tensor, torch.
     """The gradient of the examples ``batch_order``, accumulated over their micro-batches from zero (so that
     it can run again, at another budget, after running out of memory): this rank's loss, summed negative
     log-probs, response tokens and truncated sequences."""
-    config, model, device, world = run.config, run.model, run.device, distributed.rank_and_world()[1]
+    config, policy, world = run.config, run.policy, distributed.rank_and_world()[1]
+    model, device = policy.model, policy.device
     batch = [run.examples[i] for i in batch_order]
-    run.optimizer.zero_grad(set_to_none=True)
+    policy.optimizer.zero_grad(set_to_none=True)
     loss = torch.zeros((), device=device)
     nll = torch.zeros((), device=device)
     tokens = torch.zeros((), dtype=torch.long, device=device)
     truncated = 0
-    budget = run.budget.value
+    budget = policy.budget.value
     lengths = None if budget is None else [run.positions[i] for i in batch_order]
     microbatches = distributed.rank_microbatches(range(len(batch)), config.microbatch_size, lengths, budget)
     for index in distributed.accumulating(model, microbatches):
@@ -299,8 +280,8 @@ def _accumulate(run: _Run, batch_order: list[int]) -> tuple[torch.Tensor, torch.
         input_ids, labels, response_mask, cut = _microbatch(run, micro, live=bool(index))
         truncated += cut
         run.last_shape = tuple(input_ids.shape)
-        with run.budget.measuring(input_ids.numel()):
-            with run.autocast:
+        with policy.budget.measuring(input_ids.numel()):
+            with policy.autocast:
                 log_probs = get_response_log_probs(model, input_ids, labels)["log_probs"]  # (b, T) fp32
             # Dividing each micro-batch mean by len(batch) / (len(micro) · world) makes the sum over
             # micro-batches the batch mean (× world: FSDP2 averages the ranks' gradients).
@@ -323,9 +304,9 @@ def _microbatch(run: _Run, micro: list[Trace], live: bool) -> tuple[torch.Tensor
     keep = run.config.max_seq_len - 1  # positions of (input, label) pairs within max_seq_len tokens
     cut = int(encoded["response_mask"][:, keep:].any(dim=-1).sum())
     input_ids, labels, response_mask = (encoded[k][:, :keep] for k in ("input_ids", "labels", "response_mask"))
-    if run.budget.value is not None:
+    if run.policy.budget.value is not None:
         input_ids, labels, response_mask = pad_positions(input_ids, labels, response_mask, pad_id_of(run.tokenizer))
-    input_ids, labels, response_mask = (x.to(run.device) for x in (input_ids, labels, response_mask))
+    input_ids, labels, response_mask = (x.to(run.policy.device) for x in (input_ids, labels, response_mask))
     return input_ids, labels, response_mask, cut
 
 
@@ -337,52 +318,28 @@ def _setup(
     total_steps: int,
     checkpoint: Path | None,
 ) -> _Run:
-    """The policy made ready to train (LoRA adapters, FSDP2 sharding, AdamW and its schedule, gradient
-    checkpointing, compiled layers)."""
-    add_adapters(model, config)
-    distributed.setup_model(model, config.fsdp_reshard_after_forward)
-    device = next(model.parameters()).device
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = config.adamw(params)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda t: lr_multiplier(t, config.warmup_steps, total_steps, config.lr_schedule)
+    """The policy made ready to train (:func:`a5core.training.prepare`: AdamW with its warmup and decay) and,
+    under a token budget, each example's trained positions."""
+    schedule = functools.partial(
+        lr_multiplier, warmup_steps=config.warmup_steps, total_steps=total_steps, schedule=config.lr_schedule
     )
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
-    if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if config.compiles(device):
-        compile_decoder_layers(model, activation_memory_budget=COMPILED_ACTIVATION_BUDGET)
-    budget = TokenBudget(config.max_tokens_per_microbatch, device, params)
+    policy = prepare(model, config, DivergenceGuard(fixed_scale=True), schedule)
     prompt_lengths, response_lengths = token_lengths(examples, tokenizer)
     check_cut(prompt_lengths, response_lengths, config.max_seq_len)
     positions = None
-    if budget.value is not None:  # each example's trained positions: prompt + response tokens − 1, cut
+    if policy.budget.value is not None:  # each example's trained positions: prompt + response tokens − 1, cut
         lengths = zip(prompt_lengths, response_lengths, strict=True)
         positions = [min(p + r - 1, config.max_seq_len - 1) for p, r in lengths]
-    return _Run(
-        config,
-        model,
-        tokenizer,
-        examples,
-        optimizer,
-        scheduler,
-        params,
-        device,
-        autocast,
-        budget,
-        positions,
-        total_steps,
-        checkpoint,
-    )
+    return _Run(config, policy, tokenizer, examples, positions, total_steps, checkpoint)
 
 
 def _start(run: _Run, fingerprint: dict[str, Any], steps_per_epoch: int) -> dict[str, Any]:
     """Where the run starts: its checkpoint's position (the weights, optimizer, schedule and RNG states
     loaded), or step 0 with every RNG seeded."""
-    config, checkpoint = run.config, run.checkpoint
+    config, checkpoint, policy = run.config, run.checkpoint, run.policy
     counts = {"step": run.total_steps, "epoch": config.epochs, "batch_in_epoch": steps_per_epoch - 1}
     state = (
-        distributed.load_checkpoint(checkpoint, fingerprint, run.model, run.optimizer, run.scheduler, counts)
+        distributed.load_checkpoint(checkpoint, fingerprint, policy.model, policy.optimizer, policy.scheduler, counts)
         if checkpoint
         else None
     )

@@ -178,7 +178,7 @@ def microbatches_of(args, setting: Setting, settled: int | None) -> str:
 
 def measure(args, setting: Setting, lengths: str, device: str) -> tuple[list[str], str]:
     """One configuration's table row (a fresh model, compile cache and peak), and the model's description."""
-    from a5core import grpo_pieces
+    from a5core import training
     from a5core.policy import compile_decoder_layers
 
     model, tokenizer, description = _model.build(args.model_dir, args.tiny, device)
@@ -192,7 +192,7 @@ def measure(args, setting: Setting, lengths: str, device: str) -> tuple[list[str
         compile_decoder_layers(model, activation_memory_budget=0.8)
     steps = args.steps if setting.budget is not None else (args.count_steps or args.steps)
     with use_attention(setting.attention), decode_mode(setting.decode) as shrink, memory_cap(setting.cap_gib):
-        with budgets_seen(grpo_pieces) as budgets:
+        with budgets_seen(training) as budgets:
             history = run(model, engine_model, tokenizer, args, lengths, setting, shrink, steps)
     warm_steps = history[1:] or history
     warm = [m["time_step"] for m in warm_steps]

@@ -33,7 +33,8 @@ def baseline_step(model, ids, labels, mask, advantages):
 
 
 def a5_step(model, ids, labels, mask, advantages):
-    from a5core.policy import get_response_log_probs, grpo_microbatch_train_step
+    from a5core.grpo.objective import grpo_microbatch_train_step
+    from a5core.policy import get_response_log_probs
 
     out = get_response_log_probs(model, ids, labels, return_token_entropy=True)
     grpo_microbatch_train_step(out["log_probs"], mask, 1, "reinforce_with_baseline", advantages=advantages)

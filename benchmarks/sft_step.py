@@ -106,7 +106,7 @@ def figures(history: list[dict]) -> list[str]:
 
 def measure(args, name: str, lengths: str, device: str) -> tuple[list[str], str]:
     """One mode's table row (a fresh model, compile cache and peak), and the model's description."""
-    from a5core import sft
+    from a5core import training
     from a5core.sft import SFTConfig, train_sft
 
     mode = MODES[name]
@@ -123,7 +123,7 @@ def measure(args, name: str, lengths: str, device: str) -> tuple[list[str], str]
     examples = examples_of(tokenizer, lengths, args.batch * args.steps, args.tokens)
     outcome = ""
     _model.reset_peak()
-    with memory_cap(mode.cap_gib), budgets_seen(sft) as budgets, timed_steps() as history:
+    with memory_cap(mode.cap_gib), budgets_seen(training) as budgets, timed_steps() as history:
         try:
             train_sft(model, tokenizer, examples, config)
         except torch.OutOfMemoryError as error:

@@ -1,4 +1,4 @@
-"""The engine mismatch every GRPO step logs (``mismatch_*``, :class:`a5core.grpo_pieces.EngineMismatch`): its
+"""The engine mismatch every GRPO step logs (``mismatch_*``, :class:`a5core.grpo.stats.EngineMismatch`): its
 arithmetic against the definitions (k3 from Schulman's "Approximating KL divergence"), and GRPO on the CPU at
 learning rate 0 with the hf engine: on the policy's own weights no mismatch, on perturbed weights the mismatch
 computed here from the rollouts the engine returned."""
@@ -12,7 +12,7 @@ import torch
 from test_grpo import PROBLEMS, TEMPLATE, RecordingEngine, parity_reward, small_config
 
 from a5core.grpo import grpo
-from a5core.grpo_pieces import MISMATCH_RATIO_CAP, EngineMismatch, StepStats
+from a5core.grpo.stats import MISMATCH_RATIO_CAP, EngineMismatch, StepStats
 from a5core.policy import get_response_log_probs
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -140,7 +140,7 @@ def test_the_training_forward_counts_the_first_optimizer_step_once_run_again_or_
     generator = torch.Generator().manual_seed(2)
     train, engine = -torch.rand(2, 6, generator=generator) * 3, -torch.rand(2, 6, generator=generator) * 3
     mask = torch.tensor([[False, True, True, True, False, False], [False, False, True, True, True, True]])
-    stats = StepStats(torch.device("cpu"), (), kl=False, ratios=False, mismatch=EngineMismatch(None))
+    stats = StepStats(torch.device("cpu"), (), ratios=False, mismatch=EngineMismatch(None))
 
     def micro_batch(row: int, shift: float = 0.0) -> None:
         rows = slice(row, row + 1)

@@ -1,5 +1,5 @@
 """The train/inference mismatch on a GPU at learning rate 0, for each engine (hf; vLLM when installed): over
-several GRPO steps the engine mismatch every step logs (``mismatch_*``, :class:`a5core.grpo_pieces.EngineMismatch`)
+several GRPO steps the engine mismatch every step logs (``mismatch_*``, :class:`a5core.grpo.stats.EngineMismatch`)
 stays within bf16's bounds, the policy in fp32 master weights under bf16 autocast (the flows' default) and the
 engine in bf16 beside it on the same GPU, as the flows place them. Prints each step's numbers.
 

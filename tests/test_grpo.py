@@ -455,7 +455,7 @@ def test_grpo_raises_reward(formatted_policy, tokenizer):
     # Three seeds, the comparison of means: a single run can stall. Whether the baseline helps is not asserted
     # here: on this task, at these seeds, the final rate with a baseline minus without was -0.11, +0.09 and
     # +0.55 (mean 0.18, s.e. 0.19): within noise, as two or three runs of any setting are. The baseline's
-    # arithmetic is pinned against the handout's formula (test_losses, test_pg_losses).
+    # arithmetic is pinned against the handout's formula (test_losses, test_grpo_objective).
     with_baseline = [run_toy_grpo(formatted_policy, tokenizer, "reinforce_with_baseline", seed) for seed in range(3)]
     assert all(curve[0] < 0.1 for curve in with_baseline), with_baseline
     assert sum(curve[-1] for curve in with_baseline) / 3 > 0.6, with_baseline

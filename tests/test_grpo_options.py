@@ -13,8 +13,8 @@ from test_sft import make_model
 
 from a5core.data import Problem
 from a5core.grpo import grpo
+from a5core.grpo.objective import grpo_microbatch_train_step
 from a5core.losses import compute_kl_penalty, overlong_penalty
-from a5core.policy import grpo_microbatch_train_step
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -386,7 +386,7 @@ def test_one_step_off_overlaps_generation_with_training_and_records_versions(tok
     from the weights of one version before (0, 0, 1, 2); an evaluation after every step waits for the engine."""
     import threading
 
-    import a5core.grpo as module
+    import a5core.grpo.loop as module
 
     started = [threading.Event() for _ in range(4)]
     real_train = module._train_batches

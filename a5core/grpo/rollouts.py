@@ -13,9 +13,13 @@ import random
 import time
 from typing import Any
 
+import torch
+
 from a5core import distributed
 from a5core.data import Problem
-from a5core.grpo_batch import Draw
+from a5core.grpo.batch import Draw
+from a5core.grpo.config import GRPOConfig
+from a5core.grpo.stats import PhaseTimer
 from a5core.prompts import PromptTemplate
 from a5core.question_sampling import QuestionSampler
 from a5core.rollout import Completion, Engine
@@ -29,7 +33,14 @@ class Rollouts:
     """Synchronous rollouts: each step pushes the policy's weights into the engine and generates from them
     (the version that sampled step k is k). ``timer``: the step's phase timer (weight_sync, generate)."""
 
-    def __init__(self, config: Any, model: Any, sampler: QuestionSampler, template: PromptTemplate, timer: Any) -> None:
+    def __init__(
+        self,
+        config: GRPOConfig,
+        model: torch.nn.Module,
+        sampler: QuestionSampler,
+        template: PromptTemplate,
+        timer: PhaseTimer,
+    ) -> None:
         self.config, self.model, self.sampler, self.template, self.timer = config, model, sampler, template, timer
 
     def take(self, engine: Engine, step: int, rng: random.Random) -> tuple[list[Problem], list[Completion], int]:
@@ -113,9 +124,11 @@ class OneStepOff(Rollouts):
         self.pool.shutdown()
 
 
-def rollout_source(config: Any, *args: Any) -> Rollouts:
+def rollout_source(
+    config: GRPOConfig, model: torch.nn.Module, sampler: QuestionSampler, template: PromptTemplate, timer: PhaseTimer
+) -> Rollouts:
     """The rollouts of ``config.pipeline_depth`` (0: synchronous, 1: one step off)."""
-    return (OneStepOff if config.pipeline_depth else Rollouts)(config, *args)
+    return (OneStepOff if config.pipeline_depth else Rollouts)(config, model, sampler, template, timer)
 
 
 class DynamicSampling:
@@ -123,7 +136,7 @@ class DynamicSampling:
     ``prompts_per_step`` groups whose rewards differ: a group of equal rewards has advantages 0 and teaches
     nothing. Off (``dynamic_sampling`` false): one draw."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: GRPOConfig) -> None:
         self.on, self.groups, self.max_extra_draws = (
             config.dynamic_sampling,
             config.prompts_per_step,

@@ -1,8 +1,6 @@
-"""The pieces a GRPO step composes around its policy-gradient loss, each off (a no-op) unless its setting is
-on: :class:`MicroBatches` (by count, or by token budget), :class:`TokenWeights` (the truncated importance
-weight; DAPO's masking of truncated rollouts), :class:`KLPenalty` (to a frozen copy of the starting
-weights), :func:`normalize_constant` (the length normalisation's divisor), and :class:`StepStats` (what the
-optimizer steps accumulate, read once a step). :class:`PhaseTimer` times the step's phases.
+"""What a GRPO step measures: :class:`StepStats` (what its optimizer steps accumulate, read once each),
+:class:`EngineMismatch` (how far the engine's sampling is from the policy) and :class:`PhaseTimer` (the
+seconds of each phase).
 
 Shapes: ``b`` rollouts of a micro-batch, ``T`` its token positions.
 """
@@ -10,19 +8,13 @@ Shapes: ``b`` rollouts of a micro-batch, ``T`` its token positions.
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
 
 import torch
 
 from a5core import distributed
-from a5core.grpo_batch import RolloutBatch
-from a5core.out_of_memory import naming_the_microbatch
-from a5core.policy import pad_id_of
-from a5core.token_budget import TokenBudget
 
 # The engine mismatch's sums over response tokens (summed over micro-batches and ranks; see EngineMismatch).
 _MISMATCH_SUMS = ("mismatch_log_ratio_sum", "mismatch_k3_sum", "mismatch_over_cap_tokens", "mismatch_tokens")
@@ -64,99 +56,6 @@ class PhaseTimer:
             torch.cuda.synchronize(self.device)
         key = f"time_{phase}"
         self.times[key] = self.times.get(key, 0.0) + time.perf_counter() - start
-
-
-class MicroBatches:
-    """This rank's micro-batches of a train batch (:func:`a5core.distributed.rank_microbatches`): of
-    ``microbatch_size`` rollouts, or by the token budget (:class:`a5core.token_budget.TokenBudget`, from
-    ``max_tokens_per_microbatch``; then padded to a multiple of 64 positions, so compiled layers see few
-    shapes). Counts the shapes seen, for the metrics and an out-of-memory error."""
-
-    def __init__(
-        self, config: Any, tokenizer: Any, device: torch.device, params: Sequence[torch.nn.Parameter] = ()
-    ) -> None:
-        self.size, self.budget = config.microbatch_size, TokenBudget(config.max_tokens_per_microbatch, device, params)
-        self.count = f"gradient_accumulation_steps {config.gradient_accumulation_steps}: raise it"
-        self.pad_id, self.device = pad_id_of(tokenizer), device
-        self.shapes: set[tuple[int, ...]] = set()  # the (rows, positions) of every micro-batch so far
-        self.last_shape: tuple[int, ...] | None = None
-
-    def split(self, batch: RolloutBatch, items: Sequence[int]) -> list[list[int]]:
-        budget = self.budget.value
-        lengths = batch.lengths if budget is not None else None
-        return distributed.rank_microbatches(items, self.size, lengths, budget)
-
-    def tensors(self, batch: RolloutBatch, index: list[int], stand_in: list[int]) -> dict[str, torch.Tensor]:
-        """The micro-batch ``index`` as tensors (:meth:`RolloutBatch.tensors`). An empty share (this rank has
-        no rollout left) still runs a pass, FSDP2's collectives need it: rollouts ``stand_in`` at advantage 0."""
-        multiple = distributed.PAD_MULTIPLE if self.budget.value is not None else 1
-        t = batch.select(index or stand_in).tensors(self.pad_id, self.device, multiple)
-        if not index:
-            for key in ("advantages", "raw_rewards"):
-                t[key] = torch.zeros_like(t[key])
-        self.last_shape = tuple(t["input_ids"].shape)
-        self.shapes.add(self.last_shape)
-        return t
-
-    def naming(self, where: str) -> contextlib.AbstractContextManager[None]:
-        """Out of GPU memory inside: one error naming ``where``, the last micro-batch's shape and the setting."""
-        return naming_the_microbatch(where, lambda: self.budget.value, self.count, lambda: self.last_shape)
-
-
-class TokenWeights:
-    """What multiplies each token's policy-gradient loss (no gradient), or None when nothing does:
-    ``tis_cap``'s truncated importance weight min(π_old(o_t)/π_engine(o_t), cap), which corrects for the
-    engine sampling from a slightly different distribution (or, one step off, older weights) than the policy
-    computes; times 0 for the rollouts cut at max_tokens under DAPO's ``mask_truncated``."""
-
-    def __init__(self, config: Any) -> None:
-        self.tis_cap, self.mask_truncated = config.tis_cap, config.mask_truncated
-
-    def masked(self, batch: RolloutBatch, i: int) -> bool:
-        """Whether rollout ``i`` gives no policy gradient."""
-        return self.mask_truncated and bool(batch.truncated[i])
-
-    def __call__(self, batch: RolloutBatch, rows: list[int], t: dict[str, torch.Tensor]) -> torch.Tensor | None:
-        """(b, T) weights of the micro-batch of rollouts ``rows`` (tensors ``t``), or None."""
-        weights = None
-        if self.tis_cap is not None:
-            weights = torch.exp(t["old_log_probs"] - t["engine_log_probs"]).clamp(max=self.tis_cap)
-        if self.mask_truncated:
-            kept = torch.tensor([not self.masked(batch, i) for i in rows])
-            kept = kept.to(t["input_ids"].device, torch.float32).view(-1, 1)
-            weights = kept if weights is None else weights * kept
-        return weights
-
-
-class KLPenalty:
-    """``kl_coef`` · KL(π ‖ π_ref) added to each response token's loss, π_ref a frozen copy of the starting
-    weights (``reference``, taken before adapters are added or the policy is sharded), whose log-probs come
-    from the pass that computes the old log-probs. Off (``kl_coef`` 0): no reference, no term."""
-
-    def __init__(self, config: Any, model: torch.nn.Module) -> None:
-        from torch.distributed.fsdp import FSDPModule
-
-        self.coef, self.estimator, self.reference = config.kl_coef, config.kl_estimator, None
-        if not self.coef:
-            return
-        if isinstance(model, FSDPModule):
-            raise ValueError(
-                "GRPOConfig.kl_coef > 0 with a policy already sharded (FSDP2): the reference is copied from the "
-                "starting weights before sharding; start GRPO from an unsharded model"
-            )
-        self.reference = copy.deepcopy(model).eval()
-        self.reference.requires_grad_(False)
-
-    def terms(self, t: dict[str, torch.Tensor], live: bool) -> dict[str, Any]:
-        """The KL arguments of :func:`a5core.policy.policy_gradient_backward` for the micro-batch ``t``; none
-        for an empty share (``live`` false), which runs at zero weight."""
-        if not self.coef:
-            return {}
-        return {
-            "ref_log_probs": t["ref_log_probs"],
-            "kl_coef": self.coef if live else 0.0,
-            "kl_estimator": self.estimator,
-        }
 
 
 class EngineMismatch:
@@ -211,33 +110,18 @@ class EngineMismatch:
         return self.metrics({**{k: v.item() for k, v in sums.items()}, "mismatch_log_ratio_max": peak.item()})
 
 
-def normalize_constant(config: Any, batch: RolloutBatch, train_batch: list[int], weights: TokenWeights) -> float:
-    """The divisor of each sequence's summed token losses under ``masked_normalize`` (max_tokens) and DAPO's
-    ``token_mean`` (the train batch's trained tokens per sequence: summed over the batch, every token weighs
-    alike); ``masked_mean`` divides by each sequence's own length and ignores it."""
-    if config.length_normalization != "token_mean":
-        return float(config.max_tokens)
-    trained = sum(len(batch.response_ids[i]) for i in train_batch if not weights.masked(batch, i))
-    return max(trained, 1) / len(train_batch)
-
-
 class StepStats:
     """A step's training statistics. Within an optimizer step they stay on the device (no sync per
     micro-batch) until :meth:`read` sums them over ranks, once; over the step's optimizer steps they become
-    its metrics: the loss's own (``loss_metrics``), the KL with a penalty (``kl``), the ratio π/π_old where
-    old log-probs are computed (``ratios``), and the engine ``mismatch`` when it is measured here: from the
-    first optimizer step's training forward, whose weights are still those the engine sampled with."""
+    its metrics: the objective's own (``loss_metrics``: clip_fraction, kl), the ratio π/π_old where old
+    log-probs are computed (``ratios``), and the engine ``mismatch`` when it is measured here: from the first
+    optimizer step's training forward, whose weights are still those the engine sampled with."""
 
     def __init__(
-        self,
-        device: torch.device,
-        loss_metrics: Sequence[str],
-        kl: bool,
-        ratios: bool,
-        mismatch: EngineMismatch | None = None,
+        self, device: torch.device, loss_metrics: Sequence[str], ratios: bool, mismatch: EngineMismatch | None = None
     ) -> None:
         self.device, self.ratios, self.mismatch = device, ratios, mismatch
-        self.reports = (*loss_metrics, *(("kl",) if kl else ()), *(("ratio_mean",) if ratios else ()))
+        self.reports = (*loss_metrics, *(("ratio_mean",) if ratios else ()))
         self.sums = {"loss": 0.0, "grad_norm": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0, "kl": 0.0}
         self.ratio_max, self.entropy_sum, self.entropy_tokens, self.tokens = 0.0, 0.0, 0.0, 0.0
         self.optimizer_steps, self.passes = 0, 0

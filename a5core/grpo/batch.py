@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from a5core.data import Problem
+from a5core.grpo.config import GRPOConfig
 from a5core.losses import compute_group_normalized_rewards, overlong_penalty
 from a5core.policy import pack_prompt_and_output_ids
 from a5core.prompts import PromptTemplate
@@ -66,7 +67,7 @@ class RolloutBatch:
         return tuple(getattr(self, name) for name in PER_TOKEN)
 
     def tensors(self, pad_id: int, device: torch.device, pad_to_multiple: int = 1) -> dict[str, torch.Tensor]:
-        """input_ids, labels, response_mask (b, T); raw_rewards, advantages (b, 1); and old/engine/ref
+        """input_ids, labels, response_mask (b, T); raw_rewards, advantages, truncated (b, 1); and old/engine/ref
         log-probs (b, T), zero outside the response, when present. T is padded up to a multiple of
         ``pad_to_multiple``."""
         packed = pack_prompt_and_output_ids(self.prompt_ids, self.response_ids, pad_id, pad_to_multiple)
@@ -80,6 +81,7 @@ class RolloutBatch:
         result = {k: v.to(device) for k, v in packed.items()}
         result["raw_rewards"] = self.raw_rewards.view(-1, 1).to(device)
         result["advantages"] = self.advantages.view(-1, 1).to(device)
+        result["truncated"] = self.truncated.view(-1, 1).to(device)
         for name, values in zip(PER_TOKEN, self._per_token(), strict=True):
             if values is not None:
                 result[name] = per_token(values)
@@ -103,7 +105,7 @@ class Draw:
 
 
 def grade(
-    config: Any,
+    config: GRPOConfig,
     questions: list[Problem],
     completions: list[Completion],
     reward_fn: Callable[[str, Any], dict[str, float]],
@@ -143,7 +145,7 @@ def grade(
 
 
 def assemble(
-    config: Any, draws: list[Draw], tokenizer: Any, template: PromptTemplate
+    config: GRPOConfig, draws: list[Draw], tokenizer: Any, template: PromptTemplate
 ) -> tuple[RolloutBatch, dict[str, float]]:
     """The rollouts a step trains on, and its rollout metrics (over every rollout drawn). With
     ``drop_uniform_groups`` or ``dynamic_sampling`` only the groups whose rewards differ are kept (at
