@@ -93,19 +93,25 @@ class GRPOConfig(
         description="1: generate step k+1's rollouts (from weights one step older) while step k trains; 0: synchronous",
     )
 
-    @model_validator(mode="after")
-    def _consistent(self) -> "GRPOConfig":
-        def fail(name: str, requirement: str) -> None:
-            raise ValueError(f"GRPOConfig.{name} must be {requirement}, got {getattr(self, name)!r}")
+    def _fail(self, name: str, requirement: str) -> None:
+        raise ValueError(f"GRPOConfig.{name} must be {requirement}, got {getattr(self, name)!r}")
 
+    @model_validator(mode="after")
+    def _batches_divide(self) -> "GRPOConfig":
         if self.rollout_batch_size % self.group_size:
-            fail("rollout_batch_size", f"a multiple of group_size ({self.group_size})")
+            self._fail("rollout_batch_size", f"a multiple of group_size ({self.group_size})")
         if self.train_batch_size % self.gradient_accumulation_steps:
-            fail("train_batch_size", f"a multiple of gradient_accumulation_steps ({self.gradient_accumulation_steps})")
+            self._fail(
+                "train_batch_size", f"a multiple of gradient_accumulation_steps ({self.gradient_accumulation_steps})"
+            )
         if self.rollout_batch_size % self.train_batch_size:
-            fail("rollout_batch_size", f"a multiple of train_batch_size ({self.train_batch_size})")
+            self._fail("rollout_batch_size", f"a multiple of train_batch_size ({self.train_batch_size})")
         if self.train_batch_size < self.group_size:
-            fail("train_batch_size", f">= group_size ({self.group_size})")
+            self._fail("train_batch_size", f">= group_size ({self.group_size})")
+        return self
+
+    @model_validator(mode="after")
+    def _options_agree(self) -> "GRPOConfig":
         if self.loss_type in RATIO_LOSSES and not self.off_policy:
             raise ValueError(
                 f"GRPOConfig.loss_type {self.loss_type!r} weighs each token by π/π_old, the ratio to the policy "
@@ -113,19 +119,19 @@ class GRPOConfig(
                 "rollout_batch_size) every ratio is 1. Use reinforce_with_baseline, or make it off-policy."
             )
         if self.cliprange_high is not None and self.loss_type != "grpo_clip":  # gspo has gspo_cliprange_high
-            fail("cliprange_high", "None, or a number > 0 with loss_type grpo_clip")
+            self._fail("cliprange_high", "None, or a number > 0 with loss_type grpo_clip")
         if self.overlong_buffer >= self.max_tokens:
-            fail("overlong_buffer", f"below max_tokens ({self.max_tokens})")
+            self._fail("overlong_buffer", f"below max_tokens ({self.max_tokens})")
         if self.dynamic_sampling and self.drop_uniform_groups:
-            fail("drop_uniform_groups", "false with dynamic_sampling (which drops uniform groups and draws more)")
+            self._fail("drop_uniform_groups", "false with dynamic_sampling (which drops uniform groups and draws more)")
         if self.pipeline_depth and self.tis_cap is None:
-            fail(
+            self._fail(
                 "tis_cap",
                 "set (e.g. 2.0) with pipeline_depth 1: the rollouts come from weights one step older, and the "
                 "truncated importance weight against the engine's log-probs corrects for that",
             )
         if self.pipeline_depth and self.dynamic_sampling:
-            fail("dynamic_sampling", "false with pipeline_depth 1 (its extra draws need the current weights)")
+            self._fail("dynamic_sampling", "false with pipeline_depth 1 (its extra draws need the current weights)")
         return self
 
     @property
