@@ -137,7 +137,7 @@ from a5core.settings import (
     RolloutSamplingFields,
     SeedSettings,
     SpeedSettings,
-    defaults,
+    inherited,
 )
 
 logger = logging.getLogger(__name__)
@@ -157,7 +157,6 @@ STATUS_KEYS = (
 RewardFn = Callable[[str, Any], dict[str, float]]
 
 
-@defaults(learning_rate=1e-5, checkpoint_every=10)
 class GRPOConfig(
     OptimizerSettings,
     RolloutSamplingFields,
@@ -174,6 +173,10 @@ class GRPOConfig(
     default): a token budget sized to the GPU (:mod:`a5core.token_budget`), micro-batches by count on the CPU.
     ``fsdp_reshard_after_forward`` False (several ranks): weights stay gathered from
     forward to backward (faster, more memory; see :func:`a5core.distributed.shard`)."""
+
+    # GRPO's own defaults of the groups' settings (their type, constraints and description: the groups')
+    learning_rate: float = inherited(1e-5)
+    checkpoint_every: int = inherited(10)
 
     n_grpo_steps: int = Field(200, ge=1, description="GRPO steps (a rollout batch each)")
     advantage_eps: float = Field(1e-6, ge=0, allow_inf_nan=False, description="added to the group std")
