@@ -121,9 +121,9 @@ def _dapo(p: GRPOParams) -> dict[str, dict[str, Any]]:
     }
 
 
-def ablation_settings(name: str, params: GRPOParams) -> dict[str, GRPOParams]:
-    """The children of ablation ``name``: setting name → validated parameters (an invalid one fails
-    before anything runs); only those ``params.ablation_only`` names, in the ablation's order, when set."""
+def ablation_overrides(name: str, params: GRPOParams) -> dict[str, dict[str, Any]]:
+    """What each child of ablation ``name`` sets: setting name → the settings it changes; only those
+    ``params.ablation_only`` names, in the ablation's order, when set."""
     _, build = ABLATIONS[name]
     settings = build(params)
     if params.ablation_only is not None:
@@ -133,5 +133,14 @@ def ablation_settings(name: str, params: GRPOParams) -> dict[str, GRPOParams]:
                 f"ablation_only: {', '.join(map(repr, unknown))} not among {name}'s settings ({', '.join(settings)})"
             )
         settings = {setting: overrides for setting, overrides in settings.items() if setting in params.ablation_only}
+    return settings
+
+
+def ablation_settings(name: str, params: GRPOParams) -> dict[str, GRPOParams]:
+    """The children of ablation ``name``: setting name → validated parameters (an invalid one fails
+    before anything runs); only those ``params.ablation_only`` names, in the ablation's order, when set."""
     reset = {"ablation": None, "ablation_only": None}
-    return {setting: with_overrides(params, {**overrides, **reset}) for setting, overrides in settings.items()}
+    return {
+        setting: with_overrides(params, {**overrides, **reset})
+        for setting, overrides in ablation_overrides(name, params).items()
+    }
