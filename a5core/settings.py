@@ -38,7 +38,7 @@ from a5core.rollout import SamplingSettings
 
 
 @dataclass(frozen=True)
-class Inherited:
+class _Inherited:
     """The value of a field a class redeclares to give it another default (see :func:`inherited`)."""
 
     default: Any
@@ -48,7 +48,7 @@ def inherited(default: Any) -> Any:
     """In a class body, ``name: TYPE = inherited(value)``: the field ``name`` the class inherits, its type,
     constraints and description unchanged, with ``value`` for default. Refused (TypeError, as the class is
     made): a field the class does not inherit, or ``value`` the default it had (one place each)."""
-    return Inherited(default)
+    return _Inherited(default)
 
 
 def _inherited_field(cls: type[BaseModel], name: str) -> FieldInfo | None:
@@ -75,7 +75,7 @@ class Settings(BaseModel):
         # `inherited(value)` becomes the field the class inherits with that default.
         super().__init_subclass__(**kwargs)
         for name, value in list(vars(cls).items()):
-            if not isinstance(value, Inherited):
+            if not isinstance(value, _Inherited):
                 continue
             field = _inherited_field(cls, name)
             if field is None:
