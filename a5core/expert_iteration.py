@@ -58,7 +58,7 @@ from a5core.settings import (
     SeedSettings,
     SFTBatchSettings,
     SpeedSettings,
-    defaults,
+    inherited,
 )
 from a5core.sft import SFTConfig, train_sft
 
@@ -71,7 +71,6 @@ STATUS_KEYS = (
 )  # the per-round status line's metrics
 
 
-@defaults(learning_rate=1e-5, epochs=1, max_seq_len=1536)
 class EIConfig(
     OptimizerSettings,
     RolloutSamplingFields,
@@ -84,6 +83,11 @@ class EIConfig(
     """Expert Iteration settings; names follow the handout: D_b (``questions_per_step``), G
     (``rollouts_per_question``), E (``epochs``, of each round's SFT). Each round fine-tunes with the
     optimizer, batch and speed settings here (:meth:`round_sft`)."""
+
+    # EI's own defaults of the groups' settings (their type, constraints and description: the groups')
+    learning_rate: float = inherited(1e-5)
+    epochs: int = inherited(1)
+    max_seq_len: int = inherited(1536)
 
     n_ei_steps: int = Field(5, ge=1, description="EI rounds")
     questions_per_step: int = Field(512, ge=1, description="D_b: questions sampled per round")

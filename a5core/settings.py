@@ -9,16 +9,17 @@ these declarations.
 
 Each setting has one default. A group gives it where every loop agrees (the sampling temperature); where the
 loops differ (the learning rate: 2e-5 for SFT, 1e-5 for EI and GRPO), the group gives none and each loop's
-config states its own with :func:`defaults` (:func:`override_defaults`), on the config's class. A flow with a
-purpose of its own (the leaderboard's tuned recipe) may restate a loop's default the same way, once; a
-restatement of the value it replaces is refused.
+config redeclares the field with its own, ``learning_rate: float = inherited(2e-5)`` (:func:`inherited`). A
+flow with a purpose of its own (the leaderboard's tuned recipe) may give a loop's setting another default the
+same way, once; a restatement of the value it replaces is refused.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from types import UnionType
-from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import torch
 from pydantic import (
@@ -28,7 +29,6 @@ from pydantic import (
     StrictBool,
     ValidationError,
     ValidationInfo,
-    create_model,
     field_validator,
     model_validator,
 )
@@ -36,15 +36,67 @@ from pydantic.fields import FieldInfo
 
 from a5core.rollout import SamplingSettings
 
-Model = TypeVar("Model", bound=type[BaseModel])
+
+@dataclass(frozen=True)
+class _Inherited:
+    """The value of a field a class redeclares to give it another default (see :func:`inherited`)."""
+
+    default: Any
+
+
+def inherited(default: Any) -> Any:
+    """In a class body, ``name: TYPE = inherited(value)``: the field ``name`` the class inherits, its type,
+    constraints and description unchanged, with ``value`` for default. Refused (TypeError, as the class is
+    made): a field the class does not inherit, or ``value`` the default it had (one place each)."""
+    return _Inherited(default)
+
+
+def _inherited_field(cls: type[BaseModel], name: str) -> FieldInfo | None:
+    """Field ``name`` as the nearest class after ``cls`` in its MRO declares it, or None where none does."""
+    for base in cls.__mro__[1:]:
+        fields = getattr(base, "__pydantic_fields__", None)
+        if isinstance(fields, dict) and name in fields:
+            return fields[name]
+    return None
 
 
 class Settings(BaseModel):
     """A frozen, validated group of settings; invalid values raise ``ValueError`` (pydantic's
     ValidationError) naming the field. A boolean is not taken for a number (``limit: true`` is not 1), nor in a
-    list or mapping of numbers."""
+    list or mapping of numbers.
+
+    A subclass gives an inherited field another default with :func:`inherited`; a field redeclared otherwise
+    (its type, constraints or description changed) is refused as the class is made."""
 
     model_config = ConfigDict(frozen=True)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Runs as the class is made, before pydantic collects its fields from the class's attributes: each
+        # `inherited(value)` becomes the field the class inherits with that default.
+        super().__init_subclass__(**kwargs)
+        for name, value in list(vars(cls).items()):
+            if not isinstance(value, _Inherited):
+                continue
+            field = _inherited_field(cls, name)
+            if field is None:
+                raise TypeError(f"{cls.__name__}.{name}: inherited() of a field {cls.__name__} does not inherit")
+            if field.default == value.default:
+                raise TypeError(f"{cls.__name__}.{name}: {value.default!r} is already its default: one place each")
+            setattr(cls, name, FieldInfo.merge_field_infos(field, default=value.default))
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        for name in vars(cls).get("__annotations__", {}):
+            field, before = cls.model_fields.get(name), _inherited_field(cls, name)
+            if field is None or before is None:
+                continue
+            kept = (field.annotation, field.metadata, field.description, field.json_schema_extra)
+            if kept != (before.annotation, before.metadata, before.description, before.json_schema_extra):
+                raise TypeError(
+                    f"{cls.__name__}.{name} redeclares an inherited field with another type, constraints or "
+                    f"description: to give it another default, `{name}: TYPE = inherited(VALUE)`"
+                )
 
     @field_validator("*", mode="before")
     @classmethod
@@ -93,30 +145,6 @@ def describe(error: ValidationError) -> str:
             f"{'.'.join(map(str, problem['loc']))} {problem.get('input')!r}: {message}" if problem["loc"] else message
         )
     return "; ".join(problems)
-
-
-def override_defaults(model: Model, /, **defaults: Any) -> Model:
-    """``model`` with other defaults for some of its fields, their type, constraints and description
-    unchanged: a subclass of the same name, so it reads like the original everywhere."""
-    unknown = set(defaults) - set(model.model_fields)
-    if unknown:
-        raise TypeError(f"{model.__name__} has no field(s) {', '.join(sorted(unknown))}")
-    same = [name for name, value in defaults.items() if model.model_fields[name].default == value]
-    if same:
-        raise TypeError(f"{model.__name__} already has these defaults for {', '.join(sorted(same))}: one place each")
-    fields = {
-        name: (
-            model.model_fields[name].annotation,
-            FieldInfo.merge_field_infos(model.model_fields[name], default=value),
-        )
-        for name, value in defaults.items()
-    }
-    return create_model(model.__name__, __base__=model, __module__=model.__module__, __doc__=model.__doc__, **fields)
-
-
-def defaults(**values: Any) -> Any:
-    """Class decorator: the class with these defaults for fields it inherits (:func:`override_defaults`)."""
-    return lambda cls: override_defaults(cls, **values)
 
 
 # ------------------------------------------------------------------------------------ the groups

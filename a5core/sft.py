@@ -89,7 +89,7 @@ from a5core.settings import (
     SeedSettings,
     SFTBatchSettings,
     SpeedSettings,
-    defaults,
+    inherited,
 )
 from a5core.training import TrainedPolicy, prepare
 
@@ -101,7 +101,6 @@ STATUS_KEYS = ("loss", "token_nll", "lr", "grad_norm", "val_accuracy")  # the pe
 UNFINGERPRINTED_FIELDS = ("checkpoint_every", "eval_every", *HOW_FAST_FIELDS)
 
 
-@defaults(learning_rate=2e-5, epochs=2, max_seq_len=1024, checkpoint_every=20)
 class SFTConfig(OptimizerSettings, SFTBatchSettings, LoRASettings, SpeedSettings, PeriodicSettings, SeedSettings):
     """Settings of one SFT run; invalid values raise ``ValueError`` naming the field.
 
@@ -117,6 +116,12 @@ class SFTConfig(OptimizerSettings, SFTBatchSettings, LoRASettings, SpeedSettings
     ``fsdp_reshard_after_forward`` False (several ranks): weights stay gathered
     from forward to backward (faster, more memory; see :func:`a5core.distributed.shard`).
     """
+
+    # SFT's own defaults of the groups' settings (their type, constraints and description: the groups')
+    learning_rate: float = inherited(2e-5)
+    epochs: int = inherited(2)
+    max_seq_len: int = inherited(1024)
+    checkpoint_every: int = inherited(20)
 
     lr_schedule: Literal["cosine", "constant"] = Field(
         "cosine", description="after warmup: cosine decay to 0, or constant"

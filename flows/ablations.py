@@ -1,19 +1,17 @@
 """The GRPO ablations: each a name, a title and the settings of its children, built from a run's
 parameters (see :mod:`flows.grpo` for what each compares). The names are the choices of ``grpo.ablation``
-(:data:`AblationName`), declared here once."""
+(:data:`flows.params.AblationName`); :data:`ABLATIONS` has one entry for each."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 from pydantic import ValidationError
 
 from a5core.problem_sets import ARITHMETIC_GRADERS
 from a5core.settings import describe
-
-if TYPE_CHECKING:
-    from flows.params import GRPOParams
+from flows.params import AblationName, GRPOParams
 
 
 def with_overrides(params: GRPOParams, overrides: dict[str, Any]) -> GRPOParams:
@@ -53,7 +51,7 @@ def _prompt_grader(p: GRPOParams, prompt: str) -> str | None:
     return ARITHMETIC_GRADERS[prompt] if p.reward_fn in ARITHMETIC_GRADERS.values() else None
 
 
-ABLATIONS: dict[str, tuple[str, Callable[[GRPOParams], dict[str, dict[str, Any]]]]] = {
+ABLATIONS: dict[AblationName, tuple[str, Callable[[GRPOParams], dict[str, dict[str, Any]]]]] = {
     "grpo_lr_sweep": (
         "learning rate",
         lambda p: {f"lr_{lr:g}": {"learning_rate": lr} for lr in p.sweep_learning_rates},
@@ -123,9 +121,9 @@ def _dapo(p: GRPOParams) -> dict[str, dict[str, Any]]:
     }
 
 
-def ablation_settings(name: str, params: GRPOParams) -> dict[str, GRPOParams]:
-    """The children of ablation ``name``: setting name → validated parameters (an invalid one fails
-    before anything runs); only those ``params.ablation_only`` names, in the ablation's order, when set."""
+def ablation_overrides(name: str, params: GRPOParams) -> dict[str, dict[str, Any]]:
+    """What each child of ablation ``name`` sets: setting name → the settings it changes; only those
+    ``params.ablation_only`` names, in the ablation's order, when set."""
     _, build = ABLATIONS[name]
     settings = build(params)
     if params.ablation_only is not None:
@@ -135,8 +133,14 @@ def ablation_settings(name: str, params: GRPOParams) -> dict[str, GRPOParams]:
                 f"ablation_only: {', '.join(map(repr, unknown))} not among {name}'s settings ({', '.join(settings)})"
             )
         settings = {setting: overrides for setting, overrides in settings.items() if setting in params.ablation_only}
+    return settings
+
+
+def ablation_settings(name: str, params: GRPOParams) -> dict[str, GRPOParams]:
+    """The children of ablation ``name``: setting name → validated parameters (an invalid one fails
+    before anything runs); only those ``params.ablation_only`` names, in the ablation's order, when set."""
     reset = {"ablation": None, "ablation_only": None}
-    return {setting: with_overrides(params, {**overrides, **reset}) for setting, overrides in settings.items()}
-
-
-AblationName = Literal[tuple(ABLATIONS)]  # type: ignore[valid-type]
+    return {
+        setting: with_overrides(params, {**overrides, **reset})
+        for setting, overrides in ablation_overrides(name, params).items()
+    }

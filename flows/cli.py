@@ -4,7 +4,8 @@ Values come, in increasing priority, from the model's defaults, one section of a
 (``--config params.yaml``, the file DVC tracks), that file's ``profiles.<profile>.<section>``
 overrides for its selected ``profile`` (or ``--profile NAME``), and the flags. A flag's value is read as YAML, so
 ``--limit 20``, ``--stop '["</answer>"]'`` and ``--seed null`` all work; pydantic validates the result
-and a bad value exits with its message.
+and a bad value exits with its message. ``--show-config`` prints the settings so resolved, each with where its
+value came from, and exits without running anything.
 
 Every flow's ``main`` is wrapped by :func:`cli_main`: logging at INFO for the project's own loggers (the
 loops' one line per step), a Ctrl-C ends it with one line (exit status 130; a SIGTERM: 143) wherever it lands,
@@ -449,11 +450,11 @@ def profile_name(
     return chosen or selected
 
 
-def section_settings(
+def section_layers(
     document: dict[str, Any], section: str, profile: str | None, path: str | os.PathLike = "params.yaml"
-) -> dict[str, Any]:
-    """Section ``section`` of a settings document with ``profiles.<profile>.<section>`` deep-merged on top
-    (a profile may override one key of a nested mapping). {} when neither has the section."""
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Section ``section`` of a settings document, and ``profiles.<profile>.<section>``'s overrides of it ({}
+    each where the document has none)."""
 
     def mapping(value: Any, where: str) -> dict[str, Any]:
         if value is None:
@@ -466,7 +467,15 @@ def section_settings(
 
     base = mapping(document.get(section), section)
     overrides = mapping((document.get("profiles") or {}).get(profile), f"profiles.{profile}") if profile else {}
-    return deep_merge(base, mapping(overrides.get(section), f"profiles.{profile}.{section}"))
+    return base, mapping(overrides.get(section), f"profiles.{profile}.{section}")
+
+
+def section_settings(
+    document: dict[str, Any], section: str, profile: str | None, path: str | os.PathLike = "params.yaml"
+) -> dict[str, Any]:
+    """Section ``section`` of a settings document with ``profiles.<profile>.<section>`` deep-merged on top
+    (a profile may override one key of a nested mapping). {} when neither has the section."""
+    return deep_merge(*section_layers(document, section, profile, path))
 
 
 def _unknown_keys(model: type[BaseModel], values: dict[str, Any], where: str) -> str | None:
@@ -489,7 +498,28 @@ def _refuse(parser: argparse.ArgumentParser, message: str) -> NoReturn:
 
 
 def parse_params(model: type[Params], section: str, argv: list[str] | None = None, description: str = "") -> Params:
-    """Build ``model`` from defaults < ``--config FILE`` section ``section`` < command-line flags."""
+    """Build ``model`` from defaults < ``--config FILE`` section ``section`` < its profile's overrides <
+    command-line flags. ``--show-config``: print the settings and where each came from
+    (:func:`show_config`), then exit 0."""
+    parser = _parser(model, section, description)
+    args = vars(parser.parse_args(argv))
+    config, profile, show = args.pop("config"), args.pop("_profile"), args.pop("_show_config")
+    sources: dict[str, str] = {}  # setting → where its value came from, for --show-config
+    values = {} if config is None else _config_values(parser, model, section, config, profile, sources)
+    values.update(_flag_values(parser, args, sources))
+    try:
+        params = model(**values)
+    except ValidationError as e:
+        problems = "; ".join(map(_flag_problem, e.errors()))
+        _refuse(parser, f"invalid parameters: {problems}")
+    if show:
+        print(show_config(params, section, sources))
+        parser.exit(0)
+    return params
+
+
+def _parser(model: type[BaseModel], section: str, description: str) -> argparse.ArgumentParser:
+    """The command line of a flow of parameters ``model``: --config, --profile, --show-config, a flag a field."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, help=f"YAML file whose `{section}` section sets parameters")
     parser.add_argument(
@@ -498,6 +528,12 @@ def parse_params(model: type[Params], section: str, argv: list[str] | None = Non
         metavar="NAME",
         help="with --config: use this profile's overrides instead of the file's `profile`",
     )
+    parser.add_argument(
+        "--show-config",
+        dest="_show_config",
+        action="store_true",
+        help="print the settings a run would take, each with where its value comes from, and exit without running",
+    )
     for name, field in model.model_fields.items():
         parser.add_argument(
             "--" + name.replace("_", "-"),
@@ -505,41 +541,94 @@ def parse_params(model: type[Params], section: str, argv: list[str] | None = Non
             metavar="VALUE",
             help=f"{field.description or name} (default: {field.default!r})",
         )
-    args = vars(parser.parse_args(argv))
-    refuse = functools.partial(_refuse, parser)
-    values: dict[str, Any] = {}
-    config, profile_flag = args.pop("config"), args.pop("_profile")
-    if config is not None:
-        try:
-            document = read_config(config)
-            if section not in document:
-                raise ConfigError(f"--config {config}: no `{section}` section")
-            profile = profile_name(document, profile_flag, config)
-            values.update(section_settings(document, section, profile, config))
-        except ConfigError as error:
-            refuse(str(error))
-        unknown = _unknown_keys(
-            model, values, f"--config {config} section `{section}`" + (f" (with profile {profile})" if profile else "")
-        )
-        if unknown:
-            refuse(unknown)
+    return parser
+
+
+def _config_values(
+    parser: argparse.ArgumentParser,
+    model: type[BaseModel],
+    section: str,
+    config: Path,
+    profile_flag: str | None,
+    sources: dict[str, str],
+) -> dict[str, Any]:
+    """Section ``section`` of settings file ``config`` with its profile's overrides on top; each key's source
+    (the file's section, or the profile) recorded in ``sources``. A file that cannot be read, or a key
+    ``model`` has no field for, exits (:func:`_refuse`)."""
+    try:
+        document = read_config(config)
+        if section not in document:
+            raise ConfigError(f"--config {config}: no `{section}` section")
+        profile = profile_name(document, profile_flag, config)
+        base, overrides = section_layers(document, section, profile, config)
+    except ConfigError as error:
+        _refuse(parser, str(error))
+    values = deep_merge(base, overrides)
+    where = f"--config {config} section `{section}`" + (f" (with profile {profile})" if profile else "")
+    unknown = _unknown_keys(model, values, where)
+    if unknown:
+        _refuse(parser, unknown)
+    sources.update({**dict.fromkeys(base, f"{config} {section}"), **dict.fromkeys(overrides, f"profile {profile}")})
+    return values
+
+
+def _flag_values(parser: argparse.ArgumentParser, args: dict[str, Any], sources: dict[str, str]) -> dict[str, Any]:
+    """The flags given, each value read as YAML (a value that is not YAML exits), recorded in ``sources``."""
+    values = {}
     for name, raw in args.items():
         if raw is None:
             continue
+        flag = f"--{name.replace('_', '-')}"
         try:
             values[name] = load_yaml(raw)
         except (yaml.YAMLError, RecursionError) as error:
-            refuse(f"--{name.replace('_', '-')} {raw!r}: not a YAML value ({getattr(error, 'problem', None) or error})")
-    try:
-        return model(**values)
-    except ValidationError as e:
+            _refuse(parser, f"{flag} {raw!r}: not a YAML value ({getattr(error, 'problem', None) or error})")
+        sources[name] = flag
+    return values
 
-        def describe(error: dict[str, Any]) -> str:
-            if not error["loc"]:  # a check across fields: no single flag to name
-                return error["msg"]
-            index = "".join(f"[{i}]" for i in error["loc"][1:] if isinstance(i, int))
-            flag = f"--{str(error['loc'][0]).replace('_', '-')}{index}"
-            return f"{flag} {error.get('input')!r}: {error['msg']}"
 
-        problems = "; ".join(describe(error) for error in e.errors())
-        refuse(f"invalid parameters: {problems}")
+def _flag_problem(error: Any) -> str:
+    """One of pydantic's errors as the flag it names: ``--flag[index] 'value': message``."""
+    if not error["loc"]:  # a check across fields: no single flag to name
+        return error["msg"]
+    index = "".join(f"[{i}]" for i in error["loc"][1:] if isinstance(i, int))
+    flag = f"--{str(error['loc'][0]).replace('_', '-')}{index}"
+    return f"{flag} {error.get('input')!r}: {error['msg']}"
+
+
+def declared_in(model: type[BaseModel], name: str) -> str:
+    """The class whose body gives field ``name`` of ``model`` its default (module and name)."""
+    cls = next(cls for cls in model.__mro__ if name in vars(cls).get("__annotations__", {}))
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _flow_yaml(value: Any) -> str:
+    """``value`` (JSON-like) as one line of YAML flow style: ``1.0e-05``, ``[128, full]``, ``null``."""
+    return yaml.safe_dump([value], default_flow_style=True, width=float("inf")).strip()[1:-1]
+
+
+def show_config(params: BaseModel, section: str, sources: dict[str, str]) -> str:
+    """``params`` as YAML, section ``section``, each setting commented with where its value came from: a
+    ``default`` (the class that declares it), the file's section, a profile or a flag; then, for an ablation
+    (``params.ablation``), what each of its children sets (:mod:`flows.ablations`)."""
+    values = params.model_dump(mode="json")
+    rows: list[tuple[str, str | None]] = [
+        ("# The settings this command runs with, each followed by where its value comes from", None),
+        (f"{section}:", None),
+    ]
+    rows += [
+        (f"  {name}: {_flow_yaml(value)}", sources.get(name) or f"default ({declared_in(type(params), name)})")
+        for name, value in values.items()
+    ]
+    ablation = getattr(params, "ablation", None)
+    if ablation:  # the grpo flow's: its children run the settings above but what the ablation sets
+        from flows.ablations import ablation_overrides, ablation_settings
+
+        children = ablation_settings(ablation, params)
+        rows.append((f"ablation {ablation}:", None))
+        for setting, overrides in ablation_overrides(ablation, params).items():
+            child = children[setting].model_dump(mode="json")
+            rows.append((f"  {setting}:", None))
+            rows += [(f"    {key}: {_flow_yaml(child[key])}", f"ablation {ablation}") for key in overrides]
+    width = min(max(len(text) for text, source in rows if source), 48)  # a long list stands out on its own
+    return "\n".join(text if source is None else f"{text:{width}}  # {source}" for text, source in rows)

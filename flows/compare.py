@@ -35,7 +35,7 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from a5core.data import write_text_atomic
 from a5core.sample_metrics import paired_difference, problem_scores
-from a5core.settings import defaults
+from a5core.settings import inherited
 from flows.cli import flow_main, print_paths
 from flows.params import MLflowLogging, OutputDir, TrackingStore
 from tasks.flow_summary import publish
@@ -75,8 +75,8 @@ def _names(value: Any) -> Any:
     return [str(v).strip() for v in value if str(v).strip()]
 
 
-@defaults(output_dir="outputs/compare")
 class CompareParams(OutputDir, TrackingStore, MLflowLogging):
+    output_dir: str = inherited("outputs/compare")
     runs: list[str] = Field([], description="run ids to compare (comma-separated on the command line)")
     experiment: str | None = Field(None, description="compare the runs of this experiment (when no run ids are given)")
     filter: str | None = Field(

@@ -5,8 +5,8 @@ A setting is declared once: the training loops' own in :mod:`a5core.settings` an
 the pipeline's here (the engine, the problems and their validation, the prompt and grader, where outputs
 and MLflow runs go). A flow's model inherits the pieces it uses, so its command-line flags
 (:func:`flows.cli.parse_params`), its Prefect UI form and the validation of its ``params.yaml`` section
-all come from those declarations; a flow that wants another default says so with
-:func:`a5core.settings.defaults`. The model *is* the loop's config (a subclass of it): a run builds
+all come from those declarations; a flow that wants another default redeclares the field with
+:func:`a5core.settings.inherited`. The model *is* the loop's config (a subclass of it): a run builds
 and validates it once and passes it down.
 """
 
@@ -19,6 +19,7 @@ from pydantic import ConfigDict, Field, PositiveFloat, StrictBool, field_validat
 
 from a5core.expert_iteration import EIConfig
 from a5core.grpo import GRPOConfig
+from a5core.losses import LengthNormalization
 from a5core.problem_sets import GRADER_PROMPTS, RewardName
 from a5core.prompts import PromptTemplate, builtin_prompt_names
 from a5core.rollout import BACKENDS, DTYPES, SamplingSettings
@@ -28,11 +29,10 @@ from a5core.settings import (
     RolloutSamplingFields,
     SamplingFields,
     Settings,
-    defaults,
+    inherited,
 )
 from a5core.sft import SFTConfig
 from a5core.sft_data import TeacherSettings
-from flows.ablations import AblationName
 from tasks.engines import parse_engine_devices
 from tasks.outputs import check_output_dir, check_output_file, git_tracked, output_kind, source_folders_refused
 from tasks.tracking import DEFAULT_TRACKING_URI, sqlite_database
@@ -249,14 +249,13 @@ PLACEMENT_FIELDS = frozenset(
 # --------------------------------------------------------------------------------------- the flows
 
 
-@defaults(
-    output_dir="outputs/baseline_eval",
-    metrics_path="metrics/baseline_eval.json",
-    experiment="baseline_eval",
-    min_tokens=0,
-)
 class BaselineEvalParams(Generation, RolloutSamplingFields, PromptSettings, Outputs):
     """Zero-shot evaluation (flow ``baseline_eval``)."""
+
+    output_dir: str = inherited("outputs/baseline_eval")
+    metrics_path: str | None = inherited("metrics/baseline_eval.json")
+    experiment: str = inherited("baseline_eval")
+    min_tokens: int = inherited(0)
 
     data: str = Field("../shared/data/math/validation.jsonl", description="jsonl path or hub dataset id")
     data_format: DataFormat = Field("math", description="record format of the data")
@@ -275,9 +274,13 @@ class BaselineEvalParams(Generation, RolloutSamplingFields, PromptSettings, Outp
         return sets
 
 
-@defaults(n=8, output_dir="outputs/difficulty", experiment="difficulty", metrics_path="metrics/difficulty.json")
 class DifficultyParams(Generation, RolloutSamplingFields, PromptSettings, TrainData, Outputs):
     """Each training question's pass rate under a model, from ``n`` samples (flow ``difficulty``)."""
+
+    n: int = inherited(8)
+    output_dir: str = inherited("outputs/difficulty")
+    experiment: str = inherited("difficulty")
+    metrics_path: str | None = inherited("metrics/difficulty.json")
 
     table: str = Field("data/difficulty/pass_rates.csv", description="the pass-rate table written (a csv)")
 
@@ -288,12 +291,14 @@ class DifficultyParams(Generation, RolloutSamplingFields, PromptSettings, TrainD
         return value
 
 
-@defaults(model="Qwen/Qwen2.5-Math-7B", n=4)
 class DistillParams(Generation, TeacherSettings):
     """Distillation from a teacher (``flows.sft_data distill``): a served model (how to reach it:
     :class:`a5core.sft_data.TeacherSettings`) or a local engine."""
 
     model_config = ConfigDict(extra="forbid")
+
+    model: str = inherited("Qwen/Qwen2.5-Math-7B")
+    n: int = inherited(4)
 
     enabled: bool = Field(False, description="opt-in: needs a served or local teacher model")
     teacher: Literal["openai", "engine"] = Field(
@@ -303,10 +308,13 @@ class DistillParams(Generation, TeacherSettings):
     problems: str = Field("../shared/data/math/train.jsonl", description="MATH problems to distill")
 
 
-@defaults(output_dir="outputs/sft_experiment", metrics_path="metrics/sft_experiment.json", experiment="sft_experiment")
 class SFTExperimentParams(SFTConfig, SamplingFields, EngineSettings, Validation, PromptSettings, Outputs):
     """The SFT sweep over training-set sizes (flow ``sft_experiment``); evaluation samples with
     ``temperature`` and ``max_tokens``."""
+
+    output_dir: str = inherited("outputs/sft_experiment")
+    metrics_path: str | None = inherited("metrics/sft_experiment.json")
+    experiment: str = inherited("sft_experiment")
 
     train_data: str = Field(
         "data/sft/math_solutions.jsonl",
@@ -325,11 +333,12 @@ class SFTExperimentParams(SFTConfig, SamplingFields, EngineSettings, Validation,
     )
 
 
-@defaults(
-    output_dir="outputs/expert_iteration", metrics_path="metrics/expert_iteration.json", experiment="expert_iteration"
-)
 class EIParams(EIConfig, EngineSettings, TrainProblems, Validation, PromptSettings, ChildRunner, Outputs):
     """Expert Iteration, one run or (``sweep``) the G × E × D_b grid (flow ``expert_iteration``)."""
+
+    output_dir: str = inherited("outputs/expert_iteration")
+    metrics_path: str | None = inherited("metrics/expert_iteration.json")
+    experiment: str = inherited("expert_iteration")
 
     sweep: bool = Field(False, description="run the grid below as children of one parent run")
     sweep_rollouts_per_question: list[int] = Field([4, 8], min_length=1, description="G values of the sweep")
@@ -357,9 +366,31 @@ class GRPORunParams(GRPOConfig, EngineSettings, TrainProblems, Validation, Promp
         return value
 
 
-@defaults(output_dir="outputs/grpo", metrics_path="metrics/grpo.json", experiment="grpo", val_subset=1024)
+# The GRPO ablations, the choices of ``grpo.ablation``: what each compares, and its children, in flows/ablations.py
+# (tests/test_ablations.py keeps the two lists one).
+AblationName = Literal[
+    "grpo_lr_sweep",
+    "grpo_baseline_ablation",
+    "grpo_length_norm_ablation",
+    "grpo_std_norm_ablation",
+    "grpo_off_policy_sweep",
+    "grpo_clip_ablation",
+    "grpo_prompt_ablation",
+    "grpo_dapo_ablation",
+    "grpo_gspo_ablation",
+    "grpo_kl_ablation",
+    "grpo_question_sampling_ablation",
+    "grpo_async_ablation",
+]
+
+
 class GRPOParams(GRPORunParams, ChildRunner):
     """One GRPO run or (``ablation``) an A5 ablation (flow ``grpo`` and the ablation flows)."""
+
+    output_dir: str = inherited("outputs/grpo")
+    metrics_path: str | None = inherited("metrics/grpo.json")
+    experiment: str = inherited("grpo")
+    val_subset: int = inherited(1024)
 
     ablation: AblationName | None = Field(None, description="run this ablation instead of one run")
     ablation_only: list[str] | None = Field(
@@ -379,19 +410,18 @@ class GRPOParams(GRPORunParams, ChildRunner):
 _SFT = SFTConfig()  # the leaderboard's SFT phase starts from the SFT loop's defaults
 
 
-@defaults(
-    output_dir="outputs/leaderboard",
-    metrics_path="metrics/leaderboard.json",
-    experiment="leaderboard",
-    learning_rate=3e-5,
-    length_normalization="masked_normalize",
-    n_grpo_steps=100_000,
-    val_subset=512,
-)
 class LeaderboardParams(GRPORunParams):
     """The leaderboard run (flow ``leaderboard``): GRPO within a wall-clock budget, an optional SFT phase
     first, scored by the A5 rules. Its GRPO defaults that differ from the loop's follow the public
     leaderboard's best entries."""
+
+    output_dir: str = inherited("outputs/leaderboard")
+    metrics_path: str | None = inherited("metrics/leaderboard.json")
+    experiment: str = inherited("leaderboard")
+    learning_rate: float = inherited(3e-5)
+    length_normalization: LengthNormalization = inherited("masked_normalize")
+    n_grpo_steps: int = inherited(100_000)
+    val_subset: int = inherited(512)
 
     budget_hours: float = Field(4.0, gt=0, description="wall-clock budget of the whole flow, evaluation included")
     final_eval_limit: int | None = Field(

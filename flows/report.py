@@ -47,7 +47,7 @@ from prefect import flow
 from pydantic import Field
 
 from a5core.data import write_text_atomic
-from a5core.settings import defaults
+from a5core.settings import inherited
 from flows.cli import flow_main, print_paths, profile_name, read_config, section_settings
 from flows.params import Experiment, MLflowLogging, OutputDir, TrackingStore
 from tasks.outputs import REPORT_MARKER  # written into every report folder: the mark of a folder this flow made
@@ -82,8 +82,9 @@ STAGE_OUTPUTS = ("baseline_eval", "sft_experiment", "expert_iteration", "grpo", 
 REPORT_FILES = ("report.md", "report.html", "baseline_cases.md")
 
 
-@defaults(output_dir="outputs/report", experiment="report")
 class ReportParams(OutputDir, Experiment, TrackingStore, MLflowLogging):
+    output_dir: str = inherited("outputs/report")
+    experiment: str = inherited("report")
     root: str = Field(".", description="project folder whose metrics/ and outputs/ are read")
     params_file: str | None = Field("params.yaml", description="settings shown in the report (under root); None: none")
     ablations_from_mlflow: bool = Field(True, description="add the GRPO ablations found in the MLflow store")

@@ -215,8 +215,9 @@ def test_every_stage_depends_on_the_code_its_command_runs():
 
 
 def test_a_changed_default_shows_in_dvc_status(tmp_path):
-    """With the grpo stage's state recorded, changing a default in flows/params.py makes `dvc status` name the
-    stage (its outputs stand in as empty files: nothing runs)."""
+    """With the grpo stage's state recorded, changing a default it uses, in a loop's settings (a5core) or in the
+    flow's parameters (flows/params.py), makes `dvc status` name the stage and the changed code (its outputs
+    stand in as empty files: nothing runs)."""
     repo = tmp_path / "a5"
     for part in ("a5core", "tasks", "flows", ".dvc"):
         shutil.copytree(ROOT / part, repo / part, ignore=shutil.ignore_patterns("__pycache__", "tmp", "cache"))
@@ -238,9 +239,15 @@ def test_a_changed_default_shows_in_dvc_status(tmp_path):
 
     dvc("commit", "--force", "grpo")
     assert "up to date" in dvc("status", "grpo")
-    params = repo / "flows/params.py"
-    before = params.read_text()
-    assert before.count('experiment="grpo", val_subset=1024)') == 1
-    params.write_text(before.replace('experiment="grpo", val_subset=1024)', 'experiment="grpo", val_subset=1000)'))
-    status = dvc("status", "grpo")
-    assert "grpo:" in status and "modified:" in status and "flows/params.py" in status, status
+    # AdamW's beta2 (every loop's, a5core/settings.py), then the grpo flow's own val_subset (flows/params.py)
+    for code, dep, default, changed in [
+        ("a5core/settings.py", "a5core", "beta2: float = Field(0.95,", "beta2: float = Field(0.9,"),
+        ("flows/params.py", "flows/params.py", "val_subset: int = inherited(1024)", "val_subset: int = inherited(99)"),
+    ]:
+        before = (repo / code).read_text()
+        assert before.count(default) == 1, (code, default)
+        (repo / code).write_text(before.replace(default, changed))
+        status = dvc("status", "grpo")
+        assert "grpo:" in status and "modified:" in status and dep in status, status
+        (repo / code).write_text(before)
+        assert "up to date" in dvc("status", "grpo")

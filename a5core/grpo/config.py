@@ -20,14 +20,13 @@ from a5core.settings import (
     RolloutSamplingFields,
     SeedSettings,
     SpeedSettings,
-    defaults,
+    inherited,
 )
 
 # Fields that say how often side effects happen and how fast a step runs, not what is trained (see a5core.checkpoint).
 UNFINGERPRINTED_FIELDS = ("checkpoint_every", "eval_every", *HOW_FAST_FIELDS)
 
 
-@defaults(learning_rate=1e-5, checkpoint_every=10)
 class GRPOConfig(
     OptimizerSettings,
     RolloutSamplingFields,
@@ -44,6 +43,10 @@ class GRPOConfig(
     default): a token budget sized to the GPU (:mod:`a5core.token_budget`), micro-batches by count on the CPU.
     ``fsdp_reshard_after_forward`` False (several ranks): weights stay gathered from
     forward to backward (faster, more memory; see :func:`a5core.distributed.shard`)."""
+
+    # GRPO's own defaults of the groups' settings (their type, constraints and description: the groups')
+    learning_rate: float = inherited(1e-5)
+    checkpoint_every: int = inherited(10)
 
     n_grpo_steps: int = Field(200, ge=1, description="GRPO steps (a rollout batch each)")
     advantage_eps: float = Field(1e-6, ge=0, allow_inf_nan=False, description="added to the group std")
