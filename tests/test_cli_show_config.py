@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from a5core.grpo import GRPOConfig
 from flows.cli import parse_params
 from flows.params import GRPOParams
 
@@ -49,7 +50,7 @@ def test_each_value_is_labelled_with_where_it_came_from(tmp_path, monkeypatch, c
     monkeypatch.chdir(tmp_path)
     Path("params.yaml").write_text(SETTINGS)
     output, lines = show(["--config", "params.yaml", "--seed", "7"], capsys)
-    assert lines["advantage_eps"] == ("1.0e-06", "default (a5core.grpo.GRPOConfig)")
+    assert lines["advantage_eps"] == ("1.0e-06", f"default ({GRPOConfig.__module__}.GRPOConfig)")
     assert lines["val_subset"] == ("1024", "default (flows.params.GRPOParams)")  # the flow's own default
     assert lines["learning_rate"] == ("2.0e-05", "params.yaml grpo")
     assert lines["n_grpo_steps"] == ("3", "profile small")
