@@ -47,7 +47,8 @@ def test_a_missing_data_file_is_named_with_its_keys_and_the_fixes_before_anythin
     )
     out = tmp_path / "manifest.json"
     with pytest.raises(SystemExit) as stopped:
-        main(["--params", str(params), "--dvc-file", str(ROOT / "dvc.yaml"), "--out", str(out)])
+        # the handout's settings, under which the stages read the MATH validation set
+        main(["--params", str(params), "--profile", "a5", "--dvc-file", str(ROOT / "dvc.yaml"), "--out", str(out)])
     message = str(stopped.value)
     assert message.startswith("flows.prepare_data: error: 1 data file(s)") and "Traceback" not in message
     missing_line = next(line for line in message.splitlines() if "gone/validation.jsonl" in line)
@@ -95,5 +96,5 @@ def test_dvc_repro_without_the_shared_data_stops_at_the_first_stage_with_the_mes
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert "Running stage 'prepare_data'" in output and "Running stage 'baseline_eval'" not in output
-    assert "../shared/data/math/validation.jsonl  ← data.math_validation.source, baseline_eval.data" in output
+    assert "../shared/data/math/validation.jsonl  ← data.math_validation.source" in output
     assert "Hugging Face dataset id" in output and "No such file or directory" not in output
