@@ -17,8 +17,8 @@ from a5core.lm_head_log_probs import FUSABLE_MODEL_TYPES, linear_log_probs
 from a5core.losses import compute_entropy, masked_mean, masked_normalize
 
 LOGPROB_CHUNK_TOKENS = 4096  # positions per chunk when reducing logits: bounds fp32 temporaries
-# The loops' activation-memory budget for compiled layers: on the H200 at 16×1024 it kept 52k tok/s and
-# cut the peak from 44.6 to 34.3 GiB (benchmarks/RESULTS.md, policy micro-batch step).
+# The loops' activation-memory budget for compiled layers: the share of activations kept for backward, the
+# rest recomputed; it keeps the speed and cuts the peak memory (benchmarks/RESULTS.md, policy micro-batch step).
 COMPILED_ACTIVATION_BUDGET = 0.8
 
 

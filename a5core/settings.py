@@ -178,7 +178,7 @@ class OptimizerSettings(Settings):
 
 class SpeedSettings(Settings):
     """How a step runs: memory against speed, and several GPUs. ``auto``: the fast path on CUDA (each choice
-    measured faster there and giving the same update), today's on the CPU (README, 'On a GPU')."""
+    measured faster there and giving the same update), today's on the CPU (docs/gpu.md)."""
 
     gradient_checkpointing: StrictBool = Field(False, description="recompute activations in backward (less memory)")
     max_tokens_per_microbatch: int | Literal["auto"] | None = Field(

@@ -47,7 +47,7 @@ def _off_policy_sweep(p: GRPOParams) -> dict[str, dict[str, Any]]:
 def _prompt_grader(p: GRPOParams, prompt: str) -> str | None:
     """The grader of ``prompt``'s answers: on the arithmetic task (an arithmetic ``reward_fn``) the task's grader
     for that prompt's format, else the prompt's own (None). The MATH graders accept a copied expression, so
-    graded by them an arithmetic run learns to copy the question (seen in H200 runs: docs/results.md)."""
+    graded by them an arithmetic run learns to copy the question (see docs/results.md)."""
     return ARITHMETIC_GRADERS[prompt] if p.reward_fn in ARITHMETIC_GRADERS.values() else None
 
 

@@ -25,12 +25,6 @@ LAB_WORDS = {
 # and benchmarks/RESULTS.md.
 CODE = ("a5core", "flows", "tasks")
 MEASURED_ON = r"\b(?:on|in) (?:the|an|one) H200|\bH200 runs\b"
-# Files the code rule does not hold yet, because this change could not edit them; each entry is to be removed once
-# its file is fixed (the test below fails while an entry is no longer needed, so the list only shrinks).
-NOT_YET = {
-    "a5core/policy.py",  # the activation-budget comment cites its H200 measurement
-    "flows/ablations.py",  # the arithmetic prompts' docstring cites "H200 runs"
-}
 README_LINES = 300
 
 
@@ -105,8 +99,7 @@ def test_ordinary_words_are_no_lab_plumbing(line):
 def test_code_does_not_retell_where_it_was_measured():
     found = _hits(_product_files(*CODE), MEASURED_ON)
     assert re.search(MEASURED_ON, "measured on the H200: half of a 9 ms step")  # the rule catches its kind
-    assert not {f: lines for f, lines in found.items() if f not in NOT_YET}, found
-    assert not NOT_YET - found.keys(), f"fixed, so remove from NOT_YET: {sorted(NOT_YET - found.keys())}"
+    assert not found, found
 
 
 def test_readme_is_short_and_names_the_two_commands():
