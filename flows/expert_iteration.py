@@ -23,14 +23,11 @@ the outputs and checkpoints.
 from __future__ import annotations
 
 import itertools
-import json
 import sys
-from pathlib import Path
 
 from prefect import flow
 from pydantic import ValidationError
 
-from a5core.data import write_text_atomic
 from a5core.expert_iteration import expert_iteration
 from a5core.problem_sets import load_problem_set, load_validation_set
 from a5core.rollout import Engine
@@ -39,14 +36,9 @@ from flows.cli import flow_main, print_paths
 from flows.fanout import run_children
 from flows.params import EIParams
 from tasks.checks import check_difficulty, check_outputs, check_placement, check_prompts_fit
-from tasks.engines import closing_engine, engine_for
-from tasks.flow_summary import publish
-from tasks.outputs import claim_outputs
-from tasks.plots import log_comparison
-from tasks.run_lock import run_lock
-from tasks.runs import Run, Trained, log_run_params, run_key, save_model_folder, training_run
-from tasks.tables import headline_metrics
-from tasks.tracking import REGISTERED_MODELS, register_model, start_resumable_run, tracked, tracking_rank
+from tasks.parent_run import Comparison, child_curves, in_turn, parent_run, register_each
+from tasks.runs import Run, Trained, save_model_folder, training_run
+from tasks.tracking import REGISTERED_MODELS, tracked
 
 
 def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | None, as_task: bool = True) -> dict:
@@ -115,56 +107,32 @@ def grid(params: EIParams) -> dict[str, EIParams]:
         raise ValueError(describe(error)) from None
 
 
+def with_starting_points(rows: list[dict]) -> list[dict]:
+    """The children's curves by round, each from step 0: its starting model's accuracy (the row's
+    ``initial_accuracy``, where the run evaluated it)."""
+    starts = [
+        {"setting": r["setting"], "step": 0, "val_accuracy": r["initial_accuracy"], "kept_fraction": None}
+        for r in rows
+        if r.get("initial_accuracy") is not None
+    ]
+    return starts + child_curves(rows)
+
+
 @flow(name="expert_iteration")
 def expert_iteration_flow(params: EIParams = EIParams()) -> dict:
     """One EI run, or (``sweep``) the grid, as the children of one parent run (``expert_iteration`` or
     ``ei_sweep``) with the comparison plot, the children's curves and each child's policy registered."""
-    claim_outputs(params)
-    out = Path(params.output_dir)
-    name = "ei_sweep" if params.sweep else "expert_iteration"
-    with (
-        run_lock(out / f"runs-{run_key(params)}"),
-        start_resumable_run(
-            out / f"runs-{run_key(params)}" / "mlflow_run_id", params.experiment, name, params.tracking_uri
-        ) as parent,
-    ):
-        log_run_params(params)
-        if params.sweep:
-            rows = run_children(grid(params), run_ei, params, parent.info.run_id)
-        else:
-            with closing_engine(engine_for(params)) as engine:
-                rows = [run_ei("single", params, engine, parent.info.run_id)]
-        if not tracking_rank():  # a torchrun rank other than 0 trained along; rank 0 reports
-            return {"summary": None, "paths": None, "mlflow_run_id": None}
-        curves = [
-            {"setting": r["setting"], "step": 0, "val_accuracy": r["initial_accuracy"], "kept_fraction": None}
-            for r in rows
-            if r.get("initial_accuracy") is not None
-        ]
-        curves += [{"setting": r["setting"], **point} for r in rows for point in r["curve"]]
-        summary = [{k: r.get(k) for k in SUMMARY_KEYS} for r in rows]
-        title = "Expert Iteration: validation accuracy by round"
-        paths = log_comparison(out, curves, summary, "setting", title)
-        models = [
-            register_model(r["model_dir"], REGISTERED_MODELS["expert_iteration"], r["mlflow_run_id"], r["setting"])
-            for r in rows
-            if Path(r.get("model_dir") or "").is_dir()
-        ]
-    if params.metrics_path:
-        best = max(summary, key=lambda r: r["final_accuracy"])
-        write_text_atomic(Path(params.metrics_path), json.dumps(headline_metrics(best), indent=2) + "\n")
-    publish(
-        "expert_iteration",
-        title.split(":")[0],
-        summary,
-        experiment=params.experiment,
-        tracking_uri=params.tracking_uri,
-        mlflow_run_id=parent.info.run_id,
-        output_dir=out,
-        paths=paths,
-        models=models,
+    children = grid(params) if params.sweep else {"single": params}
+    comparison = Comparison(
+        published_as="expert_iteration",
+        headline="Expert Iteration",
+        plot_title="Expert Iteration: validation accuracy by round",
+        columns=SUMMARY_KEYS,
+        register=register_each(REGISTERED_MODELS["expert_iteration"]),
+        curves=with_starting_points,
     )
-    return {"summary": summary, "paths": paths, "mlflow_run_id": parent.info.run_id, "models": models}
+    run_name, runner = ("ei_sweep", run_children) if params.sweep else ("expert_iteration", in_turn)
+    return parent_run(params, run_name, children, run_ei, comparison, runner)
 
 
 def check_inputs(params: EIParams) -> None:

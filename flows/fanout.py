@@ -25,6 +25,7 @@ from prefect import flow
 
 from tasks.engines import closing_engine, engine_for
 from tasks.fanout import loopback_only, run_child_task
+from tasks.parent_run import in_turn
 from tasks.tracking import prefect_flow_run
 
 
@@ -52,8 +53,7 @@ def run_children(
             gpus_per_child=params.ray_gpus_per_child,
             cpus_per_child=params.ray_cpus_per_child,
         )
-    with closing_engine(engine_for(params)) as engine:
-        return [run_child(name, child, engine, parent_run_id) for name, child in children.items()]
+    return in_turn(children, run_child, params, parent_run_id)
 
 
 def _with_own_engine(run_child: Callable[..., dict], name: str, params: Any, parent_run_id: str) -> dict:

@@ -50,14 +50,11 @@ own; rank 0 alone logs to MLflow and writes the outputs.
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from prefect import flow
 
-from a5core.data import write_text_atomic
 from a5core.grpo import grpo
 from a5core.problem_sets import load_problem_set
 from a5core.rollout import Engine
@@ -66,29 +63,9 @@ from flows.cli import flow_main, print_paths
 from flows.fanout import run_children
 from flows.params import GRPOParams
 from tasks.checks import check_grpo_run, check_placement
-from tasks.engines import closing_engine, engine_for
-from tasks.flow_summary import publish
-from tasks.outputs import claim_outputs
-from tasks.plots import log_comparison
-from tasks.run_lock import run_lock
-from tasks.runs import (
-    Run,
-    Trained,
-    accuracy_by_wall_clock,
-    log_run_params,
-    run_key,
-    save_model_folder,
-    training_run,
-)
-from tasks.tables import headline_metrics
-from tasks.tracking import (
-    REGISTERED_MODELS,
-    register_model,
-    start_resumable_run,
-    tag_active_run,
-    tracked,
-    tracking_rank,
-)
+from tasks.parent_run import Comparison, in_turn, parent_run, register_each
+from tasks.runs import Run, Trained, accuracy_by_wall_clock, save_model_folder, training_run
+from tasks.tracking import REGISTERED_MODELS, tag_active_run, tracked
 
 # A setting's row in the summary (summary.json, summary.md, the report's table).
 SUMMARY_KEYS = (
@@ -159,57 +136,26 @@ def run_grpo(name: str, params: GRPOParams, engine: Engine, parent_run_id: str |
     return run(name, f"grpo-{name}", params, engine, parent_run_id, train)
 
 
-def _report(params: GRPOParams, rows: list[dict], title: str) -> tuple[list[dict], dict[str, str], list[dict]]:
-    """Summary table, curves and plots of ``rows`` into output_dir and the active (parent) MLflow run; each
-    child's final policy registered (``a5-grpo``)."""
-    curves = [{"setting": r["setting"], **point} for r in rows for point in r["curve"]]
-    trends = [{"setting": r["setting"], **point} for r in rows for point in r["trends"]]
-    summary = [{k: r.get(k) for k in SUMMARY_KEYS} for r in rows]
-    paths = log_comparison(Path(params.output_dir), curves, summary, "setting", title, trends=trends)
-    models = [
-        register_model(r["model_dir"], REGISTERED_MODELS["grpo"], r["mlflow_run_id"], r["setting"])
-        for r in rows
-        if Path(r.get("model_dir") or "").is_dir()
-    ]
-    if params.metrics_path:
-        best = max(summary, key=lambda r: r["final_accuracy"])
-        write_text_atomic(Path(params.metrics_path), json.dumps(headline_metrics(best), indent=2) + "\n")
-    return summary, paths, models
+def run_sweep(run_name: str, children: dict[str, GRPOParams], params: GRPOParams, title: str) -> dict:
+    """``children`` as the child runs of one parent MLflow run named ``run_name`` (resumable,
+    :func:`tasks.parent_run.parent_run`): one run on the flow's own engine, an ablation's settings as its
+    ``runner`` says. The parent gets the comparison titled ``title``, each child's final policy registered
+    (``a5-grpo``) and, for an ablation, the tag ``ablation``."""
 
-
-def run_sweep(run_name: str, children: dict[str, GRPOParams], parent_params: GRPOParams, title: str) -> dict:
-    """``children`` as the child runs of one parent MLflow run named ``run_name`` (resumable), then the
-    comparison, the registered policies and the flow run's summary (:func:`tasks.flow_summary.publish`)."""
-    params = parent_params
-    claim_outputs(params)
-    run_id_file = Path(params.output_dir) / f"runs-{run_key(parent_params)}" / "mlflow_run_id"
-    with (
-        run_lock(run_id_file.parent),
-        start_resumable_run(run_id_file, params.experiment, run_name, params.tracking_uri) as parent,
-    ):
-        log_run_params(parent_params)
-        if params.ablation is None:  # one run: the flow's own engine
-            with closing_engine(engine_for(params)) as engine:
-                rows = [run_grpo(name, child, engine, parent.info.run_id) for name, child in children.items()]
-        else:
-            rows = run_children(children, run_grpo, params, parent.info.run_id)
-        if not tracking_rank():
-            return {"summary": None, "paths": None, "mlflow_run_id": None}
-        summary, paths, models = _report(params, rows, title)
+    def tag_ablation(rows: list[dict]) -> None:
         if params.ablation is not None:
             tag_active_run(ablation=params.ablation)
-    publish(
-        run_name,
-        title.split(":")[0],
-        summary,
-        experiment=params.experiment,
-        tracking_uri=params.tracking_uri,
-        mlflow_run_id=parent.info.run_id,
-        output_dir=params.output_dir,
-        paths=paths,
-        models=models,
+
+    comparison = Comparison(
+        published_as=run_name,
+        headline=title.split(":")[0],
+        plot_title=title,
+        columns=SUMMARY_KEYS,
+        register=register_each(REGISTERED_MODELS["grpo"]),
+        annotate=tag_ablation,
     )
-    return {"summary": summary, "paths": paths, "mlflow_run_id": parent.info.run_id, "models": models}
+    runner = in_turn if params.ablation is None else run_children  # one run: the flow's own engine
+    return parent_run(params, run_name, children, run_grpo, comparison, runner)
 
 
 def run_ablation(name: str, params: GRPOParams) -> dict:

@@ -33,15 +33,16 @@ MLflow and writes the outputs.
 
 from __future__ import annotations
 
-import json
+import functools
 import random
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from prefect import flow
 from transformers import AutoTokenizer
 
-from a5core.data import Trace, write_text_atomic
+from a5core.data import Trace
 from a5core.models import resolve_model
 from a5core.problem_sets import load_trace_set, load_validation_set, split_validation
 from a5core.prompts import load_prompt
@@ -50,23 +51,11 @@ from a5core.sft import check_cut, token_lengths, train_sft
 from flows.cli import flow_main, print_paths
 from flows.params import SFTExperimentParams
 from tasks.checks import check_outputs, check_prompts_fit
-from tasks.engines import closing_engine, engine_for
 from tasks.evaluation import validation_hook
-from tasks.flow_summary import publish
-from tasks.outputs import claim_outputs, link_model
-from tasks.plots import log_comparison
-from tasks.run_lock import run_lock
-from tasks.runs import Run, Trained, curve, log_run_params, run_key, save_model_folder, training_run
-from tasks.tables import headline_metrics
-from tasks.tracking import (
-    REGISTERED_MODELS,
-    mlflow_logger,
-    register_model,
-    start_resumable_run,
-    tag_active_run,
-    tracked,
-    tracking_rank,
-)
+from tasks.outputs import link_model
+from tasks.parent_run import Comparison, parent_run
+from tasks.runs import Run, Trained, curve, run_key, save_model_folder, training_run
+from tasks.tracking import REGISTERED_MODELS, mlflow_logger, register_model, tag_active_run, tracked
 
 
 def subsets(traces: list[Trace], sizes: list[int | str], seed: int) -> dict[str, list[Trace]]:
@@ -76,7 +65,7 @@ def subsets(traces: list[Trace], sizes: list[int | str], seed: int) -> dict[str,
 
 
 def train_setting(
-    name: str, traces: list[Trace], params: SFTExperimentParams, engine: Engine, parent_run_id: str, alone: bool
+    name: str, traces: list[Trace], engine: Engine, parent_run_id: str, *, params: SFTExperimentParams, alone: bool
 ) -> dict:
     """One setting (:func:`tasks.runs.training_run`, a child of the sweep's run); its row adds the number
     of examples and steps and the validation curve, and with ``save_models`` its final model is saved.
@@ -135,79 +124,67 @@ def choose_best(rows: list[dict]) -> dict:
     return max(rows, key=lambda r: (r.get("selection_accuracy") or 0.0, r.get("selection_format_rate") or 0.0))
 
 
+# A setting's row in the summary (summary.json, summary.md, the report's table).
+SUMMARY_KEYS = (
+    "setting",
+    "n_examples",
+    "steps",
+    "initial_accuracy",
+    "initial_accuracy_se",
+    "initial_format_rate",
+    "selection_accuracy",
+    "final_accuracy",
+    "final_accuracy_se",
+    "final_format_rate",
+    "accuracy_change",
+    "accuracy_change_se",
+    "paired_problems",
+)
+
+
+def keep_best(params: SFTExperimentParams, alone: bool) -> Callable[[list[dict]], list[dict]]:
+    """``register(rows)``, with ``save_models``: the best setting's model (:func:`choose_best`, on the selection
+    split, never the score's) linked as ``output_dir/best_model``, named in the parent run's tags (with which
+    problems chose it and which scored it) and registered (``a5-sft``); nothing without ``save_models``."""
+
+    def register(rows: list[dict]) -> list[dict]:
+        if not params.save_models:
+            return []
+        best = choose_best(rows)
+        out = Path(params.output_dir)
+        best_model = out / f"runs-{run_key(params)}" / best["setting"] / "model"
+        link_model(best_model, out / "best_model")
+        chosen_on, scored_on = (ALONE_CHOSEN, ALONE_SCORED) if alone else (SELECTION_SPLIT, SCORE_SPLIT)
+        tag_active_run(best_setting=best["setting"], chosen_on=chosen_on, scored_on=scored_on)
+        return [register_model(best_model, REGISTERED_MODELS["sft_experiment"], best["mlflow_run_id"], best["setting"])]
+
+    return register
+
+
+def log_final_accuracies(rows: list[dict]) -> None:
+    """Each setting's final accuracy as the parent run's metric ``final_accuracy_<setting>``."""
+    mlflow_logger()({f"final_accuracy_{r['setting']}": r["final_accuracy"] for r in rows}, 0)
+
+
 @flow(name="sft_experiment")
 def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
     """Run every setting as a child of one parent run; returns the summary rows and output paths."""
-    claim_outputs(params)
-    out = Path(params.output_dir)
     template = load_prompt(params.prompt)
     settings = subsets(load_trace_set(params.train_data, template, params.seed), params.sizes, params.seed)
     if params.filtered_data:
         settings["filtered"] = load_trace_set(params.filtered_data, template, params.seed)
-    engine = engine_for(params)
-    with (
-        run_lock(out / f"runs-{run_key(params)}"),
-        start_resumable_run(
-            out / f"runs-{run_key(params)}" / "mlflow_run_id", params.experiment, "sft_experiment", params.tracking_uri
-        ) as parent,
-        closing_engine(engine),
-    ):
-        log_run_params(params)
-        alone = len(settings) == 1
-        rows = [
-            train_setting(name, traces, params, engine, parent.info.run_id, alone) for name, traces in settings.items()
-        ]
-        if not tracking_rank():  # a torchrun rank other than 0 trained along; rank 0 reports
-            return {"summary": None, "paths": None, "mlflow_run_id": None}
-        curves = [{"setting": r["setting"], **point} for r in rows for point in r["curve"]]
-        summary = [
-            {
-                k: r.get(k)
-                for k in (
-                    "setting",
-                    "n_examples",
-                    "steps",
-                    "initial_accuracy",
-                    "initial_accuracy_se",
-                    "initial_format_rate",
-                    "selection_accuracy",
-                    "final_accuracy",
-                    "final_accuracy_se",
-                    "final_format_rate",
-                    "accuracy_change",
-                    "accuracy_change_se",
-                    "paired_problems",
-                )
-            }
-            for r in rows
-        ]
-        models = []
-        if params.save_models:  # the best on the selection split (a tie broken by format rate), never the score's
-            best = choose_best(rows)
-            best_model = out / f"runs-{run_key(params)}" / best["setting"] / "model"
-            link_model(best_model, out / "best_model")
-            chosen_on, scored_on = (ALONE_CHOSEN, ALONE_SCORED) if alone else (SELECTION_SPLIT, SCORE_SPLIT)
-            tag_active_run(best_setting=best["setting"], chosen_on=chosen_on, scored_on=scored_on)
-            models.append(
-                register_model(best_model, REGISTERED_MODELS["sft_experiment"], best["mlflow_run_id"], best["setting"])
-            )
-        paths = log_comparison(out, curves, summary, "setting", "SFT: validation accuracy by training-set size")
-        mlflow_logger()({f"final_accuracy_{r['setting']}": r["final_accuracy"] for r in rows}, 0)
-        if params.metrics_path:
-            best = choose_best(rows)
-            write_text_atomic(Path(params.metrics_path), json.dumps(headline_metrics(best), indent=2) + "\n")
-    publish(
-        "sft_experiment",
-        "SFT sweep",
-        summary,
-        experiment=params.experiment,
-        tracking_uri=params.tracking_uri,
-        mlflow_run_id=parent.info.run_id,
-        output_dir=out,
-        paths=paths,
-        models=models,
+    alone = len(settings) == 1
+    comparison = Comparison(
+        published_as="sft_experiment",
+        headline="SFT sweep",
+        plot_title="SFT: validation accuracy by training-set size",
+        columns=SUMMARY_KEYS,
+        register=keep_best(params, alone),
+        best=choose_best,
+        annotate=log_final_accuracies,
     )
-    return {"summary": summary, "paths": paths, "mlflow_run_id": parent.info.run_id, "models": models}
+    run_setting = functools.partial(train_setting, params=params, alone=alone)
+    return parent_run(params, "sft_experiment", settings, run_setting, comparison)
 
 
 def check_inputs(params: SFTExperimentParams) -> None:

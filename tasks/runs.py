@@ -1,7 +1,8 @@
 """One training run, as every training flow runs it: GRPO, Expert Iteration, a setting of the SFT sweep,
 the leaderboard run.
 
-:func:`training_run` is the skeleton they share; a flow gives it the body that trains. Around the body:
+:func:`training_run` is the skeleton they share; a flow gives it the body that trains (a sweep's children run
+inside one parent run: :func:`tasks.parent_run.parent_run`). Around the body:
 
 - the run's folder, ``output_dir/runs-<key>/<name>`` (the key a hash of the settings, so changed settings
   never pick up another run's checkpoint or MLflow run), locked while the run works there
