@@ -1,5 +1,5 @@
 """The static decode step's attention over the cache, the engine's beside the one it replaced, for the benchmarks:
-``sdpa`` (:meth:`a5core.rollout.static_decode.StaticKVDecoder._attend_cached`: one ``scaled_dot_product_attention``
+``sdpa`` (:meth:`a5core.engines.static_decode.StaticKVDecoder._attend_cached`: one ``scaled_dot_product_attention``
 call a layer, each key/value head's G query heads as the query rows) and ``matmul`` (the engine's until the sixth
 measurement of ``benchmarks/RESULTS.md``: scores, mask, fp32 softmax, weighted sum — four kernels a layer over fp32
 scores), so that earlier tables can be made again. The same attention to float rounding."""
@@ -30,7 +30,7 @@ def matmul_attend(
 def use_attention(name: str) -> Iterator[None]:
     """Within the block, every static decode step attends with ``name`` (decoders and compiled graphs made in it:
     reset torch.compile's caches between settings, as the benchmarks do)."""
-    from a5core.rollout.static_decode import StaticKVDecoder
+    from a5core.engines.static_decode import StaticKVDecoder
 
     if name not in ATTENTIONS:
         raise ValueError(f"attention {name!r}: expected one of {ATTENTIONS}")

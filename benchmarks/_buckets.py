@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import torch
 
-from a5core.rollout.static_decode import StaticKVDecoder
+from a5core.engines.static_decode import StaticKVDecoder
 
 DECODES = ("full", "shrinking", "shrinking-static")  # the benchmarks' --decodes
 RECOMPILE_LIMIT = 64  # ≥ the buckets a loop can meet: torch.compile falls back to eager past its limit (8)
@@ -36,7 +36,7 @@ class StaticBucketDecoder(StaticKVDecoder):
 @contextlib.contextmanager
 def decode_mode(name: str) -> Iterator[bool]:
     """Within the block, the hf engines made there decode as ``name`` says; yields their ``shrink`` setting."""
-    import a5core.rollout.hf as hf
+    import a5core.engines.hf as hf
 
     if name not in DECODES:
         raise ValueError(f"decode {name!r}: expected one of {DECODES}")

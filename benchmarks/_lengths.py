@@ -26,7 +26,7 @@ def drawn_lengths(count: int, low: int, high: int, seed: int) -> list[int]:
 
 @contextlib.contextmanager
 def forced_lengths(engine, low: int, high: int, seed: int = 0) -> Iterator[list[int]]:
-    """While open, every chunk ``engine`` (an :class:`a5core.rollout.hf.HFEngine`) decodes ends each row at
+    """While open, every chunk ``engine`` (an :class:`a5core.engines.hf.HFEngine`) decodes ends each row at
     a drawn length (a new draw per chunk: seed, seed + 1, …), wherever the loop moves the row
     (``StaticKVDecoder.compact``). Yields the list of every length drawn."""
     drawn: list[int] = []

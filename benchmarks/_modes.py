@@ -58,9 +58,9 @@ def memory_cap(gib: float | None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def budgets_seen(loop: ModuleType) -> Iterator[list]:
-    """The token budgets (a5core.token_budget.TokenBudget) that ``loop``, the module constructing them
-    (``a5core.training``, for SFT and GRPO alike), makes inside: to read what auto settled on."""
-    from a5core.token_budget import TokenBudget
+    """The token budgets (a5core.runtime.token_budget.TokenBudget) that ``loop``, the module constructing them
+    (``a5core.loops.training``, for SFT and GRPO alike), makes inside: to read what auto settled on."""
+    from a5core.runtime.token_budget import TokenBudget
 
     made: list[TokenBudget] = []
     real = loop.TokenBudget

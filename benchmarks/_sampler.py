@@ -1,5 +1,5 @@
 """The hf engine's temperature sampler, today's beside the one before, for the benchmarks: ``gumbel-max``
-(:func:`a5core.rollout.hf.gumbel_max_sample`, compiled with the decode step: what the engine does) and
+(:func:`a5core.engines.hf.gumbel_max_sample`, compiled with the decode step: what the engine does) and
 ``multinomial`` (softmax of logits / T, then ``torch.multinomial``: the engine's sampler until Gumbel-max).
 Both draw from the same distribution; they draw other tokens for the same seed."""
 
@@ -18,7 +18,7 @@ def softmax_multinomial(logits: torch.Tensor, temperature: float) -> torch.Tenso
 
 
 def use_sampler(engine, name: str):
-    """``engine`` (an :class:`a5core.rollout.hf.HFEngine`) drawing temperature samples with sampler ``name``."""
+    """``engine`` (an :class:`a5core.engines.hf.HFEngine`) drawing temperature samples with sampler ``name``."""
     if name not in SAMPLERS:
         raise ValueError(f"sampler {name!r}: expected one of {SAMPLERS}")
     if name == "multinomial":

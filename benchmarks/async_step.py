@@ -4,7 +4,7 @@ The policy (Qwen2.5-Math-1.5B's architecture at random weights, compiled decoder
 ``--token-budget``) trains on cuda:0; the engine is a RemoteEngine (hf backend) on ``--engine-device``, started
 from the policy's weights saved once and sent them every step: over NCCL to a GPU of its own (cuda:1), through
 host memory (gloo) to the policy's own GPU (cuda:0, one-step-off on one GPU). ``pipeline_depth`` 0 pushes the
-weights, generates, then trains; 1 generates step k+1's rollouts while step k trains (:mod:`a5core.grpo`).
+weights, generates, then trains; 1 generates step k+1's rollouts while step k trains (:mod:`a5core.loops.grpo`).
 Both use truncated importance sampling (``tis_cap`` 2.0, the engine returning its log-probs), as the flow's
 ``grpo_async_ablation`` runs them. 256 rollouts (32 × 8) a step, train batch 256, responses fixed at
 ``--response`` tokens (``min_tokens`` = ``max_tokens``: random weights never stop, and the engine's process
@@ -45,7 +45,7 @@ PHASES = ("weight_sync", "generate", "wait_rollouts", "grade", "old_log_probs", 
 def run(model, tokenizer, engine, args, depth: int) -> list[dict]:
     """``args.steps`` GRPO steps of ``model`` at ``pipeline_depth`` ``depth``, rollouts from ``engine``;
     each step's logged metrics with the trainer GPU's peak memory."""
-    from a5core.grpo import GRPOConfig
+    from a5core.loops.grpo import GRPOConfig
 
     batch = dict(rollout_batch_size=16, train_batch_size=16) if args.tiny else {}
     config = GRPOConfig(
@@ -81,8 +81,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.steps < 2:
         parser.error("--steps must be at least 2: the first step compiles and is reported apart")
-    from a5core.policy import compile_decoder_layers
-    from a5core.rollout.remote import RemoteEngine, weight_transport
+    from a5core.engines.remote import RemoteEngine, weight_transport
+    from a5core.policy.causal_lm import compile_decoder_layers
 
     on_gpu = not args.tiny
     policy_device, engine_device = ("cuda:0", args.engine_device) if on_gpu else ("cpu", "cpu")

@@ -45,8 +45,8 @@ def profile_loop(args) -> None:
 
     from torch.profiler import ProfilerActivity, profile
 
-    from a5core.rollout import SamplingSettings
-    from a5core.rollout.hf import HFEngine
+    from a5core.engines import SamplingSettings
+    from a5core.engines.hf import HFEngine
     from benchmarks.rollout import prompts_of
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -76,7 +76,7 @@ def profile_loop(args) -> None:
 def time_step(model, args, inputs, compiled: bool) -> torch.Tensor:
     """Print a decode step's first call and per-step time (and, compiled on CUDA, the profiler's top kernels);
     return the first step's logits (b, V). ``inputs``: prompt ids and mask, tokens, positions, slots, attend mask."""
-    from a5core.rollout.static_decode import StaticKVDecoder
+    from a5core.engines.static_decode import StaticKVDecoder
 
     ids, valid, tokens, positions, slots, attend = inputs
     b = ids.shape[0]
@@ -120,8 +120,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.loop:
         return profile_loop(args)
-    from a5core.rollout import SamplingSettings
-    from a5core.rollout.hf import HFEngine
+    from a5core.engines import SamplingSettings
+    from a5core.engines.hf import HFEngine
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tokenizer, description = _model.build(args.model_dir, args.tiny, device)

@@ -1,4 +1,4 @@
-"""SFT optimizer-step time on 1 and 2 GPUs with FSDP2: the loop itself (a5core.sft.train_sft), timed.
+"""SFT optimizer-step time on 1 and 2 GPUs with FSDP2: the loop itself (a5core.loops.sft.train_sft), timed.
 
 The Qwen2.5-Math-1.5B architecture (``--config``, a config.json) at random weights (bf16 by default)
 trains on a fixed global batch (default 32 sequences × 1024 tokens, micro-batches of 4 per rank):
@@ -59,7 +59,7 @@ def build_model(args: argparse.Namespace, device: torch.device) -> torch.nn.Modu
 
 def examples(args: argparse.Namespace, vocab_size: int) -> list:
     """``--batch`` sequences of ``--seq-len`` + 1 random ids (``--seq-len`` input positions each)."""
-    from a5core.data import Trace
+    from a5core.data.files import Trace
 
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(1, vocab_size, (args.batch, args.seq_len + 1), generator=generator).tolist()
@@ -70,8 +70,8 @@ def examples(args: argparse.Namespace, vocab_size: int) -> list:
 def worker(args: argparse.Namespace) -> dict:
     """One rank of a torchrun world: train ``--warmup + --steps`` SFT steps, time them on rank 0."""
     os.environ.update(NCCL_ENV)
-    from a5core.distributed import gather_lists, init_from_env, shard
-    from a5core.sft import SFTConfig, train_sft
+    from a5core.loops.sft import SFTConfig, train_sft
+    from a5core.runtime.distributed import gather_lists, init_from_env, shard
 
     rank, world = init_from_env()
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
@@ -183,7 +183,11 @@ def table(args: argparse.Namespace, results: list[dict]) -> None:
         "peak memory per rank (GiB)",
     ]
     report(
-        "FSDP2: SFT optimizer step on 1 vs N GPUs (a5core.sft.train_sft)", settings, header, rows, record=not args.tiny
+        "FSDP2: SFT optimizer step on 1 vs N GPUs (a5core.loops.sft.train_sft)",
+        settings,
+        header,
+        rows,
+        record=not args.tiny,
     )
 
 

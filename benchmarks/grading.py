@@ -20,8 +20,8 @@ from pathlib import Path
 
 from _report import report
 
-from a5core.data import load_math
-from a5core.grading import SymbolicGrader, r1_zero_reward_fn
+from a5core.data.files import load_math
+from a5core.grading.grader import SymbolicGrader, r1_zero_reward_fn
 
 TARGET_S = 10.0
 

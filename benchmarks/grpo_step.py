@@ -83,7 +83,7 @@ ENGINE_DEFAULTS = dict(decode="shrinking", sampler="gumbel-max", attention="sdpa
 
 
 def problems_of(count: int):
-    from a5core.data import Problem
+    from a5core.data.files import Problem
 
     return [
         Problem(f"bench/{i}", f"What is {i} + {2 * i}? Show your work step by step before answering.", str(3 * i))
@@ -94,9 +94,9 @@ def problems_of(count: int):
 def steps_of(model, tokenizer, engine, config, extra: Callable[[], dict] = dict) -> list[dict]:
     """GRPO with ``config`` on the benchmark's problems (r1_zero prompt and reward), rollouts from ``engine``:
     each step's logged metrics with the peak memory and ``extra()``'s fields."""
-    from a5core.grading import r1_zero_reward_fn
-    from a5core.grpo import grpo
-    from a5core.prompts import load_prompt
+    from a5core.data.prompts import load_prompt
+    from a5core.grading.grader import r1_zero_reward_fn
+    from a5core.loops.grpo import grpo
 
     history: list[dict] = []
     _model.reset_peak()
@@ -127,9 +127,9 @@ def run(
     colocated); each step's logged metrics with the peak memory and ``graphs``, the graphs torch.compile built in
     this setting by the end of that step (decode step and training layers). Layers compiled by the loop only
     under the ``auto`` variant (the others are compiled, or not, before)."""
-    from a5core.grpo import GRPOConfig
-    from a5core.policy import compiled_graphs
-    from a5core.rollout.hf import HFEngine
+    from a5core.engines.hf import HFEngine
+    from a5core.loops.grpo import GRPOConfig
+    from a5core.policy.causal_lm import compiled_graphs
 
     tokens = args.response if lengths == "fixed" else args.max_tokens
     batch = dict(rollout_batch_size=16, train_batch_size=16) if args.tiny else {}
@@ -178,8 +178,8 @@ def microbatches_of(args, setting: Setting, settled: int | None) -> str:
 
 def measure(args, setting: Setting, lengths: str, device: str) -> tuple[list[str], str]:
     """One configuration's table row (a fresh model, compile cache and peak), and the model's description."""
-    from a5core import training
-    from a5core.policy import compile_decoder_layers
+    from a5core.loops import training
+    from a5core.policy.causal_lm import compile_decoder_layers
 
     model, tokenizer, description = _model.build(args.model_dir, args.tiny, device)
     engine_model = model

@@ -27,8 +27,8 @@ from benchmarks._report import report  # noqa: E402
 def run(args, rank: int) -> tuple[list, str]:
     """One row (setting, median step seconds, tokens/s, peak GiB, trainable parameters) and the model's
     description."""
-    from a5core.data import Trace
-    from a5core.sft import SFTConfig, train_sft
+    from a5core.data.files import Trace
+    from a5core.loops.sft import SFTConfig, train_sft
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tokenizer, description = _model.build(args.model_dir, args.tiny, device)

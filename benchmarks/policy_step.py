@@ -1,8 +1,8 @@
 """Policy micro-batch step at 16×1024 tokens: log-probs (with entropy) + masked GRPO loss + backward + AdamW.
 
 Compares, in one process on one model: the plain transformers path (full logits, fp32 cross-entropy:
-the baseline), the fused LM-head log-softmax (``a5core.policy.get_response_log_probs``) and the fused head
-with compiled decoder layers (``a5core.policy.compile_decoder_layers``), at several activation-memory
+the baseline), the fused LM-head log-softmax (``a5core.policy.causal_lm.get_response_log_probs``) and the fused head
+with compiled decoder layers (``a5core.policy.causal_lm.compile_decoder_layers``), at several activation-memory
 budgets (torch's partitioner recomputes the cheapest activations in backward) and, optionally, with full
 activation checkpointing. Target: ≥ 55k tok/s and ≤ 40 GiB peak on one H200.
 ``--profile``: instead, the first compiled setting's step under torch.profiler: its GPU time by kind of kernel
@@ -33,8 +33,8 @@ def baseline_step(model, ids, labels, mask, advantages):
 
 
 def a5_step(model, ids, labels, mask, advantages):
-    from a5core.grpo.objective import grpo_microbatch_train_step
-    from a5core.policy import get_response_log_probs
+    from a5core.loops.grpo.objective import grpo_microbatch_train_step
+    from a5core.policy.causal_lm import get_response_log_probs
 
     out = get_response_log_probs(model, ids, labels, return_token_entropy=True)
     grpo_microbatch_train_step(out["log_probs"], mask, 1, "reinforce_with_baseline", advantages=advantages)
@@ -151,7 +151,7 @@ def main() -> None:
     batch, tokens = (ids, labels, mask, advantages), args.batch * args.seq
     flops = _model.train_flops_per_token(model, args.seq) * tokens
 
-    from a5core.policy import get_response_log_probs
+    from a5core.policy.causal_lm import get_response_log_probs
 
     with torch.no_grad():  # the fused path's values against the plain log-softmax on this device
         fused = get_response_log_probs(model, ids[:2], labels[:2])["log_probs"]
@@ -159,7 +159,7 @@ def main() -> None:
     max_diff = (fused - plain).abs().max().item()
     print(f"fused vs plain log-probs, max |diff|: {max_diff:.2e}", flush=True)
     if args.profile:
-        from a5core.policy import compile_decoder_layers
+        from a5core.policy.causal_lm import compile_decoder_layers
 
         compile_decoder_layers(model, activation_memory_budget=args.budgets[0])
         print(f"a5: fused head + compiled decoder layers, activation budget {args.budgets[0]:g}")
@@ -170,7 +170,7 @@ def main() -> None:
         ("a5: fused LM-head log-softmax", a5_step),
     ]:
         results.append((name, *measure(name, model, step, batch, args.steps, args.warmup, tokens)))
-    from a5core.policy import compile_decoder_layers
+    from a5core.policy.causal_lm import compile_decoder_layers
 
     for budget in args.budgets:
         torch._dynamo.reset()

@@ -133,9 +133,9 @@ def main() -> None:
         help="varied: also each row ending at a length drawn log-uniformly between 30 and --new",
     )
     args = parser.parse_args()
-    from a5core.policy import get_response_log_probs, pack_prompt_and_output_ids
-    from a5core.rollout import SamplingSettings
-    from a5core.rollout.hf import HFEngine
+    from a5core.engines import SamplingSettings
+    from a5core.engines.hf import HFEngine
+    from a5core.policy.causal_lm import get_response_log_probs, pack_prompt_and_output_ids
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tokenizer, description = _model.build(args.model_dir, args.tiny, device)

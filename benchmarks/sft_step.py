@@ -1,6 +1,6 @@
 """SFT optimizer steps through the project's loop under named configurations: time, memory, micro-batches.
 
-``--batch`` sequences (32: the ``a5`` profile's ``batch_size``) a step through :func:`a5core.sft.train_sft`,
+``--batch`` sequences (32: the ``a5`` profile's ``batch_size``) a step through :func:`a5core.loops.sft.train_sft`,
 the profile's other settings as ``SFTConfig`` defaults them (``microbatch_size`` 2, ``max_seq_len`` 1,024,
 AdamW), on Qwen2.5-Math-1.5B's architecture at random weights (``benchmarks/_model.py``). Each sequence is
 a short prompt and a response of one repeated token: ``fixed`` (every sequence ``--tokens`` tokens) or
@@ -45,9 +45,9 @@ COMPILE_LAYERS = {"eager": False, "layers": True, "auto": "auto"}  # a mode's la
 
 
 def examples_of(tokenizer, lengths: str, count: int, tokens: int) -> list:
-    """``count`` traces (a5core.data.Trace) of ``tokens`` tokens each, prompt and response (``fixed``), or of
+    """``count`` traces (a5core.data.files.Trace) of ``tokens`` tokens each, prompt and response (``fixed``), or of
     lengths drawn log-uniformly between SHORTEST and ``tokens`` (``varied``, seeded)."""
-    from a5core.data import Trace
+    from a5core.data.files import Trace
 
     prompt_tokens = len(tokenizer(PROMPT, add_special_tokens=False)["input_ids"])
     sizes = [tokens] * count if lengths == "fixed" else drawn_lengths(count, SHORTEST, tokens, seed=0)
@@ -56,11 +56,11 @@ def examples_of(tokenizer, lengths: str, count: int, tokens: int) -> list:
 
 @contextlib.contextmanager
 def timed_steps() -> Iterator[list[dict]]:
-    """The optimizer steps :func:`a5core.sft.train_sft` takes inside: each one's metrics with ``seconds`` (its
+    """The optimizer steps :func:`a5core.loops.sft.train_sft` takes inside: each one's metrics with ``seconds`` (its
     wall time, the GPU synchronised), ``peak_gib`` (the peak memory so far) and ``graphs`` (the graphs
     torch.compile built since the context opened)."""
-    from a5core import sft
-    from a5core.policy import compiled_graphs
+    from a5core.loops import sft
+    from a5core.policy.causal_lm import compiled_graphs
 
     history: list[dict] = []
     real, before = sft.sft_step, compiled_graphs()
@@ -106,8 +106,8 @@ def figures(history: list[dict]) -> list[str]:
 
 def measure(args, name: str, lengths: str, device: str) -> tuple[list[str], str]:
     """One mode's table row (a fresh model, compile cache and peak), and the model's description."""
-    from a5core import training
-    from a5core.sft import SFTConfig, train_sft
+    from a5core.loops import training
+    from a5core.loops.sft import SFTConfig, train_sft
 
     mode = MODES[name]
     model, tokenizer, description = _model.build(args.model_dir, args.tiny, device)
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=32, help="sequences per optimizer step (batch_size)")
     parser.add_argument("--tokens", type=int, default=1024, help="tokens per sequence (varied: the longest)")
     args = parser.parse_args(argv)
-    from a5core.sft import SFTConfig
+    from a5core.loops.sft import SFTConfig
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows, description = [], ""

@@ -13,7 +13,7 @@ log-uniformly between 30 and the maximum, ``benchmarks/_lengths.py``; vLLM gets 
 - ``grpo``: ``--steps`` GRPO steps, 256 rollouts (32 × 8) of 400 tokens (or 30–1,024), train batch 256, bf16
   policy with compiled decoder layers and ``max_tokens_per_microbatch`` ``--token-budget``: ``backend: hf`` (the
   engine decodes the policy itself), ``backend: vllm`` sleeping beside the policy with its memory share and KV
-  cache sized by the flows' rule (``a5core.rollout.colocate``), and vLLM awake throughout at a fixed
+  cache sized by the flows' rule (``a5core.engines.colocate``), and vLLM awake throughout at a fixed
   ``gpu_memory_utilization`` (0.3, the old default); each
   setting in its own process; the GPU's used memory sampled every 10 ms (vLLM's memory included).
 
@@ -110,9 +110,9 @@ def vllm_lengths(engine, low: int, high: int, seed: int = 0):
 
 
 def rollouts(args) -> None:
-    from a5core.rollout import SamplingSettings
-    from a5core.rollout.hf import HFEngine
-    from a5core.rollout.vllm import VLLMEngine
+    from a5core.engines import SamplingSettings
+    from a5core.engines.hf import HFEngine
+    from a5core.engines.vllm import VLLMEngine
     from benchmarks.rollout import prompts_of
 
     with tempfile.TemporaryDirectory() as folder:
@@ -157,8 +157,8 @@ def rollouts(args) -> None:
 
 
 def push(args) -> None:
-    from a5core.rollout import SamplingSettings
-    from a5core.rollout.vllm import VLLMEngine
+    from a5core.engines import SamplingSettings
+    from a5core.engines.vllm import VLLMEngine
 
     check = SamplingSettings(temperature=0, max_tokens=16, stop=(), logprobs=True)
     rows = []
@@ -187,7 +187,7 @@ def push(args) -> None:
         ids = torch.tensor(
             [tokenizer(prompt[0], add_special_tokens=False)["input_ids"] + list(out.token_ids)], device="cuda"
         )
-        from a5core.policy import get_response_log_probs
+        from a5core.policy.causal_lm import get_response_log_probs
 
         with torch.no_grad():
             policy = get_response_log_probs(model, ids[:, :-1], ids[:, 1:])["log_probs"][0, -len(out.token_ids) :]
@@ -204,11 +204,11 @@ def push(args) -> None:
 
 def grpo_setting(args) -> dict:
     """One GRPO setting (``args.setting``, ``args.length``) in this process: its warm steps and peak memory."""
-    from a5core.grpo import GRPOConfig
-    from a5core.policy import compile_decoder_layers
-    from a5core.rollout.colocate import PROMPT_TOKENS, colocated_memory_fraction
-    from a5core.rollout.hf import HFEngine
-    from a5core.rollout.vllm import VLLMEngine
+    from a5core.engines.colocate import PROMPT_TOKENS, colocated_memory_fraction
+    from a5core.engines.hf import HFEngine
+    from a5core.engines.vllm import VLLMEngine
+    from a5core.loops.grpo import GRPOConfig
+    from a5core.policy.causal_lm import compile_decoder_layers
     from benchmarks.grpo_step import steps_of
 
     tokens = args.response if args.length == "fixed" else args.max_tokens

@@ -33,10 +33,10 @@ os.environ["NCCL_NVLS_ENABLE"] = "0"  # never NVLink multicast (the engine serve
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from a5core.policy import get_response_log_probs  # noqa: E402
-from a5core.rollout import SamplingSettings  # noqa: E402
-from a5core.rollout.remote import RemoteEngine  # noqa: E402
-from a5core.weight_sync import plan_buckets, policy_weights, specs_of  # noqa: E402
+from a5core.engines import SamplingSettings  # noqa: E402
+from a5core.engines.remote import RemoteEngine  # noqa: E402
+from a5core.engines.weight_sync import plan_buckets, policy_weights, specs_of  # noqa: E402
+from a5core.policy.causal_lm import get_response_log_probs  # noqa: E402
 from benchmarks._model import TINY, random_model  # noqa: E402
 from benchmarks._report import report  # noqa: E402
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from a5core.problem_sets import ARITHMETIC_GRADERS
-from a5core.settings import describe
+from a5core.data.problem_sets import ARITHMETIC_GRADERS
+from a5core.runtime.settings import describe
 from flows.params import AblationName, GRPOParams
 
 

@@ -16,7 +16,7 @@ shows the traceback instead.
 
 Several GPUs: ``torchrun --nproc-per-node N -m flows.grpo ...`` (also sft_experiment, expert_iteration,
 leaderboard). A flow's ``main`` runs it through :func:`run_flow`: every rank runs the same flow code
-and trains in the same loop (FSDP2, :mod:`a5core.distributed`); rank 0 runs it as the Prefect flow
+and trains in the same loop (FSDP2, :mod:`a5core.runtime.distributed`); rank 0 runs it as the Prefect flow
 and alone tracks (MLflow, outputs, metrics files, printed results), the other ranks run the flow's
 plain function, without Prefect, MLflow or outputs, and log warnings only.
 """
@@ -39,12 +39,12 @@ from typing import Any, NoReturn, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from a5core.checkpoint import CheckpointMismatchError, NonFiniteLossError
-from a5core.data import DataError
-from a5core.guards import DivergenceError
-from a5core.models import ModelResolutionError
-from a5core.out_of_memory import MicrobatchOutOfMemoryError
-from a5core.prompts import PromptTemplateError
+from a5core.data.files import DataError
+from a5core.data.prompts import PromptTemplateError
+from a5core.policy.model_specs import ModelResolutionError
+from a5core.runtime.checkpoint import CheckpointMismatchError, NonFiniteLossError
+from a5core.runtime.guards import DivergenceError
+from a5core.runtime.out_of_memory import MicrobatchOutOfMemoryError
 from tasks.engines import EngineStartError
 
 Params = TypeVar("Params", bound=BaseModel)
@@ -276,7 +276,7 @@ def print_paths(paths: dict[str, str]) -> None:
 def run_flow(flow: Any, params: BaseModel) -> Any:
     """Run a Prefect ``flow`` with ``params`` from a command line, one process or torchrun's N.
 
-    Joins the process group torchrun describes (:func:`a5core.distributed.init_from_env`, before any
+    Joins the process group torchrun describes (:func:`a5core.runtime.distributed.init_from_env`, before any
     model is loaded; left at the process's exit, so several flows can run in one launch); then rank 0
     calls the flow (a Prefect flow run, tracked as usual) and every other rank its plain function
     (``flow.fn``: the same training, untracked; see :func:`tasks.tracking.tracking_rank`). Returns the
@@ -288,7 +288,7 @@ def run_flow(flow: Any, params: BaseModel) -> Any:
 
     import torch.distributed as dist
 
-    from a5core import distributed
+    from a5core.runtime import distributed
     from tasks.prefect_server import check_prefect_api, stop_temporary_server_with_this_process
 
     stop_temporary_server_with_this_process()  # a killed flow leaves no Prefect server behind

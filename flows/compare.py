@@ -33,9 +33,9 @@ from typing import Any
 from prefect import flow
 from pydantic import Field, ValidationInfo, field_validator
 
-from a5core.data import write_text_atomic
-from a5core.sample_metrics import paired_difference, problem_scores
-from a5core.settings import inherited
+from a5core.data.files import write_text_atomic
+from a5core.grading.sample_metrics import paired_difference, problem_scores
+from a5core.runtime.settings import inherited
 from flows.cli import flow_main, print_paths
 from flows.params import MLflowLogging, OutputDir, TrackingStore
 from tasks.flow_summary import publish
@@ -150,7 +150,8 @@ def comparison_rows(runs: list[Any], metrics: list[str]) -> tuple[list[dict[str,
 def paired_rows(client: Any, runs: list[Any]) -> list[dict[str, Any]]:
     """For runs that logged every graded sample (evaluation runs: ``generations.json``; training runs: their
     final evaluation's ``per_problem/`` table, :func:`tasks.tracking.final_per_problem`), each one's paired
-    difference in per-problem accuracy against the first such run (:func:`a5core.sample_metrics.paired_difference`);
+    difference in per-problem accuracy against the first such run
+    (:func:`a5core.grading.sample_metrics.paired_difference`);
     [] when fewer than two runs hold records."""
     scored = []
     for label, run in zip(run_labels(runs), runs, strict=True):

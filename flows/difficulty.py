@@ -1,6 +1,6 @@
 """Flow ``difficulty``: each training question's pass rate under a model, from ``n`` samples — the table
 GRPO and Expert Iteration sample their questions by (``question_sampling``, ``difficulty_table``; see
-:mod:`a5core.question_sampling`).
+:mod:`a5core.loops.question_sampling`).
 
 load the training questions (``train_data``; the first ``limit`` after the run's seeded shuffle) →
 generate ``n`` samples each (cached, as the evaluation's) → grade → ``table`` (csv: unique_id, level,
@@ -21,10 +21,10 @@ from pathlib import Path
 
 from prefect import flow
 
-from a5core.data import write_text_atomic
-from a5core.problem_sets import load_problem_set
-from a5core.prompts import load_prompt
-from a5core.question_sampling import pass_rate_table
+from a5core.data.files import write_text_atomic
+from a5core.data.problem_sets import load_problem_set
+from a5core.data.prompts import load_prompt
+from a5core.loops.question_sampling import pass_rate_table
 from flows.cli import flow_main, print_paths
 from flows.params import DifficultyParams
 from tasks.checks import check_outputs, check_prompts_fit

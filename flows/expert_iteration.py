@@ -28,10 +28,10 @@ import sys
 from prefect import flow
 from pydantic import ValidationError
 
-from a5core.expert_iteration import expert_iteration
-from a5core.problem_sets import load_problem_set, load_validation_set
-from a5core.rollout import Engine
-from a5core.settings import describe
+from a5core.data.problem_sets import load_problem_set, load_validation_set
+from a5core.engines import Engine
+from a5core.loops.expert_iteration import expert_iteration
+from a5core.runtime.settings import describe
 from flows.cli import flow_main, print_paths
 from flows.fanout import run_children
 from flows.params import EIParams

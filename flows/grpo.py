@@ -1,6 +1,6 @@
 """Flow ``grpo`` (one GRPO run) and the A5 ablation flows (a parent MLflow run with a child per setting).
 
-A run trains the policy with :func:`a5core.grpo.grpo`, logging every step to MLflow (rewards, advantage
+A run trains the policy with :func:`a5core.loops.grpo.grpo`, logging every step to MLflow (rewards, advantage
 statistics, entropy, lengths, loss, gradient norm, clip fraction, phase times, tokens/s), validation
 accuracy every ``eval_every`` steps on a fixed random subset (against step, and against wall-clock
 seconds as ``val_accuracy_by_wall_seconds``), a table of example rollouts at each validation, and the
@@ -55,9 +55,9 @@ from typing import Any
 
 from prefect import flow
 
-from a5core.grpo import grpo
-from a5core.problem_sets import load_problem_set
-from a5core.rollout import Engine
+from a5core.data.problem_sets import load_problem_set
+from a5core.engines import Engine
+from a5core.loops.grpo import grpo
 from flows.ablations import ABLATIONS, ablation_settings
 from flows.cli import flow_main, print_paths
 from flows.fanout import run_children

@@ -1,12 +1,13 @@
 """The flows' parameter models, each composed from its loop's settings and the pipeline's shared groups.
 
-A setting is declared once: the training loops' own in :mod:`a5core.settings` and the loops' configs
-(:class:`~a5core.sft.SFTConfig`, :class:`~a5core.expert_iteration.EIConfig`, :class:`~a5core.grpo.GRPOConfig`),
+A setting is declared once: the training loops' own in :mod:`a5core.runtime.settings` and the loops' configs
+(:class:`~a5core.loops.sft.SFTConfig`, :class:`~a5core.loops.expert_iteration.EIConfig`,
+:class:`~a5core.loops.grpo.GRPOConfig`),
 the pipeline's here (the engine, the problems and their validation, the prompt and grader, where outputs
 and MLflow runs go). A flow's model inherits the pieces it uses, so its command-line flags
 (:func:`flows.cli.parse_params`), its Prefect UI form and the validation of its ``params.yaml`` section
 all come from those declarations; a flow that wants another default redeclares the field with
-:func:`a5core.settings.inherited`. The model *is* the loop's config (a subclass of it): a run builds
+:func:`a5core.runtime.settings.inherited`. The model *is* the loop's config (a subclass of it): a run builds
 and validates it once and passes it down.
 """
 
@@ -17,13 +18,15 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, PositiveFloat, StrictBool, field_validator, model_validator
 
-from a5core.expert_iteration import EIConfig
-from a5core.grpo import GRPOConfig
-from a5core.losses import LengthNormalization
-from a5core.problem_sets import GRADER_PROMPTS, RewardName
-from a5core.prompts import PromptTemplate, builtin_prompt_names
-from a5core.rollout import BACKENDS, DTYPES, SamplingSettings
-from a5core.settings import (
+from a5core.data.problem_sets import GRADER_PROMPTS, RewardName
+from a5core.data.prompts import PromptTemplate, builtin_prompt_names
+from a5core.data.sft_data import TeacherSettings
+from a5core.engines import BACKENDS, DTYPES, SamplingSettings
+from a5core.loops.expert_iteration import EIConfig
+from a5core.loops.grpo import GRPOConfig
+from a5core.loops.sft import SFTConfig
+from a5core.policy.losses import LengthNormalization
+from a5core.runtime.settings import (
     ENGINE_SAMPLING,
     HOW_FAST_FIELDS,
     RolloutSamplingFields,
@@ -31,8 +34,6 @@ from a5core.settings import (
     Settings,
     inherited,
 )
-from a5core.sft import SFTConfig
-from a5core.sft_data import TeacherSettings
 from tasks.engines import parse_engine_devices
 from tasks.outputs import check_output_dir, check_output_file, git_tracked, output_kind, source_folders_refused
 from tasks.tracking import DEFAULT_TRACKING_URI, sqlite_database
@@ -156,7 +157,7 @@ class PromptSettings(Prompt):
 class Generation(ModelChoice, SamplingFields):
     """How an evaluation or a teacher samples: the model, and n samples a problem (the stop strings: the
     prompt's, unless ``stop`` says otherwise; the seed: 0, reproducible). What is passed to the engine as it is
-    starts from the engine's own default (:data:`a5core.settings.ENGINE_SAMPLING`)."""
+    starts from the engine's own default (:data:`a5core.runtime.settings.ENGINE_SAMPLING`)."""
 
     dtype: EngineDtype = Field("auto", description="engine dtype: auto (bf16 on GPU, fp32 on CPU), bfloat16, float32")
     limit: int | None = Field(None, ge=1, description="only the first N problems")
@@ -293,7 +294,7 @@ class DifficultyParams(Generation, RolloutSamplingFields, PromptSettings, TrainD
 
 class DistillParams(Generation, TeacherSettings):
     """Distillation from a teacher (``flows.sft_data distill``): a served model (how to reach it:
-    :class:`a5core.sft_data.TeacherSettings`) or a local engine."""
+    :class:`a5core.data.sft_data.TeacherSettings`) or a local engine."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -347,7 +348,7 @@ class EIParams(EIConfig, EngineSettings, TrainProblems, Validation, PromptSettin
 
 
 class GRPORunParams(GRPOConfig, EngineSettings, TrainProblems, Validation, PromptSettings, Outputs):
-    """One GRPO run: the loop's settings (:class:`a5core.grpo.GRPOConfig`) and the pipeline's (the engine, the
+    """One GRPO run: the loop's settings (:class:`a5core.loops.grpo.GRPOConfig`) and the pipeline's (the engine, the
     problems, validation, the prompt, where outputs go). The grpo flow adds its ablations; the leaderboard its
     budget and rules."""
 

@@ -46,8 +46,8 @@ from typing import Any
 from prefect import flow
 from pydantic import Field
 
-from a5core.data import write_text_atomic
-from a5core.settings import inherited
+from a5core.data.files import write_text_atomic
+from a5core.runtime.settings import inherited
 from flows.cli import flow_main, print_paths, profile_name, read_config, section_settings
 from flows.params import Experiment, MLflowLogging, OutputDir, TrackingStore
 from tasks.outputs import REPORT_MARKER  # written into every report folder: the mark of a folder this flow made

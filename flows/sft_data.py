@@ -8,7 +8,7 @@
 Settings come from params.yaml's ``sft_data`` section, deep-merged with
 ``profiles.<profile>.sft_data`` (so a profile may override one key of ``distill``).
 
-- ``math``: MATH train solutions as r1_zero traces (a5core.sft_data.math_solution_traces); the 2
+- ``math``: MATH train solutions as r1_zero traces (a5core.data.sft_data.math_solution_traces); the 2
   problems with an empty ``\\boxed{}`` are skipped and named.
 - ``traces``: a prompt/response/ground_truth file (``sft_data.traces``, the teacher sample by
   default), its prompts re-rendered with ``sft_data.prompt`` when ``reprompt_traces`` is on.
@@ -45,11 +45,9 @@ from typing import Any, Literal
 from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from a5core.data import DataError, load_math, load_sft_traces, write_jsonl_atomic, write_text_atomic
-from a5core.models import ModelResolutionError, resolve_model
-from a5core.prompts import load_prompt
-from a5core.rollout import make_engine
-from a5core.sft_data import (
+from a5core.data.files import DataError, load_math, load_sft_traces, write_jsonl_atomic, write_text_atomic
+from a5core.data.prompts import load_prompt
+from a5core.data.sft_data import (
     OpenAICompletionsTeacher,
     TeacherError,
     dedup_traces,
@@ -58,6 +56,8 @@ from a5core.sft_data import (
     import_traces,
     math_solution_traces,
 )
+from a5core.engines import make_engine
+from a5core.policy.model_specs import ModelResolutionError, resolve_model
 from flows.cli import ConfigError, cli_main, profile_name, read_config, section_settings
 from flows.params import DistillParams, Prompt
 from tasks.engines import closing_engine

@@ -15,7 +15,7 @@ generated arithmetic problems as r1_zero traces (validate on ``arithmetic:M:DIGI
 profile does. With ``save_models`` each setting's final weights are saved as a Hugging Face folder and
 ``output_dir/best_model`` links the best setting's, for a later stage to start from (the cpu profile's
 EI and GRPO do). The best is chosen apart from the score: the validation set is split in two disjoint parts
-(:func:`a5core.problem_sets.split_validation`): the curve's evaluations run on the last ``val_subset``
+(:func:`a5core.data.problem_sets.split_validation`): the curve's evaluations run on the last ``val_subset``
 problems (at most half), the selection split that chooses the best setting; the final evaluation, the
 reported score, on the first ``val_limit`` of the others. The parent run's tags ``chosen_on`` and
 ``scored_on`` say which. With one setting there is nothing to choose: every evaluation, the curve's
@@ -42,12 +42,12 @@ from pathlib import Path
 from prefect import flow
 from transformers import AutoTokenizer
 
-from a5core.data import Trace
-from a5core.models import resolve_model
-from a5core.problem_sets import load_trace_set, load_validation_set, split_validation
-from a5core.prompts import load_prompt
-from a5core.rollout import Engine
-from a5core.sft import check_cut, token_lengths, train_sft
+from a5core.data.files import Trace
+from a5core.data.problem_sets import load_trace_set, load_validation_set, split_validation
+from a5core.data.prompts import load_prompt
+from a5core.engines import Engine
+from a5core.loops.sft import check_cut, token_lengths, train_sft
+from a5core.policy.model_specs import resolve_model
 from flows.cli import flow_main, print_paths
 from flows.params import SFTExperimentParams
 from tasks.checks import check_outputs, check_prompts_fit

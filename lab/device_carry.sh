@@ -112,9 +112,9 @@ data() {  # flows.sft_data as lab/context.md runs it (written outside the tree, 
   tar -C "$stage" -cJf .devA/data.tar.xz data shared && rm -rf "$stage" && ls -l .devA/data.tar.xz
 }
 
-gguf() {  # the GGUF that a5core.models.embedded_gguf_path finds, in GGUF_PARTS parts (a call carries at most 64 MiB)
+gguf() {  # the GGUF that a5core.policy.model_specs.embedded_gguf_path finds, in GGUF_PARTS parts (a call carries at most 64 MiB)
   local file parts=${GGUF_PARTS:-5} size i
-  file=$(.venv/bin/python -c "from a5core.models import embedded_gguf_path; print(embedded_gguf_path())")
+  file=$(.venv/bin/python -c "from a5core.policy.model_specs import embedded_gguf_path; print(embedded_gguf_path())")
   xz -9 -T2 -c "$file" > /tmp/carrybuild-gguf.xz
   size=$(( ($(stat -c %s /tmp/carrybuild-gguf.xz) + parts - 1) / parts ))
   rm -rf .devG* && split -b "$size" -d -a 1 /tmp/carrybuild-gguf.xz /tmp/carrybuild-gguf.xz.part
@@ -127,7 +127,7 @@ gguf() {  # the GGUF that a5core.models.embedded_gguf_path finds, in GGUF_PARTS 
 q() {  # the benchmarks' architectures (config + tokenizer, no weights): Qwen2.5-Math-1.5B, and SmolLM2-135M's
   # from its converted folder (the gpu-small flows' model: its decode speed is what their runs wait on)
   local smol stage
-  smol=$(.venv/bin/python -c "from a5core.models import resolve_model; print(resolve_model('smollm2-135m-instruct'))") \
+  smol=$(.venv/bin/python -c "from a5core.policy.model_specs import resolve_model; print(resolve_model('smollm2-135m-instruct'))") \
     || { echo "q: SmolLM2 could not be resolved"; return 1; }
   stage=$(mktemp -d) && mkdir "$stage/smollm2-135m-instruct" && cp -r ../shared/data/qwen2.5-math-1.5b "$stage/" \
     && cp "$smol"/{config.json,generation_config.json,tokenizer.json,tokenizer_config.json} "$stage/smollm2-135m-instruct/" \

@@ -118,7 +118,7 @@ for name in ("prefect", "mlflow", "math-verify", "gguf", "pydantic", "fastapi", 
         print(f"{name} MISSING")
 import torch; print("cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0))
 import flows.sft_experiment, flows.grpo, flows.sft_data, flows.expert_iteration  # noqa: F401
-from a5core.grading import r1_zero_reward_fn
+from a5core.grading.grader import r1_zero_reward_fn
 print("grader", r1_zero_reward_fn("<think> x </think> <answer> \\frac{1}{2} </answer>", "0.5"))
 PY
   $PY -m flows.sft_experiment --config params.yaml --profile gpu-small --help | head -3

@@ -24,12 +24,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 import torch  # noqa: E402
 from tiny_lm import build_tiny_lm  # noqa: E402
 
-from a5core.data import Problem, Trace  # noqa: E402
-from a5core.expert_iteration import EIConfig, expert_iteration  # noqa: E402
-from a5core.grpo import GRPOConfig, grpo  # noqa: E402
-from a5core.prompts import load_prompt  # noqa: E402
-from a5core.rollout.hf import HFEngine  # noqa: E402
-from a5core.sft import SFTConfig, train_sft  # noqa: E402
+from a5core.data.files import Problem, Trace  # noqa: E402
+from a5core.data.prompts import load_prompt  # noqa: E402
+from a5core.engines.hf import HFEngine  # noqa: E402
+from a5core.loops.expert_iteration import EIConfig, expert_iteration  # noqa: E402
+from a5core.loops.grpo import GRPOConfig, grpo  # noqa: E402
+from a5core.loops.sft import SFTConfig, train_sft  # noqa: E402
 
 TEMPLATE = load_prompt("r1_zero")
 PROBLEMS = [Problem(f"p{i}", f"What is {i} + 1?", str(i + 1)) for i in range(8)]

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from a5core.sample_metrics import mean_and_se, paired_difference, problem_scores, t_interval
+from a5core.grading.sample_metrics import mean_and_se, paired_difference, problem_scores, t_interval
 from flows.reproduce import verdict as reproduction_verdict
 
 COMMAND = "python lab/results_writeup.py"

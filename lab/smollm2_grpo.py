@@ -1,7 +1,7 @@
-"""SmolLM2-135M-Instruct: SFT for the r1 format, then GRPO (a5core.grpo) on a task it can partly solve; hf engine.
+"""SmolLM2-135M-Instruct: SFT for the r1 format, then GRPO (a5core.loops.grpo) on a task it can partly solve; hf engine.
 
 The GPU learning run of issue 5 (see docs/learning_runs.md). TASK=arithmetic: format SFT on 64 one-digit sums,
-GRPO on 2-digit +/- (a5core.arithmetic, MATH's record format). TASK=math: SFT on all MATH-solution traces, GRPO on
+GRPO on 2-digit +/- (a5core.data.arithmetic, MATH's record format). TASK=math: SFT on all MATH-solution traces, GRPO on
 MATH train problems of level <= MAX_LEVEL, validated on validation problems of those levels.
 Writes one json line per step/evaluation to $OUT/log_grpo.jsonl.
     OUT=outputs/experiments TASK=arithmetic STEPS=60 python lab/smollm2_grpo.py
@@ -16,18 +16,18 @@ t0 = time.time()
 import torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-from a5core.arithmetic import arithmetic_problems, arithmetic_reward_fn
-from a5core.data import Trace, load_math
-from a5core.evaluation import evaluate
-from a5core.grading import r1_zero_reward_fn
-from a5core.grpo import GRPOConfig, grpo
-from a5core.models import resolve_model
-from a5core.policy import load_policy
-from a5core.prompts import load_prompt
-from a5core.rollout import SamplingSettings
-from a5core.rollout.hf import HFEngine
-from a5core.sft import SFTConfig, train_sft
-from a5core.sft_data import math_solution_traces
+from a5core.data.arithmetic import arithmetic_problems, arithmetic_reward_fn
+from a5core.data.files import Trace, load_math
+from a5core.data.prompts import load_prompt
+from a5core.data.sft_data import math_solution_traces
+from a5core.engines import SamplingSettings
+from a5core.engines.hf import HFEngine
+from a5core.grading.evaluation import evaluate
+from a5core.grading.grader import r1_zero_reward_fn
+from a5core.loops.grpo import GRPOConfig, grpo
+from a5core.loops.sft import SFTConfig, train_sft
+from a5core.policy.causal_lm import load_policy
+from a5core.policy.model_specs import resolve_model
 
 env = lambda k, d: type(d)(os.environ.get(k, d))  # noqa: E731
 TASK, STEPS, LR, MAX_TOKENS = env("TASK", "arithmetic"), env("STEPS", 60), env("LR", 3e-5), env("MAX_TOKENS", 64)
@@ -70,7 +70,7 @@ else:
     ]
     val = random.Random(0).sample(val, min(len(val), env("VAL_N", 500)))
 # REWARD=arithmetic (default for TASK=arithmetic): the answer must be the number; r1_zero: the MATH grader,
-# which also accepts the question's own expression (see a5core.arithmetic).
+# which also accepts the question's own expression (see a5core.data.arithmetic).
 reward_fn = (
     arithmetic_reward_fn
     if env("REWARD", "arithmetic" if TASK == "arithmetic" else "r1_zero") == "arithmetic"

@@ -4,7 +4,7 @@ or busy filesystem). Each flow calls ``start_engine(make_engine, ...)`` with its
 so what starts, and with which arguments, is exactly what a direct ``make_engine(...)`` call starts.
 
 :func:`rollout_engine` is what the training flows call: it picks where the engine runs (in this
-process, or with ``engine_device`` a :class:`~a5core.rollout.remote.RemoteEngine` in its own process
+process, or with ``engine_device`` a :class:`~a5core.engines.remote.RemoteEngine` in its own process
 and device), checks that choice against the torchrun ranks, and starts it through ``start_engine``
 (a Prefect task on rank 0; the other ranks of a torchrun launch call its plain function). Under
 several ranks every rank gets its own engine, with a full copy of the model.
@@ -23,10 +23,10 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from safetensors import SafetensorError
 
-from a5core.distributed import rank_and_world
-from a5core.rollout import make_engine, vllm_available
-from a5core.rollout.colocate import colocated_memory_fraction, policy_reserve_bytes, rollout_tokens
-from a5core.rollout.remote import RemoteEngine
+from a5core.engines import make_engine, vllm_available
+from a5core.engines.colocate import colocated_memory_fraction, policy_reserve_bytes, rollout_tokens
+from a5core.engines.remote import RemoteEngine
+from a5core.runtime.distributed import rank_and_world
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ def colocated_vllm_kwargs(
     """``make_engine`` arguments for a vLLM engine in the trainer's process. On CUDA it sleeps while the policy
     trains (``sleep_when_idle``); ``memory_fraction`` None bounds its share by the memory free now (within the
     run's :func:`claim_gpu_share`) less ``policy_reserve()`` bytes
-    (:func:`~a5core.rollout.colocate.colocated_memory_fraction`) and sizes its KV cache to ``kv_cache_tokens``.
+    (:func:`~a5core.engines.colocate.colocated_memory_fraction`) and sizes its KV cache to ``kv_cache_tokens``.
     On the CPU, vLLM's own defaults (or ``memory_fraction``) hold."""
     if not torch.cuda.is_available():
         return {} if memory_fraction is None else {"gpu_memory_utilization": memory_fraction}
@@ -229,7 +229,7 @@ def engine_for(params: Any) -> Any:
     """A training run's rollout engine for its ``model`` (see :func:`rollout_engine`): ``backend``,
     ``engine_dtype``, ``engine_memory_fraction`` and, where the parameters have it, ``engine_device``; first the
     run's share of the GPU (:func:`claim_gpu_share`)."""
-    from a5core.models import resolve_model
+    from a5core.policy.model_specs import resolve_model
 
     claim_gpu_share(params.gpu_memory_fraction)
     model = resolve_model(params.model)

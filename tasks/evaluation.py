@@ -14,13 +14,20 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE, TASK_SOURCE, CacheKeyFnPolicy
 from prefect.utilities.hashing import hash_objects
 
-from a5core import distributed
-from a5core.data import PROBLEM_LOADERS, Problem, write_jsonl_atomic, write_text_atomic
-from a5core.evaluation import case_report, evaluate, grade_completions, log_generations, per_problem_table, summarize
-from a5core.models import resolve_model
-from a5core.problem_sets import REWARD_FNS, load_validation_set
-from a5core.prompts import PromptTemplate
-from a5core.rollout import Completion, Engine, SamplingSettings, make_engine
+from a5core.data.files import PROBLEM_LOADERS, Problem, write_jsonl_atomic, write_text_atomic
+from a5core.data.problem_sets import REWARD_FNS, load_validation_set
+from a5core.data.prompts import PromptTemplate
+from a5core.engines import Completion, Engine, SamplingSettings, make_engine
+from a5core.grading.evaluation import (
+    case_report,
+    evaluate,
+    grade_completions,
+    log_generations,
+    per_problem_table,
+    summarize,
+)
+from a5core.policy.model_specs import resolve_model
+from a5core.runtime import distributed
 from tasks.engines import closing_engine, retry_unless_deterministic, start_engine
 from tasks.fingerprints import model_fingerprint
 from tasks.tracking import tracking_rank
@@ -140,7 +147,7 @@ def validation_hook(
     responses, token entropy; with several samples, avg@n, pass@k and maj@n with their standard errors).
 
     Under several ranks every rank calls it (as the loops do): each pushes the whole weights
-    (:func:`a5core.distributed.full_weights`, a collective) into its own engine, evaluates its block
+    (:func:`a5core.runtime.distributed.full_weights`, a collective) into its own engine, evaluates its block
     of the problems, and all get every record (gathered in problem order), so all return the same
     metrics; the entropies of the table's sample are a forward pass of the (sharded) model on every
     rank. The tracking rank alone logs the table.

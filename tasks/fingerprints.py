@@ -22,7 +22,7 @@ import json
 import os
 from pathlib import Path
 
-from a5core.data import write_text_atomic
+from a5core.data.files import write_text_atomic
 
 DIGEST_MEMO = Path("~/.cache/a5/digests")
 
@@ -66,7 +66,7 @@ def model_fingerprint(model: str) -> str:
     """A model's weights for a cache key: ``folder:<digest>`` for a local folder or the embedded model (its
     converted folder); ``hub:<id>@<revision>`` for a hub id the local Hugging Face cache holds (the
     revision its ``main`` points at), ``hub:<id>`` before it is downloaded."""
-    from a5core.models import EMBEDDED_DEFAULT, resolve_model
+    from a5core.policy.model_specs import EMBEDDED_DEFAULT, resolve_model
 
     path = Path(model).expanduser()
     if path.is_dir() or model == EMBEDDED_DEFAULT:

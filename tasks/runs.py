@@ -42,16 +42,16 @@ import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from a5core import distributed
-from a5core.checkpoint import read_state
-from a5core.data import Problem, write_text_atomic
-from a5core.lora import has_adapters, merged_state_dict
-from a5core.policy import load_policy
-from a5core.problem_sets import REWARD_FNS, load_validation_set
-from a5core.prompts import PromptTemplate, load_prompt
-from a5core.question_sampling import load_pass_rates
-from a5core.rollout import Engine, SamplingSettings
-from a5core.settings import HOW_FAST_FIELDS
+from a5core.data.files import Problem, write_text_atomic
+from a5core.data.problem_sets import REWARD_FNS, load_validation_set
+from a5core.data.prompts import PromptTemplate, load_prompt
+from a5core.engines import Engine, SamplingSettings
+from a5core.loops.question_sampling import load_pass_rates
+from a5core.policy.causal_lm import load_policy
+from a5core.policy.lora import has_adapters, merged_state_dict
+from a5core.runtime import distributed
+from a5core.runtime.checkpoint import read_state
+from a5core.runtime.settings import HOW_FAST_FIELDS
 from tasks.evaluation import validation_hook
 from tasks.fingerprints import file_digest, model_fingerprint
 from tasks.provenance import log_provenance
@@ -304,7 +304,7 @@ def accuracy_change(run_id: str | None) -> dict[str, float]:
     step-0 table, or when the two evaluations share no problem (the SFT sweep's selection and score splits)."""
     import mlflow
 
-    from a5core.sample_metrics import paired_difference, problem_scores
+    from a5core.grading.sample_metrics import paired_difference, problem_scores
     from tasks.tracking import final_per_problem, run_records
 
     if run_id is None:
@@ -378,7 +378,7 @@ def save_model_folder(
 ) -> None:
     """Replace ``directory`` with a Hugging Face folder of ``model`` and ``tokenizer`` (written beside it,
     then renamed: never half a folder), and ``extra_files`` (name → text) in it, replaced with the weights.
-    Every rank calls it (:func:`a5core.distributed.write_whole`: the weights are gathered whole, rank 0
+    Every rank calls it (:func:`a5core.runtime.distributed.write_whole`: the weights are gathered whole, rank 0
     writes, the others wait)."""
 
     def write(state: dict[str, torch.Tensor]) -> None:

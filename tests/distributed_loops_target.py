@@ -30,12 +30,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from a5core import distributed
-from a5core.data import Problem, Trace
-from a5core.grpo import GRPOConfig, grpo
-from a5core.prompts import load_prompt
-from a5core.rollout import Completion
-from a5core.sft import SFTConfig, train_sft
+from a5core.data.files import Problem, Trace
+from a5core.data.prompts import load_prompt
+from a5core.engines import Completion
+from a5core.loops.grpo import GRPOConfig, grpo
+from a5core.loops.sft import SFTConfig, train_sft
+from a5core.runtime import distributed
 
 EXAMPLES = [
     Trace(f"What is {i} + {i % 3}?", f" {i} + {i % 3} = {i + i % 3}" + " ok" * (i % 5) + " </answer>", "")

@@ -7,8 +7,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from a5core.distributed import global_sum, global_token_loss, init_from_env, shard
-from a5core.policy import get_response_log_probs, tokenize_prompt_and_output
+from a5core.policy.causal_lm import get_response_log_probs, tokenize_prompt_and_output
+from a5core.runtime.distributed import global_sum, global_token_loss, init_from_env, shard
 
 
 def batch():

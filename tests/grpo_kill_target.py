@@ -22,7 +22,7 @@ ASYNC_SETTINGS = dict(n_grpo_steps=4, pipeline_depth=1, tis_cap=2.0, checkpoint_
 def main(tiny_lm_dir: str, checkpoint_dir: str, marker: str) -> None:
     from transformers import AutoTokenizer
 
-    from a5core.grpo import grpo
+    from a5core.loops.grpo import grpo
 
     torch.set_num_threads(1)
     tokenizer = AutoTokenizer.from_pretrained(tiny_lm_dir)

@@ -27,7 +27,7 @@ def build_run(tiny_lm_dir: str | Path):
     """(model, tokenizer, examples, config kwargs) of the run; the model is freshly initialised, seed 0."""
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from a5core.data import Trace
+    from a5core.data.files import Trace
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_lm_dir)
     torch.manual_seed(0)
@@ -63,8 +63,8 @@ def _freeze(marker: Path) -> None:
 
 
 def main(tiny_lm_dir: str, checkpoint_dir: str, marker: str, mode: str) -> None:
-    import a5core.checkpoint as checkpoint
-    import a5core.sft as sft
+    import a5core.loops.sft as sft
+    import a5core.runtime.checkpoint as checkpoint
 
     torch.set_num_threads(1)
     model, tokenizer, examples, kwargs = build_run(tiny_lm_dir)

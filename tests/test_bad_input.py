@@ -23,8 +23,8 @@ import flows.baseline_eval
 import flows.expert_iteration
 import flows.grpo
 import flows.sft_experiment
-from a5core.data import Trace, write_jsonl_atomic
-from a5core.prompts import load_prompt
+from a5core.data.files import Trace, write_jsonl_atomic
+from a5core.data.prompts import load_prompt
 
 REPO = Path(__file__).resolve().parents[1]
 MAINS = {
@@ -362,16 +362,16 @@ def test_grpo_nan_loss_stops_with_the_step_named_and_the_checkpoint_intact(
     traceback; step 1 is logged and checkpointed."""
     from mlflow import MlflowClient
 
-    import a5core.grpo.loop
+    import a5core.loops.grpo.loop
 
-    real, calls = a5core.grpo.loop.microbatch_loss, []
+    real, calls = a5core.loops.grpo.loop.microbatch_loss, []
 
     def nan_from_step_2(*args, **kwargs):  # two micro-batches a step
         loss, meta = real(*args, **kwargs)
         calls.append(1)
         return (loss * float("nan") if len(calls) > 2 else loss), meta
 
-    monkeypatch.setattr(a5core.grpo.loop, "microbatch_loss", nan_from_step_2)
+    monkeypatch.setattr(a5core.loops.grpo.loop, "microbatch_loss", nan_from_step_2)
     message = user_error(
         "grpo",
         flags("grpo", inputs, tmp_path, n_grpo_steps=3, eval_every=1, checkpoint_every=1, val_subset=2, val_limit=2),
@@ -398,9 +398,9 @@ def test_grpo_out_of_memory_names_the_budget_and_a_lower_one_resumes_the_run(
     import torch
     from mlflow import MlflowClient
 
-    import a5core.grpo.loop
+    import a5core.loops.grpo.loop
 
-    real, calls = a5core.grpo.loop.get_response_log_probs, []
+    real, calls = a5core.loops.grpo.loop.get_response_log_probs, []
 
     def out_of_memory_in_step_2(*args, **kwargs):  # one micro-batch a step: 4 rollouts of 256 positions at most
         calls.append(1)
@@ -408,7 +408,7 @@ def test_grpo_out_of_memory_names_the_budget_and_a_lower_one_resumes_the_run(
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.16 GiB.")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(a5core.grpo.loop, "get_response_log_probs", out_of_memory_in_step_2)
+    monkeypatch.setattr(a5core.loops.grpo.loop, "get_response_log_probs", out_of_memory_in_step_2)
     argv = flags("grpo", inputs, tmp_path, n_grpo_steps=3, eval_every=0, checkpoint_every=1, val_subset=2, val_limit=2)
     message = user_error("grpo", [*argv, "--max-tokens-per-microbatch", "4096"])
     assert message.startswith("flows.grpo: error: GRPO step 2, training: out of GPU memory in a micro-batch of 4 ")
@@ -418,7 +418,7 @@ def test_grpo_out_of_memory_names_the_budget_and_a_lower_one_resumes_the_run(
     assert json.loads((checkpoint / "latest/state.json").read_text())["step"] == 1
     run_id = (checkpoint.parent / "mlflow_run_id").read_text().strip()
 
-    monkeypatch.setattr(a5core.grpo.loop, "get_response_log_probs", real)
+    monkeypatch.setattr(a5core.loops.grpo.loop, "get_response_log_probs", real)
     MAINS["grpo"]([*argv, "--max-tokens-per-microbatch", "256"])
     assert (checkpoint.parent / "mlflow_run_id").read_text().strip() == run_id
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")

@@ -39,7 +39,7 @@ def test_flow_runs_caches_and_logs_to_mlflow(prefect_harness, tiny_lm_dir, share
     import mlflow
 
     import tasks.evaluation
-    from a5core.data import load_math
+    from a5core.data.files import load_math
     from flows.baseline_eval import BaselineEvalParams, baseline_eval
 
     engines = []
@@ -168,7 +168,7 @@ def test_the_case_report_of_hostile_data_carries_no_live_html(
     and backticks: the command's report.md, rendered by a CommonMark viewer, shows them as text."""
     from markdown_it import MarkdownIt
 
-    from a5core.data import write_jsonl_atomic
+    from a5core.data.files import write_jsonl_atomic
     from flows.baseline_eval import main
 
     record = {

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def test_each_attention_gives_the_full_forward_logits_with_left_padding(name):
     from test_static_decode import _tiny, check_left_padded_decode
 
-    from a5core.rollout.static_decode import StaticKVDecoder
+    from a5core.engines.static_decode import StaticKVDecoder
 
     engine = StaticKVDecoder._attend_cached
     with use_attention(name):
@@ -27,7 +27,7 @@ def test_each_attention_gives_the_full_forward_logits_with_left_padding(name):
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_the_engine_attention_matches_the_four_kernel_one_over_masked_columns(dtype, tolerance):
-    from a5core.rollout.static_decode import StaticKVDecoder
+    from a5core.engines.static_decode import StaticKVDecoder
 
     generator = torch.Generator().manual_seed(0)
     b, kv_heads, groups, width, dims = 3, 2, 3, 11, 8

@@ -18,10 +18,10 @@ def test_each_bucket_compiles_once_and_the_loop_generates_what_eager_does(tiny_t
     from test_sft import make_model
     from torch._dynamo.utils import counters
 
-    import a5core.rollout.hf as hf
-    from a5core.rollout import SamplingSettings
-    from a5core.rollout.hf import HFEngine
-    from a5core.rollout.static_decode import StaticKVDecoder
+    import a5core.engines.hf as hf
+    from a5core.engines import SamplingSettings
+    from a5core.engines.hf import HFEngine
+    from a5core.engines.static_decode import StaticKVDecoder
 
     model = make_model(tiny_tokenizer, hidden=64, layers=2)
     prompts = [f"What is {a} + {b}?" for a, b in [(1, 1), (2, 2), (3, 9), (4, 7), (12, 5), (6, 6), (8, 1), (9, 30)]]

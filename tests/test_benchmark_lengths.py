@@ -21,8 +21,8 @@ def test_lengths_are_seeded_and_within_bounds():
 def test_every_row_ends_at_its_drawn_length(tiny_tokenizer):
     from test_sft import make_model
 
-    from a5core.rollout import SamplingSettings
-    from a5core.rollout.hf import HFEngine
+    from a5core.engines import SamplingSettings
+    from a5core.engines.hf import HFEngine
 
     engine = HFEngine(make_model(tiny_tokenizer), tiny_tokenizer, batch_size=6)
     sampling = SamplingSettings(temperature=1.0, min_tokens=24, max_tokens=24, n=3, seed=0, stop=())

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from a5core.grpo import GRPOConfig
+from a5core.loops.grpo import GRPOConfig
 from flows.cli import parse_params
 from flows.params import GRPOParams
 

@@ -11,8 +11,7 @@ import types
 import pytest
 import torch
 
-from a5core.models import parameter_count
-from a5core.rollout.colocate import (
+from a5core.engines.colocate import (
     GIB,
     MAX_SEQUENCES,
     PROMPT_TOKENS,
@@ -21,6 +20,7 @@ from a5core.rollout.colocate import (
     policy_reserve_bytes,
     rollout_tokens,
 )
+from a5core.policy.model_specs import parameter_count
 from tasks.engines import colocated_backend, colocated_vllm_kwargs
 
 
@@ -103,7 +103,7 @@ def test_flows_arguments_on_cuda_and_on_the_cpu(monkeypatch):
 
 def test_vllm_on_the_cpu_refuses_to_sleep(tiny_lm_dir):
     pytest.importorskip("vllm")
-    from a5core.rollout.vllm import VLLMEngine
+    from a5core.engines.vllm import VLLMEngine
 
     with pytest.raises(ValueError, match="sleep_when_idle needs vLLM on CUDA"):
         VLLMEngine(str(tiny_lm_dir), sleep_when_idle=True)

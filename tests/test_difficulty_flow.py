@@ -15,8 +15,8 @@ def test_the_table_counts_each_questions_correct_samples_and_grpo_samples_by_it(
 ):
     import mlflow
 
-    from a5core import problem_sets
-    from a5core.arithmetic import arithmetic_reward_fn
+    from a5core.data import problem_sets
+    from a5core.data.arithmetic import arithmetic_reward_fn
     from flows.difficulty import DifficultyParams, difficulty
 
     graded = []
@@ -56,7 +56,7 @@ def test_the_table_counts_each_questions_correct_samples_and_grpo_samples_by_it(
 
     # A GRPO run samples only the learnable questions: a table that calls every training question solved
     # but two (the table's first two, which the flow measured).
-    from a5core.question_sampling import load_pass_rates
+    from a5core.loops.question_sampling import load_pass_rates
     from flows.grpo import GRPOParams, grpo_flow
 
     first_two = list(load_pass_rates(tmp_path / "rates.csv"))[:2]

@@ -67,7 +67,7 @@ def test_per_split_means_would_weigh_tokens_differently():
     """The reason for the global count: a masked mean per rank (or micro-batch) gives each token
     1/(splits · its split's tokens), which differs between splits of different response lengths; the
     global share gives every token 1/(the batch's tokens), as one process with one micro-batch does."""
-    from a5core.distributed import global_token_loss
+    from a5core.runtime.distributed import global_token_loss
 
     mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)  # split 0: 2 tokens, split 1: 4
     weights = []
@@ -160,9 +160,11 @@ def test_grpo_stopped_by_one_rank_resumes_on_two(loop_runs):
 
 def test_torchrun_without_a_process_group_is_refused(monkeypatch, tiny_model):
     """Each rank would train its own copy and write the same checkpoints: one message says what to call."""
-    from a5core.data import Trace
-    from a5core.sft import SFTConfig, train_sft
+    from a5core.data.files import Trace
+    from a5core.loops.sft import SFTConfig, train_sft
 
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(RuntimeError, match=r"WORLD_SIZE=2 .*call a5core.distributed.init_from_env\(\) before loading"):
+    with pytest.raises(
+        RuntimeError, match=r"WORLD_SIZE=2 .*call a5core.runtime.distributed.init_from_env\(\) before loading"
+    ):
         train_sft(tiny_model, None, [Trace("q", "a", "a")], SFTConfig())

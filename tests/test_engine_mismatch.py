@@ -1,4 +1,4 @@
-"""The engine mismatch every GRPO step logs (``mismatch_*``, :class:`a5core.grpo.stats.EngineMismatch`): its
+"""The engine mismatch every GRPO step logs (``mismatch_*``, :class:`a5core.loops.grpo.stats.EngineMismatch`): its
 arithmetic against the definitions (k3 from Schulman's "Approximating KL divergence"), and GRPO on the CPU at
 learning rate 0 with the hf engine: on the policy's own weights no mismatch, on perturbed weights the mismatch
 computed here from the rollouts the engine returned."""
@@ -11,9 +11,9 @@ import pytest
 import torch
 from test_grpo import PROBLEMS, TEMPLATE, RecordingEngine, parity_reward, small_config
 
-from a5core.grpo import grpo
-from a5core.grpo.stats import MISMATCH_RATIO_CAP, EngineMismatch, StepStats
-from a5core.policy import get_response_log_probs
+from a5core.loops.grpo import grpo
+from a5core.loops.grpo.stats import MISMATCH_RATIO_CAP, EngineMismatch, StepStats
+from a5core.policy.causal_lm import get_response_log_probs
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

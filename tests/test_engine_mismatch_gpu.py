@@ -1,5 +1,5 @@
 """The train/inference mismatch on a GPU at learning rate 0, for each engine (hf; vLLM when installed): over
-several GRPO steps the engine mismatch every step logs (``mismatch_*``, :class:`a5core.grpo.stats.EngineMismatch`)
+several GRPO steps the engine mismatch every step logs (``mismatch_*``, :class:`a5core.loops.grpo.stats.EngineMismatch`)
 stays within bf16's bounds, the policy in fp32 master weights under bf16 autocast (the flows' default) and the
 engine in bf16 beside it on the same GPU, as the flows place them. Prints each step's numbers.
 
@@ -19,11 +19,11 @@ import pytest
 import torch
 from tiny_lm import build_tiny_lm
 
-from a5core.data import Problem
-from a5core.grpo import GRPOConfig, grpo
-from a5core.policy import load_policy
-from a5core.prompts import load_prompt
-from a5core.rollout import make_engine
+from a5core.data.files import Problem
+from a5core.data.prompts import load_prompt
+from a5core.engines import make_engine
+from a5core.loops.grpo import GRPOConfig, grpo
+from a5core.policy.causal_lm import load_policy
 
 pytestmark = [
     pytest.mark.gpu,

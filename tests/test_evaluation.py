@@ -5,11 +5,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from a5core.data import Problem
-from a5core.evaluation import case_report, evaluate, lenient_answer
-from a5core.grading import r1_zero_reward_fn
-from a5core.prompts import load_prompt
-from a5core.rollout import Completion, SamplingSettings
+from a5core.data.files import Problem
+from a5core.data.prompts import load_prompt
+from a5core.engines import Completion, SamplingSettings
+from a5core.grading.evaluation import case_report, evaluate, lenient_answer
+from a5core.grading.grader import r1_zero_reward_fn
 
 
 class ScriptedEngine:
@@ -124,7 +124,7 @@ def test_lenient_answer_finishes_on_200k_character_adversarial_responses():
     texts = [make(n) for make, _ in ADVERSARIAL.values()]
     child = (
         "import json, sys, time\n"
-        "from a5core.evaluation import lenient_answer\n"
+        "from a5core.grading.evaluation import lenient_answer\n"
         "out = []\n"
         "for text in json.load(sys.stdin):\n"
         "    start = time.perf_counter()\n"
@@ -165,7 +165,7 @@ def test_case_report_separates_format_from_model_failures():
 
 
 def test_log_generations_rows_and_length_metrics(tiny_model):
-    from a5core.evaluation import log_generations
+    from a5core.grading.evaluation import log_generations
 
     class CharTokenizer:  # one id per character, within the tiny model's 64-entry vocabulary
         pad_token_id, eos_token_id = 0, 0

@@ -6,15 +6,15 @@ import pytest
 import torch
 from test_sft import make_model
 
-from a5core.arithmetic import arithmetic_problems
-from a5core.checkpoint import CorruptStateError
-from a5core.data import Problem, Trace
-from a5core.expert_iteration import EIConfig, expert_iteration
-from a5core.grading import r1_zero_reward_fn
-from a5core.prompts import load_prompt
-from a5core.rollout import SamplingSettings
-from a5core.rollout.hf import HFEngine
-from a5core.sft import SFTConfig, train_sft
+from a5core.data.arithmetic import arithmetic_problems
+from a5core.data.files import Problem, Trace
+from a5core.data.prompts import load_prompt
+from a5core.engines import SamplingSettings
+from a5core.engines.hf import HFEngine
+from a5core.grading.grader import r1_zero_reward_fn
+from a5core.loops.expert_iteration import EIConfig, expert_iteration
+from a5core.loops.sft import SFTConfig, train_sft
+from a5core.runtime.checkpoint import CorruptStateError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 from kill9 import kill_at_marker
 
-from a5core.arithmetic import arithmetic_problems
-from a5core.data import Trace, write_jsonl_atomic
-from a5core.prompts import load_prompt
+from a5core.data.arithmetic import arithmetic_problems
+from a5core.data.files import Trace, write_jsonl_atomic
+from a5core.data.prompts import load_prompt
 from flows.expert_iteration import SUMMARY_KEYS as EI_SUMMARY
 from flows.grpo import SUMMARY_KEYS as GRPO_SUMMARY
 from tasks.tables import headline_metrics
@@ -105,7 +105,7 @@ def warm_policy_dir(tiny_lm_dir, tmp_path_factory) -> Path:
     from test_sft import make_model
     from transformers import AutoTokenizer
 
-    from a5core.sft import SFTConfig, train_sft
+    from a5core.loops.sft import SFTConfig, train_sft
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_lm_dir)
     model = make_model(tokenizer, hidden=64, layers=1)

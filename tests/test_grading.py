@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from a5core.grading import (
+from a5core.grading.grader import (
     SymbolicGrader,
     answers_equivalent_batch,
     extract_boxed,

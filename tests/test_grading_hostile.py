@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from a5core import grading
-from a5core.grading import SymbolicGrader
+from a5core.grading import grader as grading
+from a5core.grading.grader import SymbolicGrader
 
 ROOT = Path(__file__).resolve().parents[1]
 HOSTILE = "9^{9^{9^{9}}}"  # sympy spins on it for ever, holding the GIL
@@ -52,7 +52,7 @@ def _read_line(stream, timeout_s: float) -> str:
 PARENT = textwrap.dedent(
     """
     import sys, threading
-    from a5core import grading
+    from a5core.grading import grader as grading
 
     send = grading._Worker.send
 

@@ -11,11 +11,11 @@ import torch
 from test_expert_iteration import TRAIN, warm_start
 from test_sft import Recorder, assert_same_params, make_model, params_of
 
-from a5core.checkpoint import CheckpointMismatchError, NonFiniteLossError
-from a5core.data import Problem
-from a5core.grpo import GRPOConfig, grpo
-from a5core.prompts import load_prompt
-from a5core.rollout.hf import HFEngine
+from a5core.data.files import Problem
+from a5core.data.prompts import load_prompt
+from a5core.engines.hf import HFEngine
+from a5core.loops.grpo import GRPOConfig, grpo
+from a5core.runtime.checkpoint import CheckpointMismatchError, NonFiniteLossError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from a5core.problem_sets import REWARD_FNS
+from a5core.data.problem_sets import REWARD_FNS
 from flows.grpo import ABLATIONS, GRPOParams, ablation_settings, grpo_baseline_ablation, grpo_flow, main
 from tasks.tables import headline_metrics
 
@@ -267,8 +267,8 @@ def test_every_grpo_setting_is_in_params_yaml_and_the_new_ones_read_from_flags()
 
     import yaml
 
-    from a5core.grpo import GRPOConfig
-    from a5core.settings import HOW_FAST_FIELDS
+    from a5core.loops.grpo import GRPOConfig
+    from a5core.runtime.settings import HOW_FAST_FIELDS
     from flows.cli import parse_params
 
     section = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())["grpo"]

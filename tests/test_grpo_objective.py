@@ -1,5 +1,5 @@
-"""The objective of a GRPO micro-batch (a5core.grpo.objective): for every loss type, token weight, KL
-estimator and length normalisation, the value and gradient of the handout's formulas (a5core.losses) composed
+"""The objective of a GRPO micro-batch (a5core.loops.grpo.objective): for every loss type, token weight, KL
+estimator and length normalisation, the value and gradient of the handout's formulas (a5core.policy.losses) composed
 by hand; the settings a GRPOConfig gives it; the length normalisation's divisor."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import get_args
 import pytest
 import torch
 
-from a5core.grpo import GRPOConfig
-from a5core.grpo.objective import Objective, microbatch_loss, normalizer
-from a5core.losses import (
+from a5core.loops.grpo import GRPOConfig
+from a5core.loops.grpo.objective import Objective, microbatch_loss, normalizer
+from a5core.policy.losses import (
     POLICY_GRADIENT_INPUTS,
     LossType,
     compute_kl_penalty,
@@ -45,7 +45,7 @@ def microbatch(seed: int = 0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
 
 def by_hand(o: Objective, log_probs: torch.Tensor, t: dict, divisor: float | None, share: float) -> torch.Tensor:
     """The handout's per-token loss, times the token weights, plus kl_coef times the KL estimate, reduced per
-    sequence and averaged: each piece a5core.losses' function."""
+    sequence and averaged: each piece a5core.policy.losses' function."""
     mask, old = t["response_mask"], t["old_log_probs"]
     rewards, advantages = t["raw_rewards"], t["advantages"]
     per_token, _ = compute_policy_gradient_loss(

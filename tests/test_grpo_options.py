@@ -11,10 +11,10 @@ import torch
 from test_grpo import PROBLEMS, TEMPLATE, RecordingEngine, parity_reward, small_config
 from test_sft import make_model
 
-from a5core.data import Problem
-from a5core.grpo import grpo
-from a5core.grpo.objective import grpo_microbatch_train_step
-from a5core.losses import compute_kl_penalty, overlong_penalty
+from a5core.data.files import Problem
+from a5core.loops.grpo import grpo
+from a5core.loops.grpo.objective import grpo_microbatch_train_step
+from a5core.policy.losses import compute_kl_penalty, overlong_penalty
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -250,7 +250,7 @@ def test_one_step_with_each_option_equals_the_hand_computed_one(tokenizer, optio
     """The loop's step against :func:`hand_step`, both stepping SGD (``sgd_updates``: the weights then compare
     the gradients; AdamW's own step is checked in tests/test_grpo.py). GSPO runs off-policy (two optimizer steps on
     halves of the batch): the second step's sequence ratios are not 1, and some are clipped."""
-    import a5core.grpo as module
+    import a5core.loops.grpo as module
 
     monkeypatch.setattr(module.GRPOConfig, "step_seed", lambda self, step: 0)  # epoch e's order: seed e
     model = make_model(tokenizer)
@@ -386,7 +386,7 @@ def test_one_step_off_overlaps_generation_with_training_and_records_versions(tok
     from the weights of one version before (0, 0, 1, 2); an evaluation after every step waits for the engine."""
     import threading
 
-    import a5core.grpo.loop as module
+    import a5core.loops.grpo.loop as module
 
     started = [threading.Event() for _ in range(4)]
     real_train = module._train_batches
@@ -398,7 +398,7 @@ def test_one_step_off_overlaps_generation_with_training_and_records_versions(tok
     monkeypatch.setattr(module, "_train_batches", train)
     model = make_model(tokenizer)
     engine = RendezvousEngine(model, tokenizer, started)
-    from a5core.rollout import SamplingSettings
+    from a5core.engines import SamplingSettings
 
     def evaluate(net, step):
         engine.generate([TEMPLATE.format("What is 1 + 1?")], SamplingSettings(max_tokens=4, seed=0))

@@ -11,8 +11,8 @@ from test_bad_input import flags, inputs, user_error  # noqa: F401  (inputs: a f
 from test_grpo import PROBLEMS, TEMPLATE, RecordingEngine, parity_reward, small_config, tokenizer  # noqa: F401
 from test_sft import make_model
 
-from a5core.grpo import GRPOConfig, grpo
-from a5core.guards import DivergenceError, DivergenceGuard, warn_if_groups_are_uniform
+from a5core.loops.grpo import GRPOConfig, grpo
+from a5core.runtime.guards import DivergenceError, DivergenceGuard, warn_if_groups_are_uniform
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -38,16 +38,16 @@ def test_a_fixed_scale_loss_may_fall_and_wobble_but_not_explode():
 def test_an_exploding_sft_loss_stops_the_command_before_the_update(inputs, prefect_harness, tmp_path, monkeypatch):  # noqa: F811
     """The loss grows 100-fold from step 3 on (a patched train step): the command ends naming step 3, whose
     update was not applied; step 2's checkpoint is the last."""
-    import a5core.sft
+    import a5core.loops.sft
 
-    real, calls = a5core.sft.sft_microbatch_train_step, []
+    real, calls = a5core.loops.sft.sft_microbatch_train_step, []
 
     def exploding_from_step_3(*args, **kwargs):  # one micro-batch a step
         loss, meta = real(*args, **kwargs)
         calls.append(1)
         return (loss * 100 if len(calls) > 2 else loss), meta
 
-    monkeypatch.setattr(a5core.sft, "sft_microbatch_train_step", exploding_from_step_3)
+    monkeypatch.setattr(a5core.loops.sft, "sft_microbatch_train_step", exploding_from_step_3)
     argv = flags("sft_experiment", inputs, tmp_path, eval_every=0, checkpoint_every=1, lr_schedule="constant")
     message = user_error("sft_experiment", argv)
     assert message.startswith("flows.sft_experiment: error: SFT step 3 of 8: the run diverged (loss ")
@@ -69,7 +69,7 @@ def test_a_group_of_one_is_refused(inputs, tmp_path, capsys):  # noqa: F811
 
 def test_greedy_grpo_warns_that_every_group_is_uniform(tokenizer, caplog):  # noqa: F811
     model = make_model(tokenizer)
-    with caplog.at_level(logging.WARNING, logger="a5core.guards"):
+    with caplog.at_level(logging.WARNING, logger="a5core.runtime.guards"):
         grpo(model, tokenizer, RecordingEngine(model, tokenizer), PROBLEMS, TEMPLATE, parity_reward, small_config())
         assert not caplog.records
         config = small_config(temperature=0.0)

@@ -36,8 +36,8 @@ def tiny_params(tmp_path, tiny_lm_dir, **overrides) -> LeaderboardParams:
 def test_budget_stops_training_and_the_run_still_reports(prefect_harness, tiny_lm_dir, tmp_path, monkeypatch):
     import mlflow
 
-    from a5core import problem_sets
-    from a5core.arithmetic import arithmetic_reward_fn
+    from a5core.data import problem_sets
+    from a5core.data.arithmetic import arithmetic_reward_fn
 
     graded = []  # the arithmetic grader, asked for, grades the rollouts and every evaluation
 

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from a5core.lm_head_log_probs import linear_log_probs
-from a5core.losses import compute_entropy
-from a5core.policy import get_response_log_probs, token_log_probs
+from a5core.policy.causal_lm import get_response_log_probs, token_log_probs
+from a5core.policy.lm_head_log_probs import linear_log_probs
+from a5core.policy.losses import compute_entropy
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -100,7 +100,7 @@ def test_policy_log_probs_use_the_fused_head_and_equal_the_logits_path(model_typ
 
 @pytest.mark.parametrize("one_graph", [False, True])
 def test_compiled_decoder_layers_give_the_same_log_probs_and_gradients(one_graph):
-    from a5core.policy import compile_decoder_layers
+    from a5core.policy.causal_lm import compile_decoder_layers
 
     eager, compiled = _tiny("qwen2", True), compile_decoder_layers(_tiny("qwen2", True), one_graph=one_graph)
     assert [n for n, _ in eager.named_parameters()] == [n for n, _ in compiled.named_parameters()]
@@ -115,7 +115,7 @@ def test_compiled_decoder_layers_give_the_same_log_probs_and_gradients(one_graph
 
 
 def test_compiling_twice_keeps_the_first_compilation():
-    from a5core.policy import compile_decoder_layers
+    from a5core.policy.causal_lm import compile_decoder_layers
 
     model = compile_decoder_layers(_tiny("qwen2", True))
     first = [layer._compiled_call_impl for layer in model.model.layers]

@@ -1,4 +1,4 @@
-"""LoRA (a5core.lora, through peft): one SFT step by hand, the merged model in an engine and in a saved
+"""LoRA (a5core.policy.lora, through peft): one SFT step by hand, the merged model in an engine and in a saved
 folder, the loops with adapters, resume."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import torch
 from test_sft import make_model, params_of, short_examples
 
-from a5core.lora import LoRASettings, add_adapters, has_adapters, merged_state_dict
-from a5core.policy import get_response_log_probs, tokenize_prompt_and_output
-from a5core.sft import SFTConfig, train_sft
+from a5core.loops.sft import SFTConfig, train_sft
+from a5core.policy.causal_lm import get_response_log_probs, tokenize_prompt_and_output
+from a5core.policy.lora import LoRASettings, add_adapters, has_adapters, merged_state_dict
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -74,8 +74,8 @@ def test_one_sft_step_trains_only_the_adapters_as_computed_by_hand(tokenizer):
 def test_the_merged_model_in_an_engine_and_a_saved_folder_gives_the_policys_log_probs(tokenizer, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from a5core.rollout import SamplingSettings
-    from a5core.rollout.hf import HFEngine
+    from a5core.engines import SamplingSettings
+    from a5core.engines.hf import HFEngine
     from tasks.runs import save_model_folder
 
     model = make_model(tokenizer)
@@ -85,7 +85,7 @@ def test_the_merged_model_in_an_engine_and_a_saved_folder_gives_the_policys_log_
         make_model(tokenizer).state_dict()
     )
     engine = HFEngine(make_model(tokenizer, seed=5), tokenizer, batch_size=4)
-    from a5core import distributed
+    from a5core.runtime import distributed
 
     engine.load_weights(distributed.full_weights(model))
     prompts = ["What is 2 + 3?", "What is 7 + 1?"]
@@ -124,8 +124,8 @@ def test_sft_with_adapters_resumes_exactly(tokenizer, tmp_path):
 def test_grpo_and_ei_train_adapters_and_push_the_merged_model(tokenizer):
     from test_grpo import PROBLEMS, TEMPLATE, RecordingEngine, parity_reward, small_config
 
-    from a5core.expert_iteration import EIConfig, expert_iteration
-    from a5core.grpo import grpo
+    from a5core.loops.expert_iteration import EIConfig, expert_iteration
+    from a5core.loops.grpo import grpo
 
     class PushRecorder(RecordingEngine):
         pushed: list = []

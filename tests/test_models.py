@@ -1,4 +1,5 @@
-"""a5core.models: resolving model specs, and the one-time GGUF -> safetensors conversion of the embedded model.
+"""a5core.policy.model_specs: resolving model specs, and the one-time GGUF -> safetensors conversion of the
+embedded model.
 
 The conversion runs once per session into a tmp cache (session fixture below, ~20-40 s on 2 cores); the
 model it loads from the GGUF is kept as the reference. Every tensor is also checked against the gguf package's
@@ -13,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from a5core import models
-from a5core.models import COMPLETE_MARKER, EMBEDDED_DEFAULT, ModelResolutionError, resolve_model
+from a5core.policy import model_specs as models
+from a5core.policy.model_specs import COMPLETE_MARKER, EMBEDDED_DEFAULT, ModelResolutionError, resolve_model
 
 
 @pytest.fixture(scope="session")

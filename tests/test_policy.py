@@ -10,7 +10,7 @@ from a5core import (
     sft_microbatch_train_step,
     tokenize_prompt_and_output,
 )
-from a5core.policy import token_entropy, token_log_probs
+from a5core.policy.causal_lm import token_entropy, token_log_probs
 
 
 def test_tokenize_prompt_and_output_with_the_qwen_tokenizer(qwen_tokenizer):

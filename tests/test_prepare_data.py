@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from a5core.data import DataError
+from a5core.data.files import DataError
 from flows.prepare_data import build_manifest, main
 
 ROOT = Path(__file__).resolve().parents[1]

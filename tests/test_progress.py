@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from a5core import progress
-from a5core.data import Problem
-from a5core.grading import grade_batch
-from a5core.prompts import load_prompt
+from a5core.data.files import Problem
+from a5core.data.prompts import load_prompt
+from a5core.grading.grader import grade_batch
+from a5core.runtime import progress
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -45,8 +45,8 @@ def test_status_line_names_the_step_and_the_finite_metrics():
 def test_grpo_logs_a_line_per_step_and_draws_bars_when_on(tiny_tokenizer, monkeypatch, caplog, capsys):
     from test_sft import make_model
 
-    from a5core.grpo import GRPOConfig, grpo
-    from a5core.rollout.hf import HFEngine
+    from a5core.engines.hf import HFEngine
+    from a5core.loops.grpo import GRPOConfig, grpo
 
     monkeypatch.setenv(progress.ENV, "1")
     model = make_model(tiny_tokenizer)
@@ -68,7 +68,7 @@ def test_grpo_logs_a_line_per_step_and_draws_bars_when_on(tiny_tokenizer, monkey
 
     with caplog.at_level(logging.INFO, logger="a5core"):
         grpo(model, tiny_tokenizer, HFEngine(model, tiny_tokenizer), problems, load_prompt("r1_zero"), reward, config)
-    lines = [r.getMessage() for r in caplog.records if r.name == "a5core.grpo"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "a5core.loops.grpo"]
     assert [line.split(":")[0] for line in lines] == ["GRPO step 1/2", "GRPO step 2/2"]
     assert "reward_mean" in lines[0] and "loss" in lines[0]
     err = capsys.readouterr().err
@@ -78,8 +78,8 @@ def test_grpo_logs_a_line_per_step_and_draws_bars_when_on(tiny_tokenizer, monkey
 def test_sft_logs_a_line_per_step(tiny_tokenizer, caplog, monkeypatch, capsys):
     from test_sft import make_model
 
-    from a5core.data import Trace
-    from a5core.sft import SFTConfig, train_sft
+    from a5core.data.files import Trace
+    from a5core.loops.sft import SFTConfig, train_sft
 
     monkeypatch.setenv(progress.ENV, "0")
     traces = [Trace(f"What is {i} + 1?", f" {i + 1} </answer>", str(i + 1)) for i in range(4)]
@@ -105,7 +105,7 @@ def test_off_a_terminal_a_long_bar_logs_a_status_line_at_each_interval_and_a_las
     monkeypatch.delenv(progress.ENV, raising=False)
     monkeypatch.setattr(sys, "stderr", type("Log", (), {"isatty": lambda self: False, "write": len, "flush": id})())
     monkeypatch.setenv(progress.INTERVAL_ENV, "0.2")
-    with caplog.at_level(logging.INFO, logger="a5core.progress"):
+    with caplog.at_level(logging.INFO, logger="a5core.runtime.progress"):
         with progress.bar(desc="quick", total=1, unit="seq") as quick:
             quick.update(1)
         slow = progress.engine_bar(total=4, desc="Processed prompts", postfix="output: 0.00 toks/s")
@@ -115,7 +115,7 @@ def test_off_a_terminal_a_long_bar_logs_a_status_line_at_each_interval_and_a_las
         slow.postfix = "output: 12.50 toks/s"
         slow.update(4)
         slow.close()
-    lines = [r.getMessage() for r in caplog.records if r.name == "a5core.progress"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "a5core.runtime.progress"]
     assert not any("quick" in line for line in lines), lines
     assert len(lines) >= 3 and lines[0].startswith("generate: 0/4 requests after "), lines
     assert lines[-1].startswith("generate: 4/4 requests after ") and lines[-1].endswith("(output: 12.50 toks/s); done")
@@ -128,7 +128,7 @@ def test_a_bad_interval_is_named(monkeypatch):
 
 
 def test_grpo_steps_without_a_learning_signal_are_said_and_a_run_of_them_warned_of(caplog):
-    from a5core.guards import LearningSignal
+    from a5core.runtime.guards import LearningSignal
 
     signal = LearningSignal(uses_advantages=True, patience=3)
     uniform, varied = {"frac_groups_all_equal": 1.0, "reward_max": 1.0}, {"frac_groups_all_equal": 0.5}
@@ -152,7 +152,7 @@ def test_vllm_logs_warnings_only_and_not_the_rotary_table_at_each_weight_push(mo
     not warn that the rotary embedding's table (computed, never loaded) failed to load; other layers still do."""
     import os
 
-    from a5core.rollout.vllm import _RELOAD_LOGGER, _quiet_computed_layers, set_vllm_env
+    from a5core.engines.vllm import _RELOAD_LOGGER, _quiet_computed_layers, set_vllm_env
 
     monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
     set_vllm_env()
@@ -171,7 +171,7 @@ def test_vllm_logs_warnings_only_and_not_the_rotary_table_at_each_weight_push(mo
 def test_off_a_terminal_transformers_loads_models_without_a_bar(tiny_lm_dir, monkeypatch, capsys):
     from transformers.utils import logging as transformers_logging
 
-    from a5core.policy import load_policy
+    from a5core.policy.causal_lm import load_policy
 
     monkeypatch.setenv(progress.ENV, "0")
     try:

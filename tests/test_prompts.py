@@ -1,6 +1,6 @@
 import pytest
 
-from a5core.prompts import PromptTemplate, PromptTemplateError, builtin_prompt_names, load_prompt
+from a5core.data.prompts import PromptTemplate, PromptTemplateError, builtin_prompt_names, load_prompt
 
 R1_ZERO = (
     "A conversation between User and Assistant. The User asks a question, and the Assistant solves it. "

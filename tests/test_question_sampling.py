@@ -8,8 +8,8 @@ import pytest
 from test_grpo import TEMPLATE, RecordingEngine, parity_reward, small_config
 from test_sft import make_model
 
-from a5core.data import Problem
-from a5core.question_sampling import QuestionSampler, QuestionSamplingSettings
+from a5core.data.files import Problem
+from a5core.loops.question_sampling import QuestionSampler, QuestionSamplingSettings
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -91,7 +91,7 @@ def test_curriculum_starts_at_the_lowest_level_and_moves_on_at_the_threshold():
 def test_grpo_samples_only_learnable_questions_and_checkpoints_the_table(tiny_tokenizer, tmp_path):
     import json
 
-    from a5core.grpo import grpo
+    from a5core.loops.grpo import grpo
 
     tokenizer = tiny_tokenizer
     model = make_model(tokenizer)
@@ -111,7 +111,7 @@ def test_grpo_samples_only_learnable_questions_and_checkpoints_the_table(tiny_to
 def test_expert_iteration_samples_by_difficulty_and_resumes_the_table(tiny_tokenizer, tmp_path):
     import json
 
-    from a5core.expert_iteration import EIConfig, expert_iteration
+    from a5core.loops.expert_iteration import EIConfig, expert_iteration
 
     tokenizer = tiny_tokenizer
     model = make_model(tokenizer)
@@ -133,8 +133,8 @@ def test_expert_iteration_samples_by_difficulty_and_resumes_the_table(tiny_token
 def test_an_arithmetic_curriculum_rises_from_one_digit_to_two(tiny_tokenizer):
     """``arithmetic:N:1-2``: N problems at each digit count, leveled; GRPO starts on the one-digit ones and
     lets the two-digit ones in once a step's one-digit rollouts reach the threshold (here: any success)."""
-    from a5core.grpo import grpo
-    from a5core.problem_sets import load_problem_set
+    from a5core.data.problem_sets import load_problem_set
+    from a5core.loops.grpo import grpo
 
     problems = load_problem_set("arithmetic:8:1-2", "math", 0, "train")
     assert sorted(p.level for p in problems) == [1] * 8 + [2] * 8

@@ -23,10 +23,10 @@ import pytest
 import torch
 from tiny_lm import plant_eos_after_stop
 
-from a5core.policy import get_response_log_probs, load_policy
-from a5core.rollout import Completion, Engine, SamplingSettings
-from a5core.rollout.remote import RemoteEngine, RemoteEngineError, weight_transport
-from a5core.weight_sync import WeightSpec, plan_buckets
+from a5core.engines import Completion, Engine, SamplingSettings
+from a5core.engines.remote import RemoteEngine, RemoteEngineError, weight_transport
+from a5core.engines.weight_sync import WeightSpec, plan_buckets
+from a5core.policy.causal_lm import get_response_log_probs, load_policy
 
 REPO = Path(__file__).resolve().parents[1]
 GREEDY = SamplingSettings(temperature=0, max_tokens=30, stop=(), logprobs=True)
@@ -227,8 +227,8 @@ def fsdp_main(model_dir: str, out: str) -> None:
     """The torchrun target of ``test_fsdp_rank_pushes_gathered_weights``."""
     import torch.distributed as dist
 
-    from a5core.distributed import init_from_env, shard
-    from a5core.weight_sync import gather_for_push
+    from a5core.engines.weight_sync import gather_for_push
+    from a5core.runtime.distributed import init_from_env, shard
 
     torch.set_num_threads(1)
     rank, _ = init_from_env()

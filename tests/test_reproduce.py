@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from a5core.data import write_jsonl_atomic
+from a5core.data.files import write_jsonl_atomic
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def tiny_sft(tmp_path, model):
     from test_training_flows import arithmetic_traces
 
-    from a5core.arithmetic import arithmetic_problems
+    from a5core.data.arithmetic import arithmetic_problems
     from flows.params import SFTExperimentParams
 
     write_jsonl_atomic(tmp_path / "train.jsonl", [asdict(t) for t in arithmetic_traces(8)])

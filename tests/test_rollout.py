@@ -14,9 +14,9 @@ import pytest
 import torch
 from tiny_lm import LOOP_TEXT, STOP, loop_token_ids, pushed_variant
 
-from a5core.policy import get_response_log_probs, load_policy
-from a5core.rollout import BACKENDS, Completion, Engine, SamplingSettings, make_engine
-from a5core.rollout.hf import HFEngine, stop_candidates
+from a5core.engines import BACKENDS, Completion, Engine, SamplingSettings, make_engine
+from a5core.engines.hf import HFEngine, stop_candidates
+from a5core.policy.causal_lm import get_response_log_probs, load_policy
 
 GREEDY = SamplingSettings(temperature=0, max_tokens=40)
 LOG_PROB_TOL = 1e-4  # fp32 on CPU: engine and policy agree to ~1e-6
@@ -48,7 +48,7 @@ def vllm_engine(tiny_lm_dir):
     pytest.importorskip("vllm")
     engine = make_engine(str(tiny_lm_dir), "vllm", max_model_len=1024)
     yield engine
-    engine.close()  # before another file's engine starts in this process (see a5core/rollout/vllm.py)
+    engine.close()  # before another file's engine starts in this process (see a5core/engines/vllm.py)
 
 
 @pytest.fixture(params=["hf", "vllm"])
@@ -123,7 +123,7 @@ def test_auto_picks_hf_when_vllm_cannot_be_imported(tiny_lm_dir, monkeypatch):
 
 def test_auto_picks_vllm_when_importable(tiny_lm_dir, monkeypatch):
     pytest.importorskip("vllm")
-    import a5core.rollout.vllm as vllm_backend
+    import a5core.engines.vllm as vllm_backend
 
     made = []
     monkeypatch.setattr(vllm_backend, "VLLMEngine", lambda model, **kw: made.append((model, kw)) or "vllm engine")

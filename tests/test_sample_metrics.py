@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from a5core.sample_metrics import mean_and_se, paired_difference, pass_at_k, problem_scores, sample_metrics
+from a5core.grading.sample_metrics import mean_and_se, paired_difference, pass_at_k, problem_scores, sample_metrics
 
 
 @pytest.mark.parametrize("n, c, k", [(5, 2, 1), (5, 2, 2), (5, 2, 3), (5, 2, 4), (10, 3, 5), (8, 0, 4), (8, 8, 1)])
@@ -95,7 +95,7 @@ def test_paired_difference_on_shared_problems():
 def test_t_interval_is_students_on_k_minus_one_degrees_of_freedom():
     """Textbook critical values (t at 0.975: 12.706 for 1 degree of freedom, 4.303 for 2, 2.776 for 4): three
     pairs' mean difference ± 2 s.e. would be a 82% interval, not 95%."""
-    from a5core.sample_metrics import t_interval
+    from a5core.grading.sample_metrics import t_interval
 
     mean, half, df = t_interval([1.0, 2.0, 3.0])
     assert (mean, df) == (2.0, 2) and half == pytest.approx(4.3027 / math.sqrt(3), abs=1e-3)

@@ -7,10 +7,10 @@ import pytest
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticUndefined
 
-from a5core.expert_iteration import EIConfig
-from a5core.grpo import GRPOConfig
-from a5core.settings import OptimizerSettings, Settings, inherited
-from a5core.sft import SFTConfig
+from a5core.loops.expert_iteration import EIConfig
+from a5core.loops.grpo import GRPOConfig
+from a5core.loops.sft import SFTConfig
+from a5core.runtime.settings import OptimizerSettings, Settings, inherited
 from flows.compare import CompareParams
 from flows.params import (
     BaselineEvalParams,

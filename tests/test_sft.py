@@ -19,13 +19,13 @@ import torch
 from kill9 import kill_when_frozen
 from sft_kill_target import CHECKPOINT_EVERY, build_run
 
-from a5core.data import Trace
-from a5core.grading import r1_zero_reward_fn
-from a5core.policy import get_response_log_probs, tokenize_prompt_and_output
-from a5core.prompts import load_prompt
-from a5core.rollout import SamplingSettings
-from a5core.rollout.hf import HFEngine
-from a5core.sft import CheckpointMismatchError, NonFiniteLossError, SFTConfig, lr_multiplier, train_sft
+from a5core.data.files import Trace
+from a5core.data.prompts import load_prompt
+from a5core.engines import SamplingSettings
+from a5core.engines.hf import HFEngine
+from a5core.grading.grader import r1_zero_reward_fn
+from a5core.loops.sft import CheckpointMismatchError, NonFiniteLossError, SFTConfig, lr_multiplier, train_sft
+from a5core.policy.causal_lm import get_response_log_probs, tokenize_prompt_and_output
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

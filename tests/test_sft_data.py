@@ -10,11 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from a5core.data import DataError, Problem, Trace, load_math, load_sft_traces
-from a5core.grading import extract_r1_zero_answer, r1_zero_reward_fn
-from a5core.prompts import load_prompt
-from a5core.rollout import Completion, SamplingSettings, make_engine
-from a5core.sft_data import (
+from a5core.data.files import DataError, Problem, Trace, load_math, load_sft_traces
+from a5core.data.prompts import load_prompt
+from a5core.data.sft_data import (
     OpenAICompletionsTeacher,
     TeacherError,
     dedup_traces,
@@ -24,6 +22,8 @@ from a5core.sft_data import (
     math_solution_traces,
     r1_zero_response,
 )
+from a5core.engines import Completion, SamplingSettings, make_engine
+from a5core.grading.grader import extract_r1_zero_answer, r1_zero_reward_fn
 from flows import sft_data as flow
 
 ROOT = Path(__file__).resolve().parents[1]

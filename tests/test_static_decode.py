@@ -4,9 +4,9 @@ loop on it gives what ``model.generate`` gives; compiled and eager agree."""
 import pytest
 import torch
 
-from a5core.rollout import SamplingSettings
-from a5core.rollout.hf import HFEngine
-from a5core.rollout.static_decode import StaticKVDecoder, supports
+from a5core.engines import SamplingSettings
+from a5core.engines.hf import HFEngine
+from a5core.engines.static_decode import StaticKVDecoder, supports
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -119,7 +119,7 @@ def test_unsupported_models_are_refused_by_name():
 
 @pytest.fixture(scope="module")
 def tiny_policy(tiny_lm_dir):
-    from a5core.policy import load_policy
+    from a5core.policy.causal_lm import load_policy
 
     return load_policy(tiny_lm_dir)
 
@@ -171,7 +171,7 @@ def test_top_p_keeps_the_smallest_set_reaching_it(tiny_policy):
 def test_gumbel_max_draws_from_the_tempered_softmax(compiled):
     """Temperature sampling's draws follow softmax(logits / T), eager and compiled (inductor's own random
     numbers), a masked (−inf) token is never drawn, and a seed repeats the draws."""
-    from a5core.rollout.hf import gumbel_max_sample
+    from a5core.engines.hf import gumbel_max_sample
 
     draw = torch.compile(gumbel_max_sample, dynamic=True) if compiled else gumbel_max_sample
     logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])).expand(20000, -1).contiguous()

@@ -16,14 +16,15 @@ from test_grpo import PROBLEMS, TEMPLATE, parity_reward, small_config
 from test_grpo_options import VariedLengthEngine
 from test_sft import make_model, short_examples
 
-import a5core.grpo.loop
-import a5core.sft
-from a5core import distributed, token_budget, training
-from a5core.data import Trace
-from a5core.expert_iteration import EIConfig
-from a5core.grpo import grpo
-from a5core.sft import SFTConfig, train_sft
-from a5core.token_budget import size_budget
+import a5core.loops.grpo.loop
+import a5core.loops.sft
+from a5core.data.files import Trace
+from a5core.loops import training
+from a5core.loops.expert_iteration import EIConfig
+from a5core.loops.grpo import grpo
+from a5core.loops.sft import SFTConfig, train_sft
+from a5core.runtime import distributed, token_budget
+from a5core.runtime.token_budget import size_budget
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -150,7 +151,7 @@ def out_of_memory(*args, **kwargs):
     ],
 )
 def test_sft_out_of_memory_names_the_step_the_micro_batch_and_the_setting(tokenizer, monkeypatch, options, names):
-    monkeypatch.setattr("a5core.sft.get_response_log_probs", out_of_memory)
+    monkeypatch.setattr("a5core.loops.sft.get_response_log_probs", out_of_memory)
     config = SFTConfig(batch_size=8, microbatch_size=2, epochs=1, **options)
     with pytest.raises(torch.OutOfMemoryError) as caught:
         train_sft(make_model(tokenizer), tokenizer, short_examples(8), config)
@@ -177,7 +178,7 @@ def test_sft_out_of_memory_names_the_step_the_micro_batch_and_the_setting(tokeni
     ],
 )
 def test_grpo_out_of_memory_names_the_pass_and_the_setting(tokenizer, monkeypatch, options, where, names):
-    monkeypatch.setattr("a5core.grpo.loop.get_response_log_probs", out_of_memory)
+    monkeypatch.setattr("a5core.loops.grpo.loop.get_response_log_probs", out_of_memory)
     with pytest.raises(torch.OutOfMemoryError) as caught:
         run_grpo(tokenizer, gradient_accumulation_steps=4, **options)
     message = str(caught.value)
@@ -322,11 +323,11 @@ def test_grpo_out_of_memory_under_auto_halves_the_budget_and_loses_nothing(token
     reference_model, reference = grpo_history(tokenizer, max_tokens_per_microbatch=256, **options)
     memory = FakeMemory()
     auto_on_the_cpu(monkeypatch, training, memory, probe=512)  # rollouts of 256 positions: 2 a pass, then 1
-    calls = failing_on_call(a5core.grpo.loop, monkeypatch, failing=2)
+    calls = failing_on_call(a5core.loops.grpo.loop, monkeypatch, failing=2)
     generate = VariedLengthEngine.generate
     generated = []
     monkeypatch.setattr(VariedLengthEngine, "generate", lambda *a: generated.append(1) or generate(*a))
-    with caplog.at_level(logging.WARNING, logger="a5core.token_budget"):
+    with caplog.at_level(logging.WARNING, logger="a5core.runtime.token_budget"):
         model, history = grpo_history(tokenizer, **options)
     assert "GRPO step 1, training: out of GPU memory; running it again with max_tokens_per_microbatch 256" in (
         caplog.text
@@ -357,8 +358,8 @@ def test_grpo_out_of_memory_after_an_update_keeps_it_and_runs_only_the_next_agai
     options = dict(train_batch_size=4, gradient_accumulation_steps=2, grad_clip=0.0, checkpoint_every=0)
     reference_model, reference = grpo_history(tokenizer, max_tokens_per_microbatch=512, **options)
     auto_on_the_cpu(monkeypatch, training, FakeMemory(free=9 * 2**30), probe=512)
-    calls = failing_on_call(a5core.grpo.loop, monkeypatch, failing=3)  # the second optimizer step's first pass
-    with caplog.at_level(logging.WARNING, logger="a5core.token_budget"):
+    calls = failing_on_call(a5core.loops.grpo.loop, monkeypatch, failing=3)  # the second optimizer step's first pass
+    with caplog.at_level(logging.WARNING, logger="a5core.runtime.token_budget"):
         model, (last,) = grpo_history(tokenizer, **options)
     half = f"{token_budget.LARGEST // 2:,}"
     assert f"GRPO step 1, training: out of GPU memory; running it again with max_tokens_per_microbatch {half}" in (
@@ -377,9 +378,9 @@ def test_sft_out_of_memory_under_auto_halves_the_budget_and_loses_nothing(tokeni
     reference_model = make_model(tokenizer)
     reference = train_sft(reference_model, tokenizer, examples, SFTConfig(max_tokens_per_microbatch=128, **config))
     auto_on_the_cpu(monkeypatch, training, FakeMemory(), probe=256)  # sequences of 64 positions: 4 a pass, then 2
-    calls = failing_on_call(a5core.sft, monkeypatch, failing=2)
+    calls = failing_on_call(a5core.loops.sft, monkeypatch, failing=2)
     model = make_model(tokenizer)
-    with caplog.at_level(logging.WARNING, logger="a5core.token_budget"):
+    with caplog.at_level(logging.WARNING, logger="a5core.runtime.token_budget"):
         got = train_sft(model, tokenizer, examples, SFTConfig(**config))
     assert "SFT step 1: out of GPU memory; running it again with max_tokens_per_microbatch 128" in caplog.text
     assert len(calls) == 2 + 4
@@ -474,10 +475,10 @@ def test_grpo_out_of_memory_under_auto_releases_the_engine_cache_and_keeps_the_b
     reference_model, (reference,) = grpo_history(tokenizer, max_tokens_per_microbatch=512, **options)
     memory = FakeMemory()
     auto_on_the_cpu(monkeypatch, training, memory, probe=512)
-    calls = failing_on_call(a5core.grpo.loop, monkeypatch, failing=2)
+    calls = failing_on_call(a5core.loops.grpo.loop, monkeypatch, failing=2)
     model = make_model(tokenizer)
     engine = ReleasingEngine(model, tokenizer)
-    with caplog.at_level(logging.WARNING, logger="a5core.token_budget"):
+    with caplog.at_level(logging.WARNING, logger="a5core.runtime.token_budget"):
         (last,) = grpo(model, tokenizer, engine, PROBLEMS, TEMPLATE, parity_reward, small_config(**options))
     assert (
         "GRPO step 1, training: out of GPU memory; the rollout engine released its cache; running it again with "
@@ -494,7 +495,7 @@ def test_grpo_after_a_release_let_training_fit_the_engine_releases_before_each_l
     """Step 1's training fits once the engine released its cache; step 2's generate rebuilds the cache, and the
     engine releases it again before step 2's training (the room step 1 needed), not after a failed pass."""
     auto_on_the_cpu(monkeypatch, training, FakeMemory(), probe=512)
-    calls = failing_on_call(a5core.grpo.loop, monkeypatch, failing=2)
+    calls = failing_on_call(a5core.loops.grpo.loop, monkeypatch, failing=2)
     model = make_model(tokenizer)
     engine = ReleasingEngine(model, tokenizer)
     options = dict(n_grpo_steps=2, gradient_accumulation_steps=4, checkpoint_every=0)
@@ -507,7 +508,7 @@ def halvings_then_error(caplog, run) -> tuple[list[str], str]:
     """``run()``, which must end in an out-of-memory error: the budgets auto halved to (as the warnings name
     them) and the error's message."""
     with (
-        caplog.at_level(logging.WARNING, logger="a5core.token_budget"),
+        caplog.at_level(logging.WARNING, logger="a5core.runtime.token_budget"),
         pytest.raises(torch.OutOfMemoryError) as caught,
     ):
         run()
@@ -518,7 +519,7 @@ def test_grpo_out_of_memory_at_every_budget_stops_at_the_longest_rollout_and_nam
     """Rollouts of 216-226 positions (padded to 256), out of memory at any budget: 1,024, 512, 256, then the
     error, which names the one sequence no budget can split, not a budget to lower."""
     auto_on_the_cpu(monkeypatch, training, FakeMemory(), probe=1024)
-    monkeypatch.setattr("a5core.grpo.loop.get_response_log_probs", out_of_memory)
+    monkeypatch.setattr("a5core.loops.grpo.loop.get_response_log_probs", out_of_memory)
     halvings, message = halvings_then_error(
         caplog, lambda: grpo_history(tokenizer, gradient_accumulation_steps=4, checkpoint_every=0)
     )
@@ -535,7 +536,7 @@ def test_sft_out_of_memory_at_every_budget_stops_at_the_longest_example_and_name
     any budget: 4,096, 2,048, 1,024, then the error naming that sequence."""
     examples = [*short_examples(3), Trace("What is 1 + 1?", " ok" * 1200 + " </answer>", "2")]
     auto_on_the_cpu(monkeypatch, training, FakeMemory(), probe=4096)
-    monkeypatch.setattr("a5core.sft.get_response_log_probs", out_of_memory)
+    monkeypatch.setattr("a5core.loops.sft.get_response_log_probs", out_of_memory)
     config = SFTConfig(batch_size=4, microbatch_size=2, epochs=1, max_seq_len=1024)
     halvings, message = halvings_then_error(
         caplog, lambda: train_sft(make_model(tokenizer), tokenizer, examples, config)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from a5core.arithmetic import arithmetic_problems
-from a5core.data import Trace, write_jsonl_atomic
-from a5core.prompts import load_prompt
+from a5core.data.arithmetic import arithmetic_problems
+from a5core.data.files import Trace, write_jsonl_atomic
+from a5core.data.prompts import load_prompt
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -240,7 +240,7 @@ def test_sft_on_generated_arithmetic_hands_its_best_model_to_the_next_stage(
 def test_the_best_sft_setting_is_chosen_on_the_selection_split_alone():
     """Scores on the score split (final_*) permuted or altered: the same setting is chosen; the selection split
     alone decides. The two splits of the validation set are disjoint."""
-    from a5core.problem_sets import load_problem_set, split_validation
+    from a5core.data.problem_sets import load_problem_set, split_validation
     from flows.sft_experiment import choose_best
 
     rows = [

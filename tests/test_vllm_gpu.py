@@ -17,8 +17,8 @@ import pytest
 import torch
 from tiny_lm import STOP, build_tiny_lm, pushed_variant
 
-from a5core.policy import get_response_log_probs, load_policy
-from a5core.rollout import SamplingSettings, make_engine
+from a5core.engines import SamplingSettings, make_engine
+from a5core.policy.causal_lm import get_response_log_probs, load_policy
 
 pytestmark = [
     pytest.mark.gpu,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from a5core.rollout import SamplingSettings, make_engine
+from a5core.engines import SamplingSettings, make_engine
 
 GREEDY = SamplingSettings(temperature=0, max_tokens=12)
 

@@ -1,0 +1,1 @@
+"""Grading and metrics: the answer grader, evaluation records, per-sample statistics."""

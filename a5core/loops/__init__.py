@@ -1,0 +1,1 @@
+"""The training loops: SFT, Expert Iteration, GRPO."""

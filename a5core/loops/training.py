@@ -1,0 +1,105 @@
+"""The policy made ready to train, and the update that ends each optimizer step: one setup shared by the SFT
+and GRPO loops (and so by Expert Iteration, whose rounds are SFT runs).
+
+:func:`prepare` adds LoRA adapters, shards the policy with FSDP2 over several ranks, builds AdamW (and a
+learning-rate schedule), turns on gradient checkpointing and compiled layers, and sizes the micro-batches'
+token budget. :meth:`TrainedPolicy.update` is the end of an optimizer step: a non-finite or diverged step is
+refused before it moves the weights; otherwise the optimizer and its schedule step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+import torch
+
+from a5core.policy.causal_lm import COMPILED_ACTIVATION_BUDGET, compile_decoder_layers
+from a5core.policy.lora import add_adapters
+from a5core.runtime import distributed
+from a5core.runtime.checkpoint import NonFiniteLossError
+from a5core.runtime.guards import DivergenceGuard
+from a5core.runtime.token_budget import TokenBudget
+
+
+class TrainingSettings(Protocol):
+    """What the setup reads of a loop's settings (SFTConfig, GRPOConfig): the LoRA, optimizer and speed groups."""
+
+    lora_rank: int
+    grad_clip: float
+    gradient_checkpointing: bool
+    fsdp_reshard_after_forward: bool
+    max_tokens_per_microbatch: int | Literal["auto"] | None
+
+    def adamw(self, params: list[torch.nn.Parameter]) -> torch.optim.AdamW: ...
+
+    def compiles(self, device: torch.device) -> bool: ...
+
+
+@dataclass
+class TrainedPolicy:
+    """The policy being trained and what moves it: its trainable ``params``, the ``optimizer`` (and its
+    ``scheduler``, if any), the ``device``, the ``autocast`` its forward passes run under (bf16 on CUDA), the
+    micro-batches' token ``budget`` and the divergence ``guard``."""
+
+    model: torch.nn.Module
+    params: list[torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR | None
+    device: torch.device
+    autocast: contextlib.AbstractContextManager
+    budget: TokenBudget
+    guard: DivergenceGuard
+    grad_clip: float
+
+    def clip_gradients(self) -> torch.Tensor:
+        """The accumulated gradient's norm (before clipping: the logged ``grad_norm``), clipped to ``grad_clip``
+        (0: not clipped)."""
+        return torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip or math.inf)
+
+    def update(self, where: str, loss: float, grad_norm: float, checkpoint: Path | None, detail: str = "") -> None:
+        """Step the optimizer (and its schedule) after a step ``where`` (e.g. "SFT step 3 of 8") of ``loss`` and
+        ``grad_norm``, summed over ranks. A NaN/inf loss or gradient norm raises :class:`NonFiniteLossError`,
+        a diverged one :class:`a5core.runtime.guards.DivergenceError`, before the update: the weights, and the last
+        checkpoint under ``checkpoint``, stay those of the last good step. ``detail``: said after ``where`` in
+        the non-finite error."""
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            kept = f"{checkpoint / 'latest'}, if written," if checkpoint else "the last checkpoint, if any,"
+            raise NonFiniteLossError(
+                f"{where}{detail}: loss {loss}, grad_norm {grad_norm}; training stopped before the update; {kept} "
+                "still holds the last good step"
+            )
+        self.guard.check(where, loss, grad_norm)
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.budget.settle()  # auto: sized once, after the first update (AdamW's moments then hold their memory)
+
+
+def prepare(
+    model: torch.nn.Module,
+    config: TrainingSettings,
+    guard: DivergenceGuard,
+    schedule: Callable[[int], float] | None = None,
+) -> TrainedPolicy:
+    """``model`` made ready to train under ``config``, in place: LoRA adapters (``lora_rank`` > 0; every other
+    weight frozen), FSDP2 sharding over several ranks, AdamW over the trainable parameters (with the learning
+    rate multiplied by ``schedule(optimizer step)``, if given), gradient checkpointing, compiled decoder layers
+    (``compile_layers``), and the token budget of ``max_tokens_per_microbatch``."""
+    add_adapters(model, config)
+    distributed.setup_model(model, config.fsdp_reshard_after_forward)
+    device = next(model.parameters()).device
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = config.adamw(params)
+    scheduler = None if schedule is None else torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if config.compiles(device):
+        compile_decoder_layers(model, activation_memory_budget=COMPILED_ACTIVATION_BUDGET)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+    budget = TokenBudget(config.max_tokens_per_microbatch, device, params)
+    return TrainedPolicy(model, params, optimizer, scheduler, device, autocast, budget, guard, config.grad_clip)

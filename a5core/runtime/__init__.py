@@ -1,0 +1,1 @@
+"""Runtime: distributed ranks, checkpoints, token budgets, guards, progress, settings."""
