@@ -37,7 +37,7 @@ from flows.fanout import run_children
 from flows.params import EIParams
 from tasks.checks import check_difficulty, check_outputs, check_placement, check_prompts_fit
 from tasks.parent_run import Comparison, child_curves, in_turn, parent_run, register_each
-from tasks.runs import Run, Trained, save_model_folder, training_run
+from tasks.runs import FINAL_SCORE, STARTING_SCORE, Run, Trained, save_model_folder, training_run
 from tasks.tracking import REGISTERED_MODELS, tracked
 
 
@@ -78,18 +78,7 @@ def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | Non
     return run(name, f"ei-{name}", params, engine, parent_run_id, train)
 
 
-SUMMARY_KEYS = (
-    "setting",
-    "initial_accuracy",
-    "initial_accuracy_se",
-    "initial_format_rate",
-    "final_accuracy",
-    "final_accuracy_se",
-    "final_format_rate",
-    "accuracy_change",
-    "accuracy_change_se",
-    "paired_problems",
-)
+SUMMARY_KEYS = ("setting", *STARTING_SCORE, *FINAL_SCORE)
 
 
 def grid(params: EIParams) -> dict[str, EIParams]:

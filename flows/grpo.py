@@ -64,23 +64,19 @@ from flows.fanout import run_children
 from flows.params import GRPOParams
 from tasks.checks import check_grpo_run, check_placement
 from tasks.parent_run import Comparison, in_turn, parent_run, register_each
-from tasks.runs import Run, Trained, accuracy_by_wall_clock, save_model_folder, training_run
+from tasks.runs import (
+    FINAL_SCORE,
+    STARTING_SCORE,
+    Run,
+    Trained,
+    accuracy_by_wall_clock,
+    save_model_folder,
+    training_run,
+)
 from tasks.tracking import REGISTERED_MODELS, tag_active_run, tracked
 
 # A setting's row in the summary (summary.json, summary.md, the report's table).
-SUMMARY_KEYS = (
-    "setting",
-    "initial_accuracy",
-    "initial_accuracy_se",
-    "initial_format_rate",
-    "final_accuracy",
-    "final_accuracy_se",
-    "final_format_rate",
-    "accuracy_change",
-    "accuracy_change_se",
-    "paired_problems",
-    "wall_seconds",
-)
+SUMMARY_KEYS = ("setting", *STARTING_SCORE, *FINAL_SCORE, "wall_seconds")
 TREND_METRICS = ("reward_mean", "token_entropy", "response_tokens_mean", "frac_groups_all_equal")
 
 

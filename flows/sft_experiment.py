@@ -54,7 +54,7 @@ from tasks.checks import check_outputs, check_prompts_fit
 from tasks.evaluation import validation_hook
 from tasks.outputs import link_model
 from tasks.parent_run import Comparison, parent_run
-from tasks.runs import Run, Trained, curve, run_key, save_model_folder, training_run
+from tasks.runs import FINAL_SCORE, STARTING_SCORE, Run, Trained, curve, run_key, save_model_folder, training_run
 from tasks.tracking import REGISTERED_MODELS, mlflow_logger, register_model, tag_active_run, tracked
 
 
@@ -125,21 +125,7 @@ def choose_best(rows: list[dict]) -> dict:
 
 
 # A setting's row in the summary (summary.json, summary.md, the report's table).
-SUMMARY_KEYS = (
-    "setting",
-    "n_examples",
-    "steps",
-    "initial_accuracy",
-    "initial_accuracy_se",
-    "initial_format_rate",
-    "selection_accuracy",
-    "final_accuracy",
-    "final_accuracy_se",
-    "final_format_rate",
-    "accuracy_change",
-    "accuracy_change_se",
-    "paired_problems",
-)
+SUMMARY_KEYS = ("setting", "n_examples", "steps", *STARTING_SCORE, "selection_accuracy", *FINAL_SCORE)
 
 
 def keep_best(params: SFTExperimentParams, alone: bool) -> Callable[[list[dict]], list[dict]]:

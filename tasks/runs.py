@@ -230,6 +230,19 @@ def training_run(
         return row
 
 
+# The columns of a setting's row that score it (training_run writes them; each flow's summary lists them, with
+# its own columns around them): where it started, where it ended, and the change between, paired problem by problem.
+STARTING_SCORE = ("initial_accuracy", "initial_accuracy_se", "initial_format_rate")
+FINAL_SCORE = (
+    "final_accuracy",
+    "final_accuracy_se",
+    "final_format_rate",
+    "accuracy_change",
+    "accuracy_change_se",
+    "paired_problems",
+)
+
+
 def warn_of_lost_artifacts(folder: Path, run_id: str, tracking_uri: str) -> None:
     """Say which artifacts a finished run's MLflow run has lost since it finished (``ARTIFACTS`` lists what
     it held then): deleted from ``mlruns/``, they are not made again, since the run is not trained again."""
