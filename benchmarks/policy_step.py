@@ -33,7 +33,7 @@ def baseline_step(model, ids, labels, mask, advantages):
 
 
 def a5_step(model, ids, labels, mask, advantages):
-    from a5core.loops.grpo.objective import grpo_microbatch_train_step
+    from a5core.handout import grpo_microbatch_train_step
     from a5core.policy.causal_lm import get_response_log_probs
 
     out = get_response_log_probs(model, ids, labels, return_token_entropy=True)

@@ -93,3 +93,11 @@ def test_imports_point_inward():
         for name, targets in import_graph().items()
     }
     assert not {name: targets for name, targets in outward.items() if targets}
+
+
+def test_the_loops_do_not_import_the_handouts_entry_points():
+    """The handout's adapters call a5core.handout, a front on the loops' own code; the loops never import it."""
+    graph = import_graph()
+    for loop in ("a5core.loops.grpo.loop", "a5core.loops.sft", "a5core.loops.expert_iteration"):
+        assert "a5core.handout" not in reachable(graph, loop), loop
+    assert "a5core.loops.grpo.objective" in reachable(graph, "a5core.handout")  # it fronts the loop's objective

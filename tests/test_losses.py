@@ -125,7 +125,7 @@ def test_policy_gradient_dispatch_and_errors():
 
 def test_length_normalization_per_token_weights():
     """docs/length_normalization.md: masked_mean weighs a token by −A/(B·|o|), masked_normalize by −A/(B·L)."""
-    from a5core.loops.grpo.objective import grpo_microbatch_train_step
+    from a5core.handout import grpo_microbatch_train_step
 
     lengths, width, max_tokens = (2, 8), 8, 16.0
     mask = torch.tensor([[t < n for t in range(width)] for n in lengths])

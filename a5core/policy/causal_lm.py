@@ -1,5 +1,5 @@
 """The policy: loading a causal LM, tokenising prompt/response pairs, per-token log-probs, the SFT train step
-(GRPO's: :func:`a5core.loops.grpo.objective.grpo_microbatch_train_step`).
+(GRPO's: :func:`a5core.handout.grpo_microbatch_train_step`).
 
 Shapes: ``B`` sequences, ``T`` token positions (prompt + response − 1), ``V`` vocabulary entries.
 """

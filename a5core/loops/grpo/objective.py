@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import torch
 
 from a5core.policy.losses import (
-    LENGTH_NORMALIZATIONS,
     KLEstimator,
     LengthNormalization,
     LossType,
@@ -28,7 +27,6 @@ from a5core.policy.losses import (
     compute_naive_policy_gradient_loss,
     masked_mean,
     masked_normalize,
-    require_inputs,
 )
 
 RATIO_LOSSES = ("grpo_clip", "grpo_no_clip", "gspo")  # weigh each token by π/π_old: they need the old log-probs
@@ -154,61 +152,3 @@ def normalizer(objective: Objective, response_lengths: Sequence[int], truncated:
     masked = [objective.mask_truncated and cut for cut in truncated]
     trained = sum(n for n, skip in zip(response_lengths, masked, strict=True) if not skip)
     return max(trained, 1) / len(response_lengths)
-
-
-def grpo_microbatch_train_step(
-    policy_log_probs: torch.Tensor,
-    response_mask: torch.Tensor,
-    gradient_accumulation_steps: float,
-    loss_type: str,
-    raw_rewards: torch.Tensor | None = None,
-    advantages: torch.Tensor | None = None,
-    old_log_probs: torch.Tensor | None = None,
-    cliprange: float | None = None,
-    length_normalization: str = "masked_mean",
-    normalize_constant: float | None = None,
-    cliprange_high: float | None = None,
-    ref_log_probs: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The handout's policy-gradient micro-batch step (its adapters' entry point): the loop's
-    :func:`microbatch_loss` with these arguments, divided by ``gradient_accumulation_steps``, then ``backward``.
-
-    policy_log_probs, response_mask, old_log_probs, ref_log_probs: (b, T); raw_rewards, advantages: (b, 1).
-    ``normalize_constant``: the divisor of ``masked_normalize`` and ``token_mean``. ``kl_coef`` > 0 adds that
-    times the KL estimate to every response token's loss (needs ``ref_log_probs``). Returns the loss, scaled as
-    it was back-propagated, and metadata (``loss``; ``clip_fraction`` where the loss clips; ``kl``). A missing
-    or unknown argument raises ValueError naming it.
-    """
-    require_inputs(
-        loss_type,
-        raw_rewards=raw_rewards,
-        advantages=advantages,
-        old_log_probs=old_log_probs,
-        response_mask=response_mask,
-        cliprange=cliprange,
-    )
-    if length_normalization not in LENGTH_NORMALIZATIONS:
-        expected = ", ".join(LENGTH_NORMALIZATIONS)
-        raise ValueError(f"unknown length_normalization {length_normalization!r}; expected one of {expected}")
-    if length_normalization != "masked_mean" and normalize_constant is None:
-        need = "e.g. max_tokens" if length_normalization == "masked_normalize" else "tokens per sequence"
-        raise ValueError(f"length_normalization {length_normalization!r} needs normalize_constant ({need})")
-    if kl_coef and ref_log_probs is None:
-        raise ValueError("kl_coef > 0 needs ref_log_probs (the frozen reference policy's log-probs)")
-    objective = Objective(
-        loss_type=loss_type,
-        cliprange=cliprange,
-        cliprange_high=cliprange_high,
-        kl_coef=kl_coef,
-        kl_estimator=kl_estimator,
-        length_normalization=length_normalization,
-    )
-    given = dict(
-        advantages=advantages, raw_rewards=raw_rewards, old_log_probs=old_log_probs, ref_log_probs=ref_log_probs
-    )
-    t = {"response_mask": response_mask, **{k: v for k, v in given.items() if v is not None}}
-    loss, metadata = microbatch_loss(objective, policy_log_probs, t, normalize_constant, gradient_accumulation_steps)
-    loss.backward()
-    return loss.detach(), metadata
