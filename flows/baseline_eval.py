@@ -78,7 +78,7 @@ def check_inputs(params: BaselineEvalParams) -> None:
     """Fail on bad input before an engine starts, with the error naming what and where: the problems of
     every set, prompts within the model's context, outputs that cannot be written."""
     sources = (params.data, *params.extra_sets.values())
-    sets = {source: load_problems(source, params.data_format, params.limit) for source in sources}
+    sets = {source: load_problems.fn(source, params.data_format, params.limit) for source in sources}
     check_prompts_fit(params, sets, params.max_tokens)
     check_outputs(params)
 
