@@ -213,7 +213,7 @@ class Run:
         tags instead (``EFFECTIVE_TAGS``), and the starting model's real folder (tag ``model_path``)."""
         shown = {k: v for k, v in self.params.items() if k not in HIDDEN and not k.startswith(HIDDEN_PREFIXES)}
         shown |= {k: self.tags[k] for k in EFFECTIVE_TAGS if k in self.tags and k not in shown}
-        return shown | ({"model_path": self.tags["model_path"]} if "model_path" in self.tags else {})
+        return shown | ({"model_path": project_relative(self.tags["model_path"])} if "model_path" in self.tags else {})
 
     @property
     def origin(self) -> str:
@@ -790,6 +790,12 @@ def figures(exp: Experiment, out_dir: Path) -> list[Path]:
         path = out_dir / f"{exp.slug}_val_accuracy_vs_wall_seconds.png"
         made.append(plot(path, walls, "wall_seconds", "val_accuracy", f"{exp.key}: by wall-clock"))
     return made
+
+
+def project_relative(path: str) -> str:
+    """A starting model's folder as the project names it (``outputs/...``), not the machine's absolute path."""
+    head, sep, tail = path.partition("/outputs/")
+    return f"outputs/{tail}" if sep and head.startswith("/") else path
 
 
 def ended(status: str) -> str:

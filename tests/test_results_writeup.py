@@ -686,3 +686,12 @@ def test_the_cost_of_a_verdict_comes_from_the_pool_of_runs(tmp_path, empty_store
     assert "ran 4 GRPO runs" in cost and "at most 2 at once, in 8.2 GPU-minutes" in cost
     assert "a median 4.0 min" in cost and "0.5 runs a GPU-minute" in cost
     assert "take 12.2 GPU-minutes (6.1 with a shared reference), plus the start model's SFT (3.0 min)" in cost
+
+
+def test_a_starting_models_folder_is_shown_as_the_project_names_it():
+    writeup = _load_module()
+    assert writeup.project_relative("/work/main/outputs/sft_experiment/runs-b0/1024/model") == (
+        "outputs/sft_experiment/runs-b0/1024/model"
+    )
+    assert writeup.project_relative("smollm2-135m-instruct") == "smollm2-135m-instruct"
+    assert writeup.project_relative("outputs/sft_experiment/best_model") == "outputs/sft_experiment/best_model"
