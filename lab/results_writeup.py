@@ -325,12 +325,47 @@ def read_pool(path: Path) -> list[tuple[str, int, int, str]]:
     return ended
 
 
-def load_records(runs_dir: Path, tmp: Path) -> tuple[dict[str, Run], list[list], tuple[list, list[float]]]:
+@dataclass
+class Pool:
+    """Runs made side by side on one GPU: an archive's ``pool.txt`` (:func:`read_pool`), the kind of GPU its runs'
+    records name (:func:`pool_gpu`; None where none does) and the walls of the SFT runs its archive started with."""
+
+    gpu: str | None
+    runs: list[tuple[str, int, int, str]]
+    sft_seconds: list[float]
+
+    @property
+    def minutes(self) -> float:
+        """The GPU's time it held: its first start to its last end, runs that exited non-zero and waits included."""
+        return (max(e for _, _, e, _ in self.runs) - min(s for _, s, _, _ in self.runs)) / 60
+
+
+GPU = re.compile(r"cuda: 1 × (?:NVIDIA )?(.+?)(?:[ -](?:\d+GB|HBM|PCIe|SXM|NVL).*)?")
+
+
+def gpu_of(run: Run) -> str | None:
+    """The kind of GPU a run's record names: its provenance's ``device``, else its tag ``device`` (``cuda: 1 ×
+    NVIDIA H100 80GB HBM3`` → ``H100``); None where neither names one GPU."""
+    for device in (run.provenance.get("device"), run.tags.get("device")):
+        if device and (match := GPU.fullmatch(device)):
+            return match[1]
+    return None
+
+
+def pool_gpu(found: list[Run], entries: list[tuple[str, int, int, str]]) -> str | None:
+    """The GPU a pool ran on: the one kind named by the records of the archive's runs that started between its
+    first start and its last end; None where they name none, or more than one."""
+    first, last = min(s for _, s, _, _ in entries), max(e for _, _, e, _ in entries)
+    kinds = {gpu_of(run) for run in found if first <= run.start / 1000 <= last} - {None}
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+def load_records(runs_dir: Path, tmp: Path) -> tuple[dict[str, Run], list[list], list[Pool]]:
     """Unpack every archive; the runs (one copy per id, with what their ``provenance.json`` says they were made
-    from), a row per archive (name, kB, runs, walls), and the pools of runs made side by side (:func:`read_pool`)
-    with the walls of the SFT runs their archives started with."""
+    from), a row per archive (name, kB, runs, walls), and the pools of runs made side by side (:class:`Pool`), each
+    with its GPU and the walls of the SFT runs its archive started with."""
     runs: dict[str, Run] = {}
-    archives, pools, sft_seconds = [], [], []
+    archives, pools = [], []
     for archive in sorted(runs_dir.glob("*.tar.gz")):
         dest = tmp / archive.name
         with tarfile.open(archive) as tar:
@@ -354,9 +389,9 @@ def load_records(runs_dir: Path, tmp: Path) -> tuple[dict[str, Run], list[list],
             walls += [f"{line[0]} (call {kv.get('call', '?')}, rc {kv.get('rc', '?')}): {kv.get('wall_s', '?')} s"]
         archives.append([f"`{archive.name}`", archive.stat().st_size // 1024, len(found), "; ".join(walls)])
         if pool := [entry for path in sorted(dest.rglob("pool.txt")) for entry in read_pool(path)]:
-            pools.append(pool)
-            sft_seconds += [float(m[1]) for w in walls if (m := re.fullmatch(r"sft\S* \(.*\): (\d+) s", w))]
-    return runs, archives, (pools, sft_seconds)
+            sft = [float(m[1]) for w in walls if (m := re.fullmatch(r"sft\S* \(.*\): (\d+) s", w))]
+            pools.append(Pool(pool_gpu(found, pool), pool, sft))
+    return runs, archives, pools
 
 
 def validation_set(parent: Run, children: list[Run]) -> str:
@@ -995,24 +1030,42 @@ def short(origin: str) -> str:
     return origin.split(":")[-1][:8] if not origin.startswith("parent run") else f"parent {origin.split()[-1][:8]}"
 
 
-def cost(pools: list[list[tuple[str, int, int, str]]], sft_seconds: list[float]) -> str:
-    """What the runs cost, from the pools of runs made side by side on one GPU (each run: name, start, end in epoch
-    seconds, exit status): runs, how many at once, the median run's wall time, runs a GPU-minute, and the GPU-minutes
-    a verdict (three pairs: six runs, three where the reference runs serve several comparisons) takes."""
-    done = [(s, e) for pool in pools for _, s, e, rc in pool if rc == "0"]
+def cost(pools: list[Pool]) -> str:
+    """What the runs cost, GPU by GPU (a pool whose GPU no record names stands alone, as "one GPU"): for each, from
+    its pools (:class:`Pool`): runs, how many at once, the GPU-minutes (those of runs that failed too), the median run's
+    wall time, runs a GPU-minute, and the GPU-minutes a verdict (three pairs: six runs, three where the reference
+    runs serve several comparisons) takes."""
+    by_gpu: dict[str | int, list[Pool]] = defaultdict(list)
+    for i, pool in enumerate(pools):
+        by_gpu[pool.gpu or i].append(pool)
+    said = [text for group in by_gpu.values() if (text := cost_on(group))]
+    if not said:
+        return ""
+    return (
+        f" Cost: {'; '.join(said)}. A verdict's three pairs are six runs, three where the reference setting's runs "
+        "serve several comparisons."
+    )
+
+
+def cost_on(group: list[Pool]) -> str:
+    """The cost clause of pools made on one GPU (:func:`cost`); "" where none of their runs ended well."""
+    done = [(s, e) for pool in group for _, s, e, rc in pool.runs if rc == "0"]
     if not done:
         return ""
     events = sorted([(s, 1) for s, _ in done] + [(e, -1) for _, e in done])
     at_once = max(itertools.accumulate(change for _, change in events))
-    minutes = sum(max(e for _, _, e, _ in p) - min(s for _, s, _, _ in p) for p in pools if p) / 60
+    minutes = sum(pool.minutes for pool in group)
+    failed = sum(rc != "0" for pool in group for *_, rc in pool.runs)
+    failed_text = f" (with the time of {failed} attempt{'s' * (failed != 1)} that exited non-zero)" if failed else ""
     walls = sorted((e - s) / 60 for s, e in done)
     rate = len(done) / minutes
+    sft_seconds = [s for pool in group for s in pool.sft_seconds]
     sft = f", plus the start model's SFT ({max(sft_seconds) / 60:.1f} min) once per batch" if sft_seconds else ""
     return (
-        f" Cost: one H200 ran {len(done)} GRPO runs (40 steps of SmolLM2-135M) as processes side by side, at most "
-        f"{at_once} at once, in {minutes:.1f} GPU-minutes: a run took a median {walls[len(walls) // 2]:.1f} min of wall "
-        f"clock, {rate:.1f} runs a GPU-minute; a verdict's three pairs (six runs, three where the reference setting's "
-        f"runs serve several comparisons) take {6 / rate:.1f} GPU-minutes ({3 / rate:.1f} with a shared reference){sft}."
+        f"one {group[0].gpu or 'GPU'} ran {len(done)} GRPO runs (40 steps of SmolLM2-135M) as processes side by side, "
+        f"at most {at_once} at once, in {minutes:.1f} GPU-minutes{failed_text}: a run took a median "
+        f"{walls[len(walls) // 2]:.1f} min of wall clock, {rate:.1f} runs a GPU-minute, so a verdict's three pairs "
+        f"take {6 / rate:.1f} GPU-minutes ({3 / rate:.1f} with a shared reference){sft}"
     )
 
 
@@ -1096,7 +1149,7 @@ def render(runs_dir: Path, figure_dir: Path, context: Path, out: Path) -> tuple[
         "",
         "# Results",
         "",
-        *headline(experiments, pool, spreads, cost(*pools), counted),
+        *headline(experiments, pool, spreads, cost(pools), counted),
     ]
     rows = [
         [

@@ -683,9 +683,80 @@ def test_the_cost_of_a_verdict_comes_from_the_pool_of_runs(tmp_path, empty_store
         tar.add(tmp_path / "walls.txt", arcname="outputs/.devrun/walls.txt")
     text = _generate(tmp_path, runs)
     cost = _line(text, "Cost:")
-    assert "ran 4 GRPO runs" in cost and "at most 2 at once, in 8.2 GPU-minutes" in cost
+    assert cost.startswith("Cost: one GPU ran 4 GRPO runs")  # no run's record names the GPU: no guess
+    assert "at most 2 at once, in 8.2 GPU-minutes (with the time of 1 attempt that exited non-zero)" in cost
     assert "a median 4.0 min" in cost and "0.5 runs a GPU-minute" in cost
     assert "take 12.2 GPU-minutes (6.1 with a shared reference), plus the start model's SFT (3.0 min)" in cost
+
+
+def _pool_archive(tmp_path, store: Path, archive: Path, pool: str, sft_s: int, device: dict[str, str]) -> None:
+    """``store`` packed with a ``pool.txt`` and an SFT wall, and a run started at each epoch second of ``device``
+    (second → the device its record names: ``tag:`` as the run's tag ``device``, else in its provenance record)."""
+    import json
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{store}")
+    experiment = client.get_experiment_by_name("grpo") or client.get_experiment(client.create_experiment("grpo"))
+    folder = tmp_path / archive.stem
+    folder.mkdir()
+    records = {}
+    for second, name in device.items():
+        tags = {"device": name.removeprefix("tag:")} if name.startswith("tag:") else {}
+        run_id = client.create_run(experiment.experiment_id, start_time=int(second) * 1000, tags=tags).info.run_id
+        if not tags:
+            records[run_id] = {"code": {"commit": "abc"}, "device": name}
+    (folder / "pool.txt").write_text(pool)
+    (folder / "walls.txt").write_text(f"sft call=2 rc=0 wall_s={sft_s}\n")
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(store, arcname="mlflow.db")
+        tar.add(folder / "pool.txt", arcname="outputs/.devrun/pool.txt")
+        tar.add(folder / "walls.txt", arcname="outputs/.devrun/walls.txt")
+        for run_id, record in records.items():
+            (folder / f"{run_id}.json").write_text(json.dumps(record))
+            tar.add(folder / f"{run_id}.json", arcname=f"mlruns/1/{run_id}/artifacts/provenance.json")
+
+
+def test_the_cost_is_given_per_gpu_its_pools_records_name(tmp_path, empty_store):
+    """Two pools, each on the GPU its runs' records name: four runs on an H200 (two at a time, 240 s each, 8 min,
+    SFT 180 s; its run's provenance record says so) and three on an H100 (all at once, 600 s, 10 min, one more that
+    exited non-zero, SFT 240 s; its run's tag says so, and a run copied in from before the pool, on an H200, is not
+    its). Each GPU gets its own runs, rate and verdict cost: neither machine's runs are counted at the other's rate."""
+    runs = _records(tmp_path, empty_store, no_baseline=0.3)
+    h200 = "a start 1000\nb start 1000\na end 1240 rc=0\nc start 1240\nb end 1240 rc=0\nd start 1240\n"
+    h200 += "c end 1480 rc=0\nd end 1480 rc=0\n"
+    _pool_archive(
+        tmp_path,
+        tmp_path / "store" / "mlflow.db",
+        runs / "records_call1.tar.gz",
+        h200,
+        180,
+        {"1001": "cuda: 1 × NVIDIA H200"},
+    )
+    h100 = "x start 5000\ny start 5000\nz start 5000\nf start 5000\nf end 5060 rc=1\n"
+    h100 += "x end 5600 rc=0\ny end 5600 rc=0\nz end 5600 rc=0\n"
+    store = tmp_path / "store2" / "mlflow.db"
+    store.parent.mkdir()
+    shutil.copy(empty_store, store)
+    _pool_archive(
+        tmp_path,
+        store,
+        runs / "records_call2.tar.gz",
+        h100,
+        240,
+        {"4000": "tag:cuda: 1 × NVIDIA H200", "5001": "tag:cuda: 1 × NVIDIA H100 80GB HBM3"},
+    )
+    cost = _line(_generate(tmp_path, runs), "Cost:")
+    on_h200, on_h100 = cost.removeprefix("Cost: ").split("; ")
+    assert on_h200.startswith("one H200 ran 4 GRPO runs") and "at most 2 at once, in 8.0 GPU-minutes:" in on_h200
+    assert "0.5 runs a GPU-minute, so a verdict's three pairs take 12.0 GPU-minutes (6.0 with a shared" in on_h200
+    assert on_h200.endswith("plus the start model's SFT (3.0 min) once per batch")
+    assert (
+        on_h100.startswith("one H100 ran 3 GRPO runs") and "at most 3 at once, in 10.0 GPU-minutes (with the" in on_h100
+    )
+    assert "0.3 runs a GPU-minute, so a verdict's three pairs take 20.0 GPU-minutes (10.0 with a shared" in on_h100
+    assert "plus the start model's SFT (4.0 min) once per batch. A verdict's three pairs are six runs" in on_h100
+    assert "one GPU" not in cost and "7 GRPO runs" not in cost
 
 
 def test_a_starting_models_folder_is_shown_as_the_project_names_it():
