@@ -83,7 +83,7 @@ def timed_steps() -> Iterator[list[dict]]:
 
 def layers_of(config, device: str) -> str:
     """The training layers column: what ran, and whether ``auto`` chose it."""
-    layers = "compiled decoder layers" if config.compiles(torch.device(device)) else "eager decoder layers"
+    layers = "compiled decoder layers" if config.speed.compiles(torch.device(device)) else "eager decoder layers"
     return f"compile_layers auto: {layers}" if config.compile_layers == "auto" else layers
 
 

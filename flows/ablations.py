@@ -17,7 +17,7 @@ from flows.params import AblationName, GRPOParams
 def with_overrides(params: GRPOParams, overrides: dict[str, Any]) -> GRPOParams:
     """``params`` with ``overrides``, validated: ValueError in one line for an invalid combination."""
     try:
-        return type(params)(**{**params.model_dump(), **overrides})
+        return params.replace(**overrides)
     except ValidationError as error:
         raise ValueError(describe(error)) from None
 

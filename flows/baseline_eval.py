@@ -50,7 +50,7 @@ def baseline_eval(params: BaselineEvalParams = BaselineEvalParams()) -> dict:
             output_dir = str(Path(params.output_dir) / name) if name else params.output_dir
             evaluated[name] = (records, write_outputs(records, output_dir, None if name else params.metrics_path))
         run_name = f"{model_name}-{params.prompt}-{len(evaluated[''][0]) // params.n}"
-        run_id = log_evaluation_run(params.experiment, run_name, params.tracking_uri, params.model_dump(), evaluated)
+        run_id = log_evaluation_run(params.experiment, run_name, params.tracking_uri, params.flat(), evaluated)
     sets = {name: outputs for name, (_, outputs) in evaluated.items() if name}
     publish(
         "baseline_eval",

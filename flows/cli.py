@@ -45,9 +45,10 @@ from a5core.policy.model_specs import ModelResolutionError
 from a5core.runtime.checkpoint import CheckpointMismatchError, NonFiniteLossError
 from a5core.runtime.guards import DivergenceError
 from a5core.runtime.out_of_memory import MicrobatchOutOfMemoryError
+from a5core.runtime.settings import Settings, setting_location
 from tasks.engines import EngineStartError
 
-Params = TypeVar("Params", bound=BaseModel)
+Params = TypeVar("Params", bound=Settings)
 
 # What a user's input can cause, each raised with a message naming what and where: such an error ends a
 # command with that message. (DataError, PromptTemplateError and CheckpointMismatchError are ValueErrors;
@@ -478,16 +479,17 @@ def section_settings(
     return deep_merge(*section_layers(document, section, profile, path))
 
 
-def _unknown_keys(model: type[BaseModel], values: dict[str, Any], where: str) -> str | None:
+def _unknown_keys(model: type[Settings], values: dict[str, Any], where: str) -> str | None:
     """A message naming the keys of ``values`` that ``model`` has no field for (typos), or None."""
     import difflib
 
-    unknown = [key for key in values if key not in model.model_fields]
+    settings = model.flat_fields()
+    unknown = [key for key in values if key not in settings]
     if not unknown:
         return None
     hints = []
     for key in unknown:
-        close = difflib.get_close_matches(str(key), list(model.model_fields), n=1)
+        close = difflib.get_close_matches(str(key), list(settings), n=1)
         hints.append(f"{key}" + (f" (did you mean {close[0]}?)" if close else ""))
     return f"{where}: unknown setting(s) {', '.join(hints)}"
 
@@ -518,7 +520,7 @@ def parse_params(model: type[Params], section: str, argv: list[str] | None = Non
     return params
 
 
-def _parser(model: type[BaseModel], section: str, description: str) -> argparse.ArgumentParser:
+def _parser(model: type[Settings], section: str, description: str) -> argparse.ArgumentParser:
     """The command line of a flow of parameters ``model``: --config, --profile, --show-config, a flag a field."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, help=f"YAML file whose `{section}` section sets parameters")
@@ -534,7 +536,7 @@ def _parser(model: type[BaseModel], section: str, description: str) -> argparse.
         action="store_true",
         help="print the settings a run would take, each with where its value comes from, and exit without running",
     )
-    for name, field in model.model_fields.items():
+    for name, field in model.flat_fields().items():
         parser.add_argument(
             "--" + name.replace("_", "-"),
             dest=name,
@@ -546,7 +548,7 @@ def _parser(model: type[BaseModel], section: str, description: str) -> argparse.
 
 def _config_values(
     parser: argparse.ArgumentParser,
-    model: type[BaseModel],
+    model: type[Settings],
     section: str,
     config: Path,
     profile_flag: str | None,
@@ -589,16 +591,17 @@ def _flag_values(parser: argparse.ArgumentParser, args: dict[str, Any], sources:
 
 def _flag_problem(error: Any) -> str:
     """One of pydantic's errors as the flag it names: ``--flag[index] 'value': message``."""
-    if not error["loc"]:  # a check across fields: no single flag to name
+    loc = setting_location(error["loc"])
+    if not loc:  # a check across fields: no single flag to name
         return error["msg"]
-    index = "".join(f"[{i}]" for i in error["loc"][1:] if isinstance(i, int))
-    flag = f"--{str(error['loc'][0]).replace('_', '-')}{index}"
+    index = "".join(f"[{i}]" for i in loc[1:] if isinstance(i, int))
+    flag = f"--{str(loc[0]).replace('_', '-')}{index}"
     return f"{flag} {error.get('input')!r}: {error['msg']}"
 
 
-def declared_in(model: type[BaseModel], name: str) -> str:
-    """The class whose body gives field ``name`` of ``model`` its default (module and name)."""
-    cls = next(cls for cls in model.__mro__ if name in vars(cls).get("__annotations__", {}))
+def declared_in(model: type[Settings], name: str) -> str:
+    """The class whose body gives setting ``name`` of ``model`` its default (module and name)."""
+    cls = model.declaring_class(name)
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
@@ -607,11 +610,11 @@ def _flow_yaml(value: Any) -> str:
     return yaml.safe_dump([value], default_flow_style=True, width=float("inf")).strip()[1:-1]
 
 
-def show_config(params: BaseModel, section: str, sources: dict[str, str]) -> str:
+def show_config(params: Settings, section: str, sources: dict[str, str]) -> str:
     """``params`` as YAML, section ``section``, each setting commented with where its value came from: a
     ``default`` (the class that declares it), the file's section, a profile or a flag; then, for an ablation
     (``params.ablation``), what each of its children sets (:mod:`flows.ablations`)."""
-    values = params.model_dump(mode="json")
+    values = params.flat(mode="json")
     rows: list[tuple[str, str | None]] = [
         ("# The settings this command runs with, each followed by where its value comes from", None),
         (f"{section}:", None),
@@ -627,7 +630,7 @@ def show_config(params: BaseModel, section: str, sources: dict[str, str]) -> str
         children = ablation_settings(ablation, params)
         rows.append((f"ablation {ablation}:", None))
         for setting, overrides in ablation_overrides(ablation, params).items():
-            child = children[setting].model_dump(mode="json")
+            child = children[setting].flat(mode="json")
             rows.append((f"  {setting}:", None))
             rows += [(f"    {key}: {_flow_yaml(child[key])}", f"ablation {ablation}") for key in overrides]
     width = min(max(len(text) for text, source in rows if source), 48)  # a long list stands out on its own

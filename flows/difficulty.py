@@ -81,7 +81,7 @@ def difficulty(params: DifficultyParams = DifficultyParams()) -> dict:
             f"{params.model.rstrip('/').split('/')[-1]}-{len(problems)}x{params.n}",
             params.tracking_uri,
             [paths["table"], paths["summary"], paths["histogram"]],
-            params={k: str(v)[:6000] for k, v in params.model_dump().items()},
+            params={k: str(v)[:6000] for k, v in params.flat().items()},
             metrics={k: float(v) for k, v in summary.items()},
         )
     publish(

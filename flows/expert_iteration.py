@@ -55,7 +55,7 @@ def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | Non
             problems,
             run.template,
             run.reward_fn,
-            params,
+            params.ei,
             checkpoint_dir=run.folder / "checkpoint",
             evaluate=run.validation(params.val_subset),
             log=run.log,
@@ -85,9 +85,7 @@ def grid(params: EIParams) -> dict[str, EIParams]:
     """The sweep's settings, named G{g}_E{e}_Db{d}, each validated."""
     try:
         return {
-            f"G{g}_E{e}_Db{d}": EIParams(
-                **{**params.model_dump(), "rollouts_per_question": g, "epochs": e, "questions_per_step": d}
-            )
+            f"G{g}_E{e}_Db{d}": params.replace(rollouts_per_question=g, epochs=e, questions_per_step=d)
             for g, e, d in itertools.product(
                 params.sweep_rollouts_per_question, params.sweep_epochs, params.sweep_questions_per_step
             )

@@ -43,7 +43,7 @@ def run_children(
             children = {
                 name: child
                 if child.gpu_memory_fraction
-                else child.model_copy(update={"gpu_memory_fraction": params.ray_gpus_per_child})
+                else child.replace(gpu_memory_fraction=params.ray_gpus_per_child)
                 for name, child in children.items()
             }
         return run_children_on_ray(

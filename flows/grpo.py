@@ -104,7 +104,7 @@ def run_grpo(name: str, params: GRPOParams, engine: Engine, parent_run_id: str |
             problems,
             run.template,
             run.reward_fn,
-            params,
+            params.grpo,
             checkpoint_dir=run.folder / "checkpoint",
             evaluate=run.validation(params.val_subset),
             log=log,
@@ -157,7 +157,7 @@ def run_sweep(run_name: str, children: dict[str, GRPOParams], params: GRPOParams
 def run_ablation(name: str, params: GRPOParams) -> dict:
     """Ablation ``name`` as a parent MLflow run with one child run per setting; resumable."""
     title = f"GRPO {ABLATIONS[name][0]} ablation: validation accuracy"
-    return run_sweep(name, ablation_settings(name, params), params.model_copy(update={"ablation": name}), title)
+    return run_sweep(name, ablation_settings(name, params), params.replace(ablation=name), title)
 
 
 @flow(name="grpo")

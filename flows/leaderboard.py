@@ -215,7 +215,7 @@ def _budgeted(start: float, run: Run) -> Trained:
         train,
         template,
         run.reward_fn,
-        params,
+        params.grpo,
         checkpoint_dir=run.folder / "grpo_checkpoint",
         evaluate=evaluate,
         log=run.log,

@@ -1,14 +1,15 @@
-"""The flows' parameter models, each composed from its loop's settings and the pipeline's shared groups.
+"""The flows' parameter models, each composed of its loop's settings and the pipeline's shared groups.
 
 A setting is declared once: the training loops' own in :mod:`a5core.runtime.settings` and the loops' configs
 (:class:`~a5core.loops.sft.SFTConfig`, :class:`~a5core.loops.expert_iteration.EIConfig`,
-:class:`~a5core.loops.grpo.GRPOConfig`),
-the pipeline's here (the engine, the problems and their validation, the prompt and grader, where outputs
-and MLflow runs go). A flow's model inherits the pieces it uses, so its command-line flags
-(:func:`flows.cli.parse_params`), its Prefect UI form and the validation of its ``params.yaml`` section
-all come from those declarations; a flow that wants another default redeclares the field with
-:func:`a5core.runtime.settings.inherited`. The model *is* the loop's config (a subclass of it): a run builds
-and validates it once and passes it down.
+:class:`~a5core.loops.grpo.GRPOConfig`), the pipeline's here (the engine, the problems and their validation, the
+prompt and grader, where outputs and MLflow runs go). A flow's model holds the groups it uses as fields
+(``params.grpo``, ``params.engine``, ``params.eval``, ``params.outputs`` ...), so its command-line flags
+(:func:`flows.cli.parse_params`), its Prefect UI form and the validation of its ``params.yaml`` section all come
+from those declarations; a flow that wants another default gives a group a subclass that redeclares the field
+with :func:`a5core.runtime.settings.inherited` (``GRPOOutputs``, ``LeaderboardGRPO``). A setting keeps its own
+name wherever its group sits (``learning_rate``, ``output_dir``). A run builds and validates the model once and
+passes each part down: the loop gets its config (``params.grpo``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from a5core.data.sft_data import TeacherSettings
 from a5core.engines import BACKENDS, DTYPES, SamplingSettings
 from a5core.loops.expert_iteration import EIConfig
 from a5core.loops.grpo import GRPOConfig
+from a5core.loops.grpo.config import GRPOOptimizer
 from a5core.loops.sft import SFTConfig
 from a5core.policy.losses import LengthNormalization
 from a5core.runtime.settings import (
@@ -32,6 +34,7 @@ from a5core.runtime.settings import (
     RolloutSamplingFields,
     SamplingFields,
     Settings,
+    group,
     inherited,
 )
 from tasks.engines import parse_engine_devices
@@ -154,11 +157,12 @@ class PromptSettings(Prompt):
         return self.reward_fn or self.prompt
 
 
-class Generation(ModelChoice, SamplingFields):
-    """How an evaluation or a teacher samples: the model, and n samples a problem (the stop strings: the
-    prompt's, unless ``stop`` says otherwise; the seed: 0, reproducible). What is passed to the engine as it is
-    starts from the engine's own default (:data:`a5core.runtime.settings.ENGINE_SAMPLING`)."""
+class Generation(Settings):
+    """How an evaluation or a teacher samples: n samples a problem (the stop strings: the prompt's, unless
+    ``stop`` says otherwise; the seed: 0, reproducible). What is passed to the engine as it is starts from the
+    engine's own default (:data:`a5core.runtime.settings.ENGINE_SAMPLING`)."""
 
+    sampling: SamplingFields = group(SamplingFields, "temperature and response length")
     dtype: EngineDtype = Field("auto", description="engine dtype: auto (bf16 on GPU, fp32 on CPU), bfloat16, float32")
     limit: int | None = Field(None, ge=1, description="only the first N problems")
     n: int = Field(ENGINE_SAMPLING.n, ge=1, description="samples per problem")
@@ -170,7 +174,13 @@ class Generation(ModelChoice, SamplingFields):
         """The engine's sampling: these settings, ``n`` samples a prompt, the template's stop strings unless
         ``stop`` is set."""
         stop = template.stop if self.stop is None else self.stop
-        return self.sampling(stop, n=self.n, top_p=self.top_p, seed=self.seed)
+        return self.sampling.engine_settings(stop, n=self.n, top_p=self.top_p, seed=self.seed)
+
+
+class RolloutGeneration(Generation):
+    """Generation that may not stop before ``min_tokens``."""
+
+    sampling: RolloutSamplingFields = group(RolloutSamplingFields, "temperature and response length")
 
 
 class OutputDir(Settings):
@@ -250,13 +260,27 @@ PLACEMENT_FIELDS = frozenset(
 # --------------------------------------------------------------------------------------- the flows
 
 
-class BaselineEvalParams(Generation, RolloutSamplingFields, PromptSettings, Outputs):
-    """Zero-shot evaluation (flow ``baseline_eval``)."""
-
+class BaselineEvalOutputs(Outputs):
     output_dir: str = inherited("outputs/baseline_eval")
     metrics_path: str | None = inherited("metrics/baseline_eval.json")
     experiment: str = inherited("baseline_eval")
+
+
+class BaselineSampling(RolloutSamplingFields):
     min_tokens: int = inherited(0)
+
+
+class BaselineGeneration(RolloutGeneration):
+    sampling: BaselineSampling = group(BaselineSampling, "temperature and response length")
+
+
+class BaselineEvalParams(Settings):
+    """Zero-shot evaluation (flow ``baseline_eval``)."""
+
+    engine: ModelChoice = group(ModelChoice, "the model evaluated and the engine that samples from it")
+    generation: BaselineGeneration = group(BaselineGeneration, "how the model samples")
+    grading: PromptSettings = group(PromptSettings, "the prompt template and the grader")
+    outputs: BaselineEvalOutputs = group(BaselineEvalOutputs, "where the run's files, metrics and MLflow runs go")
 
     data: str = Field("../shared/data/math/validation.jsonl", description="jsonl path or hub dataset id")
     data_format: DataFormat = Field("math", description="record format of the data")
@@ -275,13 +299,24 @@ class BaselineEvalParams(Generation, RolloutSamplingFields, PromptSettings, Outp
         return sets
 
 
-class DifficultyParams(Generation, RolloutSamplingFields, PromptSettings, TrainData, Outputs):
-    """Each training question's pass rate under a model, from ``n`` samples (flow ``difficulty``)."""
-
-    n: int = inherited(8)
+class DifficultyOutputs(Outputs):
     output_dir: str = inherited("outputs/difficulty")
     experiment: str = inherited("difficulty")
     metrics_path: str | None = inherited("metrics/difficulty.json")
+
+
+class DifficultyGeneration(RolloutGeneration):
+    n: int = inherited(8)
+
+
+class DifficultyParams(Settings):
+    """Each training question's pass rate under a model, from ``n`` samples (flow ``difficulty``)."""
+
+    engine: ModelChoice = group(ModelChoice, "the model measured and the engine that samples from it")
+    generation: DifficultyGeneration = group(DifficultyGeneration, "how the model samples")
+    grading: PromptSettings = group(PromptSettings, "the prompt template and the grader")
+    train: TrainData = group(TrainData, "the questions measured")
+    outputs: DifficultyOutputs = group(DifficultyOutputs, "where the run's files, metrics and MLflow runs go")
 
     table: str = Field("data/difficulty/pass_rates.csv", description="the pass-rate table written (a csv)")
 
@@ -292,14 +327,23 @@ class DifficultyParams(Generation, RolloutSamplingFields, PromptSettings, TrainD
         return value
 
 
-class DistillParams(Generation, TeacherSettings):
+class TeacherModel(ModelChoice):
+    model: str = inherited("Qwen/Qwen2.5-Math-7B")
+
+
+class DistillGeneration(Generation):
+    n: int = inherited(4)
+
+
+class DistillParams(Settings):
     """Distillation from a teacher (``flows.sft_data distill``): a served model (how to reach it:
     :class:`a5core.data.sft_data.TeacherSettings`) or a local engine."""
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str = inherited("Qwen/Qwen2.5-Math-7B")
-    n: int = inherited(4)
+    engine: TeacherModel = group(TeacherModel, "the teacher model and, teacher engine, the engine that samples")
+    generation: DistillGeneration = group(DistillGeneration, "how the teacher samples")
+    server: TeacherSettings = group(TeacherSettings, "teacher openai: how to reach the served teacher")
 
     enabled: bool = Field(False, description="opt-in: needs a served or local teacher model")
     teacher: Literal["openai", "engine"] = Field(
@@ -309,13 +353,22 @@ class DistillParams(Generation, TeacherSettings):
     problems: str = Field("../shared/data/math/train.jsonl", description="MATH problems to distill")
 
 
-class SFTExperimentParams(SFTConfig, SamplingFields, EngineSettings, Validation, PromptSettings, Outputs):
-    """The SFT sweep over training-set sizes (flow ``sft_experiment``); evaluation samples with
-    ``temperature`` and ``max_tokens``."""
-
+class SFTExperimentOutputs(Outputs):
     output_dir: str = inherited("outputs/sft_experiment")
     metrics_path: str | None = inherited("metrics/sft_experiment.json")
     experiment: str = inherited("sft_experiment")
+
+
+class SFTExperimentParams(Settings):
+    """The SFT sweep over training-set sizes (flow ``sft_experiment``); evaluation samples with
+    ``temperature`` and ``max_tokens``."""
+
+    sft: SFTConfig = group(SFTConfig, "the SFT loop's settings")
+    sampling: SamplingFields = group(SamplingFields, "how validation samples")
+    engine: EngineSettings = group(EngineSettings, "the starting model and the engine that samples from it")
+    eval: Validation = group(Validation, "the validation problems and how many")
+    grading: PromptSettings = group(PromptSettings, "the prompt template and the grader")
+    outputs: SFTExperimentOutputs = group(SFTExperimentOutputs, "where the run's files, metrics and MLflow runs go")
 
     train_data: str = Field(
         "data/sft/math_solutions.jsonl",
@@ -334,12 +387,22 @@ class SFTExperimentParams(SFTConfig, SamplingFields, EngineSettings, Validation,
     )
 
 
-class EIParams(EIConfig, EngineSettings, TrainProblems, Validation, PromptSettings, ChildRunner, Outputs):
-    """Expert Iteration, one run or (``sweep``) the G × E × D_b grid (flow ``expert_iteration``)."""
-
+class EIOutputs(Outputs):
     output_dir: str = inherited("outputs/expert_iteration")
     metrics_path: str | None = inherited("metrics/expert_iteration.json")
     experiment: str = inherited("expert_iteration")
+
+
+class EIParams(Settings):
+    """Expert Iteration, one run or (``sweep``) the G × E × D_b grid (flow ``expert_iteration``)."""
+
+    ei: EIConfig = group(EIConfig, "the Expert Iteration loop's settings")
+    engine: EngineSettings = group(EngineSettings, "the starting model and the engine that samples from it")
+    train: TrainProblems = group(TrainProblems, "the questions a round samples from")
+    eval: Validation = group(Validation, "the validation problems and how many")
+    grading: PromptSettings = group(PromptSettings, "the prompt template and the grader")
+    children: ChildRunner = group(ChildRunner, "where a sweep's children run")
+    outputs: EIOutputs = group(EIOutputs, "where the run's files, metrics and MLflow runs go")
 
     sweep: bool = Field(False, description="run the grid below as children of one parent run")
     sweep_rollouts_per_question: list[int] = Field([4, 8], min_length=1, description="G values of the sweep")
@@ -347,10 +410,17 @@ class EIParams(EIConfig, EngineSettings, TrainProblems, Validation, PromptSettin
     sweep_questions_per_step: list[int] = Field([512, 1024, 2048], min_length=1, description="D_b values of the sweep")
 
 
-class GRPORunParams(GRPOConfig, EngineSettings, TrainProblems, Validation, PromptSettings, Outputs):
+class GRPORunParams(Settings):
     """One GRPO run: the loop's settings (:class:`a5core.loops.grpo.GRPOConfig`) and the pipeline's (the engine, the
     problems, validation, the prompt, where outputs go). The grpo flow adds its ablations; the leaderboard its
     budget and rules."""
+
+    grpo: GRPOConfig = group(GRPOConfig, "the GRPO loop's settings")
+    engine: EngineSettings = group(EngineSettings, "the starting model and the engine that samples from it")
+    train: TrainProblems = group(TrainProblems, "the questions a step samples from")
+    eval: Validation = group(Validation, "the validation problems and how many")
+    grading: PromptSettings = group(PromptSettings, "the prompt template and the grader")
+    outputs: Outputs = group(Outputs, "where the run's files, metrics and MLflow runs go")
 
     engine_device: str | None = Field(
         None,
@@ -385,13 +455,22 @@ AblationName = Literal[
 ]
 
 
-class GRPOParams(GRPORunParams, ChildRunner):
-    """One GRPO run or (``ablation``) an A5 ablation (flow ``grpo`` and the ablation flows)."""
-
+class GRPOOutputs(Outputs):
     output_dir: str = inherited("outputs/grpo")
     metrics_path: str | None = inherited("metrics/grpo.json")
     experiment: str = inherited("grpo")
+
+
+class GRPOValidation(Validation):
     val_subset: int = inherited(1024)
+
+
+class GRPOParams(GRPORunParams):
+    """One GRPO run or (``ablation``) an A5 ablation (flow ``grpo`` and the ablation flows)."""
+
+    eval: GRPOValidation = group(GRPOValidation, "the validation problems and how many")
+    outputs: GRPOOutputs = group(GRPOOutputs, "where the run's files, metrics and MLflow runs go")
+    children: ChildRunner = group(ChildRunner, "where an ablation's children run")
 
     ablation: AblationName | None = Field(None, description="run this ablation instead of one run")
     ablation_only: list[str] | None = Field(
@@ -411,18 +490,37 @@ class GRPOParams(GRPORunParams, ChildRunner):
 _SFT = SFTConfig()  # the leaderboard's SFT phase starts from the SFT loop's defaults
 
 
+class LeaderboardOptimizer(GRPOOptimizer):
+    learning_rate: float = inherited(3e-5)
+
+
+class LeaderboardGRPO(GRPOConfig):
+    """The GRPO loop's settings with the leaderboard's own defaults, which follow the public leaderboard's best
+    entries."""
+
+    length_normalization: LengthNormalization = inherited("masked_normalize")
+    n_grpo_steps: int = inherited(100_000)
+    optimizer: LeaderboardOptimizer = group(LeaderboardOptimizer, "AdamW and gradient clipping")
+
+
+class LeaderboardValidation(Validation):
+    val_subset: int = inherited(512)
+
+
+class LeaderboardOutputs(Outputs):
+    output_dir: str = inherited("outputs/leaderboard")
+    metrics_path: str | None = inherited("metrics/leaderboard.json")
+    experiment: str = inherited("leaderboard")
+
+
 class LeaderboardParams(GRPORunParams):
     """The leaderboard run (flow ``leaderboard``): GRPO within a wall-clock budget, an optional SFT phase
     first, scored by the A5 rules. Its GRPO defaults that differ from the loop's follow the public
     leaderboard's best entries."""
 
-    output_dir: str = inherited("outputs/leaderboard")
-    metrics_path: str | None = inherited("metrics/leaderboard.json")
-    experiment: str = inherited("leaderboard")
-    learning_rate: float = inherited(3e-5)
-    length_normalization: LengthNormalization = inherited("masked_normalize")
-    n_grpo_steps: int = inherited(100_000)
-    val_subset: int = inherited(512)
+    grpo: LeaderboardGRPO = group(LeaderboardGRPO, "the GRPO loop's settings")
+    eval: LeaderboardValidation = group(LeaderboardValidation, "the validation problems and how many")
+    outputs: LeaderboardOutputs = group(LeaderboardOutputs, "where the run's files, metrics and MLflow runs go")
 
     budget_hours: float = Field(4.0, gt=0, description="wall-clock budget of the whole flow, evaluation included")
     final_eval_limit: int | None = Field(

@@ -191,7 +191,8 @@ def replay_params(record: dict[str, Any], model: type, params: ReproduceParams) 
     run's recorded output folder: :func:`recorded_output_dir`) with any output file in it, no DVC metrics file,
     and MLflow runs into ``params.into``, else the store the record was read from (not the store the record
     names, which is where the run was made: another machine's, for an archived run)."""
-    settings = {k: v for k, v in record["settings"].items() if k in model.model_fields}
+    known = model.flat_fields()
+    settings = {k: v for k, v in record["settings"].items() if k in known}
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
     folder = params.output_dir or str(recorded_output_dir(settings) / f"reproduce-{params.run_id[:8]}-{stamp}")
     settings["output_dir"] = folder

@@ -87,7 +87,7 @@ def train_setting(
             run.model,
             run.tokenizer,
             traces,
-            params,
+            params.sft,
             checkpoint_dir=run.folder / "checkpoint",
             evaluate=hook(selection, len(selection)),  # the curve: the selection split
             log=run.log,

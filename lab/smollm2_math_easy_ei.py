@@ -180,7 +180,7 @@ for k in range(int(env("EI_ROUNDS", 8))):
         ei_problems,
         template,
         r1_zero_reward_fn,
-        ei.model_copy(update={"seed": k}),
+        ei.replace(seed=k),
         evaluate=lambda m, s: {},
         log=lambda m, s, k=k: (
             note(

@@ -177,9 +177,9 @@ def _listed(names: list[str]) -> str:
 
 
 def output_kind(params_model: type) -> str:
-    """The kind of run a parameter model describes, as a marker names it: ``GRPOParams`` → ``GRPO`` (the
-    GRPO run and its ablations share it)."""
-    return params_model.__name__.removesuffix("Params")
+    """The kind of run a parameter model (or its outputs group) describes, as a marker names it: ``GRPOParams``
+    and ``GRPOOutputs`` → ``GRPO`` (the GRPO run and its ablations share it)."""
+    return params_model.__name__.removesuffix("Params").removesuffix("Outputs")
 
 
 def claim_outputs(params: Any) -> None:

@@ -34,9 +34,9 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
 from pydantic_core import PydanticUndefined, to_jsonable_python
 
+from a5core.runtime.settings import Settings
 from tasks.fingerprints import file_digest, folder_digest, model_fingerprint
 from tasks.tracking import (
     PROJECT_ROOT,
@@ -99,12 +99,12 @@ def content_hash(setting: str, value: str) -> str | None:
     return None
 
 
-def inputs(params: BaseModel) -> dict[str, dict[str, str]]:
+def inputs(params: Settings) -> dict[str, dict[str, str]]:
     """Each setting of ``params`` naming an existing file or folder (and the model): path and content hash,
     and DVC's md5 where ``dvc.lock`` lists the file."""
     dvc = None
     found: dict[str, dict[str, str]] = {}
-    for setting, value in params.model_dump().items():
+    for setting, value in params.flat().items():
         if not isinstance(value, str) or not value or setting in ("output_dir", "metrics_path"):
             continue
         digest = content_hash(setting, value)
@@ -120,10 +120,10 @@ def inputs(params: BaseModel) -> dict[str, dict[str, str]]:
     return found
 
 
-def field_defaults(model: type[BaseModel]) -> dict[str, Any]:
+def field_defaults(model: type[Settings]) -> dict[str, Any]:
     """Each field's default (JSON values), leaving out fields without one."""
     found = {}
-    for name, field in model.model_fields.items():
+    for name, field in model.flat_fields().items():
         default = field.get_default(call_default_factory=True)
         if default is not PydanticUndefined:
             found[name] = _jsonable(default)
@@ -146,16 +146,16 @@ def recorded_as_made_by(flow: dict[str, str]) -> Iterator[None]:
         _MADE_BY.reset(token)
 
 
-def build_record(params: BaseModel, code: dict[str, Any] | None = None) -> dict[str, Any]:
+def build_record(params: Settings, code: dict[str, Any] | None = None) -> dict[str, Any]:
     """The provenance record of a run of ``params`` in the present flow run (see the module docstring);
     ``code``: :func:`git_state`, where the caller has it already."""
     flow, code = _MADE_BY.get() or prefect_flow_run(), code or git_state()
-    settings = params.model_dump(mode="json")
+    settings = params.flat(mode="json")
     return {
         "flow": {"name": flow.get("flow"), "entrypoint": flow.get("entrypoint")},
         "params_model": f"{importable_module(type(params).__module__)}.{type(params).__qualname__}",
         "settings": settings,
-        "explicit": sorted(params.model_fields_set),
+        "explicit": sorted(params.explicit()),
         "defaults": field_defaults(type(params)),
         "seeds": {k: v for k, v in settings.items() if "seed" in k},
         "inputs": inputs(params),
@@ -166,7 +166,7 @@ def build_record(params: BaseModel, code: dict[str, Any] | None = None) -> dict[
     }
 
 
-def log_provenance(params: BaseModel) -> dict[str, Any]:
+def log_provenance(params: Settings) -> dict[str, Any]:
     """Log :func:`build_record` as ``provenance.json`` into the active MLflow run (and the diff as
     ``git_diff.patch`` when tracked files have uncommitted changes); returns the record."""
     import mlflow
@@ -249,14 +249,13 @@ def input_differences(record: dict[str, Any]) -> list[str]:
     return found
 
 
-def setting_differences(record: dict[str, Any], model: type[BaseModel]) -> list[str]:
+def setting_differences(record: dict[str, Any], model: type[Settings]) -> list[str]:
     """Settings the flow no longer has, settings it has that the run did not, and defaults that changed for
     settings the run left to their default (the run is replayed with its recorded values either way)."""
     settings, explicit = record["settings"], set(record.get("explicit") or [])
-    found = [
-        f"setting {k}: recorded, but the flow has no such setting now" for k in settings if k not in model.model_fields
-    ]
-    found += [f"setting {k}: new since the run (the run had none)" for k in model.model_fields if k not in settings]
+    known = model.flat_fields()
+    found = [f"setting {k}: recorded, but the flow has no such setting now" for k in settings if k not in known]
+    found += [f"setting {k}: new since the run (the run had none)" for k in known if k not in settings]
     then, now = record.get("defaults") or {}, field_defaults(model)
     for name in sorted(set(then) & set(now) - explicit):
         if then[name] != now[name]:
@@ -279,7 +278,7 @@ def environment_differences(record: dict[str, Any]) -> list[str]:
     return found
 
 
-def differences(record: dict[str, Any], model: type[BaseModel]) -> list[str]:
+def differences(record: dict[str, Any], model: type[Settings]) -> list[str]:
     """Everything recorded that is not the same here: code, data, settings, versions and device."""
     return [
         *code_differences(record),

@@ -72,7 +72,7 @@ def params_key(params: Any, ignore: tuple[str, ...] = RUN_KEY_IGNORED) -> str:
     folder by its files (a stage that starts from another stage's saved model runs again when that model
     was trained again), and every setting naming a file (data, prompt template, difficulty table) by its
     bytes (an edited or newly pulled data file is another run, not a finished one)."""
-    values = params.model_dump(exclude=set(ignore))
+    values = {k: v for k, v in params.flat().items() if k not in ignore}
     if isinstance(values.get("model"), str) and Path(values["model"]).expanduser().is_dir():
         values["model_files"] = model_fingerprint(values["model"])
     files = {k: v for k, v in values.items() if isinstance(v, str) and v and Path(v).expanduser().is_file()}
@@ -288,7 +288,7 @@ def log_run_params(params: Any, extra: dict[str, Any] | None = None) -> None:
 
     if not tracking_rank():
         return
-    log_params_flat({**params.model_dump(), **(extra or {})})
+    log_params_flat({**params.flat(), **(extra or {})})
     mlflow.set_tags({"model_path": model_path(params.model)})
     log_provenance(params)
 

@@ -180,7 +180,7 @@ def run_sft(tokenizer, out: Path, microbatch: int | None, foreign: str | None) -
             resumed,
             tokenizer,
             EXAMPLES,
-            config.model_copy(update={"microbatch_size": sft_config(None).microbatch_size}),
+            config.replace(microbatch_size=sft_config(None).microbatch_size),
             checkpoint_dir=out / "sft_foreign",
         )
         results["sft_foreign"] = {"weights": whole_weights(resumed)}

@@ -427,11 +427,12 @@ def test_grpo_out_of_memory_names_the_budget_and_a_lower_one_resumes_the_run(
 
 
 def test_a_check_across_fields_is_reported_without_a_flag(capsys):
-    from pydantic import BaseModel, model_validator
+    from pydantic import model_validator
 
+    from a5core.runtime.settings import Settings
     from flows.cli import parse_params
 
-    class Ranged(BaseModel):
+    class Ranged(Settings):
         low: int = 1
         high: int = 2
 

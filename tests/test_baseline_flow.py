@@ -11,7 +11,7 @@ def test_cli_help_lists_every_parameter():
     out = subprocess.run(
         [sys.executable, "-m", "flows.baseline_eval", "--help"], capture_output=True, text=True, check=True
     ).stdout
-    for name in BaselineEvalParams.model_fields:
+    for name in BaselineEvalParams.flat_fields():
         assert "--" + name.replace("_", "-") in out
     assert "--limit" in out and "--config" in out
 

@@ -351,3 +351,42 @@ def test_mlflow_from_its_home_page_and_a_prefect_form_that_refuses_a_source_fold
             SCREENSHOTS.mkdir(parents=True, exist_ok=True)
             for shot in shots.glob("*.png"):
                 shutil.copy2(shot, SCREENSHOTS / shot.name)
+
+
+def test_a_composed_flow_form_shows_its_groups_and_refuses_a_source_folder_in_one(uis, browser, tmp_path):
+    """The GRPO flow's Prefect form is made of its settings' groups (the loop's ``grpo`` with its ``optimizer``,
+    the ``outputs`` ...), each setting under its own name; ``output_dir`` a source folder, inside the ``outputs``
+    group, is refused by the form, and no flow run is made."""
+    from selenium.webdriver.common.by import By
+
+    root = Path(__file__).resolve().parents[1]
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    deployment = subprocess.run(
+        [sys.executable, "-c", "from flows.grpo import grpo_flow; print(grpo_flow.to_deployment(name='form').apply())"],
+        cwd=root,
+        env=quiet_env(uis["tmp"], PREFECT_API_URL=f"{uis['prefect']}/api", PYTHONPATH=str(root)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert deployment.returncode == 0, deployment.stderr[-3000:]
+    deployment_id = deployment.stdout.split()[-1]
+    try:
+        browser.get(f"{uis['prefect']}/deployments/deployment/{deployment_id}/run")
+        for text in ("Optimizer", "Learning Rate", "Outputs", "Output Dir"):
+            wait_for_text(browser, text, shots / "prefect_grpo_form.png")
+        field = browser.find_element(
+            By.XPATH, "//*[normalize-space(text())='Output Dir (Optional)']/following::textarea"
+        )
+        field.clear()
+        field.send_keys("flows")
+        click_text(browser, "Submit")
+        wait_for_text(browser, "does not match", shots / "prefect_grpo_form_refused.png")
+        made = {"deployments": {"id": {"any_": [deployment_id]}}}
+        assert httpx.post(f"{uis['prefect']}/api/flow_runs/filter", json=made, timeout=10).json() == []
+    finally:
+        with contextlib.suppress(OSError):
+            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+            for shot in shots.glob("*.png"):
+                shutil.copy2(shot, SCREENSHOTS / shot.name)

@@ -51,13 +51,13 @@ def test_each_value_is_labelled_with_where_it_came_from(tmp_path, monkeypatch, c
     Path("params.yaml").write_text(SETTINGS)
     output, lines = show(["--config", "params.yaml", "--seed", "7"], capsys)
     assert lines["advantage_eps"] == ("1.0e-06", f"default ({GRPOConfig.__module__}.GRPOConfig)")
-    assert lines["val_subset"] == ("1024", "default (flows.params.GRPOParams)")  # the flow's own default
+    assert lines["val_subset"] == ("1024", "default (flows.params.GRPOValidation)")  # the flow's own default
     assert lines["learning_rate"] == ("2.0e-05", "params.yaml grpo")
     assert lines["n_grpo_steps"] == ("3", "profile small")
     assert lines["seed"] == ("7", "--seed")  # the flag over the file's 1
     # The printout is the settings a run takes, as YAML: the section, value for value.
     resolved = parse_params(GRPOParams, "grpo", ["--config", "params.yaml", "--seed", "7"])
-    assert yaml.safe_load(output) == {"grpo": resolved.model_dump(mode="json")}
+    assert yaml.safe_load(output) == {"grpo": resolved.flat(mode="json")}
 
 
 def test_an_ablation_shows_what_each_child_sets(tmp_path, monkeypatch, capsys):

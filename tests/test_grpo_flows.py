@@ -131,7 +131,7 @@ def test_an_ablation_is_a_parent_with_a_child_per_setting_and_resumes(
     # runs changed (an H200 run resumed with --runner ray was refused: MLflow keeps a parameter's first value).
     monkeypatch.setattr(flow_module, "grpo", lambda *a, **k: pytest.fail("a finished child was trained again"))
     scheduled = {"ray_gpus_per_child": 0.25, "ray_cpus_per_child": 2.0, "max_tokens_per_microbatch": 4096}
-    again = grpo_baseline_ablation(params.model_copy(update=scheduled))
+    again = grpo_baseline_ablation(params.replace(**scheduled))
     assert again["mlflow_run_id"] == result["mlflow_run_id"] and again["summary"] == result["summary"]
     parent = mlflow.MlflowClient(params.tracking_uri).get_run(result["mlflow_run_id"])
     changed = {key: parent.data.tags[f"changed_on_resume.{key}"] for key in scheduled}
@@ -170,7 +170,7 @@ def test_every_ablation_builds_valid_settings():
     assert {name: p.grader for name, p in prompts.items()} == {"r1_zero": "r1_zero", "question_only": "question_only"}
     clip = ablation_settings("grpo_clip_ablation", params)
     assert [p.loss_type for p in clip.values()] == ["grpo_clip", "grpo_no_clip"]
-    tabled = params.model_copy(update={"difficulty_table": "data/difficulty/pass_rates.csv"})
+    tabled = params.replace(difficulty_table="data/difficulty/pass_rates.csv")
     sampling = ablation_settings("grpo_question_sampling_ablation", tabled)
     assert {name: p.question_sampling for name, p in sampling.items()} == {
         "uniform": "uniform",
@@ -183,10 +183,10 @@ def test_ablation_only_runs_the_named_settings_in_the_ablations_order():
     params = GRPOParams(ablation="grpo_dapo_ablation", ablation_only=["dapo", "grpo"])
     only = ablation_settings("grpo_dapo_ablation", params)
     assert list(only) == ["grpo", "dapo"]
-    full = ablation_settings("grpo_dapo_ablation", params.model_copy(update={"ablation_only": None}))
+    full = ablation_settings("grpo_dapo_ablation", params.replace(ablation_only=None))
     assert only["dapo"] == full["dapo"] and only["dapo"].ablation_only is None  # the child carries no filter
     with pytest.raises(ValueError, match=r"ablation_only: 'dapo2' not among grpo_dapo_ablation's settings \(grpo, dyn"):
-        ablation_settings("grpo_dapo_ablation", params.model_copy(update={"ablation_only": ["dapo2"]}))
+        ablation_settings("grpo_dapo_ablation", params.replace(ablation_only=["dapo2"]))
 
 
 def test_the_prompt_ablation_on_arithmetic_keeps_the_arithmetic_grader():
@@ -273,7 +273,7 @@ def test_every_grpo_setting_is_in_params_yaml_and_the_new_ones_read_from_flags()
 
     section = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())["grpo"]
     speed = set(HOW_FAST_FIELDS)  # how fast, not what: left to the GPU profiles
-    assert {name for name in GRPOConfig.model_fields if name not in section} == speed
+    assert {name for name in GRPOConfig.flat_fields() if name not in section} == speed
     flags = [
         "--dynamic-sampling", "true", "--max-extra-draws", "2", "--overlong-buffer", "64", "--overlong-penalty", "0.5",
         "--mask-truncated", "true", "--length-normalization", "token_mean", "--kl-coef", "0.01",

@@ -246,7 +246,7 @@ def test_an_archived_run_unpacked_elsewhere_reproduces_from_its_archive(
     made = tmp_path / "made"
     (made / "store").mkdir(parents=True)
     monkeypatch.chdir(made)
-    params = tiny_grpo(made, tiny_lm_dir).model_copy(update={"tracking_uri": "sqlite:///store/mlflow.db"})
+    params = tiny_grpo(made, tiny_lm_dir).replace(tracking_uri="sqlite:///store/mlflow.db")
     original = grpo_flow(params)["mlflow_run_id"]
     with tarfile.open(tmp_path / "records.tar.gz", "w:gz") as tar:
         tar.add(made / "store", "store")

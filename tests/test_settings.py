@@ -1,5 +1,6 @@
 """Settings: each loop setting has one default, written once, in a class the reader finds in its module; a
-redeclared field keeps its type, constraints and description, and a restated default is refused."""
+redeclared field keeps its type, constraints and description, and a restated default is refused. The models are
+composed of groups, each setting taken and read by its own name."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from pydantic_core import PydanticUndefined
 
 from a5core.loops.expert_iteration import EIConfig
 from a5core.loops.grpo import GRPOConfig
+from a5core.loops.grpo.config import GRPOOptimizer
 from a5core.loops.sft import SFTConfig
-from a5core.runtime.settings import OptimizerSettings, Settings, inherited
+from a5core.runtime.settings import OptimizerSettings, Settings, describe, group, inherited
 from flows.compare import CompareParams
 from flows.params import (
     BaselineEvalParams,
@@ -39,8 +41,17 @@ MODELS = [
 ]
 
 
+def holder(model: type[Settings], name: str) -> type[Settings]:
+    """The class, ``model`` or one of its groups, whose field setting ``name`` is."""
+    while (field := model.leaf_groups[name]) is not None:
+        model = model.group_types[field]
+    return model
+
+
 def classes_with_a_default(model: type[BaseModel], name: str) -> list[str]:
-    """The classes of ``model``'s MRO that declare field ``name`` with a default (or restate its default)."""
+    """The classes of the MRO of the class holding setting ``name`` that declare it with a default (or restate
+    its default)."""
+    model = holder(model, name)
     return [
         cls.__qualname__
         for cls in model.__mro__
@@ -48,9 +59,14 @@ def classes_with_a_default(model: type[BaseModel], name: str) -> list[str]:
     ]
 
 
+def classes_of(model: type[Settings]) -> set[type[Settings]]:
+    """``model`` and its groups, theirs, and so on."""
+    return {model}.union(*(classes_of(kind) for kind in model.group_types.values()))
+
+
 @pytest.mark.parametrize("config", [SFTConfig, EIConfig, GRPOConfig])
 def test_every_loop_setting_has_its_default_in_one_place(config):
-    twice = {name: where for name in config.model_fields if len(where := classes_with_a_default(config, name)) != 1}
+    twice = {name: where for name in config.flat_fields() if len(where := classes_with_a_default(config, name)) != 1}
     assert not twice
 
 
@@ -60,11 +76,56 @@ def test_each_settings_class_is_the_one_its_module_defines(model):
     class made from another would repeat its name in the MRO, and not be the one the module's text shows)."""
     import sys
 
-    names = [cls.__qualname__ for cls in model.__mro__]
-    assert len(names) == len(set(names)), names
-    for cls in model.__mro__:
-        if issubclass(cls, Settings) and cls is not Settings:
-            assert getattr(sys.modules[cls.__module__], cls.__qualname__) is cls
+    for kind in classes_of(model):
+        names = [cls.__qualname__ for cls in kind.__mro__]
+        assert len(names) == len(set(names)), names
+        for cls in kind.__mro__:
+            if issubclass(cls, Settings) and cls is not Settings:
+                assert getattr(sys.modules[cls.__module__], cls.__qualname__) is cls
+
+
+@pytest.mark.parametrize("model", [SFTConfig, EIConfig, GRPOConfig, *MODELS[3:10]], ids=lambda model: model.__name__)
+def test_the_training_settings_are_composed_of_groups_not_inherited_from_them(model):
+    """Each class of a training loop's or flow's settings has one Settings class above it at most: what it is
+    made of are its groups, fields a reader finds in its body."""
+    for kind in classes_of(model):
+        assert len([base for base in kind.__bases__ if issubclass(base, Settings)]) <= 1, kind
+    assert {"optimizer", "sampling", "speed"} <= set(GRPOConfig.group_types)
+    assert {"grpo", "engine", "eval", "outputs"} <= set(GRPOParams.group_types)
+
+
+def test_a_setting_is_given_and_read_by_its_own_name_wherever_its_group_is():
+    params = GRPOParams(learning_rate=3e-6, max_tokens=64, output_dir="outputs/elsewhere", val_subset=8)
+    assert params.grpo.optimizer.learning_rate == params.learning_rate == 3e-6
+    assert (params.grpo.sampling.max_tokens, params.outputs.output_dir, params.eval.val_subset) == (
+        64,
+        "outputs/elsewhere",
+        8,
+    )
+    assert params.explicit() == {"learning_rate", "max_tokens", "output_dir", "val_subset"}
+    assert params.flat()["learning_rate"] == 3e-6 and len(params.flat()) == len(GRPOParams.flat_fields())
+    again = params.replace(seed=4)
+    assert (again.seed, again.learning_rate, again.explicit()) == (4, 3e-6, params.explicit() | {"seed"})
+    # A group given whole, as a mapping or an object, is the same model.
+    assert GRPOParams(grpo={"learning_rate": 3e-6, "max_tokens": 64}, output_dir="outputs/elsewhere", val_subset=8) == (
+        GRPOParams(grpo=GRPOConfig(learning_rate=3e-6, max_tokens=64), output_dir="outputs/elsewhere", val_subset=8)
+    )
+    with pytest.raises(AttributeError):
+        params.learnig_rate  # noqa: B018
+
+
+def test_an_invalid_setting_is_named_by_its_own_name():
+    with pytest.raises(ValidationError) as error:
+        GRPOParams(learning_rate=-1.0)
+    assert describe(error.value).startswith("learning_rate -1.0: Input should be greater than 0")
+
+
+def test_two_settings_of_one_name_in_a_model_are_refused():
+    with pytest.raises(TypeError, match="Twice: two settings named 'learning_rate'"):
+
+        class Twice(Settings):
+            grpo: GRPOConfig = group(GRPOConfig, "one")
+            sft: SFTConfig = group(SFTConfig, "two")
 
 
 def test_the_loops_learning_rates_are_their_own():
@@ -73,33 +134,42 @@ def test_the_loops_learning_rates_are_their_own():
 
 
 def test_an_inherited_field_with_another_default_keeps_its_constraints_and_description():
-    class Tuned(GRPOConfig):
+    class Tuned(GRPOOptimizer):
         learning_rate: float = inherited(3e-5)
 
-    assert Tuned().learning_rate == 3e-5
-    group = OptimizerSettings.model_fields["learning_rate"]
-    assert Tuned.model_fields["learning_rate"].description == group.description
+    class TunedGRPO(GRPOConfig):  # a group field narrowed to a subclass of its group: other defaults
+        optimizer: Tuned = group(Tuned, GRPOConfig.model_fields["optimizer"].description)
+
+    assert Tuned().learning_rate == TunedGRPO().learning_rate == 3e-5
+    declared = OptimizerSettings.model_fields["learning_rate"]
+    assert Tuned.model_fields["learning_rate"].description == declared.description
     with pytest.raises(ValidationError, match="learning_rate"):
-        Tuned(learning_rate=-1.0)  # gt=0, the group's constraint
+        TunedGRPO(learning_rate=-1.0)  # gt=0, the group's constraint
 
 
 def test_a_default_restated_with_its_own_value_is_refused():
     with pytest.raises(TypeError, match="Restated.learning_rate: 1e-05 is already its default: one place each"):
 
-        class Restated(GRPOConfig):
+        class Restated(GRPOOptimizer):
             learning_rate: float = inherited(1e-5)
 
 
 def test_a_redeclared_field_that_would_drop_its_constraints_is_refused():
-    """A plain ``learning_rate: float = 3e-5`` would make a new field, without the group's gt=0 and description."""
+    """A plain ``learning_rate: float = 3e-5`` would make a new field, without the group's gt=0 and description;
+    a group field redeclared with another class than a subclass of its group would change what it holds."""
     with pytest.raises(TypeError, match="Plain.learning_rate redeclares an inherited field"):
 
-        class Plain(GRPOConfig):
+        class Plain(GRPOOptimizer):
             learning_rate: float = 3e-5
+
+    with pytest.raises(TypeError, match="Swapped.optimizer redeclares an inherited field"):
+
+        class Swapped(GRPOConfig):
+            optimizer: SFTConfig = group(SFTConfig, GRPOConfig.model_fields["optimizer"].description)
 
 
 def test_inherited_names_a_field_the_class_inherits():
     with pytest.raises(TypeError, match="Typo.learnig_rate: inherited"):
 
-        class Typo(GRPOConfig):
+        class Typo(GRPOOptimizer):
             learnig_rate: float = inherited(3e-5)

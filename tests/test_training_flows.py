@@ -227,7 +227,7 @@ def test_sft_on_generated_arithmetic_hands_its_best_model_to_the_next_stage(
     # The parent's chart view has the child's curve.
     assert {m.step for m in client.get_metric_history(result["mlflow_run_id"], "val_accuracy/full")} == {0, 1}
     key = run_key(GRPOParams(model=str(best)))
-    sft_experiment(params.model_copy(update={"learning_rate": 1e-3}))  # another SFT run: the link moves
+    sft_experiment(params.replace(learning_rate=1e-3))  # another SFT run: the link moves
     assert run_key(GRPOParams(model=str(best))) != key
 
     # A version's folder written over (here one file of it) is refused by name, not loaded as other weights.

@@ -57,8 +57,10 @@ from a5core.runtime.settings import (
     OptimizerSettings,
     RolloutSamplingFields,
     SeedSettings,
+    Settings,
     SFTBatchSettings,
     SpeedSettings,
+    group,
     inherited,
 )
 
@@ -71,28 +73,32 @@ STATUS_KEYS = (
 )  # the per-round status line's metrics
 
 
-class EIConfig(
-    OptimizerSettings,
-    RolloutSamplingFields,
-    QuestionSamplingSettings,
-    SFTBatchSettings,
-    LoRASettings,
-    SpeedSettings,
-    SeedSettings,
-):
+class EIOptimizer(OptimizerSettings):
+    learning_rate: float = inherited(1e-5)
+
+
+class EIBatch(SFTBatchSettings):
+    epochs: int = inherited(1)
+    max_seq_len: int = inherited(1536)
+
+
+class EIConfig(Settings):
     """Expert Iteration settings; names follow the handout: D_b (``questions_per_step``), G
     (``rollouts_per_question``), E (``epochs``, of each round's SFT). Each round fine-tunes with the
     optimizer, batch and speed settings here (:meth:`round_sft`)."""
-
-    # EI's own defaults of the groups' settings (their type, constraints and description: the groups')
-    learning_rate: float = inherited(1e-5)
-    epochs: int = inherited(1)
-    max_seq_len: int = inherited(1536)
 
     n_ei_steps: int = Field(5, ge=1, description="EI rounds")
     questions_per_step: int = Field(512, ge=1, description="D_b: questions sampled per round")
     rollouts_per_question: int = Field(8, ge=1, description="G: rollouts per question")
     entropy_sample: int = Field(64, ge=0, description="rollouts whose mean token entropy is measured each round")
+
+    optimizer: EIOptimizer = group(EIOptimizer, "AdamW and gradient clipping of each round's SFT")
+    sampling: RolloutSamplingFields = group(RolloutSamplingFields, "how rollouts are sampled")
+    questions: QuestionSamplingSettings = group(QuestionSamplingSettings, "which questions a round draws")
+    batch: EIBatch = group(EIBatch, "what one optimizer step of a round's SFT takes")
+    lora: LoRASettings = group(LoRASettings, "LoRA adapters (rank 0: full fine-tuning)")
+    speed: SpeedSettings = group(SpeedSettings, "how a step runs: memory against speed")
+    seeding: SeedSettings = group(SeedSettings, "the run's seed")
 
     def round_sft(self, round_: int) -> SFTConfig:
         """Round ``round_``'s SFT settings: this config's optimizer, batch and speed settings, E epochs at a
@@ -239,13 +245,15 @@ def _rollout_round(
     """Sample D_b questions, G rollouts each, grade; return the correct ones as traces, round stats and the
     outcomes (question ids, whether each rollout was right: for the sampler). Under several ranks each
     samples and grades its block of the questions; all get every record."""
-    rng = random.Random(config.step_seed(step))
+    rng = random.Random(config.seeding.step_seed(step))
     questions = sampler.sample(rng, min(config.questions_per_step, len(sampler.problems)))
     rank, world = distributed.rank_and_world()
     mine = questions[distributed.rank_slice(len(questions))]
     prompts = [template.format(p.problem) for p in mine]
     engine.load_weights(distributed.full_weights(model))
-    sampling = config.sampling(template.stop, n=config.rollouts_per_question, seed=(config.seed + step) * world + rank)
+    sampling = config.sampling.engine_settings(
+        template.stop, n=config.rollouts_per_question, seed=(config.seed + step) * world + rank
+    )
     graded = grade_completions(mine, prompts, engine.generate(prompts, sampling), reward_fn) if mine else []
     records = distributed.gather_lists(graded)  # question order
     kept = [Trace(r["prompt"], r["response"], r["ground_truth"]) for r in records if r["reward"] == 1.0]

@@ -88,8 +88,10 @@ from a5core.runtime.settings import (
     OptimizerSettings,
     PeriodicSettings,
     SeedSettings,
+    Settings,
     SFTBatchSettings,
     SpeedSettings,
+    group,
     inherited,
 )
 
@@ -101,7 +103,20 @@ STATUS_KEYS = ("loss", "token_nll", "lr", "grad_norm", "val_accuracy")  # the pe
 UNFINGERPRINTED_FIELDS = ("checkpoint_every", "eval_every", *HOW_FAST_FIELDS)
 
 
-class SFTConfig(OptimizerSettings, SFTBatchSettings, LoRASettings, SpeedSettings, PeriodicSettings, SeedSettings):
+class SFTOptimizer(OptimizerSettings):
+    learning_rate: float = inherited(2e-5)
+
+
+class SFTBatch(SFTBatchSettings):
+    epochs: int = inherited(2)
+    max_seq_len: int = inherited(1024)
+
+
+class SFTSchedule(PeriodicSettings):
+    checkpoint_every: int = inherited(20)
+
+
+class SFTConfig(Settings):
     """Settings of one SFT run; invalid values raise ``ValueError`` naming the field.
 
     ``batch_size`` sequences make one optimizer step, processed ``microbatch_size`` at a time
@@ -117,11 +132,12 @@ class SFTConfig(OptimizerSettings, SFTBatchSettings, LoRASettings, SpeedSettings
     from forward to backward (faster, more memory; see :func:`a5core.runtime.distributed.shard`).
     """
 
-    # SFT's own defaults of the groups' settings (their type, constraints and description: the groups')
-    learning_rate: float = inherited(2e-5)
-    epochs: int = inherited(2)
-    max_seq_len: int = inherited(1024)
-    checkpoint_every: int = inherited(20)
+    optimizer: SFTOptimizer = group(SFTOptimizer, "AdamW and gradient clipping")
+    batch: SFTBatch = group(SFTBatch, "what one optimizer step takes")
+    lora: LoRASettings = group(LoRASettings, "LoRA adapters (rank 0: full fine-tuning)")
+    speed: SpeedSettings = group(SpeedSettings, "how a step runs: memory against speed")
+    schedule: SFTSchedule = group(SFTSchedule, "how often the run validates and checkpoints")
+    seeding: SeedSettings = group(SeedSettings, "the run's seed")
 
     lr_schedule: Literal["cosine", "constant"] = Field(
         "cosine", description="after warmup: cosine decay to 0, or constant"

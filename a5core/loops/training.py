@@ -94,11 +94,11 @@ def prepare(
     distributed.setup_model(model, config.fsdp_reshard_after_forward)
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = config.adamw(params)
+    optimizer = config.optimizer.adamw(params)
     scheduler = None if schedule is None else torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if config.compiles(device):
+    if config.speed.compiles(device):
         compile_decoder_layers(model, activation_memory_budget=COMPILED_ACTIVATION_BUDGET)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
     budget = TokenBudget(config.max_tokens_per_microbatch, device, params)

@@ -1,15 +1,21 @@
 """Settings: every knob of the training loops declared once, typed, validated and described here.
 
 Each loop takes one frozen settings model (:class:`a5core.loops.sft.SFTConfig`,
-:class:`a5core.loops.expert_iteration.EIConfig`, :class:`a5core.loops.grpo.GRPOConfig`), composed from the groups
-below, so that a setting two loops share (the learning rate, the sampling temperature) has one declaration: its
-type, constraints and description. The flows' parameter models (``flows/params.py``) compose the same groups with
-the pipeline's own (engine, data, tracking), so the command lines, the Prefect UI's forms and ``params.yaml``'s
-validation all derive from these declarations.
+:class:`a5core.loops.expert_iteration.EIConfig`, :class:`a5core.loops.grpo.GRPOConfig`) made of its own
+settings and the groups below as fields (``config.optimizer``, ``config.sampling``, ``config.speed`` ...), so
+that a setting two loops share (the learning rate, the sampling temperature) has one declaration: its type,
+constraints and description. The flows' parameter models (``flows/params.py``) hold a loop's config as a group
+beside the pipeline's own (engine, data, evaluation, outputs), so the command lines, the Prefect UI's forms and
+``params.yaml``'s validation all derive from these declarations.
+
+Users name a setting by its own name, wherever its group sits: ``learning_rate``, not
+``grpo.optimizer.learning_rate`` (:meth:`Settings.flat`, :meth:`Settings.flat_fields`). A model is built from
+such names (each is routed to its group), and reads them the same way (``config.learning_rate`` is
+``config.optimizer.learning_rate``); a name in two groups of one model is refused as the class is made.
 
 Each setting has one default. A group gives it where every loop agrees (the sampling temperature); where the
 loops differ (the learning rate: 2e-5 for SFT, 1e-5 for EI and GRPO), the group gives none and each loop's
-config redeclares the field with its own, ``learning_rate: float = inherited(2e-5)`` (:func:`inherited`). A
+group redeclares the field with its own, ``learning_rate: float = inherited(2e-5)`` (:func:`inherited`). A
 flow with a purpose of its own (the leaderboard's tuned recipe) may give a loop's setting another default the
 same way, once; a restatement of the value it replaces is refused.
 """
@@ -19,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import UnionType
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 
 import torch
 from pydantic import (
@@ -65,10 +71,18 @@ class Settings(BaseModel):
     ValidationError) naming the field. A boolean is not taken for a number (``limit: true`` is not 1), nor in a
     list or mapping of numbers.
 
-    A subclass gives an inherited field another default with :func:`inherited`; a field redeclared otherwise
-    (its type, constraints or description changed) is refused as the class is made."""
+    A field whose type is a Settings class is a group (:func:`group`): the model takes and reads the group's
+    settings by their own names (see the module's docstring). A subclass gives an inherited field another
+    default with :func:`inherited`, or a group field a subclass of its group; a field redeclared otherwise (its
+    type, constraints or description changed) is refused as the class is made."""
 
     model_config = ConfigDict(frozen=True)
+
+    # Set as each class is made: its group fields' types; for each setting by its own name the group field
+    # holding it (None: a field of the class itself); for each group, property or method of a group, that group.
+    group_types: ClassVar[dict[str, type["Settings"]]] = {}
+    leaf_groups: ClassVar[dict[str, str | None]] = {}
+    member_groups: ClassVar[dict[str, str]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # Runs as the class is made, before pydantic collects its fields from the class's attributes: each
@@ -89,7 +103,7 @@ class Settings(BaseModel):
         super().__pydantic_init_subclass__(**kwargs)
         for name in vars(cls).get("__annotations__", {}):
             field, before = cls.model_fields.get(name), _inherited_field(cls, name)
-            if field is None or before is None:
+            if field is None or before is None or _narrows_group(field, before):
                 continue
             kept = (field.annotation, field.metadata, field.description, field.json_schema_extra)
             if kept != (before.annotation, before.metadata, before.description, before.json_schema_extra):
@@ -97,6 +111,49 @@ class Settings(BaseModel):
                     f"{cls.__name__}.{name} redeclares an inherited field with another type, constraints or "
                     f"description: to give it another default, `{name}: TYPE = inherited(VALUE)`"
                 )
+        cls.group_types = {name: f.annotation for name, f in cls.model_fields.items() if _is_group(f)}
+        cls.leaf_groups = {}
+        for name in cls.model_fields:
+            kind = cls.group_types.get(name)
+            for leaf in kind.flat_fields() if kind else (name,):
+                if leaf in cls.leaf_groups or leaf in cls.group_types:
+                    raise TypeError(f"{cls.__name__}: two settings named {leaf!r} (a name must say which)")
+                cls.leaf_groups[leaf] = name if kind else None
+        cls.member_groups = {}
+        for name, kind in cls.group_types.items():
+            for member in (*kind.group_types, *kind.member_groups, *_members(kind)):
+                if member not in cls.member_groups and not hasattr(cls, member):
+                    cls.member_groups[member] = name
+        GROUP_NAMES.update(cls.group_types)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _settings_to_their_groups(cls, data: Any) -> Any:
+        # Each setting given by its own name goes to the group that holds it; a group may also be given whole
+        # (a mapping, or a Settings object: what it was given).
+        if not cls.group_types or not isinstance(data, dict):
+            return data
+        routed: dict[str, Any] = {}
+        parts: dict[str, dict[str, Any]] = {}
+        for key, value in data.items():
+            group = key if key in cls.group_types else cls.leaf_groups.get(key)
+            if group is None:
+                routed[key] = value
+            elif group != key:
+                parts.setdefault(group, {})[key] = value
+            elif isinstance(value, (dict, Settings)):
+                parts.setdefault(group, {}).update(value.explicit_values() if isinstance(value, Settings) else value)
+            else:
+                routed[key] = value  # not a group's settings: pydantic says so
+        return {**routed, **parts}
+
+    def __getattr__(self, name: str) -> Any:
+        # A setting of a group, or a group's property or method, read by its own name (only called where
+        # normal lookup found nothing).
+        group = type(self).leaf_groups.get(name) or type(self).member_groups.get(name)
+        if group is None:
+            return super().__getattr__(name)  # type: ignore[misc]
+        return getattr(getattr(self, group), name)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -106,10 +163,102 @@ class Settings(BaseModel):
             raise ValueError("a boolean (true/false) where a number goes: give the number")
         return value
 
-    def values_of(self, model: type[BaseModel]) -> dict[str, Any]:
-        """This object's values of ``model``'s fields (a part of a composed model, e.g. the SFT settings
+    @classmethod
+    def flat_fields(cls) -> dict[str, FieldInfo]:
+        """Every setting of the model by its own name, its groups' included, in declaration order."""
+        fields: dict[str, FieldInfo] = {}
+        for name, field in cls.model_fields.items():
+            kind = cls.group_types.get(name)
+            fields.update(kind.flat_fields() if kind else {name: field})
+        return fields
+
+    @classmethod
+    def declaring_class(cls, name: str) -> type["Settings"]:
+        """The class whose body gives setting ``name`` its default (in the group that holds it)."""
+        group = cls.leaf_groups[name]
+        if group is not None:
+            return cls.group_types[group].declaring_class(name)
+        return next(c for c in cls.__mro__ if name in vars(c).get("__annotations__", {}))
+
+    def flat(self, mode: Literal["python", "json"] = "python") -> dict[str, Any]:
+        """Every setting's value by its own name (``mode`` json: JSON-able values)."""
+        return type(self)._flatten(self.model_dump(mode=mode))
+
+    @classmethod
+    def _flatten(cls, dumped: dict[str, Any]) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for name, value in dumped.items():
+            kind = cls.group_types.get(name)
+            values.update(kind._flatten(value) if kind else {name: value})
+        return values
+
+    def explicit(self) -> set[str]:
+        """The settings given rather than defaulted, by their own names."""
+        given: set[str] = set()
+        for name in self.model_fields_set:
+            given |= getattr(self, name).explicit() if name in type(self).group_types else {name}
+        return given
+
+    def explicit_values(self) -> dict[str, Any]:
+        """The values of :meth:`explicit`'s settings."""
+        given = self.explicit()
+        return {name: value for name, value in self.flat().items() if name in given}
+
+    def replace(self, **changes: Any) -> Any:
+        """This model with ``changes`` (settings by their own names), validated again."""
+        return type(self)(**{**self.explicit_values(), **changes})
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Any:
+        """pydantic's copy; ``update`` only of the model's own fields (a setting of a group by its own name would
+        be stored beside the group, not in it: :meth:`replace` takes those)."""
+        stray = sorted(set(update or ()) - set(type(self).model_fields))
+        if stray:
+            raise TypeError(f"model_copy(update=...) of {', '.join(stray)}: settings of a group, use replace()")
+        return super().model_copy(update=update, deep=deep)
+
+    def values_of(self, model: type["Settings"]) -> dict[str, Any]:
+        """This object's values of ``model``'s settings (a part of a composed model, e.g. the SFT settings
         of an Expert Iteration config)."""
-        return {name: getattr(self, name) for name in model.model_fields if name in type(self).model_fields}
+        wanted = model.flat_fields()
+        return {name: value for name, value in self.flat().items() if name in wanted}
+
+
+# The names of every group field of every Settings class: what an error's location drops to name a setting.
+GROUP_NAMES: set[str] = set()
+_Group = TypeVar("_Group", bound=Settings)
+
+
+def group(kind: type[_Group], description: str) -> _Group:
+    """In a class body, ``name: KIND = group(KIND, "what")``: a group of settings, ``KIND()`` by default, whose
+    settings the model takes and reads by their own names. (A Settings field declared otherwise is a setting
+    of its own, given as a mapping: e.g. ``sft_data``'s ``distill``.)"""
+    return Field(default_factory=kind, description=description)
+
+
+def _is_group(field: FieldInfo) -> bool:
+    kind = field.annotation
+    return isinstance(kind, type) and issubclass(kind, Settings) and field.default_factory is kind
+
+
+def _members(kind: type[Settings]) -> list[str]:
+    """The public properties and methods ``kind`` has beyond every Settings model's."""
+    return [name for name in dir(kind) if not name.startswith("_") and not hasattr(Settings, name)]
+
+
+def _narrows_group(field: FieldInfo, before: FieldInfo) -> bool:
+    """Whether ``field`` redeclares the group field ``before`` with a subclass of its group (other defaults)."""
+    return (
+        _is_group(field)
+        and _is_group(before)
+        and issubclass(field.annotation, before.annotation)
+        and field.description == before.description
+    )
+
+
+def setting_location(loc: Sequence[Any]) -> tuple[Any, ...]:
+    """A pydantic error's location less the groups it passes through: ``("learning_rate",)`` for
+    ``("grpo", "optimizer", "learning_rate")``; ``()`` for a check of a whole group."""
+    return tuple(part for part in loc if part not in GROUP_NAMES)
 
 
 def _kinds(annotation: Any) -> set[Any]:
@@ -140,10 +289,8 @@ def describe(error: ValidationError) -> str:
     its message alone), joined by "; "."""
     problems = []
     for problem in error.errors():
-        message = problem["msg"].removeprefix("Value error, ")
-        problems.append(
-            f"{'.'.join(map(str, problem['loc']))} {problem.get('input')!r}: {message}" if problem["loc"] else message
-        )
+        message, loc = problem["msg"].removeprefix("Value error, "), setting_location(problem["loc"])
+        problems.append(f"{'.'.join(map(str, loc))} {problem.get('input')!r}: {message}" if loc else message)
     return "; ".join(problems)
 
 
@@ -241,7 +388,7 @@ class SamplingFields(Settings):
     )
     max_tokens: int = Field(ENGINE_SAMPLING.max_tokens, ge=1, description="response cap")
 
-    def sampling(self, stop: Sequence[str], **overrides: Any) -> SamplingSettings:
+    def engine_settings(self, stop: Sequence[str], **overrides: Any) -> SamplingSettings:
         """These settings as SamplingSettings, with the prompt template's ``stop`` strings (and ``n``, ``seed``
         and the like from ``overrides``); ``min_tokens`` where the settings have it, else 0."""
         return SamplingSettings(

@@ -19,7 +19,9 @@ from a5core.runtime.settings import (
     PeriodicSettings,
     RolloutSamplingFields,
     SeedSettings,
+    Settings,
     SpeedSettings,
+    group,
     inherited,
 )
 
@@ -28,15 +30,15 @@ from a5core.runtime.settings import (
 UNFINGERPRINTED_FIELDS = ("checkpoint_every", "eval_every", *HOW_FAST_FIELDS)
 
 
-class GRPOConfig(
-    OptimizerSettings,
-    RolloutSamplingFields,
-    QuestionSamplingSettings,
-    LoRASettings,
-    SpeedSettings,
-    PeriodicSettings,
-    SeedSettings,
-):
+class GRPOOptimizer(OptimizerSettings):
+    learning_rate: float = inherited(1e-5)
+
+
+class GRPOSchedule(PeriodicSettings):
+    checkpoint_every: int = inherited(10)
+
+
+class GRPOConfig(Settings):
     """Settings of one GRPO run; defaults are the A5 handout's. Invalid values or combinations raise
     ``ValueError`` naming the field at construction. ``compile_layers``: ``torch.compile`` the decoder
     layers (:func:`a5core.policy.causal_lm.compile_decoder_layers`; on a GPU faster and leaner after a first step
@@ -44,10 +46,6 @@ class GRPOConfig(
     default): a token budget sized to the GPU (:mod:`a5core.runtime.token_budget`), micro-batches by count on the CPU.
     ``fsdp_reshard_after_forward`` False (several ranks): weights stay gathered from
     forward to backward (faster, more memory; see :func:`a5core.runtime.distributed.shard`)."""
-
-    # GRPO's own defaults of the groups' settings (their type, constraints and description: the groups')
-    learning_rate: float = inherited(1e-5)
-    checkpoint_every: int = inherited(10)
 
     n_grpo_steps: int = Field(200, ge=1, description="GRPO steps (a rollout batch each)")
     advantage_eps: float = Field(1e-6, ge=0, allow_inf_nan=False, description="added to the group std")
@@ -96,6 +94,14 @@ class GRPOConfig(
         le=1,
         description="1: generate step k+1's rollouts (from weights one step older) while step k trains; 0: synchronous",
     )
+
+    optimizer: GRPOOptimizer = group(GRPOOptimizer, "AdamW and gradient clipping")
+    sampling: RolloutSamplingFields = group(RolloutSamplingFields, "how rollouts are sampled")
+    questions: QuestionSamplingSettings = group(QuestionSamplingSettings, "which questions a step draws")
+    lora: LoRASettings = group(LoRASettings, "LoRA adapters (rank 0: full fine-tuning)")
+    speed: SpeedSettings = group(SpeedSettings, "how a step runs: memory against speed")
+    schedule: GRPOSchedule = group(GRPOSchedule, "how often the run validates and checkpoints")
+    seeding: SeedSettings = group(SeedSettings, "the run's seed")
 
     def _fail(self, name: str, requirement: str) -> None:
         raise ValueError(f"GRPOConfig.{name} must be {requirement}, got {getattr(self, name)!r}")

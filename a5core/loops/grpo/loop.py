@@ -132,7 +132,7 @@ def grpo_step(run: _Run, engine: Engine, reward_fn: RewardFn, step: int) -> dict
     # run redraws the same questions and, on a seeded engine, the same rollouts. The source pushes the
     # weights and generates, or (one step off) hands over what the engine generated while the last step
     # trained, from weights one version older.
-    rng = random.Random(config.step_seed(step))
+    rng = random.Random(config.seeding.step_seed(step))
     questions, completions, version = run.rollouts.take(engine, step, rng)
 
     # 2-3. Reward each rollout, and make its advantage its reward against its group's: no value network, the
@@ -189,7 +189,7 @@ def grpo_step(run: _Run, engine: Engine, reward_fn: RewardFn, step: int) -> dict
         policy.optimizer.zero_grad(set_to_none=True)
 
     # 6. The step's metrics: the rollouts' and the training's above, then phase times and throughput.
-    compiled = {"compiled_graphs": float(compiled_graphs())} if config.compiles(policy.device) else {}
+    compiled = {"compiled_graphs": float(compiled_graphs())} if config.speed.compiles(policy.device) else {}
     shapes = float(len(run.microbatches.shapes))
     metrics.update(stats.metrics(lr=policy.optimizer.param_groups[0]["lr"], microbatch_shapes=shapes, **compiled))
     metrics.update(timer.times)
@@ -228,7 +228,7 @@ def _train_batches(config: GRPOConfig, n: int, step: int) -> Iterator[tuple[int,
     """(epoch, rollouts) of each optimizer step of a step: every epoch walks the ``n`` rollouts in its own
     order, seeded by (seed, step, epoch), ``train_batch_size`` at a time."""
     for epoch in range(config.epochs_per_rollout_batch):
-        generator = torch.Generator().manual_seed(config.step_seed(step) * 1_000 + epoch)
+        generator = torch.Generator().manual_seed(config.seeding.step_seed(step) * 1_000 + epoch)
         order = torch.randperm(n, generator=generator).tolist()
         for first in range(0, n, config.train_batch_size):
             yield epoch, order[first : first + config.train_batch_size]

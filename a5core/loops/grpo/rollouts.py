@@ -65,11 +65,11 @@ class Rollouts:
         rank, world = distributed.rank_and_world()
         config = self.config
         prompts = [self.template.format(q.problem) for q in questions]
-        sampling = config.sampling(
+        sampling = config.sampling.engine_settings(
             self.template.stop,
             n=config.group_size,
             logprobs=True,  # every step: the engine mismatch is measured on each, tis_cap or not
-            seed=config.step_seed(step) * world + rank + draw * _DRAW_SEED_STRIDE,
+            seed=config.seeding.step_seed(step) * world + rank + draw * _DRAW_SEED_STRIDE,
         )
         groups = engine.generate(prompts[distributed.rank_slice(len(prompts))], sampling)
         return [c for group in groups for c in group], time.perf_counter() - began
@@ -107,7 +107,7 @@ class OneStepOff(Rollouts):
                 with self.timer("weight_sync"):
                     engine.load_weights(distributed.full_weights(self.model))
             following = self.sampler.sample(
-                random.Random(self.config.step_seed(step + 1)), self.config.prompts_per_step
+                random.Random(self.config.seeding.step_seed(step + 1)), self.config.prompts_per_step
             )
             future = self.pool.submit(self.local, engine, following, step + 1)
             self.in_flight = (step + 1, step, following, future)
