@@ -35,15 +35,16 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from a5core.data.files import write_text_atomic
 from a5core.grading.sample_metrics import paired_difference, problem_scores
-from a5core.runtime.settings import inherited
+from a5core.runtime.settings import Settings
 from flows.cli import flow_main, print_paths
-from flows.params import MLflowLogging, OutputDir, TrackingStore
+from flows.params import LogToMLflow, OutputFolder, TrackingUri, output_folder_of_its_flow
 from tasks.flow_summary import publish
 from tasks.outputs import claim_outputs
 from tasks.plots import plot_curves
 from tasks.provenance import read_record, record_rows
 from tasks.tables import csv_text, markdown_table
 from tasks.tracking import (
+    DEFAULT_TRACKING_URI,
     final_per_problem,
     find_runs,
     log_files_run,
@@ -75,8 +76,10 @@ def _names(value: Any) -> Any:
     return [str(v).strip() for v in value if str(v).strip()]
 
 
-class CompareParams(OutputDir, TrackingStore, MLflowLogging):
-    output_dir: str = inherited("outputs/compare")
+class CompareParams(Settings):
+    output_dir: OutputFolder = "outputs/compare"
+    tracking_uri: TrackingUri = DEFAULT_TRACKING_URI
+    log_to_mlflow: LogToMLflow = True
     runs: list[str] = Field([], description="run ids to compare (comma-separated on the command line)")
     experiment: str | None = Field(None, description="compare the runs of this experiment (when no run ids are given)")
     filter: str | None = Field(
@@ -93,6 +96,8 @@ class CompareParams(OutputDir, TrackingStore, MLflowLogging):
         list(DEFAULT_PLOT_METRICS), description="metrics plotted against step, where runs have them"
     )
     comparison_experiment: str = Field("comparison", description="MLflow experiment of the comparison run")
+
+    _output_folder = field_validator("output_dir")(output_folder_of_its_flow)
 
     @field_validator("runs", "metrics", "plot_metrics", mode="before")
     @classmethod

@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, PositiveFloat, StrictBool, field_validator, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, PositiveFloat, StrictBool, field_validator, model_validator
 
 from a5core.data.problem_sets import GRADER_PROMPTS, RewardName
 from a5core.data.prompts import PromptTemplate, builtin_prompt_names
@@ -183,45 +183,35 @@ class RolloutGeneration(Generation):
     sampling: RolloutSamplingFields = group(RolloutSamplingFields, "temperature and response length")
 
 
-class OutputDir(Settings):
-    output_dir: str = Field("outputs", description="where the run's files go", json_schema_extra=source_folders_refused)
-
-    @field_validator("output_dir")
-    @classmethod
-    def _an_output_folder(cls, value: str) -> str:
-        check_output_dir(value, output_kind(cls))
-        return value
+def _a_metrics_file(value: str | None) -> str | None:
+    if value:
+        check_output_file(value, "metrics_path", metrics=True)
+    return value
 
 
-class MetricsFile(Settings):
-    metrics_path: str | None = Field(None, description="the DVC metrics file (None: none)")
-
-    @field_validator("metrics_path")
-    @classmethod
-    def _a_metrics_file(cls, value: str | None) -> str | None:
-        if value:
-            check_output_file(value, "metrics_path", metrics=True)
-        return value
+def _a_store(value: str) -> str:
+    database = sqlite_database(value)
+    if database is not None and database.is_file() and git_tracked(database):
+        raise ValueError(f"tracking_uri {value}: {database} is a file git tracks, not an MLflow store")
+    return value
 
 
-class TrackingStore(Settings):
-    tracking_uri: str = Field(DEFAULT_TRACKING_URI, description="MLflow tracking store")
-
-    @field_validator("tracking_uri")
-    @classmethod
-    def _a_store(cls, value: str) -> str:
-        database = sqlite_database(value)
-        if database is not None and database.is_file() and git_tracked(database):
-            raise ValueError(f"tracking_uri {value}: {database} is a file git tracks, not an MLflow store")
-        return value
-
-
-class Experiment(Settings):
-    experiment: str = Field("a5", description="MLflow experiment of the run")
+# Where a run's results go, as every flow that writes them declares it (each flow its own default). A flow with
+# an output folder also checks it is one of its own kind's: `_output_folder = field_validator("output_dir")(
+# output_folder_of_its_flow)`.
+OutputFolder = Annotated[str, Field(description="where the run's files go", json_schema_extra=source_folders_refused)]
+MetricsPath = Annotated[
+    str | None, Field(description="the DVC metrics file (None: none)"), AfterValidator(_a_metrics_file)
+]
+ExperimentName = Annotated[str, Field(description="MLflow experiment of the run")]
+TrackingUri = Annotated[str, Field(description="MLflow tracking store"), AfterValidator(_a_store)]
+LogToMLflow = Annotated[StrictBool, Field(description="log the result as a run in MLflow")]
 
 
-class MLflowLogging(Settings):
-    log_to_mlflow: StrictBool = Field(True, description="log the result as a run in MLflow")
+def output_folder_of_its_flow(cls: type, value: str) -> str:
+    """``output_dir``: a folder for this kind of flow's outputs (:func:`tasks.outputs.check_output_dir`)."""
+    check_output_dir(value, output_kind(cls))
+    return value
 
 
 class ChildRunner(Settings):
@@ -237,8 +227,15 @@ class ChildRunner(Settings):
     ray_cpus_per_child: float = Field(1.0, ge=0, description="runner ray: CPUs each child reserves")
 
 
-class Outputs(OutputDir, MetricsFile, Experiment, TrackingStore):
+class Outputs(Settings):
     """Where a run's files, metrics file and MLflow run go."""
+
+    output_dir: OutputFolder = "outputs"
+    metrics_path: MetricsPath = None
+    experiment: ExperimentName = "a5"
+    tracking_uri: TrackingUri = DEFAULT_TRACKING_URI
+
+    _output_folder = field_validator("output_dir")(output_folder_of_its_flow)
 
 
 # Where a run's files and MLflow records go, where its engine and children run and how fast a step runs: not
@@ -247,7 +244,7 @@ class Outputs(OutputDir, MetricsFile, Experiment, TrackingStore):
 PLACEMENT_FIELDS = frozenset(
     {
         *Outputs.model_fields,
-        *MLflowLogging.model_fields,
+        "log_to_mlflow",
         *ChildRunner.model_fields,
         *HOW_FAST_FIELDS,
         "engine_memory_fraction",

@@ -44,14 +44,15 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from a5core.data.files import write_text_atomic
-from a5core.runtime.settings import inherited
+from a5core.runtime.settings import Settings
 from flows.cli import flow_main, print_paths, profile_name, read_config, section_settings
-from flows.params import Experiment, MLflowLogging, OutputDir, TrackingStore
+from flows.params import ExperimentName, LogToMLflow, OutputFolder, TrackingUri, output_folder_of_its_flow
 from tasks.outputs import REPORT_MARKER  # written into every report folder: the mark of a folder this flow made
 from tasks.tables import markdown_table
+from tasks.tracking import DEFAULT_TRACKING_URI
 
 NOT_RUN = "not run"
 _UMASK = os.umask(0)
@@ -82,14 +83,18 @@ STAGE_OUTPUTS = ("baseline_eval", "sft_experiment", "expert_iteration", "grpo", 
 REPORT_FILES = ("report.md", "report.html", "baseline_cases.md")
 
 
-class ReportParams(OutputDir, Experiment, TrackingStore, MLflowLogging):
-    output_dir: str = inherited("outputs/report")
-    experiment: str = inherited("report")
+class ReportParams(Settings):
+    output_dir: OutputFolder = "outputs/report"
+    experiment: ExperimentName = "report"
+    tracking_uri: TrackingUri = DEFAULT_TRACKING_URI
+    log_to_mlflow: LogToMLflow = True
     root: str = Field(".", description="project folder whose metrics/ and outputs/ are read")
     params_file: str | None = Field("params.yaml", description="settings shown in the report (under root); None: none")
     ablations_from_mlflow: bool = Field(True, description="add the GRPO ablations found in the MLflow store")
     grpo_experiment: str = Field("grpo", description="MLflow experiment searched for ablation parent runs")
     title: str = Field("a5 pipeline report")
+
+    _output_folder = field_validator("output_dir")(output_folder_of_its_flow)
 
 
 # ------------------------------------------------------------------------------ the page's blocks

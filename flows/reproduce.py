@@ -41,18 +41,20 @@ from prefect import Flow, flow
 from prefect.settings import PREFECT_TASKS_REFRESH_CACHE, temporary_settings
 from pydantic import BaseModel, Field, StrictBool, ValidationError
 
+from a5core.runtime.settings import Settings
 from flows.cli import cli_main, run_flow
-from flows.params import TrackingStore
+from flows.params import TrackingUri
 from tasks.outputs import OUTPUT_MARKER
 from tasks.provenance import ARTIFACT, differences, read_record
 from tasks.tables import markdown_table
-from tasks.tracking import store_client
+from tasks.tracking import DEFAULT_TRACKING_URI, store_client
 
 # Metrics that time the run: shown, never judged.
 TIMING = re.compile(r"(^time_|seconds|_per_s$)")
 
 
-class ReproduceParams(TrackingStore):
+class ReproduceParams(Settings):
+    tracking_uri: TrackingUri = DEFAULT_TRACKING_URI
     run_id: str = Field(description="the MLflow run to reproduce (a flow's top run or one of its child runs)")
     allow_differences: StrictBool = Field(
         False, description="re-run even where the code, data, settings or versions differ from the record"

@@ -88,14 +88,14 @@ def config_defaults(flow: Any, config: Path) -> dict[str, Any]:
     from flows.cli import parse_params
 
     name, model = params_model(flow)
-    if "config" in model.flat_fields():  # a flow that reads the settings file itself (prepare_data, sft_data)
+    if "config" in model.model_fields:  # a flow that reads the settings file itself (prepare_data, sft_data)
         return {name: {"config": str(config)}}
     section = "grpo" if flow.name.startswith("grpo_") else flow.name
     document = yaml.safe_load(config.read_text()) or {}
     if section not in document:
         return {}
     params = parse_params(model, section, ["--config", str(config)])
-    if "ablation" in model.flat_fields() and flow.name != "grpo":
+    if "ablation" in model.model_fields and flow.name != "grpo":
         params = params.replace(ablation=None)  # the flow itself is the ablation
     return {name: params.model_dump(mode="json")}
 

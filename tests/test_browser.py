@@ -188,7 +188,8 @@ def test_a_flow_run_shows_in_the_mlflow_and_prefect_uis(uis, browser, tiny_lm_di
     )
     assert ui_address("baseline_eval", uis["tracking_uri"]) in printed.stdout.decode()  # where to look, printed
     flow_runs = httpx.post(f"{api}/flow_runs/filter", json={}, timeout=10).json()
-    assert [(r["state_type"], r["parameters"]["params"]["limit"]) for r in flow_runs] == [("COMPLETED", 2)]
+    recorded = [(r["state_type"], r["parameters"]["params"]["generation"]["limit"]) for r in flow_runs]
+    assert recorded == [("COMPLETED", 2)]  # the flow run's parameters, by group as its form shows them
     flow_run = flow_runs[0]
     logs = httpx.post(f"{api}/logs/filter", json={"logs": {"flow_run_id": {"any_": [flow_run["id"]]}}}, timeout=10)
     by_logger = {(log["name"], log["message"].split(":")[0]) for log in logs.json()}

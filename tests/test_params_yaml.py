@@ -76,11 +76,11 @@ def test_each_section_lists_every_setting_its_flow_computes_with(section):
 def test_the_header_names_every_setting_it_leaves_out_but_where_outputs_go():
     """The header's list of where-and-how-fast settings left out of the sections is PLACEMENT_FIELDS less the
     output and tracking fields (named as a group): a new such setting must be named there."""
-    from flows.params import PLACEMENT_FIELDS, MLflowLogging, Outputs
+    from flows.params import PLACEMENT_FIELDS, Outputs
 
     lines = PARAMS.read_text().splitlines()
     header = " ".join(itertools.takewhile(lambda line: line.startswith("#"), lines))
-    named = PLACEMENT_FIELDS - set(Outputs.model_fields) - set(MLflowLogging.model_fields)
+    named = PLACEMENT_FIELDS - set(Outputs.model_fields) - {"log_to_mlflow"}
     assert {f for f in named if f not in header and not (f.startswith("ray_") and "ray_*" in header)} == set()
 
 

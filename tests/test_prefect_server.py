@@ -85,11 +85,16 @@ def test_a_served_deployment_runs_from_the_api(prefect_api, tiny_lm_dir, shared_
         assert (
             deployment["enforce_parameter_schema"] and deployment["entrypoint"] == "flows.baseline_eval.baseline_eval"
         )
-        fields = deployment["parameter_openapi_schema"]["definitions"]["BaselineEvalParams"]["properties"]
-        assert {"model", "limit", "temperature", "max_tokens"} <= set(fields)  # the UI's form: a field per parameter
+        # The UI's form: the settings in their groups, a field per setting.
+        definitions = deployment["parameter_openapi_schema"]["definitions"]
+        fields = definitions["BaselineEvalParams"]["properties"]
+        assert {"engine", "generation", "grading", "outputs", "data", "extra_sets"} <= set(fields)
+        assert {"limit", "sampling"} <= set(definitions["BaselineGeneration"]["properties"])
+        assert {"temperature", "max_tokens"} <= set(definitions["BaselineSampling"]["properties"])
         assert "outputs under `output_dir/NAME/`" in fields["extra_sets"]["description"]  # no <name> for HTML to eat
-        defaults = deployment["parameters"]["params"]
-        assert (defaults["limit"], defaults["max_tokens"], defaults["temperature"]) == (3, 5, 1.0)
+        defaults = deployment["parameters"]["params"]["generation"]
+        sampling = defaults["sampling"]
+        assert (defaults["limit"], sampling["max_tokens"], sampling["temperature"]) == (3, 5, 1.0)
 
         params = {
             "model": str(tiny_lm_dir),
@@ -105,10 +110,12 @@ def test_a_served_deployment_runs_from_the_api(prefect_api, tiny_lm_dir, shared_
             with pytest.raises(Exception, match="temperature|minimum|Validation"):
                 run_deployment(
                     f"baseline_eval/{titles['baseline_eval']}",
-                    parameters={"params": {**params, "temperature": -1}},
+                    parameters={"params": {**params, "generation": {"sampling": {"temperature": -1}}}},
                     timeout=0,
                 )
-            # A guard against a hung run, not a timing assertion: a loaded machine took over 150 s for this tiny flow
+            # Settings given by their own names, as on the command line, are taken too (and checked as the run
+            # starts). A guard against a hung run, not a timing assertion: a loaded machine took over 150 s for this
+            # tiny flow.
             flow_run = run_deployment(
                 f"baseline_eval/{titles['baseline_eval']}", parameters={"params": params}, timeout=900, poll_interval=1
             )
