@@ -150,6 +150,46 @@ def click_text(driver, text: str) -> None:
     driver.execute_script("arguments[0].click();", WebDriverWait(driver, WAIT_S, poll_frequency=0.5).until(shown))
 
 
+def keep_screenshots(shots: Path) -> None:
+    """Copy a test's screenshots to outputs/screenshots (git-ignored), for people to look at, where it can."""
+    with contextlib.suppress(OSError):
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        for shot in shots.glob("*.png"):
+            shutil.copy2(shot, SCREENSHOTS / shot.name)
+
+
+def form_deployment(uis, flow: str) -> str:
+    """The id of a deployment ``form`` of ``flow`` (``module:object``), made where the project is (so that the
+    form knows the folders git tracks there)."""
+    module, name = flow.split(":")
+    root = Path(__file__).resolve().parents[1]
+    deployment = subprocess.run(
+        [sys.executable, "-c", f"from {module} import {name}; print({name}.to_deployment(name='form').apply())"],
+        cwd=root,
+        env=quiet_env(uis["tmp"], PREFECT_API_URL=f"{uis['prefect']}/api", PYTHONPATH=str(root)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert deployment.returncode == 0, deployment.stderr[-3000:]
+    return deployment.stdout.split()[-1]
+
+
+def the_form_refuses_a_source_folder(browser, uis, deployment_id: str, shot: Path) -> None:
+    """Type ``flows`` (a source folder) as the form's Output Dir and submit: the form says it does not match and
+    names ``output_dir``, and no flow run of the deployment is made."""
+    from selenium.webdriver.common.by import By
+
+    field = browser.find_element(By.XPATH, "//*[normalize-space(text())='Output Dir (Optional)']/following::textarea")
+    field.clear()
+    field.send_keys("flows")
+    click_text(browser, "Submit")
+    wait_for_text(browser, "does not match", shot)
+    assert "output_dir" in browser.find_element(By.TAG_NAME, "body").text
+    made = {"deployments": {"id": {"any_": [deployment_id]}}}
+    assert httpx.post(f"{uis['prefect']}/api/flow_runs/filter", json=made, timeout=10).json() == []
+
+
 def test_a_flow_run_shows_in_the_mlflow_and_prefect_uis(uis, browser, tiny_lm_dir, shared_data):
     import mlflow
 
@@ -231,10 +271,7 @@ def test_a_flow_run_shows_in_the_mlflow_and_prefect_uis(uis, browser, tiny_lm_di
         link = browser.find_element("xpath", f"//a[normalize-space(text())='{run.info.run_id}']")
         assert link.get_attribute("href") == ui_address("baseline_eval", uis["tracking_uri"], run.info.run_id)
     finally:
-        with contextlib.suppress(OSError):  # for people to look at; outputs/ is git-ignored
-            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-            for shot in shots.glob("*.png"):
-                shutil.copy2(shot, SCREENSHOTS / shot.name)
+        keep_screenshots(shots)
     assert all(shot.stat().st_size > 10_000 for shot in shots.glob("*.png"))
 
 
@@ -292,10 +329,7 @@ def test_the_dvc_plots_page_offline_and_the_report_alone(uis, browser, tmp_path)
     finally:
         with contextlib.suppress(Exception):
             browser.delete_network_conditions()
-        with contextlib.suppress(OSError):
-            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-            for shot in shots.glob("*.png"):
-                shutil.copy2(shot, SCREENSHOTS / shot.name)
+        keep_screenshots(shots)
 
 
 def test_mlflow_from_its_home_page_and_a_prefect_form_that_refuses_a_source_folder(uis, browser, tmp_path):
@@ -307,20 +341,11 @@ def test_mlflow_from_its_home_page_and_a_prefect_form_that_refuses_a_source_fold
 
     from tasks.tracking import ensure_experiment, ui_address
 
-    root = Path(__file__).resolve().parents[1]
     shots = tmp_path / "screenshots"
     shots.mkdir()
     with mlflow.start_run(experiment_id=ensure_experiment("grpo", uis["tracking_uri"]), run_name="grpo-single") as run:
         mlflow.log_metrics({"final_val_accuracy": 0.59375, "final_val_accuracy_se": 0.088})
-    deployment = subprocess.run(  # the report flow's deployment, made where the project is (its folders git tracks)
-        [sys.executable, "-c", "from flows.report import report; print(report.to_deployment(name='form').apply())"],
-        cwd=root,
-        env=quiet_env(uis["tmp"], PREFECT_API_URL=f"{uis['prefect']}/api", PYTHONPATH=str(root)),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert deployment.returncode == 0, deployment.stderr[-3000:]
+    deployment_id = form_deployment(uis, "flows.report:report")
     try:
         browser.get(f"{uis['mlflow']}/")
         wait_for_text(browser, "pick Model training", shots / "mlflow_home.png")  # the experiment's description
@@ -332,62 +357,24 @@ def test_mlflow_from_its_home_page_and_a_prefect_form_that_refuses_a_source_fold
         wait_for_text(browser, "final_val_accuracy_se", shots / "mlflow_runs_headline.png")  # a column of the table
         wait_for_text(browser, "0.59375", shots / "mlflow_runs_headline.png")
 
-        from selenium.webdriver.common.by import By
-
-        deployment_id = deployment.stdout.split()[-1]
         browser.get(f"{uis['prefect']}/deployments/deployment/{deployment_id}/run")
         wait_for_text(browser, "Output Dir", shots / "prefect_form.png")
-        field = browser.find_element(
-            By.XPATH, "//*[normalize-space(text())='Output Dir (Optional)']/following::textarea"
-        )
-        field.clear()
-        field.send_keys("flows")
-        click_text(browser, "Submit")
-        wait_for_text(browser, "does not match", shots / "prefect_form_refused.png")
-        assert "output_dir" in browser.find_element(By.TAG_NAME, "body").text
-        made = {"deployments": {"id": {"any_": [deployment_id]}}}  # no flow run of the form's deployment
-        assert httpx.post(f"{uis['prefect']}/api/flow_runs/filter", json=made, timeout=10).json() == []
+        the_form_refuses_a_source_folder(browser, uis, deployment_id, shots / "prefect_form_refused.png")
     finally:
-        with contextlib.suppress(OSError):
-            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-            for shot in shots.glob("*.png"):
-                shutil.copy2(shot, SCREENSHOTS / shot.name)
+        keep_screenshots(shots)
 
 
 def test_a_composed_flow_form_shows_its_groups_and_refuses_a_source_folder_in_one(uis, browser, tmp_path):
     """The GRPO flow's Prefect form is made of its settings' groups (the loop's ``grpo`` with its ``optimizer``,
     the ``outputs`` ...), each setting under its own name; ``output_dir`` a source folder, inside the ``outputs``
     group, is refused by the form, and no flow run is made."""
-    from selenium.webdriver.common.by import By
-
-    root = Path(__file__).resolve().parents[1]
     shots = tmp_path / "screenshots"
     shots.mkdir()
-    deployment = subprocess.run(
-        [sys.executable, "-c", "from flows.grpo import grpo_flow; print(grpo_flow.to_deployment(name='form').apply())"],
-        cwd=root,
-        env=quiet_env(uis["tmp"], PREFECT_API_URL=f"{uis['prefect']}/api", PYTHONPATH=str(root)),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert deployment.returncode == 0, deployment.stderr[-3000:]
-    deployment_id = deployment.stdout.split()[-1]
+    deployment_id = form_deployment(uis, "flows.grpo:grpo_flow")
     try:
         browser.get(f"{uis['prefect']}/deployments/deployment/{deployment_id}/run")
         for text in ("Optimizer", "Learning Rate", "Outputs", "Output Dir"):
             wait_for_text(browser, text, shots / "prefect_grpo_form.png")
-        field = browser.find_element(
-            By.XPATH, "//*[normalize-space(text())='Output Dir (Optional)']/following::textarea"
-        )
-        field.clear()
-        field.send_keys("flows")
-        click_text(browser, "Submit")
-        wait_for_text(browser, "does not match", shots / "prefect_grpo_form_refused.png")
-        made = {"deployments": {"id": {"any_": [deployment_id]}}}
-        assert httpx.post(f"{uis['prefect']}/api/flow_runs/filter", json=made, timeout=10).json() == []
+        the_form_refuses_a_source_folder(browser, uis, deployment_id, shots / "prefect_grpo_form_refused.png")
     finally:
-        with contextlib.suppress(OSError):
-            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-            for shot in shots.glob("*.png"):
-                shutil.copy2(shot, SCREENSHOTS / shot.name)
+        keep_screenshots(shots)
