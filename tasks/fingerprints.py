@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from a5core.data.files import write_text_atomic
 
@@ -59,7 +59,14 @@ def file_digests(folder: str | os.PathLike) -> dict[str, str]:
 def folder_digest(folder: str | os.PathLike) -> str:
     """The sha256 over :func:`file_digests`: the same files with the same bytes give the same digest wherever
     they are."""
-    return hashlib.sha256(json.dumps(list(file_digests(folder).items())).encode()).hexdigest()
+    return digest_of_files(file_digests(folder))
+
+
+def digest_of_files(digests: dict[str, str]) -> str:
+    """:func:`folder_digest` of a folder whose files' digests (relative path → sha256) are ``digests``: a
+    registered model's recorded digests name the folder it saved without the folder at hand."""
+    in_order = sorted(digests.items(), key=lambda item: PurePosixPath(item[0]))  # file_digests' order
+    return hashlib.sha256(json.dumps(in_order).encode()).hexdigest()
 
 
 def model_fingerprint(model: str) -> str:

@@ -1,0 +1,219 @@
+"""Which runs an expectation compares, and how they pair.
+
+A run is a :class:`RunRecord`. An arm's labelled runs are those an expectation's arm names (:func:`labelled`); the
+settings that define the arms are those in which every labelled run of the one differs from every labelled run
+of the other (:func:`defining_keys`); every run whose defining settings are an arm's is a run of that arm,
+wherever it was made (one run of today's GRPO serves every comparison against it).
+
+Runs alike in start model, settings and seed form a :class:`Cell`: one run, made once or more; its value is the
+mean of its runs, and their spread is shown, never a silent pick. A :class:`Pair` is a cell of each arm with the
+same start model, the same seed and every other setting alike (so scored on the same problems).
+
+A comparison is fair only if its arms differ in the setting under test alone (:func:`unfair`): a start model
+trained with one arm's prompt favours that arm, and arms scored by different graders measure different things.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from a5core.data.problem_sets import GRADER_PROMPTS
+from a5core.verdicts.expectations import START, Expectation
+
+# Settings whose value shapes the form of a model's answers: a start model trained with one arm's value favours
+# that arm in a comparison of them.
+FORM_SETTINGS = ("prompt",)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run as verdicts see it (:mod:`tasks.store_runs` reads them from MLflow stores).
+
+    ``settings``: what it ran with, as MLflow keeps them (strings), less where and how fast it ran, its label,
+    seed and start model, which are fields of their own; ``setting``: its label among an ablation's or sweep's
+    children (``dapo``), else its run name; ``group``: the ablation or sweep it ran in (its parent's), else its
+    flow's run name; ``origin``: the model it started from, by its weights' content hash (``folder:…``), or
+    ``parent run ID`` where no record says; ``finals``: its final metrics (``final_val_accuracy``); ``starts``:
+    the same metrics before training (``final_val_accuracy`` → its ``val_accuracy`` at step 0); ``made``: the
+    content hash of the model folder it saved, where it registered one; ``flow_status``: how its parent run (the
+    flow that ran it) ended, its own status where it has none.
+    """
+
+    id: str
+    name: str
+    group: str
+    setting: str
+    settings: Mapping[str, str]
+    seed: str | None
+    origin: str
+    finals: Mapping[str, float]
+    starts: Mapping[str, float] = field(default_factory=dict)
+    status: str = "FINISHED"
+    flow_status: str = "FINISHED"
+    made: str | None = None
+    experiment: str = ""
+    start_time: int = 0
+
+
+@dataclass(frozen=True)
+class Cell:
+    """Runs alike in start model, settings and seed (one run made once or again) and their values of the metric."""
+
+    origin: str
+    seed: str | None
+    runs: tuple[RunRecord, ...]
+    values: tuple[float, ...]
+
+    @property
+    def value(self) -> float:
+        """The mean of its runs' values: re-runs count once."""
+        return sum(self.values) / len(self.values)
+
+    @property
+    def spread(self) -> float:
+        """max − min of its runs' values (0 for one run)."""
+        return max(self.values) - min(self.values)
+
+
+@dataclass(frozen=True)
+class Pair:
+    a: Cell
+    b: Cell
+
+    @property
+    def difference(self) -> float:
+        return self.a.value - self.b.value
+
+
+@dataclass
+class Arms:
+    """What an expectation compares: the settings that define its arms (``keys``), the pairs, how many runs of
+    each arm are in them, and why it is not a fair comparison (``unfair``, "" when it is)."""
+
+    keys: tuple[str, ...]
+    pairs: list[Pair]
+    unfair: str = ""
+    missing: str = ""  # why nothing was compared ("" when pairs or unpaired runs were found)
+
+    @property
+    def runs_in_pairs(self) -> tuple[int, int]:
+        return sum(len(p.a.runs) for p in self.pairs), sum(len(p.b.runs) for p in self.pairs)
+
+
+def labelled(runs: Iterable[RunRecord], arm: str, scope: str | None) -> list[RunRecord]:
+    """The runs an arm names: by their label (``dapo``), or by settings (``backend=vllm,seed=1``); only those of
+    group or MLflow experiment ``scope`` when given."""
+    arm = arm.removesuffix(START)
+    wanted = dict(item.split("=", 1) for item in arm.split(",")) if "=" in arm else None
+    found = []
+    for run in runs:
+        if scope is not None and scope not in (run.group, run.experiment):
+            continue
+        if wanted is None:
+            if run.setting == arm:
+                found.append(run)
+        elif all(_value_of(run, key) == value for key, value in wanted.items()):
+            found.append(run)
+    return found
+
+
+def _value_of(run: RunRecord, key: str) -> str | None:
+    return run.seed if key == "seed" else run.settings.get(key)
+
+
+def defining_keys(a_runs: Sequence[RunRecord], b_runs: Sequence[RunRecord]) -> set[str]:
+    """The settings in which every run of ``a_runs`` differs from every run of ``b_runs``."""
+    differ = [
+        {k for k in ra.settings.keys() | rb.settings.keys() if ra.settings.get(k) != rb.settings.get(k)}
+        for ra in a_runs
+        for rb in b_runs
+    ]
+    return set.intersection(*differ) if differ else set()
+
+
+def _cells(runs: Iterable[RunRecord], keys: set[str], metric: str, start: bool = False) -> dict[tuple, Cell]:
+    """The runs grouped by (start model, seed, settings other than ``keys``), each group a :class:`Cell` of their
+    ``metric`` (their value before training when ``start``)."""
+    grouped: dict[tuple, list[RunRecord]] = defaultdict(list)
+    for run in sorted(runs, key=lambda r: (r.start_time, r.id)):
+        other = tuple(sorted((k, v) for k, v in run.settings.items() if k not in keys))
+        grouped[(run.origin, run.seed, other)].append(run)
+    cells = {}
+    for key, members in grouped.items():
+        values = tuple((r.starts if start else r.finals)[metric] for r in members)
+        cells[key] = Cell(key[0], key[1], tuple(members), values)
+    return cells
+
+
+def pair_arms(expectation: Expectation, runs: Sequence[RunRecord]) -> Arms:
+    """The pairs behind ``expectation`` among ``runs`` (those with its metric; see the module docstring)."""
+    metric = expectation.metric
+    usable = [r for r in runs if metric in r.finals]
+    a_label = labelled(usable, expectation.a, expectation.experiment)
+    if expectation.against_start:
+        with_start = [r for r in a_label if metric in r.starts]
+        if not with_start:
+            return Arms((), [], missing=f"no run of {expectation.a} holds {metric} before training")
+        settings = {tuple(sorted(r.settings.items())) for r in with_start}
+        units = [r for r in usable if metric in r.starts and tuple(sorted(r.settings.items())) in settings]
+        pairs = [Pair(cell, starts) for cell, starts in _start_cells(units, metric)]
+        return Arms((), pairs)
+    b_label = labelled(usable, expectation.b, expectation.experiment)
+    if not a_label or not b_label:
+        absent = " and ".join(arm for arm, found in ((expectation.a, a_label), (expectation.b, b_label)) if not found)
+        return Arms((), [], missing=f"no run of {absent} holds {metric}")
+    keys = defining_keys(a_label, b_label)
+    if not keys:
+        return Arms((), [], missing=f"{expectation.a} and {expectation.b} differ in no setting their runs share")
+    a_values = {tuple(r.settings.get(k) for k in sorted(keys)) for r in a_label}
+    b_values = {tuple(r.settings.get(k) for k in sorted(keys)) for r in b_label}
+    a_units = [r for r in usable if tuple(r.settings.get(k) for k in sorted(keys)) in a_values]
+    b_units = [r for r in usable if tuple(r.settings.get(k) for k in sorted(keys)) in b_values]
+    a_cells, b_cells = _cells(a_units, keys, metric), _cells(b_units, keys, metric)
+    pairs = [Pair(a_cells[k], b_cells[k]) for k in a_cells if k in b_cells]
+    return Arms(tuple(sorted(keys)), pairs, unfair(keys, pairs, runs))
+
+
+def _start_cells(units: Sequence[RunRecord], metric: str) -> list[tuple[Cell, Cell]]:
+    finals, starts = _cells(units, set(), metric), _cells(units, set(), metric, start=True)
+    return [(finals[k], starts[k]) for k in finals]
+
+
+def unfair(keys: Iterable[str], pairs: Sequence[Pair], runs: Sequence[RunRecord]) -> str:
+    """Why arms that differ in ``keys`` are not a fair comparison, "" when they are: a start model trained with
+    one arm's value of a :data:`FORM_SETTINGS` setting (found among ``runs`` by the model it saved), or arms
+    scored by graders that are not each its own prompt's."""
+    keys = set(keys)
+    makers = {r.made: r for r in runs if r.made}
+    for form in sorted(keys & set(FORM_SETTINGS)):
+        for pair in pairs:
+            maker = makers.get(pair.a.origin)
+            if maker is None or form not in maker.settings:
+                continue
+            trained = maker.settings[form]
+            a_value, b_value = pair.a.runs[0].settings.get(form), pair.b.runs[0].settings.get(form)
+            if (trained == a_value) != (trained == b_value):
+                return (
+                    f"the start model ({short(pair.a.origin)}, made by run {maker.id[:8]}) was trained with "
+                    f"{form}={trained}, one arm's {form}: it favours that arm"
+                )
+    if "reward_fn" not in keys:
+        return ""
+    if "prompt" not in keys:
+        return "the arms are scored by different graders (reward_fn) of one prompt: they measure different things"
+    for pair in pairs:
+        for cell in (pair.a, pair.b):
+            settings = cell.runs[0].settings
+            grader, prompt = settings.get("reward_fn"), settings.get("prompt")
+            if grader not in (None, "None") and GRADER_PROMPTS.get(grader) != prompt:
+                return f"an arm is scored by {grader}, which is not the grader of its prompt ({prompt})"
+    return ""
+
+
+def short(origin: str) -> str:
+    """A start model as tables name it: its hash's first hex digits, or ``parent <id>``."""
+    if origin.startswith("parent run"):
+        return f"parent {origin.split()[-1][:8]}"
+    return origin.split(":")[-1][:8]

@@ -1,0 +1,278 @@
+"""Flow ``verdicts``: decide expectations asked of runs — does DAPO beat GRPO here, and how sure are we?
+
+Give the stores that hold the runs (``--stores``: tracking URIs, database files, or folders searched for
+``mlflow.db``; default the project's store) and the expectations, as flags or in a YAML file
+(:mod:`a5core.verdicts.expectations` for the form)::
+
+    python -m flows.verdicts --expect "dapo >= grpo; kl_0 ~ kl_0.001" --scope grpo_dapo_ablation
+    python -m flows.verdicts --expectations-file docs/expectations.yaml --stores sqlite:///mlflow.db
+    python -m flows.verdicts --expect "1024 >= 128 on final_val_format_rate" --correction bh
+
+Runs are paired by start model (its weights' content hash) and seed on the same problems; runs alike in start
+model, settings and seed count once, as their mean; each expectation's pairs are tested for a difference and for
+parity within ``--margin``, the p-values of all expectations are corrected together (``--correction holm``, or
+``bh`` for a false-discovery rate), and each gets a verdict: agrees / disagrees / within noise / inconclusive /
+too few runs, or "not judged" where its arms differ in more than the setting under test
+(:mod:`a5core.verdicts.decide`). The flow writes into ``output_dir``:
+
+- ``verdicts.md``: the findings (each verdict before and after the correction, the differences beyond which it
+  would have been decided, how many more pairs would likely decide it), how they were decided, the pairs behind
+  each, the runs made more than once, the runs left out, and each experiment's runs with their curves
+  (``figures/``); ``--append`` adds Markdown files of your own after them;
+- ``verdicts.json`` (everything, pairs included) and ``verdicts.csv`` (the findings);
+
+and logs them as a run in MLflow experiment ``verdicts`` (``--tracking-uri``) and as the flow run's Prefect
+artifact.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from prefect import flow
+from pydantic import Field, field_validator, model_validator
+
+from a5core.data.files import write_text_atomic
+from a5core.runtime.settings import Settings
+from a5core.verdicts.decide import Decision, Rule, decide
+from a5core.verdicts.expectations import DEFAULT_METRIC, Expectation, expectations_from, parse_expectation
+from flows.cli import flow_main, load_yaml, print_paths
+from flows.params import PLACEMENT_FIELDS, LogToMLflow, OutputFolder, TrackingUri, output_folder_of_its_flow
+from tasks.flow_summary import publish
+from tasks.outputs import claim_outputs
+from tasks.plots import plot_curves
+from tasks.store_runs import StoredRuns, read_runs
+from tasks.tables import csv_text, markdown_table
+from tasks.tracking import DEFAULT_TRACKING_URI, log_files_run
+from tasks.verdict_page import (
+    experiments_section,
+    findings_rows,
+    left_out_section,
+    made_again,
+    pairs_sections,
+    records,
+    reruns_section,
+    rule_text,
+    summary_rows,
+)
+
+# Parameters that say where or how fast a run ran, or which grid a sweep's parent ran, not what a run ran with.
+NOT_WHAT_RAN = sorted(
+    {*PLACEMENT_FIELDS, "ablation", "ablation_only", "sweep", "sweep_*", "clip_*", "model_dir", "file_sha256/*"}
+)
+PAGE, FIGURES = "verdicts.md", "figures"
+
+
+class VerdictParams(Settings):
+    output_dir: OutputFolder = "outputs/verdicts"
+    tracking_uri: TrackingUri = DEFAULT_TRACKING_URI
+    log_to_mlflow: LogToMLflow = True
+    stores: list[str] = Field(
+        [DEFAULT_TRACKING_URI],
+        description="where the runs are: tracking URIs, database files, or folders (every mlflow.db under them)",
+    )
+    expect: list[str] = Field(
+        [], description='expectations, separated by ";": "dapo >= grpo; kl_0 ~ kl_0.001; 1024 >= 128 on METRIC"'
+    )
+    expectations_file: str | None = Field(None, description="a YAML file of expectations (and runs to exclude)")
+    scope: str | None = Field(
+        None, description="--expect's arms are labels of runs of this ablation, sweep or MLflow experiment"
+    )
+    metric: str = Field(DEFAULT_METRIC, description="--expect's metric unless one says `on METRIC`")
+    confidence: float = Field(0.95, gt=0.5, lt=1, description="the family's level: 1 − α")
+    margin: float = Field(0.05, gt=0, description="within noise: a difference within ±margin")
+    correction: Literal["holm", "bh", "none"] = Field(
+        "holm", description="for the expectations asked together: holm (any false verdict), bh (false-discovery rate)"
+    )
+    min_pairs: int = Field(3, ge=2, description="pairs a verdict needs")
+    power: float = Field(0.8, gt=0, lt=1, description="'would likely decide': with this probability")
+    ignore_settings: list[str] = Field(
+        NOT_WHAT_RAN, description="parameters that are not what a run ran with (fnmatch patterns)"
+    )
+    append: list[str] = Field([], description="Markdown files added to the page after the verdicts")
+    title: str = Field("Verdicts", description="the page's title")
+    verdict_experiment: str = Field("verdicts", description="MLflow experiment of the verdicts' run")
+
+    _output_folder = field_validator("output_dir")(output_folder_of_its_flow)
+
+    @field_validator("stores", "ignore_settings", "append", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        return [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+
+    @field_validator("expect", mode="before")
+    @classmethod
+    def _split_expectations(cls, value: Any) -> Any:
+        return [v.strip() for v in value.split(";") if v.strip()] if isinstance(value, str) else value
+
+    @field_validator("expect")
+    @classmethod
+    def _parse(cls, value: list[str]) -> list[str]:
+        for text in value:
+            parse_expectation(text)
+        return value
+
+    @field_validator("append")
+    @classmethod
+    def _files(cls, value: list[str]) -> list[str]:
+        for path in value:
+            if not Path(path).expanduser().is_file():
+                raise ValueError(f"{path}: no such file")
+        return value
+
+    @field_validator("expectations_file")
+    @classmethod
+    def _readable(cls, value: str | None) -> str | None:
+        if value is not None:
+            read_expectations(value)
+        return value
+
+    @model_validator(mode="after")
+    def _something_asked(self) -> VerdictParams:
+        if not self.expect and not self.expectations_file:
+            raise ValueError("give expect (dapo >= grpo) or expectations_file")
+        return self
+
+    def rule(self) -> Rule:
+        return Rule(self.confidence, self.margin, self.correction, self.min_pairs, self.power)
+
+
+def read_expectations(path: str) -> tuple[list[Expectation], dict[str, str]]:
+    """The expectations and exclusions of a YAML file; ValueError naming the file and what is wrong."""
+    where = f"expectations_file {path}"
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ValueError(f"{where}: no such file")
+    try:
+        document = load_yaml(file.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as error:
+        raise ValueError(f"{where}: not a YAML file ({getattr(error, 'problem', None) or error})") from None
+    return expectations_from(document, where)
+
+
+def asked(params: VerdictParams) -> tuple[list[Expectation], dict[str, str]]:
+    """The expectations asked, the file's first, and the runs the file excludes (id prefix → why)."""
+    found, exclude = read_expectations(params.expectations_file) if params.expectations_file else ([], {})
+    found += [parse_expectation(t, metric=params.metric, experiment=params.scope) for t in params.expect]
+    return found, exclude
+
+
+def figures(stored: StoredRuns, folder: Path) -> dict[str, list[Path]]:
+    """Each experiment's validation accuracy by step, a line a run: ``figures/<experiment>_val_accuracy.png``."""
+    made: dict[str, list[Path]] = {}
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for run in stored.records:
+        label = f"{run.setting} s{run.seed} {run.id[:6]}"
+        for step, value in stored.curves.get(run.id, {}).get("val_accuracy", {}).items():
+            groups.setdefault(run.group, []).append({"step": step, "val_accuracy": value, "run": label})
+    for group, rows in groups.items():
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", group) + "_val_accuracy.png"
+        made[group] = [plot_curves(folder / name, rows, "step", "val_accuracy", "run", f"{group}: val_accuracy")]
+    return made
+
+
+def page(params: VerdictParams, stored: StoredRuns, decision: Decision, plots: dict[str, list[Path]]) -> str:
+    """The page: title, what it was made from, the findings, how they were decided, and the detail."""
+    again = made_again(decision)
+    made = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        f"# {params.title}",
+        "",
+        f"> Made by `python -m flows.verdicts` from {len(stored.records)} runs in {len(stored.stores)} MLflow "
+        f"store{'s' * (len(stored.stores) != 1)} on {made}.",
+        "",
+        "## Findings",
+        "",
+        markdown_table(findings_rows(decision)),
+        rule_text(decision, len(again), max((c.spread for c in again), default=None)),
+        "",
+        "## The pairs",
+        "",
+        *pairs_sections(decision),
+        *reruns_section(again),
+        *left_out_section(decision),
+        *experiments_section(stored.records, plots, Path(params.output_dir), metrics_shown(decision)),
+    ]
+    for path in params.append:
+        lines += [Path(path).expanduser().read_text().rstrip(), ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def metrics_shown(decision: Decision) -> list[str]:
+    asked_metrics = [v.expectation.metric for v in decision.verdicts]
+    return list(dict.fromkeys([DEFAULT_METRIC, "final_val_format_rate", *asked_metrics]))
+
+
+@flow(name="verdicts")
+def verdicts(params: VerdictParams) -> dict:
+    """Decide the expectations asked of the runs in ``params.stores``: page, JSON and CSV into output_dir, logged
+    as a run of ``params.verdict_experiment`` and as the flow run's artifact."""
+    expectations, exclude = asked(params)
+    claim_outputs(params)
+    stored = read_runs(params.stores, params.ignore_settings)
+    if not stored.records:
+        raise ValueError(f"stores: no runs in {', '.join(stored.stores)}")
+    decision = decide(expectations, stored.records, params.rule(), exclude)
+    out = Path(params.output_dir)
+    plots = figures(stored, out / FIGURES)
+    rows = findings_rows(decision)
+    paths = {
+        "page": write_text_atomic(out / PAGE, page(params, stored, decision, plots)),
+        "json": write_text_atomic(out / "verdicts.json", json.dumps(records(decision), indent=2) + "\n"),
+        "csv": write_text_atomic(out / "verdicts.csv", csv_text(rows)),
+    }
+    if plots:
+        paths["figures"] = out / FIGURES
+    counts = decision.counts()
+    run_id = None
+    if params.log_to_mlflow:
+        run_id = log_files_run(
+            params.verdict_experiment,
+            f"verdicts-{len(expectations)}",
+            params.tracking_uri,
+            list(paths.values()),
+            tags={"stores": ",".join(stored.stores)[:5000], "runs_read": len(stored.records)},
+            params={**asdict(params.rule()), "expectations": [e.text for e in expectations]},
+            metrics={f"verdicts_{w.replace(' ', '_')}": float(n) for w, n in counts.items()},
+        )
+    publish(
+        "verdicts",
+        f"Verdicts on {len(expectations)} expectations ({', '.join(f'{n} {w}' for w, n in counts.items())})",
+        summary_rows(decision),
+        experiment=params.verdict_experiment if run_id else None,
+        tracking_uri=params.tracking_uri,
+        mlflow_run_id=run_id,
+        output_dir=out,
+        paths={k: str(v) for k, v in paths.items()},
+    )
+    return {
+        "verdicts": records(decision)["verdicts"],
+        "counts": counts,
+        "runs_read": len(stored.records),
+        "paths": {k: str(v) for k, v in paths.items()},
+        "mlflow_run_id": run_id,
+    }
+
+
+def show(params: VerdictParams, result: dict) -> None:
+    rows = [
+        {"expectation": v["expectation"], "pairs": v["pairs"], "mean": v["mean"], "verdict": v["verdict"]}
+        for v in result["verdicts"]
+    ]
+    print(markdown_table(rows, number=lambda x: f"{x:+.3f}"))
+    print_paths(result["paths"])
+    if result["mlflow_run_id"]:
+        print(f"mlflow run {result['mlflow_run_id']} (experiment {params.verdict_experiment})")
+
+
+main = flow_main(verdicts, VerdictParams, "verdicts", __doc__, show=show)
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,158 @@
+"""Runs read from MLflow stores as the verdict engine sees them (:class:`a5core.verdicts.pairing.RunRecord`).
+
+A store is a tracking URI (``sqlite:///mlflow.db``, ``http://127.0.0.1:5000``), a database file, or a folder:
+every ``mlflow.db`` under it (records unpacked from archives: one store per run made side by side). A run held
+by several stores (copied) is read once: the copy with more metrics, then the later end. A local store moved from
+the machine that made it finds its runs' artifacts beside or above it (:func:`tasks.tracking.moved_artifacts`).
+
+What a run ran with is its parameters, less the names ``ignore`` matches (where and how fast it ran, a sweep's
+grid: ``fnmatch`` patterns) and less its label, seed and start model, which are fields of their own; where it
+started is its provenance record's model hash (:mod:`tasks.provenance`); the model it made is the folder digest
+of the files it registered (``file_sha256/*`` parameters, :func:`tasks.fingerprints.digest_of_files`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from a5core.verdicts.pairing import RunRecord
+from tasks.fingerprints import digest_of_files
+from tasks.provenance import read_record
+from tasks.tracking import check_server, sqlite_database
+
+STORE_FILE = "mlflow.db"
+# Not what a run ran with, as settings: fields of a RunRecord of their own.
+OWN_FIELDS = ("setting", "seed", "model", "model_path")
+# Settings that runs made before they were parameters logged as tags.
+SETTINGS_ONCE_TAGS = ("compile_layers", "fsdp_reshard_after_forward", "max_tokens_per_microbatch", "engine_device")
+REGISTERED_FILES = "file_sha256/"
+CURVES = ("val_accuracy", "val_format_rate")  # by step: for plots, and a final metric's value at step 0
+
+
+@dataclass
+class StoredRuns:
+    """The runs read (``records``) and their validation curves by run id (``curves``: metric → step → value)."""
+
+    records: list[RunRecord]
+    curves: dict[str, dict[str, dict[int, float]]]
+    stores: list[str]
+
+
+def store_uris(entries: Sequence[str]) -> list[str]:
+    """Tracking URIs for ``entries``: a URI as given, a database file as ``sqlite:///``, a folder as every
+    ``mlflow.db`` under it; ValueError naming an entry that is none of these."""
+    uris = []
+    for entry in entries:
+        if "://" in entry:
+            uris.append(entry)
+            continue
+        path = Path(entry).expanduser()
+        if path.is_file():
+            uris.append(f"sqlite:///{path.resolve()}")
+        elif path.is_dir():
+            found = sorted(path.rglob(STORE_FILE))
+            if not found:
+                raise ValueError(f"stores: {entry}: no {STORE_FILE} under this folder")
+            uris += [f"sqlite:///{db.resolve()}" for db in found]
+        else:
+            raise ValueError(f"stores: {entry}: no such file or folder, and not a tracking URI")
+    return uris
+
+
+def read_runs(entries: Sequence[str], ignore: Sequence[str]) -> StoredRuns:
+    """Every active run of every store ``entries`` names (:func:`store_uris`), each once."""
+    uris = store_uris(entries)
+    chosen: dict[str, tuple[tuple, RunRecord, dict]] = {}
+    for uri in uris:
+        for rank, record, curves in _store_runs(uri, ignore):
+            if record.id not in chosen or rank > chosen[record.id][0]:
+                chosen[record.id] = (rank, record, curves)
+    records = sorted((r for _, r, _ in chosen.values()), key=lambda r: (r.start_time, r.id))
+    return StoredRuns(records, {rid: c for rid, (_, _, c) in chosen.items()}, uris)
+
+
+def _store_runs(uri: str, ignore: Sequence[str]) -> list[tuple[tuple, RunRecord, dict]]:
+    import mlflow
+    from mlflow.entities import ViewType
+
+    if sqlite_database(uri) is None:
+        check_server(uri)
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    experiments = {e.experiment_id: e.name for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)}
+    runs: list[Any] = []
+    token = None
+    while experiments:
+        page = client.search_runs(
+            list(experiments), run_view_type=ViewType.ACTIVE_ONLY, max_results=1000, page_token=token
+        )
+        runs += list(page)
+        token = page.token
+        if not token:
+            break
+    by_id = {r.info.run_id: r for r in runs}
+    found = []
+    for run in runs:
+        parent = by_id.get(run.data.tags.get("mlflow.parentRunId", ""))
+        curves = {m: _history(client, run.info.run_id, m) for m in CURVES if m in run.data.metrics}
+        record = _record(run, parent, experiments.get(run.info.experiment_id, ""), ignore, curves, client, uri)
+        found.append(((len(run.data.metrics), run.info.end_time or 0), record, curves))
+    return found
+
+
+def _history(client: Any, run_id: str, metric: str) -> dict[int, float]:
+    points = sorted(client.get_metric_history(run_id, metric), key=lambda m: (m.step, m.timestamp))
+    return {m.step: m.value for m in points}
+
+
+def _record(
+    run: Any, parent: Any, experiment: str, ignore: Sequence[str], curves: dict, client: Any, uri: str
+) -> RunRecord:
+    params, tags = run.data.params, run.data.tags
+    settings = {k: v for k, v in params.items() if k not in OWN_FIELDS and not _matches(k, ignore)}
+    settings |= {k: tags[k] for k in SETTINGS_ONCE_TAGS if k in tags and k not in params and not _matches(k, ignore)}
+    finals = {k: v for k, v in run.data.metrics.items() if k.startswith("final_")}
+    starts = {}
+    for key in finals:
+        before = curves.get(key.removeprefix("final_"), {})
+        if 0 in before:
+            starts[key] = before[0]
+    head = parent or run
+    group = head.data.tags.get("ablation") or head.data.params.get("ablation")
+    if group in (None, "", "None"):
+        group = head.info.run_name or head.info.run_id
+    registered = {k.removeprefix(REGISTERED_FILES): v for k, v in params.items() if k.startswith(REGISTERED_FILES)}
+    return RunRecord(
+        id=run.info.run_id,
+        name=run.info.run_name or run.info.run_id[:8],
+        group=group,
+        setting=params.get("setting") or run.info.run_name or run.info.run_id[:8],
+        settings=settings,
+        seed=params.get("seed"),
+        origin=_origin(client, run, parent, uri),
+        finals=finals,
+        starts=starts,
+        status=run.info.status,
+        flow_status=head.info.status,
+        made=f"folder:{digest_of_files(registered)}" if registered else None,
+        experiment=experiment,
+        start_time=run.info.start_time or 0,
+    )
+
+
+def _origin(client: Any, run: Any, parent: Any, uri: str) -> str:
+    """The content hash of the model the run started from (its provenance record's), else its parent run."""
+    try:
+        model = (read_record(client, run.info.run_id, uri).get("inputs") or {}).get("model") or {}
+    except ValueError:
+        model = {}
+    if model.get("hash"):
+        return str(model["hash"])
+    return f"parent run {(parent or run).info.run_id}"
+
+
+def _matches(name: str, patterns: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)

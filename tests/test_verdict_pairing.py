@@ -1,0 +1,112 @@
+"""a5core.verdicts.pairing: which runs an expectation compares, cells of re-runs, pairs by start model and seed,
+and the comparisons refused as unfair."""
+
+import pytest
+from verdict_runs import run
+
+from a5core.verdicts.expectations import parse_expectation
+from a5core.verdicts.pairing import pair_arms
+
+
+def dapo_like(seeds=(0, 1, 2)):
+    runs = []
+    for seed in seeds:
+        runs.append(run("grpo", 0.40 + seed / 100, seed=seed, group="grpo_dapo_ablation"))
+        runs.append(run("dapo", 0.45 + seed / 100, seed=seed, group="grpo_dapo_ablation", dynamic_sampling="True"))
+    return runs
+
+
+def test_arms_are_learnt_from_labels_and_pair_by_start_model_and_seed():
+    arms = pair_arms(parse_expectation("dapo >= grpo", experiment="grpo_dapo_ablation"), dapo_like())
+    assert arms.keys == ("dynamic_sampling",)
+    assert sorted((p.a.seed, round(p.difference, 6)) for p in arms.pairs) == [("0", 0.05), ("1", 0.05), ("2", 0.05)]
+    assert not arms.unfair and not arms.missing
+
+
+def test_a_reference_run_made_elsewhere_serves_the_comparison_and_re_runs_count_once_as_their_mean():
+    runs = dapo_like(seeds=(0,))
+    # today's GRPO again, made by another ablation's flow from the same model and seed: the same cell
+    runs.append(run("reinforce_with_baseline", 0.44, group="grpo_baseline_ablation"))
+    arms = pair_arms(parse_expectation("dapo >= grpo"), runs)
+    (pair,) = arms.pairs
+    assert (
+        pair.b.values == (0.40, 0.44) and pair.b.value == pytest.approx(0.42) and pair.b.spread == pytest.approx(0.04)
+    )
+    assert pair.difference == pytest.approx(0.45 - 0.42)
+    assert arms.runs_in_pairs == (1, 2)
+
+
+def test_runs_of_other_start_models_or_seeds_or_settings_do_not_pair():
+    runs = [
+        run("grpo", 0.40, seed=0, origin="folder:aaaa"),
+        run("dapo", 0.50, seed=0, origin="folder:bbbb", dynamic_sampling="True"),  # another start model
+        run("dapo", 0.50, seed=1, dynamic_sampling="True"),  # another seed
+        run("dapo", 0.50, seed=0, dynamic_sampling="True", validation_data="other"),  # scored elsewhere
+    ]
+    arms = pair_arms(parse_expectation("dapo >= grpo"), runs)
+    assert arms.pairs == [] and arms.keys == ("dynamic_sampling",)
+
+
+def test_the_scope_limits_where_labels_are_learnt():
+    runs = dapo_like(seeds=(0,)) + [run("grpo", 0.9, group="other", learning_rate="1")]
+    arms = pair_arms(parse_expectation("dapo >= grpo", experiment="grpo_dapo_ablation"), runs)
+    assert arms.keys == ("dynamic_sampling",)  # the other group's "grpo" (another learning rate) is not learnt from
+    assert pair_arms(parse_expectation("dapo >= grpo", experiment="nowhere"), runs).missing
+
+
+def test_an_arm_given_by_settings():
+    runs = [run("single", 0.4, backend="hf", seed=s) for s in (0, 1)] + [
+        run("single", 0.5, backend="vllm", seed=s) for s in (0, 1)
+    ]
+    arms = pair_arms(parse_expectation("backend=vllm ~ backend=hf"), runs)
+    assert arms.keys == ("backend",) and [round(p.difference, 6) for p in arms.pairs] == [0.1, 0.1]
+
+
+def test_against_its_start_each_run_is_its_own_pair():
+    runs = [run("G8", 0.38 + s / 100, seed=s, start=0.01, group="ei_sweep", rollouts="8") for s in range(3)]
+    runs.append(run("G8", 0.5, seed=5, start=0.02, group="expert_iteration", rollouts="8"))  # same settings elsewhere
+    runs.append(run("G4", 0.9, seed=0, start=0.01, group="ei_sweep", rollouts="4"))  # other settings: not G8's
+    arms = pair_arms(parse_expectation("G8 >= G8@start", experiment="ei_sweep"), runs)
+    assert sorted(round(p.difference, 6) for p in arms.pairs) == [0.37, 0.38, 0.39, 0.48]
+
+
+def test_missing_arms_and_arms_that_differ_in_nothing_are_said():
+    runs = dapo_like(seeds=(0,))
+    assert "no run of token_mean" in pair_arms(parse_expectation("token_mean >= grpo"), runs).missing
+    same = [run("a", 0.4), run("b", 0.5)]
+    assert "differ in no setting" in pair_arms(parse_expectation("a >= b"), same).missing
+
+
+def test_a_start_model_trained_with_one_arms_prompt_is_not_a_fair_comparison():
+    sft = run("1024", 0.01, origin="folder:base", made="folder:sft", group="sft_experiment", prompt="r1_zero")
+    arms = [
+        run("r1_zero", 0.40, origin="folder:sft", seed=s, prompt="r1_zero", reward_fn="arithmetic") for s in range(3)
+    ] + [
+        run(
+            "question_only",
+            0.30,
+            origin="folder:sft",
+            seed=s,
+            prompt="question_only",
+            reward_fn="arithmetic_question_only",
+        )
+        for s in range(3)
+    ]
+    found = pair_arms(parse_expectation("question_only >= r1_zero"), [sft, *arms])
+    assert len(found.pairs) == 3
+    assert "trained with prompt=r1_zero" in found.unfair and sft.id[:8] in found.unfair
+    # from a start model trained for neither prompt (or one whose training is not among the runs): fair
+    neutral = run("1024", 0.01, origin="folder:base", made="folder:sft", group="sft_experiment", prompt="plain")
+    assert pair_arms(parse_expectation("question_only >= r1_zero"), [neutral, *arms]).unfair == ""
+    assert pair_arms(parse_expectation("question_only >= r1_zero"), arms).unfair == ""
+
+
+def test_arms_scored_by_different_graders_are_not_a_fair_comparison():
+    runs = [run("strict", 0.3, reward_fn="r1_zero", seed=s) for s in range(3)] + [
+        run("lenient", 0.6, reward_fn="arithmetic", seed=s) for s in range(3)
+    ]
+    assert "different graders" in pair_arms(parse_expectation("lenient >= strict"), runs).unfair
+    mismatched = [run("a", 0.3, prompt="question_only", reward_fn="arithmetic", seed=0)] + [
+        run("b", 0.3, prompt="r1_zero", reward_fn="r1_zero", seed=0)
+    ]
+    assert "not the grader of its prompt" in pair_arms(parse_expectation("a >= b"), mismatched).unfair
