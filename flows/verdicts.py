@@ -119,6 +119,16 @@ class VerdictParams(Settings):
             parse_expectation(text)
         return value
 
+    @field_validator("stores")
+    @classmethod
+    def _stores(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("name at least one store")
+        for entry in value:
+            if "://" not in entry and not Path(entry).expanduser().exists():
+                raise ValueError(f"{entry}: no such file or folder, and not a tracking URI")
+        return value
+
     @field_validator("append")
     @classmethod
     def _files(cls, value: list[str]) -> list[str]:

@@ -1,0 +1,268 @@
+"""flows.verdicts: a user's own store (a real, tiny GRPO ablation made here, three seeds) gets its verdict from one
+command; stores with planted results, spread over folders as unpacked archives leave them, give the verdicts the
+rule gives on the same runs (a run copied into two stores read once, a failed flow's run shown apart, a start
+model trained for one arm's prompt refused); and parameters that cannot be answered are refused in one line."""
+
+import json
+import math
+import random
+
+import pytest
+from verdict_runs import BASE
+
+from a5core.verdicts.decide import Rule, decide
+from a5core.verdicts.expectations import parse_expectation
+from a5core.verdicts.pairing import RunRecord
+from flows.verdicts import NOT_WHAT_RAN, VerdictParams, main, verdicts
+from tasks.fingerprints import digest_of_files
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_a_users_grpo_ablation_gets_its_verdict_from_one_command(
+    prefect_harness, tiny_lm_dir, tmp_path, monkeypatch, capsys
+):
+    import mlflow
+
+    from flows.grpo import GRPOParams, grpo_baseline_ablation
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    for seed in (0, 1, 2):
+        grpo_baseline_ablation(
+            GRPOParams(
+                model=str(tiny_lm_dir),
+                backend="hf",
+                train_data="arithmetic:30:1",
+                validation_data="arithmetic:6:1",
+                val_subset=2,
+                val_limit=4,
+                eval_every=1,
+                n_grpo_steps=1,
+                rollout_batch_size=4,
+                group_size=2,
+                train_batch_size=4,
+                gradient_accumulation_steps=2,
+                max_tokens=8,
+                min_tokens=1,
+                checkpoint_every=0,
+                seed=seed,
+                output_dir=str(tmp_path / f"grpo{seed}"),
+                metrics_path=None,
+                tracking_uri=uri,
+            )
+        )
+    main(
+        [
+            "--stores",
+            uri,
+            "--expect",
+            "reinforce_with_baseline >= no_baseline; no_baseline ~ reinforce_with_baseline on final_val_format_rate",
+            "--scope",
+            "grpo_baseline_ablation",
+            "--output-dir",
+            str(tmp_path / "verdicts"),
+            "--tracking-uri",
+            uri,
+        ]
+    )
+    printed = capsys.readouterr().out
+    found = json.loads((tmp_path / "verdicts/verdicts.json").read_text())
+    accuracy, fmt = found["verdicts"]
+    assert accuracy["pairs"] == 3 and accuracy["defining_settings"] == ["loss_type"]
+    assert {p["seed"] for p in accuracy["pair_list"]} == {"0", "1", "2"}
+    assert {p["start_model"][:7] for p in accuracy["pair_list"]} == {"folder:"}  # the tiny model's content hash
+    assert len({p["start_model"] for p in accuracy["pair_list"]}) == 1
+    for verdict in (accuracy, fmt):
+        assert verdict["verdict"] in ("agrees", "disagrees", "within noise", "inconclusive")
+        assert 0 <= verdict["p_difference"] <= verdict["adjusted_p_difference"] <= 1
+    assert found["rule"]["correction"] == "holm" and found["rule"]["expectations_judged"] == 2
+    page = (tmp_path / "verdicts/verdicts.md").read_text()
+    assert "`reinforce_with_baseline >= no_baseline`" in page and "Holm's step-down" in page
+    assert "### `grpo_baseline_ablation`" in page and "![grpo_baseline_ablation_val_accuracy]" in page
+    assert (tmp_path / "verdicts/figures/grpo_baseline_ablation_val_accuracy.png").stat().st_size > 1000
+    assert "reinforce_with_baseline >= no_baseline" in printed and "mlflow run" in printed
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    (logged,) = client.search_runs([client.get_experiment_by_name("verdicts").experiment_id])
+    assert {a.path for a in client.list_artifacts(logged.info.run_id)} >= {
+        "verdicts.md",
+        "verdicts.json",
+        "verdicts.csv",
+    }
+    assert logged.data.params["correction"] == "holm"
+
+
+# ----------------------------------------------------------------------------------------------- planted stores
+
+
+def log_run(client, experiment_id, name, params, metrics, parent=None, status="FINISHED", origin=None, files=None):
+    """A run as the flows leave one: params, final metrics (and val_* at step 0), a provenance record naming its
+    start model, registered file digests (the model it made)."""
+    tags = {"mlflow.parentRunId": parent} if parent else {}
+    made = client.create_run(experiment_id, run_name=name, tags=tags)
+    rid = made.info.run_id
+    for key, value in {**params, **{f"file_sha256/{k}": v for k, v in (files or {}).items()}}.items():
+        client.log_param(rid, key, value)
+    for key, value in metrics.items():
+        client.log_metric(rid, key, value, step=5)
+        if key.startswith("final_"):
+            client.log_metric(rid, key.removeprefix("final_"), value / 10, step=0)
+    if origin:
+        client.log_dict(rid, {"inputs": {"model": {"path": "m", "hash": origin}}}, "provenance.json")
+    client.set_terminated(rid, status)
+    return rid
+
+
+def planted_page(root, rng):
+    """Two folders of stores (as archives unpack: each flow its own mlflow.db, its mlruns/ at the archive's top):
+    an SFT model made with prompt r1_zero; its GRPO runs of a baseline ablation and a prompt ablation, four
+    seeds; one child of a flow that failed; one run copied into a second store. Returns what the rule sees."""
+    import mlflow
+
+    sft_files = {"model.safetensors": "ab" * 32, "config.json": "cd" * 32}
+    sft_hash = f"folder:{digest_of_files(sft_files)}"
+    expected = []
+
+    def store(folder, name):
+        (folder / name).mkdir(parents=True)
+        return mlflow.MlflowClient(tracking_uri=f"sqlite:///{folder / name / 'mlflow.db'}")
+
+    archive = root / "archive1"
+    client = store(archive, "sft")
+    experiment = client.create_experiment("sft_experiment", artifact_location=str(archive / "mlruns" / "sft"))
+    parent = log_run(client, experiment, "sft_experiment", {}, {})
+    sft_id = log_run(
+        client,
+        experiment,
+        "sft-1024",
+        {"setting": "1024", "prompt": "r1_zero", "seed": "0"},
+        {"final_val_accuracy": 0.01},
+        parent=parent,
+        origin="folder:base",
+        files=sft_files,
+    )
+    expected.append(
+        RunRecord(
+            id=sft_id,
+            name="sft-1024",
+            group="sft_experiment",
+            setting="1024",
+            settings={"prompt": "r1_zero"},
+            seed="0",
+            origin="folder:base",
+            finals={"final_val_accuracy": 0.01},
+            made=sft_hash,
+        )
+    )
+    for seed in range(4):
+        for ablation, settings in (
+            ("grpo_baseline_ablation", {"no_baseline": {"loss_type": "no_baseline"}, "reinforce_with_baseline": {}}),
+            (
+                "grpo_prompt_ablation",
+                {"r1_zero": {}, "question_only": {"prompt": "question_only", "reward_fn": "arithmetic_question_only"}},
+            ),
+        ):
+            folder = root / ("archive1" if seed < 2 else "archive2")
+            client = store(folder, f"{ablation}_{seed}")
+            experiment = client.create_experiment(
+                "grpo", artifact_location=str(folder / "mlruns" / f"{ablation}{seed}")
+            )
+            failed = ablation == "grpo_baseline_ablation" and seed == 3
+            parent = log_run(
+                client, experiment, ablation, {"ablation": ablation}, {}, status="FAILED" if failed else "FINISHED"
+            )
+            for setting, changes in settings.items():
+                value = 0.4 + rng.gauss(0, 0.03) + (0.08 if setting == "reinforce_with_baseline" else 0.0)
+                params = {**BASE, **changes, "setting": setting, "seed": str(seed), "output_dir": f"out{seed}"}
+                rid = log_run(
+                    client,
+                    experiment,
+                    f"grpo-{setting}",
+                    params,
+                    {"final_val_accuracy": value},
+                    parent=parent,
+                    origin=sft_hash,
+                )
+                expected.append(
+                    RunRecord(
+                        id=rid,
+                        name=f"grpo-{setting}",
+                        group=ablation,
+                        setting=setting,
+                        settings={k: v for k, v in params.items() if k not in ("setting", "seed", "output_dir")},
+                        seed=str(seed),
+                        origin=sft_hash,
+                        finals={"final_val_accuracy": value},
+                        flow_status="FAILED" if failed else "FINISHED",
+                        start_time=len(expected),
+                    )
+                )
+    # the same run copied into another store (an archive packed twice): read once
+    import shutil
+
+    shutil.copy(root / "archive1" / "grpo_prompt_ablation_0" / "mlflow.db", root / "archive2" / "copy.db")
+    return expected
+
+
+def test_planted_stores_give_the_verdicts_the_rule_gives(prefect_harness, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    expected = planted_page(tmp_path / "records", random.Random(5))
+    asked = ["reinforce_with_baseline >= no_baseline", "question_only >= r1_zero"]
+    result = verdicts(
+        VerdictParams(
+            stores=[str(tmp_path / "records" / "archive1"), str(tmp_path / "records" / "archive2")],
+            expect=asked,
+            output_dir=str(tmp_path / "out"),
+            log_to_mlflow=False,
+        )
+    )
+    rule_says = decide([parse_expectation(t) for t in asked], expected, Rule())
+    baseline, prompt = result["verdicts"]
+    want = rule_says.verdicts[0]
+    assert baseline["pairs"] == want.k == 3  # seed 3's flow failed: shown apart, not paired
+    assert baseline["mean"] == pytest.approx(want.sample.mean) and baseline["verdict"] == want.word
+    assert baseline["adjusted_p_difference"] == pytest.approx(want.adjusted_difference)
+    assert prompt["verdict"] == "not judged" and "trained with prompt=r1_zero" in prompt["not_judged"]
+    assert prompt["pairs"] == 4
+    page = (tmp_path / "out/verdicts.md").read_text()
+    assert "## Runs left out" in page and "the flow that ran it ended FAILED" in page
+    assert result["runs_read"] == 2 + 8 * 3  # every run once (parents too): not the 3 of the copied store again
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({}, "give expect"),
+        ({"expect": "a > b"}, "write A >= B"),
+        ({"expect": "a >= b", "append": ["nowhere.md"]}, "nowhere.md: no such file"),
+        ({"expectations_file": "missing.yaml"}, "expectations_file missing.yaml: no such file"),
+        ({"expect": "a >= b", "correction": "bonferroni"}, "correction"),
+        ({"expect": "a >= b", "confidence": 1.5}, "confidence"),
+    ],
+)
+def test_params_refuse_what_cannot_be_answered(params, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        VerdictParams(**params)
+
+
+def test_a_bad_expectations_file_or_store_is_named(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "e.yaml").write_text("expectations:\n  - dapo >> grpo\n")
+    for argv, message in (
+        (["--expectations-file", "e.yaml"], "expectations_file e.yaml: expectations[1]: expectation 'dapo >> grpo'"),
+        (["--expect", "a >= b", "--stores", "no/such/folder"], "no/such/folder: no such file or folder"),
+    ):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert message in capsys.readouterr().err
+    (tmp_path / "e.yaml").write_text("expectations: [a >= b\n")
+    with pytest.raises(SystemExit):
+        main(["--expectations-file", "e.yaml"])
+    assert "expectations_file e.yaml: not a YAML file" in capsys.readouterr().err
+
+
+def test_what_a_run_ran_with_leaves_out_where_and_how_fast_it_ran():
+    assert {"output_dir", "tracking_uri", "max_tokens_per_microbatch", "gpu_memory_fraction"} <= set(NOT_WHAT_RAN)
+    assert not {"learning_rate", "loss_type", "prompt", "reward_fn"} & set(NOT_WHAT_RAN)
+    assert math.isclose(VerdictParams(expect="a >= b").confidence, 0.95)
