@@ -13,7 +13,8 @@ run (``--parent ID``: an ablation or sweep). The flow writes into ``output_dir``
 - ``<metric>_vs_step.png``: one plot per plotted metric, the metric against step, one line per run;
 
 and logs them as artifacts of a new run in MLflow experiment ``comparison``, tagged with the compared
-run ids (``compared_run_ids``).
+run ids (``compared_run_ids``). Whether one setting beats another, and how sure that is, over runs paired by start
+model and seed: ``flows.verdicts``.
 
     python -m flows.compare --help
     python -m flows.compare --experiment grpo

@@ -42,6 +42,7 @@ TITLES = {
     "grpo": "GRPO: one run, or any ablation",
     "leaderboard": "Leaderboard run: best accuracy within a time budget",
     "compare": "Compare evaluation runs",
+    "verdicts": "Verdicts: does one setting beat another, and how sure are we",
     "reproduce": "Reproduce a run from its MLflow record",
     "report": "Pipeline report",
 }

@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import sys
+from collections import defaultdict
 from dataclasses import asdict
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
@@ -175,28 +176,34 @@ def asked(params: VerdictParams) -> tuple[list[Expectation], dict[str, str]]:
 
 
 def figures(stored: StoredRuns, folder: Path) -> dict[str, list[Path]]:
-    """Each experiment's validation accuracy by step, a line a run: ``figures/<experiment>_val_accuracy.png``."""
-    made: dict[str, list[Path]] = {}
-    groups: dict[str, list[dict[str, Any]]] = {}
+    """Each experiment's validation accuracy by step, a line a setting (the mean over its runs that reached the
+    step, their number in the legend): ``figures/<experiment>_val_accuracy.png``."""
+    points: dict[str, dict[str, dict[int, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for run in stored.records:
-        label = f"{run.setting} s{run.seed} {run.id[:6]}"
         for step, value in stored.curves.get(run.id, {}).get("val_accuracy", {}).items():
-            groups.setdefault(run.group, []).append({"step": step, "val_accuracy": value, "run": label})
-    for group, rows in groups.items():
+            points[run.group][run.setting][step].append(value)
+    made = {}
+    for group, settings in points.items():
+        runs = {setting: max(map(len, steps.values())) for setting, steps in settings.items()}
+        rows = [
+            {"step": step, "val_accuracy": sum(values) / len(values), "setting": f"{setting} ({runs[setting]} runs)"}
+            for setting, steps in settings.items()
+            for step, values in steps.items()
+        ]
         name = re.sub(r"[^A-Za-z0-9_.-]+", "_", group) + "_val_accuracy.png"
-        made[group] = [plot_curves(folder / name, rows, "step", "val_accuracy", "run", f"{group}: val_accuracy")]
+        title = f"{group}: val_accuracy, mean over runs"
+        made[group] = [plot_curves(folder / name, rows, "step", "val_accuracy", "setting", title)]
     return made
 
 
 def page(params: VerdictParams, stored: StoredRuns, decision: Decision, plots: dict[str, list[Path]]) -> str:
     """The page: title, what it was made from, the findings, how they were decided, and the detail."""
     again = made_again(decision)
-    made = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         f"# {params.title}",
         "",
-        f"> Made by `python -m flows.verdicts` from {len(stored.records)} runs in {len(stored.stores)} MLflow "
-        f"store{'s' * (len(stored.stores) != 1)} on {made}.",
+        f"> Made by `{command(params)}` from {len(stored.records)} runs in {len(stored.stores)} MLflow "
+        f"store{'s' * (len(stored.stores) != 1)}: do not edit by hand.",
         "",
         "## Findings",
         "",
@@ -213,6 +220,17 @@ def page(params: VerdictParams, stored: StoredRuns, decision: Decision, plots: d
     for path in params.append:
         lines += [Path(path).expanduser().read_text().rstrip(), ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def command(params: VerdictParams) -> str:
+    """The command that asks what ``params`` asks (where its outputs go left out)."""
+    words = ["python", "-m", "flows.verdicts"]
+    for name in sorted(params.explicit() - {"output_dir", "log_to_mlflow", "tracking_uri", "append"}):
+        value = getattr(params, name)
+        if isinstance(value, list):
+            value = ("; " if name == "expect" else ",").join(value)
+        words += [f"--{name.replace('_', '-')}", shlex.quote(str(value))]
+    return " ".join(words)
 
 
 def metrics_shown(decision: Decision) -> list[str]:

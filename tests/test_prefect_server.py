@@ -65,7 +65,7 @@ def test_a_served_deployment_runs_from_the_api(prefect_api, tiny_lm_dir, shared_
 
     # Every flow a user runs has a deployment titled by what it does; no two share a title.
     titles = {name: deployment_name(flow) for name, flow in discover_flows().items()}
-    assert set(titles) == EXPECTED_FLOWS | {"compare", "difficulty", "leaderboard", "report", "reproduce"}
+    assert set(titles) == EXPECTED_FLOWS | {"compare", "difficulty", "leaderboard", "report", "reproduce", "verdicts"}
     assert len(set(titles.values())) == len(titles) and titles["baseline_eval"] == "Zero-shot evaluation"
     assert titles["grpo_lr_sweep"] == "GRPO ablation: learning rate"
     with background(
