@@ -293,7 +293,15 @@ def differences(record: dict[str, Any], model: type[Settings]) -> list[str]:
 
 def flatten(record: dict[str, Any]) -> dict[str, str]:
     """A record as ``section.key → value`` strings, the parts that say what ran: code, inputs' hashes,
-    settings, versions and device."""
+    settings, versions and device; ValueError for a damaged record (a section of the wrong kind)."""
+    sections = [record.get(s) if isinstance(record, dict) else None for s in ("code", "inputs", "settings", "versions")]
+    inputs = (sections[1] or {}).values() if isinstance(sections[1], dict) else []
+    if (
+        not isinstance(record, dict)
+        or any(not isinstance(s or {}, dict) for s in sections)
+        or any(not isinstance(item, dict) or not {"path", "hash"} <= set(item) for item in inputs)
+    ):
+        raise ValueError("a damaged record")
     flat = {f"code.{k}": str(v) for k, v in (record.get("code") or {}).items()}
     flat.update({f"data.{k}": f"{v['path']} {_short(v['hash'])}" for k, v in (record.get("inputs") or {}).items()})
     flat.update({f"setting.{k}": json.dumps(v) for k, v in (record.get("settings") or {}).items()})
@@ -304,12 +312,17 @@ def flatten(record: dict[str, Any]) -> dict[str, str]:
 
 def record_rows(labels: list[str], records: list[dict[str, Any] | None]) -> list[dict[str, str]]:
     """The entries that differ between runs' records, one row each (``what`` and a column a run); a run
-    without a record shows ``(no record)``."""
-    flats = [flatten(r) if r is not None else None for r in records]
-    keys = sorted({k for f in flats if f for k in f})
+    without a record shows ``(no record)``, one whose record is damaged ``(damaged record)``."""
+    flats: list[dict[str, str] | str] = []
+    for record in records:
+        try:
+            flats.append(flatten(record) if record is not None else "(no record)")
+        except ValueError:
+            flats.append("(damaged record)")
+    keys = sorted({k for f in flats if isinstance(f, dict) for k in f})
     rows = []
     for key in keys:
-        values = [f.get(key, "") if f is not None else "(no record)" for f in flats]
+        values = [f.get(key, "") if isinstance(f, dict) else f for f in flats]
         if len(set(values)) > 1:
             rows.append({"what": key, **dict(zip(labels, values, strict=True))})
     return rows

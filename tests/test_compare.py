@@ -256,3 +256,24 @@ def test_training_runs_are_paired_over_their_final_evaluations_problems(prefect_
     ((row,),) = [result["paired"]]
     assert row["run"] == "b" and row["against"] == "a" and row["n_problems"] == 4
     assert row["difference"] == pytest.approx(0.5)
+
+
+def test_a_damaged_record_is_shown_as_such_not_a_traceback(prefect_harness, tmp_path, monkeypatch):
+    """One run's provenance.json has sections of the wrong kind (a hand-edited or truncated record): the comparison
+    still comes, that run's column saying its record is damaged."""
+    import mlflow
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment("records")
+    good = {"code": {"commit": "abc"}, "inputs": {"model": {"path": "m", "hash": "folder:1"}}, "device": "cpu"}
+    for name, record in (("good", good), ("damaged", {"code": "abc", "inputs": 5}), ("list", [1, 2])):
+        with mlflow.start_run(run_name=name):
+            mlflow.log_metric("final_val_accuracy", 0.5)
+            mlflow.log_dict(record, "provenance.json")
+    result = compare(CompareParams(experiment="records", output_dir=str(tmp_path / "out"), tracking_uri=uri))
+    by_what = {row["what"]: row for row in result["records"]}
+    assert by_what["code.commit"]["good"] == "abc"
+    assert by_what["code.commit"]["damaged"] == by_what["code.commit"]["list"] == "(damaged record)"
+    assert "(damaged record)" in (tmp_path / "out/comparison.md").read_text()
