@@ -65,7 +65,7 @@ DEVRUN = Path("outputs/.devrun")
 @dataclass(frozen=True)
 class Kind:
     gib: float  # --gpu-memory-fraction × total (None: the flow takes no share, GiB only counted)
-    wall: float  # seconds at 12 at once on an H200 after the first burst (records_session13/14 pool.txt)
+    wall: float  # seconds at 12 at once (records_session13/14 pool.txt; session 15's H100 walls at 6-8 at once)
     procs: int = 1  # processes that hold a CUDA context (one-step-off: trainer and engine)
     share: bool = True  # pass --gpu-memory-fraction
 
@@ -81,8 +81,8 @@ KINDS = {
     "dapo": Kind(8.0, 370),
     "async": Kind(9.0, 370, procs=2),
     "ei": Kind(11.0, 330),
-    "sizes_a": Kind(18.0, 450),
-    "sizes_b": Kind(18.0, 330),
+    "sizes_a": Kind(18.0, 480),
+    "sizes_b": Kind(18.0, 420),
     "pre": Kind(20.0, 230, share=False),
     "difficulty": Kind(8.0, 150, share=False),
 }
@@ -218,7 +218,11 @@ class Pool:
         return sum(self.need(e.kind) for _, _, e, _ in self.running.values())
 
     def estimate(self, kind: str, at_once: int) -> float:
-        return (KINDS[kind].wall * max(1.0, at_once / 12) + 30) * SCALE
+        """A run's wall with ``at_once`` running: in proportion to them (CPU-bound), from 8 up. Session 15's H100
+        pools, memory-bound at 6-8 at once, ran GRPO in 150-200 s, E4_tb128 in 290, Expert Iteration in 160 and
+        SFT [128,full] in 280-340, where the old floor (12) estimated 280, 430, 360 and 480: each pool stopped
+        starting runs with 200 s of its call left."""
+        return (KINDS[kind].wall * max(8, at_once) / 12 + 30) * SCALE
 
     def left(self) -> float:
         return self.deadline - time.time()
@@ -390,6 +394,15 @@ class Pool:
 
 # ---- packing ---------------------------------------------------------------------------------------------------
 SKIP = re.compile(r"(^|/)(checkpoint(\.[^/]*)?|model|best_model)(/|$)|\.(safetensors|pt|bin|png|gguf)$")
+# A run's git_diff.patch over this size is left out: the tree travels sparse (no docs, tests, lab/records), so
+# the patch lists those folders as deleted; the record's diff_sha256 still names it.
+LARGEST_PATCH = 100_000
+
+
+def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    if SKIP.search(info.name) or (info.name.endswith("git_diff.patch") and info.size > LARGEST_PATCH):
+        return None
+    return info
 
 
 def store_folders(db: Path) -> list[Path]:
@@ -428,7 +441,7 @@ def pack(pool: Pool, out: Path) -> list[tuple[str, str]]:
         while True:
             with tarfile.open(file, "w:gz") as tar:
                 for path in (common if part == 1 else []) + [p for n in names[start:end] for p in groups[n]]:
-                    tar.add(str(path), filter=lambda info: None if SKIP.search(info.name) else info)
+                    tar.add(str(path), filter=keep)
             if file.stat().st_size <= PART_BYTES or end - start <= 1:
                 break
             end = start + max(1, (end - start) // 2)

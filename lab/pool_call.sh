@@ -11,7 +11,10 @@
 #                                    #   its state DONE (lab/queues/verdicts_4.done)
 # Build the carried parts on the CPU machine: lab/device_carry.sh site; lab/device_carry.sh data;
 # GGUF_PART1_BYTES=42000000 lab/device_carry.sh gguf. The tree travels without lab/records (40 MB) and the folders
-# the device needs not (git sparse-checkout, lab/how_to_repeat.md step 6), so that a call carries ~63 MB of parts.
+# the device needs not, so that a call carries ~63 MB with the parts: before the calls
+#   git sparse-checkout set --no-cone '/*' '!/lab/records/' '!/docs/' '!/tests/' '!/.dvc/' '!/benchmarks/'
+# and `git sparse-checkout disable` after them (before committing). Each run then records the code as dirty, with a
+# git_diff.patch (2.6 MB) that lists those folders as deleted.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 T0=$SECONDS
