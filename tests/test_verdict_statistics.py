@@ -104,3 +104,10 @@ def test_pairs_to_decide_parity_gives_enough_pairs_for_the_equivalence_test_by_s
     assert passed / 2000 >= 0.75  # the power asked, 0.8, less Monte Carlo and the bound's slack
     assert pairs_to_decide(0.0, 0.5, 0.05, margin, most=30) is None  # too noisy to decide with 30
     assert pairs_to_decide(0.02, math.nan, 0.05, margin) is None
+
+
+def test_pairs_to_decide_reaches_past_where_the_noncentral_t_leaves_scipys_series():
+    # at 10 pairs this effect's noncentrality puts -t_crit far in the left tail, where scipy's nctdtr gives NaN
+    n = pairs_to_decide(0.0448, 0.0157, 0.05 / 23, margin=0.05)
+    assert n == 7
+    assert 0.9 < stats.nct.sf(stats.t.ppf(1 - 0.05 / 46, n - 1), n - 1, 0.0448 * math.sqrt(n) / 0.0157) < 0.95

@@ -72,7 +72,10 @@ def _nct_cdf(x: float, df: int, shift: float) -> float:
     """P(T ≤ x) for the noncentral t with ``df`` degrees of freedom and noncentrality ``shift``."""
     from scipy.special import nctdtr
 
-    return float(nctdtr(df, shift, x))
+    value = float(nctdtr(df, shift, x))
+    if math.isnan(value):  # far in a tail scipy's series does not reach: from the other side, T(shift) = −T(−shift)
+        value = 1 - float(nctdtr(df, -shift, -x))
+    return value if not math.isnan(value) else float(x > shift)
 
 
 def half_width(sample: PairedSample, alpha: float) -> float:
