@@ -1,0 +1,175 @@
+"""The hf engine's decode step against its roofline, on whatever card runs it.
+
+First the card's own limits, measured here: a device-to-device copy (bytes read and written per second) and a
+bf16 8192³ matmul (FLOP/s). Then, for each batch size: what a decode step must move and compute
+(``benchmarks/_roofline.py``), the time that allows, the compiled decode step's measured time (the engine's
+``StaticKVDecoder``, one CUDA graph, median of ``--steps``), the engine's whole loop per new token (sampling, the
+host's bookkeeping and the prefill included), and the step's kernels by kind from torch.profiler (matmuls,
+attention, elementwise and norms, copies, the rest), each against its share of the floor.
+
+    python benchmarks/roofline.py [--model-dir DIR] [--batches 64 256] [--prompt 200] [--new 256] [--tiny]
+
+The table goes to benchmarks/RESULTS.md (not with ``--tiny``, a CPU check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import _model  # noqa: E402
+from benchmarks._report import report  # noqa: E402
+from benchmarks._roofline import decode_step_cost  # noqa: E402
+
+KINDS = (  # a kernel's kind by the words in its name, first match wins
+    ("attention", ("flash", "fmha", "attention", "sdpa")),
+    ("matmul", ("gemm", "cutlass", "xmma", "matmul", "mm_")),
+    ("copy", ("memcpy", "memset", "copy")),
+    ("elementwise", ("elementwise", "vectorized", "reduce", "norm", "triton", "fused")),
+)
+
+
+def kind_of(name: str) -> str:
+    lowered = name.lower()
+    return next((kind for kind, words in KINDS if any(w in lowered for w in words)), "other")
+
+
+def timed(fn, repeats: int) -> list[float]:
+    """Each of ``repeats`` calls' time in ms, after three warm-up calls."""
+    for _ in range(3):
+        fn()
+    _model.cuda_sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        _model.cuda_sync()
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def card_limits(device: str) -> tuple[float, float]:
+    """(bytes/s read + written by a device-to-device copy, bf16 matmul FLOP/s), measured on ``device``."""
+    if not device.startswith("cuda"):
+        size, n = 1 << 24, 512
+    else:
+        size, n = 1 << 30, 8192
+    source = torch.empty(size, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    copy_ms = statistics.median(timed(lambda: target.copy_(source), 10))
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    a, b = (torch.randn(n, n, dtype=dtype, device=device) for _ in range(2))
+    matmul_ms = statistics.median(timed(lambda: a @ b, 10))
+    return 2 * size / copy_ms * 1e3, 2 * n**3 / matmul_ms * 1e3
+
+
+def step_inputs(batch: int, prompt: int, capacity: int, device: str):
+    ids = torch.randint(0, 1000, (batch, prompt), device=device)
+    valid = torch.ones(batch, prompt, dtype=torch.bool, device=device)
+    attend = torch.zeros(batch, capacity, dtype=torch.bool, device=device)
+    return ids, valid, attend
+
+
+def decode_step_ms(model, batch: int, prompt: int, new: int, device: str, steps: int):
+    """(median ms of the compiled decode step at ``prompt + new/2`` filled columns, its kernels' CUDA time by kind
+    per step, in ms)."""
+    from a5core.engines.static_decode import StaticKVDecoder
+
+    capacity, filled = prompt + new, prompt + new // 2
+    ids, valid, attend = step_inputs(batch, prompt, capacity, device)
+    attend[:, :filled] = True
+    decoder = StaticKVDecoder(model, batch, capacity, compile=device.startswith("cuda"))
+    decoder.prefill(ids, valid)
+    tokens = torch.randint(0, 1000, (batch,), device=device)
+    positions = torch.full((batch,), filled, device=device)
+    slot = torch.full((1,), filled, device=device)
+    median = statistics.median(timed(lambda: decoder.decode(tokens, positions, slot, attend), steps))
+    kinds: dict[str, float] = {}
+    if device.startswith("cuda"):
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                decoder.decode(tokens, positions, slot, attend)
+            _model.cuda_sync()
+        for event in prof.key_averages():
+            us = getattr(event, "device_time_total", 0) or getattr(event, "cuda_time_total", 0)
+            if us:
+                kinds[kind_of(event.key)] = kinds.get(kind_of(event.key), 0.0) + us / 5 / 1e3
+    return median, kinds
+
+
+def engine_ms_per_token(model, tokenizer, batch: int, prompt: int, new: int) -> float:
+    """The engine's whole ``generate`` per new token (fixed length: every row ``new`` tokens), prefill included."""
+    from a5core.engines import SamplingSettings
+    from a5core.engines.hf import HFEngine
+    from benchmarks.rollout import prompts_of
+
+    engine = HFEngine(model, tokenizer, batch_size=batch)
+    prompts = prompts_of(tokenizer, batch, prompt, model.config.vocab_size)
+    settings = SamplingSettings(temperature=1.0, max_tokens=new, min_tokens=new, seed=0)
+    return statistics.median(timed(lambda: engine.generate(prompts, settings), 2)) / new
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    _model.add_arguments(parser)
+    parser.add_argument("--batches", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--prompt", type=int, default=200)
+    parser.add_argument("--new", type=int, default=256, help="tokens generated a row; the step is timed halfway")
+    parser.add_argument("--steps", type=int, default=30)
+    args = parser.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, tokenizer, description = _model.build(args.model_dir, args.tiny, device)
+    model.eval()
+    bandwidth, peak = card_limits(device)
+    element = 2 if device == "cuda" else 4
+    rows = []
+    for batch in args.batches:
+        cost = decode_step_cost(model.config, batch, args.prompt + args.new // 2, dtype_bytes=element)
+        floor = cost.floor_ms(bandwidth, peak)
+        step, kinds = decode_step_ms(model, batch, args.prompt, args.new, device, args.steps)
+        loop = engine_ms_per_token(model, tokenizer, batch, args.prompt, args.new)
+        floors = cost.floors_by_kind(bandwidth, peak)
+        by_kind = ", ".join(
+            f"{k} {ms:.2f}" + (f" (floor {floors[k]:.2f})" if k in floors else "")
+            for k, ms in sorted(kinds.items(), key=lambda item: -item[1])
+        )
+        rows.append(
+            [
+                batch,
+                f"{cost.weights / 1e9:.2f} + {cost.cache / 1e9:.2f} + {cost.logits / 1e9:.2f}",
+                f"{cost.flops / 1e9:.0f}",
+                f"{floor:.2f}",
+                f"{step:.2f} ({floor / step:.2f})",
+                f"{loop:.2f} ({floor / loop:.2f})",
+                f"{batch / loop * 1e3:,.0f}",
+                by_kind,
+            ]
+        )
+    settings = (
+        f"{description}; the card measured here: {bandwidth / 1e9:,.0f} GB/s copy (read + written), "
+        f"{peak / 1e12:.1f} TFLOP/s matmul; prompt {args.prompt}, {args.new} new tokens, the step timed at "
+        f"{args.prompt + args.new // 2} filled columns"
+    )
+    header = [
+        "batch",
+        "GB a step (weights + KV cache + logits)",
+        "GFLOP a step",
+        "floor (ms)",
+        "decode step, ms (of floor)",
+        "engine per token, ms (of floor)",
+        "tok/s",
+        "step's kernels by kind (ms)",
+    ]
+    report("Decode step against its roofline, hf engine", settings, header, rows, record=not args.tiny)
+
+
+if __name__ == "__main__":
+    main()

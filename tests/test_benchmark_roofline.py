@@ -1,0 +1,53 @@
+"""benchmarks/_roofline.py: a decode step's bytes and FLOPs, counted by hand for a small config and checked
+against the parameter count transformers builds for Qwen2.5-Math-1.5B's config."""
+
+import json
+
+import pytest
+
+from benchmarks._roofline import StepCost, decode_step_cost
+
+
+def test_a_small_config_counted_by_hand():
+    config = dict(
+        hidden_size=8,
+        intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=100,
+    )
+    cost = decode_step_cost(config, batch=3, context=5, dtype_bytes=2, logits_bytes=4)
+    head_dim = 2
+    attention = 8 * 4 * head_dim + 2 * 8 * 2 * head_dim + 4 * head_dim * 8  # q, k and v, o
+    matmuls = 2 * (attention + 3 * 8 * 16) + 100 * 8
+    assert cost.weights == (matmuls + (2 * 2 + 1) * 8 + 3 * 8) * 2
+    assert cost.cache == 3 * 6 * 2 * 2 * 2 * head_dim * 2
+    assert cost.logits == 2 * 3 * 100 * 4
+    assert cost.flops == 2 * matmuls * 3 + 4 * 3 * 2 * 4 * head_dim * 5
+    assert cost.attention_flops == 4 * 3 * 2 * 4 * head_dim * 5
+    assert cost.bytes == cost.weights + cost.cache + cost.logits
+
+
+def test_the_weights_are_those_of_the_real_architecture(shared_data):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = json.loads((shared_data / "qwen2.5-math-1.5b" / "config.json").read_text())
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    biases = sum(p.numel() for n, p in model.named_parameters() if n.endswith(".bias"))
+    parameters = sum(p.numel() for p in model.parameters())  # tied: the embedding counted once
+    cost = decode_step_cost(config, batch=1, context=0)
+    # every parameter but the biases (a few thousand), 2 bytes each: the tied embedding read in full as the output
+    # head, and as the embedding only the batch's one row
+    assert cost.weights == pytest.approx((parameters - biases + config.hidden_size) * 2, rel=1e-9)
+
+
+def test_the_floor_is_the_larger_of_traffic_and_arithmetic():
+    cost = StepCost(weights=2e9, cache=1e9, logits=0.0, flops=4e11, attention_flops=8e10)
+    assert cost.floor_ms(bandwidth=3e12, peak=8e14) == pytest.approx(1.0)  # 3 GB at 3 TB/s beats 0.5 ms of FLOPs
+    assert cost.floor_ms(bandwidth=3e13, peak=8e14) == pytest.approx(0.5)
+    kinds = cost.floors_by_kind(bandwidth=3e12, peak=8e14)
+    assert kinds == pytest.approx({"matmul": 2e9 / 3e12 * 1e3, "attention": 1e9 / 3e12 * 1e3})
