@@ -31,6 +31,7 @@ from a5core.policy.losses import LengthNormalization
 from a5core.runtime.settings import (
     ENGINE_SAMPLING,
     HOW_FAST_FIELDS,
+    MAX_SEED,
     RolloutSamplingFields,
     SamplingFields,
     Settings,
@@ -168,7 +169,7 @@ class Generation(Settings):
     n: int = Field(ENGINE_SAMPLING.n, ge=1, description="samples per problem")
     top_p: float = Field(ENGINE_SAMPLING.top_p, gt=0, le=1, description="nucleus sampling")
     stop: list[str] | None = Field(None, description="stop strings, kept in the response (None: the prompt's)")
-    seed: int | None = Field(0, description="sampling seed")
+    seed: int | None = Field(0, ge=0, le=MAX_SEED, description="sampling seed (None: unseeded)")
 
     def sampling_for(self, template: PromptTemplate) -> SamplingSettings:
         """The engine's sampling: these settings, ``n`` samples a prompt, the template's stop strings unless

@@ -538,11 +538,11 @@ def config_error(flow: str, argv: list[str], capsys) -> str:
         ("- a\n- b\n", r"expected a mapping of sections"),
         (
             "baseline_eval: {limitt: 2}\n",
-            r"section `baseline_eval`: unknown setting\(s\) limitt \(did you mean limit\?\)",
+            r"section `baseline_eval`: unknown setting 'limitt' \(did you mean limit\?\)",
         ),
         (
             "profile: p\nprofiles: {p: {baseline_eval: {max_token: 8}}}\nbaseline_eval: {}\n",
-            r"\(with profile p\): unknown setting\(s\) max_token \(did you mean max_tokens\?\)",
+            r"\(with profile p\): unknown setting 'max_token' \(did you mean max_tokens\?\)",
         ),
     ],
 )
