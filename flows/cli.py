@@ -45,7 +45,7 @@ from a5core.policy.model_specs import ModelResolutionError
 from a5core.runtime.checkpoint import CheckpointMismatchError, NonFiniteLossError
 from a5core.runtime.guards import DivergenceError
 from a5core.runtime.out_of_memory import MicrobatchOutOfMemoryError
-from a5core.runtime.settings import Settings, setting_location, unknown_setting
+from a5core.runtime.settings import Settings, describe, setting_location, unknown_setting
 from tasks.engines import EngineStartError
 
 Params = TypeVar("Params", bound=Settings)
@@ -224,6 +224,8 @@ def user_error_message(error: BaseException) -> str | None:
     read-only, full or cannot be opened (:func:`tasks.tracking.store_problem`)."""
     from tasks.tracking import exception_chain, store_problem
 
+    if isinstance(error, ValidationError):  # settings a flow refused as it started: one line, not pydantic's table
+        return describe(error)
     if isinstance(error, USER_ERRORS):
         return str(error)
     chain = exception_chain(error)
@@ -522,7 +524,7 @@ def parse_params(model: type[Params], section: str, argv: list[str] | None = Non
     except ValidationError as e:
         problems = "; ".join(map(_flag_problem, e.errors()))
         _refuse(parser, f"invalid parameters: {problems}")
-    hidden = _hidden_problems(model, values, layers)
+    hidden = hidden_problems(model, values, layers)
     if hidden:
         _refuse(parser, f"invalid parameters: {hidden}")
     if show:
@@ -573,27 +575,57 @@ def _config_layers(
     profile_flag: str | None,
     sources: dict[str, str],
 ) -> list[tuple[str, dict[str, Any]]]:
-    """Section ``section`` of settings file ``config`` and its profile's overrides of it, each named by where it
-    is; each key's source (the file's section, or the profile) recorded in ``sources``. A file that cannot be
-    read, or a key ``model`` has no field for, exits (:func:`_refuse`)."""
+    """:func:`config_layers`, each key's source (the file's section, or the profile) recorded in ``sources``; a
+    file that cannot be read, or a key ``model`` has no field for, exits (:func:`_refuse`)."""
     try:
-        document = read_config(config)
-        if section not in document:
-            raise ConfigError(f"--config {config}: no `{section}` section")
-        profile = profile_name(document, profile_flag, config)
-        base, overrides = section_layers(document, section, profile, config)
+        profile, layers = config_layers(model, section, config, profile_flag)
     except ConfigError as error:
         _refuse(parser, str(error))
-    values = deep_merge(base, overrides)
-    where = f"--config {config} section `{section}`" + (f" (with profile {profile})" if profile else "")
-    unknown = _unknown_keys(model, values, where)
-    if unknown:
-        _refuse(parser, unknown)
+    (_, base), (_, overrides) = layers
     sources.update({**dict.fromkeys(base, f"{config} {section}"), **dict.fromkeys(overrides, f"profile {profile}")})
-    return [(f"--config {config} section `{section}`", base), (f"--config {config} profile {profile}", overrides)]
+    return layers
 
 
-def _hidden_problems(model: type[Settings], values: dict[str, Any], layers: list[tuple[str, dict[str, Any]]]) -> str:
+def config_layers(
+    model: type[Settings], section: str, config: str | os.PathLike, profile_flag: str | None = None
+) -> tuple[str | None, list[tuple[str, dict[str, Any]]]]:
+    """The profile that applies, and section ``section`` of settings file ``config`` and that profile's overrides
+    of it, each with where it is (``--config FILE section `NAME```, ``--config FILE profile NAME``). ConfigError
+    for a file that cannot be read, no such section, or a key ``model`` has no field for."""
+    document = read_config(config)
+    if section not in document:
+        raise ConfigError(f"--config {config}: no `{section}` section")
+    profile = profile_name(document, profile_flag, config)
+    base, overrides = section_layers(document, section, profile, config)
+    where = f"--config {config} section `{section}`" + (f" (with profile {profile})" if profile else "")
+    unknown = _unknown_keys(model, deep_merge(base, overrides), where)
+    if unknown:
+        raise ConfigError(unknown)
+    return profile, [
+        (f"--config {config} section `{section}`", base),
+        (f"--config {config} profile {profile}", overrides),
+    ]
+
+
+def settings_from_file(
+    model: type[Params], section: str, config: str | os.PathLike, profile_flag: str | None = None
+) -> Params:
+    """``model`` from section ``section`` of settings file ``config`` with its profile's overrides
+    (:func:`config_layers`), every value checked, those the profile replaces too (:func:`hidden_problems`);
+    ConfigError naming file and place otherwise."""
+    _, layers = config_layers(model, section, config, profile_flag)
+    values = deep_merge(layers[0][1], layers[1][1])
+    try:
+        params = model(**values)
+    except ValidationError as error:
+        raise ConfigError(f"--config {config}: invalid `{section}`: {describe(error)}") from None
+    hidden = hidden_problems(model, values, layers)
+    if hidden:
+        raise ConfigError(hidden)
+    return params
+
+
+def hidden_problems(model: type[Settings], values: dict[str, Any], layers: list[tuple[str, dict[str, Any]]]) -> str:
     """The invalid values a later layer hides (a section's value its profile or a flag replaces: ``dvc exp run -S
     baseline_eval.limit=abc`` under a profile that sets ``limit``), each named with its place; "" when none. A
     value is checked where it was written, whether or not it is the one that runs."""

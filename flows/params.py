@@ -39,7 +39,14 @@ from a5core.runtime.settings import (
     inherited,
 )
 from tasks.engines import parse_engine_devices
-from tasks.outputs import check_output_dir, check_output_file, git_tracked, output_kind, source_folders_refused
+from tasks.outputs import (
+    check_output_dir,
+    check_output_file,
+    check_place,
+    git_tracked,
+    output_kind,
+    source_folders_refused,
+)
 from tasks.tracking import DEFAULT_TRACKING_URI, sqlite_database
 
 Backend = Literal[BACKENDS]
@@ -186,7 +193,7 @@ class RolloutGeneration(Generation):
 
 def _a_metrics_file(value: str | None) -> str | None:
     if value:
-        check_output_file(value, "metrics_path", metrics=True)
+        check_output_file(value, "metrics_path")
     return value
 
 
@@ -194,6 +201,19 @@ def _a_store(value: str) -> str:
     database = sqlite_database(value)
     if database is not None and database.is_file() and git_tracked(database):
         raise ValueError(f"tracking_uri {value}: {database} is a file git tracks, not an MLflow store")
+    if database is not None and not database.exists():  # a new store: made where outputs may go
+        check_place(database.parent, "tracking_uri", shown=database)
+    return value
+
+
+def _a_name(value: str) -> str:
+    """An experiment's name is a name: MLflow keeps the experiment's files in ``mlruns/<name>``, and a name that is
+    a path (``/usr``, ``../../elsewhere``) put them there."""
+    if not value.strip() or value in (".", "..") or any(c in value for c in "/\\") or not value.isprintable():
+        raise ValueError(
+            "an experiment's name, not a path: no '/', '\\' or control characters, and not '.' or '..' "
+            "(its runs' files go in mlruns/<name>)"
+        )
     return value
 
 
@@ -204,7 +224,9 @@ OutputFolder = Annotated[str, Field(description="where the run's files go", json
 MetricsPath = Annotated[
     str | None, Field(description="the DVC metrics file (None: none)"), AfterValidator(_a_metrics_file)
 ]
-ExperimentName = Annotated[str, Field(description="MLflow experiment of the run")]
+ExperimentName = Annotated[
+    str, Field(description="MLflow experiment of the run (a name, not a path)"), AfterValidator(_a_name)
+]
 TrackingUri = Annotated[str, Field(description="MLflow tracking store"), AfterValidator(_a_store)]
 LogToMLflow = Annotated[StrictBool, Field(description="log the result as a run in MLflow")]
 

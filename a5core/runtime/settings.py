@@ -165,22 +165,24 @@ class Settings(BaseModel):
 
     @classmethod
     def _refuse_unknown(cls, data: dict[Any, Any]) -> None:
-        """ValueError naming each key of ``data`` that is no setting of this model (with the nearest name), and
-        each setting given inside a group that does not hold it (with the group that does)."""
+        """ValueError naming each key of ``data`` that is no setting of this model (with the nearest name), and,
+        in a mapping given for a field of settings (a group), each key that is none of its settings, a setting of
+        another group with that group."""
         problems = [
             unknown_setting(key, cls) for key in data if key not in cls.model_fields and key not in cls.leaf_groups
         ]
-        for group, kind in cls.group_types.items():
-            given = data.get(group)
-            if isinstance(given, dict):
-                for key in given:
-                    if key in kind.model_fields or key in kind.leaf_groups:
-                        continue
-                    if key in cls.leaf_groups:  # given in the wrong group
-                        holder = cls.leaf_groups[key] or "the top level"
-                        problems.append(f"{group}.{key}: {key} is a setting of {holder}, not of {group}")
-                    else:
-                        problems.append(f"{group}.{key}: {unknown_setting(key, kind)}")
+        for name, field in cls.model_fields.items():
+            kind, given = field.annotation, data.get(name)
+            if not (isinstance(given, dict) and isinstance(kind, type) and issubclass(kind, Settings)):
+                continue
+            for key in given:
+                if key in kind.model_fields or key in kind.leaf_groups:
+                    continue
+                if key in cls.leaf_groups:  # given in the wrong group
+                    holder = cls.leaf_groups[key] or "the top level"
+                    problems.append(f"{name}.{key}: {key} is a setting of {holder}, not of {name}")
+                else:
+                    problems.append(f"{name}.{key}: {unknown_setting(key, kind)}")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -333,7 +335,9 @@ def describe(error: ValidationError) -> str:
     problems = []
     for problem in error.errors():
         message, loc = problem["msg"].removeprefix("Value error, "), setting_location(problem["loc"])
-        problems.append(f"{'.'.join(map(str, loc))} {problem.get('input')!r}: {message}" if loc else message)
+        where = ".".join(map(str, loc))
+        named = not loc or message.startswith(f"{where} ")  # a check that names the setting itself
+        problems.append(message if named else f"{where} {problem.get('input')!r}: {message}")
     return "; ".join(problems)
 
 
