@@ -32,6 +32,7 @@ from a5core.runtime.settings import (
     ENGINE_SAMPLING,
     HOW_FAST_FIELDS,
     MAX_SEED,
+    READS,
     RolloutSamplingFields,
     SamplingFields,
     Settings,
@@ -60,7 +61,7 @@ DataFormat = Literal["math", "gsm8k"]
 class ModelChoice(Settings):
     """The model a run samples from (and, training, starts from), and the engine that samples."""
 
-    model: str = Field(
+    model: Annotated[str, READS] = Field(
         "Qwen/Qwen2.5-Math-1.5B",
         description="the model: hub id, local folder (e.g. an SFT stage's best_model), or smollm2-135m-instruct",
     )
@@ -94,7 +95,7 @@ class EngineSettings(ModelChoice):
 class TrainData(Settings):
     """The training questions."""
 
-    train_data: str = Field(
+    train_data: Annotated[str, READS] = Field(
         "../shared/data/math/train.jsonl",
         description="questions to sample from: a MATH/GSM8K "
         "file, a dataset id, or arithmetic:N:DIGITS (the generated task)",
@@ -105,7 +106,7 @@ class TrainData(Settings):
 class TrainProblems(TrainData):
     """The questions a run samples from, and their difficulty."""
 
-    difficulty_table: str | None = Field(
+    difficulty_table: Annotated[str | None, READS] = Field(
         None, description="pass rates of the questions (python -m flows.difficulty), for question_sampling"
     )
 
@@ -113,7 +114,7 @@ class TrainProblems(TrainData):
 class Validation(Settings):
     """Where and how much a run validates: a fixed random subset during training, more at the end."""
 
-    validation_data: str = Field(
+    validation_data: Annotated[str, READS] = Field(
         "../shared/data/math/validation.jsonl",
         description="validation problems: a MATH/GSM8K file, a dataset id, or arithmetic:N:DIGITS",
     )
@@ -124,7 +125,9 @@ class Validation(Settings):
 
 
 class Prompt(Settings):
-    prompt: str = Field("r1_zero", description=f"prompt template: {' or '.join(builtin_prompt_names())}, or a file")
+    prompt: Annotated[str, READS] = Field(
+        "r1_zero", description=f"prompt template: {' or '.join(builtin_prompt_names())}, or a file"
+    )
 
 
 class PromptSettings(Prompt):
@@ -302,7 +305,9 @@ class BaselineEvalParams(Settings):
     grading: PromptSettings = group(PromptSettings, "the prompt template and the grader")
     outputs: BaselineEvalOutputs = group(BaselineEvalOutputs, "where the run's files, metrics and MLflow runs go")
 
-    data: str = Field("../shared/data/math/validation.jsonl", description="jsonl path or hub dataset id")
+    data: Annotated[str, READS] = Field(
+        "../shared/data/math/validation.jsonl", description="jsonl path or hub dataset id"
+    )
     data_format: DataFormat = Field("math", description="record format of the data")
     extra_sets: dict[str, str] = Field(
         {},
@@ -370,7 +375,7 @@ class DistillParams(Settings):
         "openai", description="openai: a /v1/completions server; engine: make_engine"
     )
     api_key_env: str | None = Field(None, description="name of the environment variable holding the API key")
-    problems: str = Field("../shared/data/math/train.jsonl", description="MATH problems to distill")
+    problems: Annotated[str, READS] = Field("../shared/data/math/train.jsonl", description="MATH problems to distill")
 
 
 class SFTExperimentOutputs(Outputs):
@@ -390,11 +395,11 @@ class SFTExperimentParams(Settings):
     grading: PromptSettings = group(PromptSettings, "the prompt template and the grader")
     outputs: SFTExperimentOutputs = group(SFTExperimentOutputs, "where the run's files, metrics and MLflow runs go")
 
-    train_data: str = Field(
+    train_data: Annotated[str, READS] = Field(
         "data/sft/math_solutions.jsonl",
         description="SFT traces (prompt, response, ground_truth), or arithmetic:N:DIGITS (generated r1_zero traces)",
     )
-    filtered_data: str | None = Field(
+    filtered_data: Annotated[str | None, READS] = Field(
         "data/sft/teacher_filtered.jsonl", description="filtered traces, trained as one more setting"
     )
     sizes: list[Annotated[int, Field(gt=0)] | Literal["full"]] = Field(
@@ -550,7 +555,7 @@ class LeaderboardParams(GRPORunParams):
         "a number only for smoke runs, which are then not official",
     )
     final_eval_reserve_s: float = Field(900.0, ge=0, description="minimum seconds kept for the final evaluation")
-    sft_data: str | None = Field(
+    sft_data: Annotated[str | None, READS] = Field(
         None,
         description="traces for an SFT phase first: a prompt/response/ground_truth file, "
         "or arithmetic:N:DIGITS[:columns] (generated r1_zero traces)",

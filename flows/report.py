@@ -21,9 +21,9 @@ baseline's case report) and the marker ``.a5-report``. The folder is built besid
 so a reader never sees half a report. Only a report folder is ever replaced: one holding the marker; any
 other non-empty ``--output-dir`` (``outputs/baseline_eval``, a user's own report.md and figures) is refused and
 left untouched. A ``--root`` that does not exist or holds no pipeline outputs (no ``metrics/`` and no
-``outputs/<stage>/``) is an error, not a page of "not run". The report is logged as a run in MLflow experiment ``report`` (headline
-accuracies as metrics, the folder but its marker as artifacts; the run spans the report's making). DVC stage
-``report`` runs it after ``grpo``.
+``outputs/<stage>/``) is an error, not a page of "not run". The report is logged as a run in MLflow experiment
+``report`` (headline accuracies as metrics, the folder but its marker as artifacts; the run spans the report's
+making). DVC stage ``report`` runs it after ``grpo``.
 
     python -m flows.report --config params.yaml
     python -m flows.report --root /path/to/another/checkout --output-dir /tmp/report --log-to-mlflow false

@@ -40,7 +40,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -58,7 +58,7 @@ from a5core.data.sft_data import (
 )
 from a5core.engines import make_engine
 from a5core.policy.model_specs import ModelResolutionError, resolve_model
-from a5core.runtime.settings import describe
+from a5core.runtime.settings import READS, describe
 from flows.cli import argument_parser, cli_main, settings_from_file
 from flows.params import DistillParams, Prompt
 from tasks.engines import closing_engine
@@ -81,8 +81,10 @@ class SftDataParams(Prompt):
 
     model_config = ConfigDict(extra="forbid")
 
-    math: str = Field("../shared/data/math/train.jsonl", description="MATH train problems with solutions")
-    traces: str = Field(
+    math: Annotated[str, READS] = Field(
+        "../shared/data/math/train.jsonl", description="MATH train problems with solutions"
+    )
+    traces: Annotated[str, READS] = Field(
         "../shared/data/sft/teacher_traces_sample.jsonl", description="prompt/response/ground_truth file"
     )
     reprompt_traces: bool = Field(True, description="re-render the trace file's prompts with `prompt`")

@@ -262,6 +262,24 @@ class Settings(BaseModel):
         return {name: value for name, value in self.flat().items() if name in wanted}
 
 
+class _Reads:
+    """The mark of a setting that names what a run reads: see :data:`READS`."""
+
+    def __repr__(self) -> str:
+        return "READS"
+
+
+# In a setting's type, ``Annotated[str, READS]``: the setting names a file (a model: a folder, or a hub id) the run
+# reads. These are a run's inputs, and the only settings whose paths a record hashes (tasks.provenance): a setting
+# naming anything else (an experiment called /usr) is never read as a path.
+READS = _Reads()
+
+
+def read_settings(model: type[Settings]) -> list[str]:
+    """The settings of ``model`` (by their own names) that name what a run reads (:data:`READS`)."""
+    return [name for name, field in model.flat_fields().items() if READS in field.metadata]
+
+
 # The names of every group field of every Settings class: what an error's location drops to name a setting.
 GROUP_NAMES: set[str] = set()
 _Group = TypeVar("_Group", bound=Settings)
