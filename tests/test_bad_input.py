@@ -10,7 +10,10 @@ intact. One case of each kind also runs as ``python -m flows.X`` to see exactly 
 
 from __future__ import annotations
 
+import errno
 import json
+import pickle
+import re
 import subprocess
 import sys
 from dataclasses import asdict
@@ -216,6 +219,30 @@ def test_a_model_folder_without_config(inputs, tmp_path):
     (tmp_path / "empty_model").mkdir()
     message = user_error("grpo", flags("grpo", inputs, tmp_path, model=str(tmp_path / "empty_model")))
     assert "has no config.json; not a Hugging Face model folder" in message
+
+
+@pytest.mark.parametrize("flow", ["baseline_eval", "grpo"])
+def test_a_model_folder_without_weights_or_with_fewer_layers_than_its_config_is_refused(
+    flow, inputs, tmp_path, monkeypatch
+):
+    """A model folder whose weights are gone, or whose config.json asks for more layers than its weights hold (the
+    others would start from random values): refused before any engine starts, naming the folder."""
+    import shutil
+
+    monkeypatch.setattr("tasks.evaluation.make_engine", lambda *a, **k: pytest.fail("an engine started"))
+    deeper, bare = tmp_path / "deeper", tmp_path / "bare"
+    for folder in (deeper, bare):
+        shutil.copytree(inputs["model"], folder)
+    for weights in bare.glob("*.safetensors"):
+        weights.unlink()
+    config = json.loads((deeper / "config.json").read_text())
+    layers = config["num_hidden_layers"]
+    config.update(num_hidden_layers=layers + 2, layer_types=config["layer_types"] + config["layer_types"][:2])
+    (deeper / "config.json").write_text(json.dumps(config))
+    message = user_error(flow, flags(flow, inputs, tmp_path, model=str(deeper)))
+    assert f"num_hidden_layers is {layers + 2}, but the weights in {deeper} hold {layers} " in message
+    message = user_error(flow, flags(flow, inputs, tmp_path, model=str(bare)))
+    assert f"model directory '{bare}' holds no weights (no *.safetensors or *.bin file)" in message
 
 
 # ------------------------------------------------------------------------------------------ settings
@@ -485,16 +512,20 @@ def test_an_engine_that_cannot_start_ends_with_one_message(prefect_harness, monk
 
 
 @pytest.mark.parametrize(
-    "message, tries",
+    "error, tries",
     [
-        ("No available memory for the cache blocks. Try increasing `gpu_memory_utilization`", 2),
-        ("Free memory on device cuda:0 (9.5/139.8 GiB) on startup is less than desired GPU memory utilization", 2),
-        ("engine_dtype 'float8': not a dtype", 1),
+        (ValueError("No available memory for the cache blocks. Try increasing `gpu_memory_utilization`"), 2),
+        (ValueError("Free memory on device cuda:0 (9.5/139.8 GiB) is less than desired GPU memory utilization"), 2),
+        (OSError(errno.EADDRINUSE, "Address already in use"), 2),
+        (ValueError("engine_dtype 'float8': not a dtype"), 1),
+        (pickle.UnpicklingError("Weights only load failed"), 1),
+        (OSError("Error no file named model.safetensors, or pytorch_model.bin, found in directory m"), 1),
     ],
 )
-def test_vllm_finding_its_memory_taken_while_it_starts_is_retried(prefect_harness, message, tries):
+def test_vllm_finding_its_memory_taken_while_it_starts_is_retried(prefect_harness, error, tries):
     """vLLM's ValueErrors when another process took GPU memory while it profiled (two engines started at once
-    on one GPU) are retried, and the second try starts; any other ValueError (a bad setting) is not."""
+    on one GPU) are retried, and the second try starts, as is a busy port; any other ValueError (a bad setting),
+    weights torch refuses to unpickle and a missing weights file are not."""
     from tasks.engines import start_engine
 
     calls = []
@@ -502,14 +533,14 @@ def test_vllm_finding_its_memory_taken_while_it_starts_is_retried(prefect_harnes
     def backend(model, backend, **kwargs):
         calls.append(model)
         if len(calls) == 1:
-            raise ValueError(message)
+            raise error
         return "engine"
 
     def starting():
         return start_engine.with_options(retry_delay_seconds=0)(backend, "some/model", "vllm")
 
     if tries == 1:
-        with pytest.raises(Exception, match="not a dtype"):
+        with pytest.raises(Exception, match=re.escape(str(error))):
             starting()
     else:
         assert starting() == "engine"

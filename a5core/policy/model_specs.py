@@ -34,6 +34,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -290,9 +291,11 @@ def resolve_model(spec: str | os.PathLike, cache_dir: str | os.PathLike | None =
 
 
 def check_model_folder(folder: Path) -> None:
-    """ValueError naming the file unless ``folder`` holds a ``config.json`` that is a JSON object and each of
-    its ``*.safetensors`` files is whole: its header (an 8-byte length, then JSON) read, and the file as long as
-    the header's tensors need (a copy cut short). Only headers are read."""
+    """ValueError naming the file unless ``folder`` holds a ``config.json`` that is a JSON object, weights, and each
+    of its ``*.safetensors`` files is whole: its header (an 8-byte length, then JSON) read, and the file as long as
+    the header's tensors need (a copy cut short); and unless the weights hold as many layers as the config says
+    (``num_hidden_layers``: transformers starts layers it finds no weights for from random values, and says so only
+    in a log table). Only headers are read."""
     config = folder / "config.json"
     if not config.is_file():
         raise ValueError(f"model directory {str(folder)!r} has no config.json; not a Hugging Face model folder")
@@ -302,27 +305,46 @@ def check_model_folder(folder: Path) -> None:
         raise ValueError(f"{config}: not a model's config (not JSON: {error}); copy the model folder again") from None
     if not isinstance(value, dict):
         raise ValueError(f"{config}: not a model's config (a JSON {type(value).__name__}); copy the model folder again")
+    if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
+        raise ValueError(
+            f"model directory {str(folder)!r} holds no weights (no *.safetensors or *.bin file); copy the model "
+            "folder again"
+        )
+    layers: set[int] = set()
     for weights in sorted(folder.glob("*.safetensors")):
-        problem = _safetensors_problem(weights)
+        problem, names = _safetensors_header(weights)
         if problem:
             raise ValueError(f"{weights}: {problem}; copy the model folder again")
+        layers |= {int(match[1]) for name in names if (match := _LAYER.search(name))}
+    expected = value.get("num_hidden_layers")
+    if layers and isinstance(expected, int) and layers != set(range(expected)):
+        held = f"{len(layers)} (numbered {min(layers)} to {max(layers)})" if len(layers) > 1 else str(len(layers))
+        raise ValueError(
+            f"{config}: num_hidden_layers is {expected}, but the weights in {folder} hold {held} layers: the model "
+            "would run with layers of random weights (or leave weights out); copy the model folder again, or give "
+            "config.json the number the weights hold"
+        )
 
 
-def _safetensors_problem(path: Path) -> str | None:
-    """What is wrong with a safetensors file's header or length, or None."""
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # a decoder layer's weight: model.layers.<i>.…
+
+
+def _safetensors_header(path: Path) -> tuple[str | None, list[str]]:
+    """What is wrong with a safetensors file's header or length (None: nothing), and its tensors' names."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
         length = int.from_bytes(head, "little") if len(head) == 8 else -1
         if length < 0 or 8 + length > size:
-            return f"cut short ({size:,} bytes, shorter than its header says)"
+            return f"cut short ({size:,} bytes, shorter than its header says)", []
         try:
             header = json.loads(f.read(length))
             ends = [int(entry["data_offsets"][1]) for key, entry in header.items() if key != "__metadata__"]
         except (ValueError, TypeError, KeyError, IndexError, AttributeError):
-            return "its header is not readable (damaged)"
+            return "its header is not readable (damaged)", []
     needed = 8 + length + max(ends, default=0)
-    return f"cut short ({size:,} bytes of the {needed:,} its header lists)" if size < needed else None
+    names = [key for key in header if key != "__metadata__"]
+    return (f"cut short ({size:,} bytes of the {needed:,} its header lists)" if size < needed else None), names
 
 
 HUB_DEADLINE_S = 10  # the model hub must answer within it (its client would retry for minutes)
