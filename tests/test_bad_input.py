@@ -351,6 +351,37 @@ def test_the_command_line_prints_one_line_not_a_traceback(inputs, tmp_path):
     assert result.stderr.strip().splitlines()[-1].startswith(f"flows.grpo: error: {bad}:2: malformed JSON")
 
 
+def test_torchrun_variables_left_from_another_launch_end_the_command_in_one_line(
+    inputs,
+    flow_env,  # noqa: F811
+    tmp_path,
+):
+    """RANK, WORLD_SIZE and MASTER_* left in a shell by another launch: the flow waited for ever for ranks that
+    never came, deaf to Ctrl-C. Now it says so and stops."""
+    from servers import free_port
+
+    env = {**flow_env, "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "flows.baseline_eval", *flags("baseline_eval", inputs, tmp_path)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,  # a guard against the endless wait, not a timing assertion
+        )
+    except subprocess.TimeoutExpired as expired:
+        raise AssertionError(f"the flow waited for ranks that never come:\n{expired.stderr}") from None
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"flows.baseline_eval: error: RANK=0, WORLD_SIZE=2, MASTER_ADDR=127.0.0.1, MASTER_PORT={env['MASTER_PORT']} "
+        "in the environment, but this process was not started by torchrun: it would wait for ranks that never come. "
+        "Unset them (unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT), or start it with "
+        "torchrun"
+    )
+    assert not (tmp_path / "out" / "records.jsonl").exists()
+
+
 def test_sft_nan_loss_stops_with_the_step_named_and_the_checkpoint_intact(inputs, flow_env, tmp_path):  # noqa: F811
     """A learning rate of 1e30 gives finite step-1 metrics and a NaN loss at step 2: the command ends with
     the step named, step 1 is logged and checkpointed, nothing of step 2 is."""
