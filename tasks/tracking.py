@@ -90,6 +90,8 @@ _STORE_PROBLEMS = {
         "if the address names the wrong file, fix it; if the store was overwritten, " + _DAMAGED,
     ),
     "database disk image is malformed": ("the database is damaged (truncated?)", _DAMAGED),
+    # SQLite makes an empty file where a deleted database was, when the run next opens it
+    "no such table": ("it holds no MLflow tables: its file was deleted, or emptied, while the run logged", _VANISHED),
 }
 
 

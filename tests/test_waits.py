@@ -131,14 +131,26 @@ def test_a_damaged_model_folder_is_named_before_an_engine_starts(damage, inputs,
     assert expected in message and message.endswith("; copy the model folder again"), message
 
 
-def test_the_mlflow_database_deleted_mid_run_ends_in_one_line(inputs, flow_env, tmp_path):  # noqa: F811
-    """`rm mlflow.db` while an SFT run logs into it: the run ends with one line saying what happened and what
-    to do, without MLflow's tracebacks, and its checkpoint is intact."""
+@pytest.mark.parametrize(
+    "flow, when, what",
+    [
+        ("sft_experiment", ("loss", "2"), "its database file is gone"),
+        ("baseline_eval", ("provenance.json", "0"), "it holds no MLflow tables: its file was deleted, or emptied"),
+    ],
+)
+def test_the_mlflow_database_deleted_mid_run_ends_in_one_line(flow, when, what, inputs, flow_env, tmp_path):  # noqa: F811
+    """`rm mlflow.db` while a run logs into it (an SFT run between steps; an evaluation as it starts, which
+    SQLite then finds as an empty file): the run ends with one line saying what happened and what to do,
+    without MLflow's tracebacks, and a training run's checkpoint is intact."""
     database = tmp_path / "mlflow.db"
-    argv = flags("sft_experiment", inputs, tmp_path, checkpoint_every=1, eval_every=2, max_steps=6)
-    target = [sys.executable, str(REPO / "tests/store_gone_target.py"), str(database), "loss", "2"]
+    argv = (
+        flags(flow, inputs, tmp_path, checkpoint_every=1, eval_every=2, max_steps=6)
+        if flow == "sft_experiment"
+        else flags(flow, inputs, tmp_path)
+    )
+    target = [sys.executable, str(REPO / "tests/store_gone_target.py"), str(database), *when]
     result = subprocess.run(
-        [*target, "flows.sft_experiment", *argv],
+        [*target, f"flows.{flow}", *argv],
         cwd=tmp_path,
         env=flow_env,
         capture_output=True,
@@ -147,8 +159,7 @@ def test_the_mlflow_database_deleted_mid_run_ends_in_one_line(inputs, flow_env, 
     )
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-5000:]
     line = result.stderr.strip().splitlines()[-1]
-    assert line.startswith(
-        f"flows.sft_experiment: error: MLflow store sqlite:///{database}: its database file is gone"
-    ), line
-    (state,) = (tmp_path / "out").glob("runs-*/full/checkpoint/latest/state.json")
-    assert json.loads(state.read_text())["step"] >= 2
+    assert line.startswith(f"flows.{flow}: error: MLflow store sqlite:///{database}: {what}"), line
+    if flow == "sft_experiment":
+        (state,) = (tmp_path / "out").glob("runs-*/full/checkpoint/latest/state.json")
+        assert json.loads(state.read_text())["step"] >= 2
