@@ -107,31 +107,43 @@ def shown_uri(tracking_uri: str) -> str:
     return f"{scheme}{sep}{credentials.partition(':')[0]}:***@{host}"
 
 
-def unanswered(url: str, deadline_s: float) -> str | None:
-    """Why a server does not answer a GET of ``url`` within ``deadline_s`` seconds (refused, unreachable, timed
-    out, no such host), or None when it answers, whatever its status."""
+def http_get(url: str, deadline_s: float) -> tuple[int, bytes] | str:
+    """What a server answers a GET of ``url`` with within ``deadline_s`` seconds: its status and the start of its
+    body; or, a string, why it does not answer (refused, unreachable, timed out, no such host)."""
     import urllib.error
     import urllib.request
 
     try:
-        with urllib.request.urlopen(url, timeout=deadline_s):
-            return None
-    except urllib.error.HTTPError:  # it answered
-        return None
+        with urllib.request.urlopen(url, timeout=deadline_s) as reply:
+            return reply.status, reply.read(4096)
+    except urllib.error.HTTPError as error:  # it answered
+        return error.code, b""
     except (OSError, ValueError) as error:
         return str(getattr(error, "reason", None) or error)
 
 
+# The statuses of a server that asks for credentials: it is left to the client, which sends them, to say more.
+CREDENTIALS_WANTED = (401, 403)
+
+
 def check_server(tracking_uri: str) -> None:
     """For a tracking server (``http(s)://``): ValueError naming it unless it answers within
-    :data:`SERVER_DEADLINE_S` seconds (MLflow's own client would retry for minutes). Other stores: nothing."""
+    :data:`SERVER_DEADLINE_S` seconds (MLflow's own client would retry for minutes), and answers as MLflow does
+    (``/health``: ``OK``; a server that answers otherwise, a web page say, gave tracebacks). Other stores:
+    nothing."""
     if not tracking_uri.startswith(("http://", "https://")):
         return
-    reason = unanswered(tracking_uri.rstrip("/") + "/health", SERVER_DEADLINE_S)
-    if reason is not None:
+    reply = http_get(tracking_uri.rstrip("/") + "/health", SERVER_DEADLINE_S)
+    if isinstance(reply, str):
         raise ValueError(
-            f"MLflow tracking server {shown_uri(tracking_uri)}: no answer within {SERVER_DEADLINE_S} s ({reason}); "
+            f"MLflow tracking server {shown_uri(tracking_uri)}: no answer within {SERVER_DEADLINE_S} s ({reply}); "
             "start it, or pass another --tracking-uri"
+        )
+    status, body = reply
+    if status not in CREDENTIALS_WANTED and (status, body.strip()) != (200, b"OK"):
+        raise ValueError(
+            f"MLflow tracking server {shown_uri(tracking_uri)}: a server answers there, but not as MLflow does (GET "
+            f"/health: status {status}, {body.strip()[:40]!r}); check the address, or pass another --tracking-uri"
         )
 
 

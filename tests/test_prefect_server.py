@@ -44,6 +44,35 @@ def prefect_api(tmp_path_factory):
         yield server
 
 
+@pytest.mark.parametrize("config", [None, "baseline_eval: {limit: [1, 2\n", "baseline_eval: {limt: 2}\n"])
+def test_serve_without_a_server_or_with_a_bad_config_ends_in_one_line(config, tmp_path):
+    """`python -m flows.serve` with no Prefect server at its address, or with a --config that is not valid settings:
+    one line saying which, no traceback."""
+    from servers import free_port
+
+    argv = ["--api-url", f"http://127.0.0.1:{free_port()}/api"]
+    if config is not None:
+        (tmp_path / "params.yaml").write_text(config)
+        argv += ["--config", str(tmp_path / "params.yaml")]
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.serve", *argv],
+        cwd=ROOT,
+        env=quiet_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    line = done.stderr.strip().splitlines()[-1]
+    expected = {
+        None: f"flows.serve: error: Prefect API {argv[1]} (PREFECT_API_URL): no answer within 10 s (",
+        "baseline_eval: {limit: [1, 2\n": f"flows.serve: error: --config {tmp_path}/params.yaml:2:1: malformed YAML",
+        "baseline_eval: {limt: 2}\n": "flows.serve: error: --config "
+        f"{tmp_path}/params.yaml section `baseline_eval`: unknown setting 'limt' (did you mean limit?)",
+    }[config]
+    assert line.startswith(expected), line
+
+
 def test_server_listens_on_loopback_only(prefect_api):
     assert listening_addresses(prefect_api["port"]) == {"127.0.0.1"}
 
