@@ -351,6 +351,23 @@ def test_the_command_line_prints_one_line_not_a_traceback(inputs, tmp_path):
     assert result.stderr.strip().splitlines()[-1].startswith(f"flows.grpo: error: {bad}:2: malformed JSON")
 
 
+@pytest.mark.parametrize(
+    "flow, fans_out", [("grpo", {"ablation": "grpo_baseline_ablation"}), ("expert_iteration", {"sweep": True})]
+)
+def test_a_ray_cluster_that_does_not_answer_is_named_before_anything_starts(
+    flow, fans_out, inputs, tmp_path, monkeypatch
+):
+    """An ablation's or a sweep's children sent to a Ray address where no cluster listens: one line, at once, not
+    Ray's 46 s of attempts and a traceback."""
+    from servers import free_port
+
+    monkeypatch.setattr("tasks.engines.make_engine", lambda *a, **k: pytest.fail("an engine started"))
+    address = f"ray://127.0.0.1:{free_port()}"
+    message = user_error(flow, flags(flow, inputs, tmp_path, runner="ray", ray_address=address, **fans_out))
+    assert f"ray_address {address}: no Ray cluster answers there within 10 s (" in message
+    assert message.endswith("start the cluster, or leave ray_address unset to start a local Ray")
+
+
 def test_torchrun_variables_left_from_another_launch_end_the_command_in_one_line(
     inputs,
     flow_env,  # noqa: F811
