@@ -273,10 +273,15 @@ def to_html(title: str, page: Page, figures_dir: Path) -> str:
 
 
 def _read_json(path: Path) -> Any:
-    """The file's JSON, or None when it is absent or empty."""
+    """The file's JSON, or None when it is absent or empty; ValueError naming a file that is not JSON (or nests
+    too deeply to read: no stage writes such a file)."""
     if not path.is_file() or not path.read_text().strip():
         return None
-    return json.loads(path.read_text())
+    try:
+        return json.loads(path.read_text())
+    except (ValueError, RecursionError) as error:
+        detail = "nested too deeply" if isinstance(error, RecursionError) else error
+        raise ValueError(f"{path}: not the JSON a stage writes ({detail}); run that stage again") from None
 
 
 def _first_json(*paths: Path) -> Any:

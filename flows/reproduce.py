@@ -148,6 +148,8 @@ def checked_record(client: Any, run_id: str, tracking_uri: str) -> dict[str, Any
         record = read_record(client, run_id, tracking_uri)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"{damaged} (not a JSON document: {error}); it cannot be re-run from it") from None
+    except RecursionError:
+        raise ValueError(f"{damaged} (JSON nested too deeply to read); it cannot be re-run from it") from None
     try:
         Record.model_validate(record)
     except ValidationError as error:

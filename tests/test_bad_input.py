@@ -169,6 +169,23 @@ def test_a_bad_data_file_is_named_with_its_line(flow, argument, kind, mistake, i
     assert expected in user_error(flow, flags(flow, inputs, tmp_path, **{argument: str(path)}))
 
 
+def test_json_nested_too_deeply_is_named_not_a_traceback(inputs, tmp_path):
+    """A data line, or a model's config.json, nested a hundred thousand levels deep (Python's JSON reader gives
+    up with a RecursionError): one line naming the file."""
+    import shutil
+
+    deep = "[" * 100_000 + "]" * 100_000
+    data = tmp_path / "deep.jsonl"
+    data.write_text(json.dumps(math_record(0)) + "\n" + deep + "\n")
+    message = user_error("baseline_eval", flags("baseline_eval", inputs, tmp_path, data=str(data)))
+    assert f"{data}:2: JSON nested too deeply to read (not a data record)" in message
+    model = tmp_path / "model"
+    shutil.copytree(inputs["model"], model)
+    (model / "config.json").write_text(deep)
+    message = user_error("baseline_eval", flags("baseline_eval", inputs, tmp_path, model=str(model)))
+    assert f"{model / 'config.json'}: not a model's config (JSON nested too deeply)" in message
+
+
 @pytest.mark.parametrize(
     "spec", ["arithmetic:0:1", "arithmetic:ten:1", "arithmetic:8", "arithmetic:8:3-1", "arithmetic:8:2:bogus"]
 )

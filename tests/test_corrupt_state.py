@@ -77,6 +77,7 @@ def files(folder: Path) -> set[str]:
     [
         ("truncate", "latest/state.json", "unreadable (Unterminated string"),
         ("replace", "latest/state.json", "not a run's state (no 'finished', 'fingerprint')"),
+        ("nest", "latest/state.json", "unreadable (JSON nested too deeply)"),
         ("truncate", "latest/model.pt", "unreadable (PytorchStreamReader failed"),
         ("truncate", "latest/optimizer.pt", "unreadable ("),
         ("delete", "latest/rng.pt", "missing"),
@@ -96,6 +97,8 @@ def test_a_damaged_checkpoint_names_its_file_and_the_folder_to_delete(project, t
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     elif damage == "replace":
         path.write_text('{"step": 2}')
+    elif damage == "nest":
+        path.write_text("[" * 100_000 + "]" * 100_000)
     elif damage == "tamper":
         torch.save({"python": torch.zeros(3), "lm_head.weight": torch.zeros(2, 2), "optimizer": {}}, path)
     else:

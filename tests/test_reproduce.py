@@ -397,6 +397,7 @@ def test_a_run_whose_files_are_not_in_its_archive_is_named_so(recorded, tmp_path
     [
         ('{"flow": {"name": "baseline_eval", "entrypoint": "flows.bas', "not a JSON document"),
         ('["a", "list"]', "the record: Input should be a valid dictionary"),
+        ("[" * 100_000 + "]" * 100_000, "JSON nested too deeply to read"),
         ("{}", "flow: Field required"),
         (lambda r: r.update(settings="out"), "settings: Input should be a valid dictionary"),
         (lambda r: r["inputs"].update(model={"path": 3}), "inputs.model.path: Input should be a valid string"),

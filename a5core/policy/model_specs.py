@@ -303,6 +303,10 @@ def check_model_folder(folder: Path) -> None:
         value = json.loads(config.read_text(encoding="utf-8"))
     except (ValueError, OSError) as error:
         raise ValueError(f"{config}: not a model's config (not JSON: {error}); copy the model folder again") from None
+    except RecursionError:
+        raise ValueError(
+            f"{config}: not a model's config (JSON nested too deeply); copy the model folder again"
+        ) from None
     if not isinstance(value, dict):
         raise ValueError(f"{config}: not a model's config (a JSON {type(value).__name__}); copy the model folder again")
     if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):

@@ -57,6 +57,8 @@ def read_state(path: Path, required: Sequence[str], recovery: str) -> dict[str, 
         state = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, OSError) as error:  # JSONDecodeError, UnicodeDecodeError are ValueErrors
         raise CorruptStateError(f"{path}: unreadable ({error}); {recovery}") from None
+    except RecursionError:
+        raise CorruptStateError(f"{path}: unreadable (JSON nested too deeply); {recovery}") from None
     if not isinstance(state, dict):
         raise CorruptStateError(f"{path}: a JSON {type(state).__name__}, not the state's object; {recovery}")
     missing = [key for key in required if key not in state]
