@@ -40,6 +40,8 @@ from a5core.runtime.settings import (
     inherited,
 )
 from tasks.engines import parse_engine_devices
+from tasks.evaluation import EVALUATION_FILES
+from tasks.flow_summary import RUN_FILE
 from tasks.outputs import (
     check_output_dir,
     check_output_file,
@@ -318,9 +320,15 @@ class BaselineEvalParams(Settings):
     @field_validator("extra_sets")
     @classmethod
     def _set_names(cls, sets: dict[str, str]) -> dict[str, str]:
+        taken = (*EVALUATION_FILES, RUN_FILE)
         for name in sets:
             if not name or not all(c.isalnum() or c in "_-." for c in name) or name.startswith("."):
                 raise ValueError(f"extra set name {name!r}: use letters, digits, '_', '-' or '.' (a folder name)")
+            if name in taken:
+                raise ValueError(
+                    f"extra set name {name!r}: the name of a file the evaluation writes beside the sets' folders "
+                    f"({', '.join(taken)}); give the set another name"
+                )
         return sets
 
 

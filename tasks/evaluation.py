@@ -83,6 +83,11 @@ def grade(
     return grade_completions(problems, prompts, completions, REWARD_FNS[reward_fn])
 
 
+# What an evaluation writes at the top of its output folder (and of its MLflow run's artifacts), beside the run's
+# record (tasks.flow_summary.RUN_FILE): no extra set's folder may take one of these names.
+EVALUATION_FILES = ("records.jsonl", "summary.json", "report.md", "generations.json")
+
+
 @task
 def write_outputs(records: list[dict[str, Any]], output_dir: str, metrics_path: str | None) -> dict[str, Any]:
     """Write records.jsonl, summary.json, report.md (and the DVC metrics file: the headline accuracy, its

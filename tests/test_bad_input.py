@@ -169,6 +169,24 @@ def test_a_bad_data_file_is_named_with_its_line(flow, argument, kind, mistake, i
     assert expected in user_error(flow, flags(flow, inputs, tmp_path, **{argument: str(path)}))
 
 
+@pytest.mark.parametrize("name", ["report.md", "summary.json", "run.json"])
+def test_an_extra_set_named_as_an_output_file_is_refused(name, inputs, tmp_path, capsys):
+    """An extra set's outputs go in ``output_dir/NAME/``: a name the evaluation's own files take collided with them
+    at the end of the run, in a traceback."""
+    argv = flags("baseline_eval", inputs, tmp_path, extra_sets={name: inputs["math"]})
+    err = parameter_error("baseline_eval", argv, capsys)
+    assert f"extra set name {name!r}: the name of a file the evaluation writes beside the sets' folders" in err
+
+
+def test_a_models_cache_that_is_a_file_is_named(inputs, tmp_path, monkeypatch):
+    """A5_CACHE_DIR naming a file: the embedded model cannot be converted there, and the command says why."""
+    (tmp_path / "notes.txt").write_text("mine\n")
+    monkeypatch.setenv("A5_CACHE_DIR", str(tmp_path / "notes.txt"))
+    message = user_error("baseline_eval", flags("baseline_eval", inputs, tmp_path, model="smollm2-135m-instruct"))
+    assert f"A5_CACHE_DIR {tmp_path / 'notes.txt'}: cannot be the folder converted models are kept in" in message
+    assert (tmp_path / "notes.txt").read_text() == "mine\n"
+
+
 def test_json_nested_too_deeply_is_named_not_a_traceback(inputs, tmp_path):
     """A data line, or a model's config.json, nested a hundred thousand levels deep (Python's JSON reader gives
     up with a RecursionError): one line naming the file."""
