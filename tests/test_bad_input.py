@@ -178,6 +178,17 @@ def test_an_extra_set_named_as_an_output_file_is_refused(name, inputs, tmp_path,
     assert f"extra set name {name!r}: the name of a file the evaluation writes beside the sets' folders" in err
 
 
+@pytest.mark.parametrize(
+    "sweep",
+    [{}, {"sweep": True, "sweep_rollouts_per_question": [2], "sweep_epochs": [1], "sweep_questions_per_step": [2, 9]}],
+)
+def test_ei_asked_for_more_questions_a_round_than_there_are_problems_is_refused(sweep, inputs, tmp_path):
+    """D_b 9 of 8 problems: refused before an engine starts, not run with 8 while the run records 9."""
+    message = user_error("expert_iteration", flags("expert_iteration", inputs, tmp_path, questions_per_step=9, **sweep))
+    setting = ", setting G2_E1_Db9" if sweep else ""
+    assert f"train_data {inputs['math']}{setting}: questions_per_step 9: more than the 8 training problems" in message
+
+
 def test_a_models_cache_that_is_a_file_is_named(inputs, tmp_path, monkeypatch):
     """A5_CACHE_DIR naming a file: the embedded model cannot be converted there, and the command says why."""
     (tmp_path / "notes.txt").write_text("mine\n")

@@ -218,6 +218,19 @@ def _converter_alive(folder: Path) -> bool:
     return True
 
 
+def _make_cache(root: Path, cache_dir: str | os.PathLike | None) -> None:
+    """Make the models' cache folder ``root``; ValueError naming it (and ``A5_CACHE_DIR`` where that named it)
+    when it cannot be a folder: a file is there, or a folder above it cannot take it."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        where = "A5_CACHE_DIR" if cache_dir is None and os.environ.get("A5_CACHE_DIR") else "the models' cache"
+        raise ValueError(
+            f"{where} {root}: cannot be the folder converted models are kept in ({error.strerror or error}); "
+            "point A5_CACHE_DIR at a folder of your own (or unset it: ~/.cache/a5/models)"
+        ) from None
+
+
 def _resolve_embedded(cache_dir: str | os.PathLike | None) -> str:
     from filelock import FileLock  # a dependency of huggingface_hub, hence of transformers
 
@@ -227,14 +240,7 @@ def _resolve_embedded(cache_dir: str | os.PathLike | None) -> str:
     final = root / EMBEDDED_DEFAULT
     if _is_complete(final, fingerprint):  # fast path, no lock: a complete folder is never modified in place
         return str(final)
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as error:  # A5_CACHE_DIR naming a file, or a folder that cannot be made
-        where = "A5_CACHE_DIR" if cache_dir is None and os.environ.get("A5_CACHE_DIR") else "the models' cache"
-        raise ValueError(
-            f"{where} {root}: cannot be the folder converted models are kept in ({error.strerror or error}); "
-            "point A5_CACHE_DIR at a folder of your own (or unset it: ~/.cache/a5/models)"
-        ) from None
+    _make_cache(root, cache_dir)
     with FileLock(str(root / f".{EMBEDDED_DEFAULT}.lock")):
         if _is_complete(final, fingerprint):  # someone else converted while we waited
             return str(final)
