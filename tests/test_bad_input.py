@@ -721,6 +721,53 @@ def test_a_boolean_flag_value_for_a_number_is_refused(capsys):
     )
 
 
+def test_a_flag_is_taken_only_as_spelt_in_full(capsys):
+    """argparse took a prefix of a flag for it: ``--epochs 3`` set GRPO's epochs_per_rollout_batch."""
+    for flow, flag in (("grpo", "--epochs"), ("baseline_eval", "--lim")):
+        with pytest.raises(SystemExit) as stopped:
+            MAINS[flow]([flag, "3", "--show-config"])
+        assert stopped.value.code == 2
+        assert f"unrecognized arguments: {flag} 3" in capsys.readouterr().err
+
+
+def test_a_profile_without_a_settings_file_is_refused(capsys):
+    """``--profile cpu`` alone was ignored: the run took the defaults, not the profile it named."""
+    assert "--profile cpu: a profile of a settings file; give the file with --config" in config_error(
+        "baseline_eval", ["--profile", "cpu", "--show-config"], capsys
+    )
+
+
+def test_a_value_its_profile_replaces_is_checked_all_the_same(tmp_path, capsys):
+    """``dvc exp run -S baseline_eval.limit=abc`` writes the section's value, which the selected profile replaces:
+    the run went on with the profile's, the wrong value never read. It is refused, naming where it is."""
+    config = tmp_path / "params.yaml"
+    config.write_text("profile: cpu\nprofiles: {cpu: {baseline_eval: {limit: 32}}}\nbaseline_eval: {limit: abc}\n")
+    err = parameter_error("baseline_eval", ["--config", str(config), "--show-config"], capsys)
+    assert f"--config {config} section `baseline_eval`: limit 'abc': Input should be a valid integer" in err
+    assert "(a later value replaces it, but it is wrong: fix or remove it)" in err
+    err = parameter_error("baseline_eval", ["--config", str(config), "--limit", "8", "--show-config"], capsys)
+    assert "section `baseline_eval`: limit 'abc'" in err  # replaced by a flag: the same
+
+
+def test_a_settings_file_of_megabytes_is_refused_before_it_is_parsed(tmp_path, capsys):
+    """A 6 MB file took 81 s to parse and was then called an alias bomb."""
+    config = tmp_path / "params.yaml"
+    config.write_text("baseline_eval:\n  stop:\n" + "    - a stop string of some length\n" * 200_000)
+    assert f"--config {config}: 7.0 MB, not a settings file (those hold at most 1 MB" in config_error(
+        "baseline_eval", ["--config", str(config)], capsys
+    )
+    config.write_text("baseline_eval:\n  stop: [" + ", ".join(["x"] * 100_001) + "]\n")
+    assert "holds more than 100,000 values: not a settings file" in config_error(
+        "baseline_eval", ["--config", str(config)], capsys
+    )
+
+
+def test_a_seed_the_generators_cannot_take_is_refused_naming_it(capsys):
+    for flow in ("grpo", "baseline_eval"):
+        err = parameter_error(flow, ["--seed", "99999999999999999999"], capsys)
+        assert "--seed 99999999999999999999: Input should be less than or equal to 4294967295" in err
+
+
 def test_a_config_that_is_not_utf8_is_named(tmp_path, capsys):
     config = tmp_path / "params.yaml"
     config.write_bytes("baseline_eval: {prompt: r1_zéro}\n".encode("latin-1"))
