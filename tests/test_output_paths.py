@@ -5,7 +5,9 @@ command line and in the parameter model the Prefect deployments validate, before
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,8 @@ import flows.grpo
 import flows.sft_data
 from flows.params import BaselineEvalParams, DifficultyParams, GRPOParams
 from tasks.outputs import OUTPUT_MARKER, REPORT_MARKER, link_model, write_output_file
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -191,3 +195,47 @@ def test_an_output_folder_name_too_long_is_one_line(flow, project, capsys, monke
     assert stopped.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot be used as a folder (File name too long)" in err, err
+
+
+# ------------------------------------------------------------------ every entry point, one check
+
+
+def test_prepare_data_does_not_write_its_manifest_over_a_tracked_file(project):
+    """`flows.prepare_data --out README.md` replaced the tracked README (exit status 0): refused, as the command
+    line gives its settings, the file intact."""
+    (project / "README.md").write_text("# my project\n")
+    subprocess.run(["git", "add", "README.md"], check=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.prepare_data", "--out", "README.md"],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        "flows.prepare_data: error: out README.md: a file git tracks, not an output of this flow; not replacing it: "
+        "give another path, or move the file away"
+    )
+    assert (project / "README.md").read_text() == "# my project\n"
+
+
+def test_sft_data_does_not_replace_a_users_file(project):
+    (project / "mine.jsonl").write_text('{"prompt": "p", "response": "r", "ground_truth": "1"}\n')
+    with pytest.raises(SystemExit, match="sft_data traces: out mine.jsonl: a file a5 did not write there"):
+        flows.sft_data.main(["traces", "--out", "mine.jsonl"])
+    assert (project / "mine.jsonl").read_text() == '{"prompt": "p", "response": "r", "ground_truth": "1"}\n'
+
+
+@pytest.mark.parametrize("name", ["/usr", "../../victim", ".."])
+def test_an_experiment_name_is_a_name_not_a_path(name, project, capsys, monkeypatch):
+    """`--experiment /usr` put the run's artifacts in /usr/<run id>/ (MLflow keeps them in mlruns/<name>)."""
+    err = refused(["--experiment", name], capsys, monkeypatch)
+    assert f"--experiment {name!r}: Value error, an experiment's name, not a path" in err
+    assert not (project.parent.parent / "victim").exists()
+
+
+def test_a_new_tracking_store_is_not_made_in_a_system_folder(project, capsys, monkeypatch):
+    err = refused(["--tracking-uri", "sqlite:////usr/a5/mlflow.db"], capsys, monkeypatch)
+    assert "tracking_uri /usr/a5/mlflow.db: in a system folder" in err
+    assert not Path("/usr/a5").exists()
