@@ -253,6 +253,24 @@ def test_a_setting_gone_or_new_other_versions_and_a_missing_input_are_named(tmp_
     assert "data: difficulty_table table.csv: missing here; the run ran in /elsewhere" in found
 
 
+def test_a_record_hashes_only_what_the_run_reads(tmp_path, monkeypatch):
+    """The files a record hashes are those its input settings name (READS), never another setting's value that
+    happens to name a file or folder: an experiment called /usr was hashed, 46,000 files, for minutes."""
+    from a5core.runtime.settings import read_settings
+    from flows.params import GRPOParams
+    from tasks.provenance import build_record
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "table.csv").write_text("question,pass_rate\n")
+    (tmp_path / "store").mkdir()
+    params = GRPOParams(difficulty_table="table.csv", output_dir="out", engine_device="cpu", ray_address="store")
+    record = build_record(params)
+    assert set(record["inputs"]) == {"model", "difficulty_table"} and set(record["inputs"]) <= set(
+        read_settings(GRPOParams)
+    )
+    assert set(read_settings(GRPOParams)) == {"model", "train_data", "difficulty_table", "validation_data", "prompt"}
+
+
 def test_an_archived_run_unpacked_elsewhere_reproduces_from_its_archive(
     prefect_harness, tiny_lm_dir, tmp_path, monkeypatch, capsys
 ):
