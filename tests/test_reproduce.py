@@ -263,7 +263,14 @@ def test_a_record_hashes_only_what_the_run_reads(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "table.csv").write_text("question,pass_rate\n")
     (tmp_path / "store").mkdir()
-    params = GRPOParams(difficulty_table="table.csv", output_dir="out", engine_device="cpu", ray_address="store")
+    params = GRPOParams(
+        train_data="arithmetic:8:1",
+        validation_data="arithmetic:4:1",
+        difficulty_table="table.csv",
+        output_dir="out",
+        engine_device="cpu",
+        ray_address="store",
+    )
     record = build_record(params)
     assert set(record["inputs"]) == {"model", "difficulty_table"} and set(record["inputs"]) <= set(
         read_settings(GRPOParams)
