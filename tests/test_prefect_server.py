@@ -44,7 +44,7 @@ def prefect_api(tmp_path_factory):
         yield server
 
 
-@pytest.mark.parametrize("config", [None, "baseline_eval: {limit: [1, 2\n", "baseline_eval: {limt: 2}\n"])
+@pytest.mark.parametrize("config", [None, "baseline_eval: {limt: 2}\n"])
 def test_serve_without_a_server_or_with_a_bad_config_ends_in_one_line(config, tmp_path):
     """`python -m flows.serve` with no Prefect server at its address, or with a --config that is not valid settings:
     one line saying which, no traceback."""
@@ -66,7 +66,6 @@ def test_serve_without_a_server_or_with_a_bad_config_ends_in_one_line(config, tm
     line = done.stderr.strip().splitlines()[-1]
     expected = {
         None: f"flows.serve: error: Prefect API {argv[1]} (PREFECT_API_URL): no answer within 10 s (",
-        "baseline_eval: {limit: [1, 2\n": f"flows.serve: error: --config {tmp_path}/params.yaml:2:1: malformed YAML",
         "baseline_eval: {limt: 2}\n": "flows.serve: error: --config "
         f"{tmp_path}/params.yaml section `baseline_eval`: unknown setting 'limt' (did you mean limit?)",
     }[config]

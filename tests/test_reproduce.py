@@ -367,10 +367,7 @@ def test_a_record_naming_other_code_is_refused_before_it_is_imported(recorded, t
     assert not (tmp_path / "project/imported").exists()
 
 
-@pytest.mark.parametrize(
-    "entrypoint",
-    ["flows.reproduce:reproduce", "flows.compare:compare", "flows.report:report", "flows.sft_data:sft_data"],
-)
+@pytest.mark.parametrize("entrypoint", ["flows.reproduce:reproduce", "flows.sft_data:sft_data"])
 def test_a_record_naming_a_flow_that_records_no_runs_is_refused(entrypoint, recorded):
     """Reproduce itself (which would re-run itself without end), and flows whose runs hold no record (some of whose
     parameters are no settings): one line, nothing run."""
