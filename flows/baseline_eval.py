@@ -25,7 +25,7 @@ from flows.params import BaselineEvalParams
 from tasks.checks import check_outputs, check_prompts_fit
 from tasks.evaluation import generate, grade, load_problems, log_evaluation_run, write_outputs
 from tasks.flow_summary import publish
-from tasks.outputs import claim_outputs
+from tasks.outputs import outputs_held
 from tasks.provenance import log_provenance
 from tasks.tracking import UI_COMMAND, flow_run, ui_address
 
@@ -34,44 +34,44 @@ from tasks.tracking import UI_COMMAND, flow_run, ui_address
 def baseline_eval(params: BaselineEvalParams = BaselineEvalParams()) -> dict:
     """Zero-shot evaluation; returns the summary, output paths and the MLflow run id (and each extra set's
     summary and paths under ``sets``). Its MLflow run spans the whole evaluation (generation included)."""
-    claim_outputs(params)
-    template = load_prompt(params.prompt)
-    sampling = params.sampling_for(template)
-    evaluated = {}
-    model_name = params.model.rstrip("/").split("/")[-1]
-    with flow_run(params.experiment, f"{model_name}-{params.prompt}", params.tracking_uri) as run:
-        if run.info.run_id is not None:
-            log_provenance(params)
-        for name, source in {"": params.data, **params.extra_sets}.items():
-            problems = load_problems(source, params.data_format, params.limit)
-            prompts = [template.format(p.problem) for p in problems]
-            completions = generate(params.model, params.backend, params.dtype, prompts, sampling)
-            records = grade(problems, prompts, completions, params.grader)
-            output_dir = str(Path(params.output_dir) / name) if name else params.output_dir
-            evaluated[name] = (records, write_outputs(records, output_dir, None if name else params.metrics_path))
-        run_name = f"{model_name}-{params.prompt}-{len(evaluated[''][0]) // params.n}"
-        run_id = log_evaluation_run(params.experiment, run_name, params.tracking_uri, params.flat(), evaluated)
-    sets = {name: outputs for name, (_, outputs) in evaluated.items() if name}
-    publish(
-        "baseline_eval",
-        "Zero-shot evaluation",
-        [
-            {
-                "set": name or Path(params.data).name,
-                "problems": outputs["summary"]["n_problems"],
-                "accuracy": outputs["summary"]["accuracy"],
-                "accuracy_se": outputs["summary"]["accuracy_se"],
-                "format_rate": outputs["summary"]["format_rate"],
-            }
-            for name, (_, outputs) in evaluated.items()
-        ],
-        experiment=params.experiment,
-        tracking_uri=params.tracking_uri,
-        mlflow_run_id=run_id,
-        output_dir=params.output_dir,
-        paths=evaluated[""][1]["paths"],
-    )
-    return {**evaluated[""][1], "sets": sets, "mlflow_run_id": run_id, "tracking_uri": params.tracking_uri}
+    with outputs_held(params):  # claimed, and no other flow writes there meanwhile
+        template = load_prompt(params.prompt)
+        sampling = params.sampling_for(template)
+        evaluated = {}
+        model_name = params.model.rstrip("/").split("/")[-1]
+        with flow_run(params.experiment, f"{model_name}-{params.prompt}", params.tracking_uri) as run:
+            if run.info.run_id is not None:
+                log_provenance(params)
+            for name, source in {"": params.data, **params.extra_sets}.items():
+                problems = load_problems(source, params.data_format, params.limit)
+                prompts = [template.format(p.problem) for p in problems]
+                completions = generate(params.model, params.backend, params.dtype, prompts, sampling)
+                records = grade(problems, prompts, completions, params.grader)
+                output_dir = str(Path(params.output_dir) / name) if name else params.output_dir
+                evaluated[name] = (records, write_outputs(records, output_dir, None if name else params.metrics_path))
+            run_name = f"{model_name}-{params.prompt}-{len(evaluated[''][0]) // params.n}"
+            run_id = log_evaluation_run(params.experiment, run_name, params.tracking_uri, params.flat(), evaluated)
+        sets = {name: outputs for name, (_, outputs) in evaluated.items() if name}
+        publish(
+            "baseline_eval",
+            "Zero-shot evaluation",
+            [
+                {
+                    "set": name or Path(params.data).name,
+                    "problems": outputs["summary"]["n_problems"],
+                    "accuracy": outputs["summary"]["accuracy"],
+                    "accuracy_se": outputs["summary"]["accuracy_se"],
+                    "format_rate": outputs["summary"]["format_rate"],
+                }
+                for name, (_, outputs) in evaluated.items()
+            ],
+            experiment=params.experiment,
+            tracking_uri=params.tracking_uri,
+            mlflow_run_id=run_id,
+            output_dir=params.output_dir,
+            paths=evaluated[""][1]["paths"],
+        )
+        return {**evaluated[""][1], "sets": sets, "mlflow_run_id": run_id, "tracking_uri": params.tracking_uri}
 
 
 def check_inputs(params: BaselineEvalParams) -> None:

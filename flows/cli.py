@@ -45,7 +45,7 @@ from a5core.policy.model_specs import ModelResolutionError
 from a5core.runtime.checkpoint import CheckpointMismatchError, NonFiniteLossError
 from a5core.runtime.guards import DivergenceError
 from a5core.runtime.out_of_memory import MicrobatchOutOfMemoryError
-from a5core.runtime.settings import Settings, setting_location
+from a5core.runtime.settings import Settings, describe, setting_location, unknown_setting
 from tasks.engines import EngineStartError
 
 Params = TypeVar("Params", bound=Settings)
@@ -224,6 +224,8 @@ def user_error_message(error: BaseException) -> str | None:
     read-only, full or cannot be opened (:func:`tasks.tracking.store_problem`)."""
     from tasks.tracking import exception_chain, store_problem
 
+    if isinstance(error, ValidationError):  # settings a flow refused as it started: one line, not pydantic's table
+        return describe(error)
     if isinstance(error, USER_ERRORS):
         return str(error)
     chain = exception_chain(error)
@@ -315,6 +317,9 @@ class ConfigError(ValueError):
 # The most values a settings document (or a flag's value) may expand to through its aliases: params.yaml holds a
 # few hundred; an "alias bomb" of a few lines expands to billions, and reading it would never end.
 MAX_YAML_VALUES = 100_000
+# The largest settings file read (params.yaml: 23 kB): a bigger file is not settings, and parsing megabytes of YAML
+# takes minutes.
+MAX_CONFIG_BYTES = 1_000_000
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -365,10 +370,12 @@ def _check_expansion(root: yaml.Node) -> None:
             open_nodes.discard(id(node))
             sizes[id(node)] = 1 + sum(sizes[id(child)] for child in children)
             if sizes[id(node)] > MAX_YAML_VALUES:
-                raise yaml.YAMLError(
-                    f"at line {node.start_mark.line + 1}: its aliases expand to more than {MAX_YAML_VALUES:,} values; "
-                    "write the values out"
+                what = (  # each node is sized once: as many sized as that, the text itself holds them
+                    "holds more than {:,} values: not a settings file"
+                    if len(sizes) > MAX_YAML_VALUES
+                    else "its aliases expand to more than {:,} values; write the values out"
                 )
+                raise yaml.YAMLError(f"at line {node.start_mark.line + 1}: {what.format(MAX_YAML_VALUES)}")
             continue
         if id(node) in sizes:
             continue
@@ -392,6 +399,12 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"--config {path}: no such file")
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"--config {path}: {size / 1e6:.1f} MB, not a settings file (those hold at most "
+            f"{MAX_CONFIG_BYTES / 1e6:.0f} MB; params.yaml holds a few kB): give the settings file"
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
@@ -481,17 +494,9 @@ def section_settings(
 
 def _unknown_keys(model: type[Settings], values: dict[str, Any], where: str) -> str | None:
     """A message naming the keys of ``values`` that ``model`` has no field for (typos), or None."""
-    import difflib
-
     settings = model.flat_fields()
-    unknown = [key for key in values if key not in settings]
-    if not unknown:
-        return None
-    hints = []
-    for key in unknown:
-        close = difflib.get_close_matches(str(key), list(settings), n=1)
-        hints.append(f"{key}" + (f" (did you mean {close[0]}?)" if close else ""))
-    return f"{where}: unknown setting(s) {', '.join(hints)}"
+    unknown = [unknown_setting(key, model) for key in values if key not in settings]
+    return f"{where}: {'; '.join(unknown)}" if unknown else None
 
 
 def _refuse(parser: argparse.ArgumentParser, message: str) -> NoReturn:
@@ -506,23 +511,39 @@ def parse_params(model: type[Params], section: str, argv: list[str] | None = Non
     parser = _parser(model, section, description)
     args = vars(parser.parse_args(argv))
     config, profile, show = args.pop("config"), args.pop("_profile"), args.pop("_show_config")
+    if profile is not None and config is None:
+        _refuse(parser, f"--profile {profile}: a profile of a settings file; give the file with --config")
     sources: dict[str, str] = {}  # setting → where its value came from, for --show-config
-    values = {} if config is None else _config_values(parser, model, section, config, profile, sources)
-    values.update(_flag_values(parser, args, sources))
+    layers = [] if config is None else _config_layers(parser, model, section, config, profile, sources)
+    layers.append(("", _flag_values(parser, args, sources)))
+    values: dict[str, Any] = {}
+    for _, layer in layers:
+        values = deep_merge(values, layer)
     try:
         params = model(**values)
     except ValidationError as e:
         problems = "; ".join(map(_flag_problem, e.errors()))
         _refuse(parser, f"invalid parameters: {problems}")
+    hidden = hidden_problems(model, values, layers)
+    if hidden:
+        _refuse(parser, f"invalid parameters: {hidden}")
     if show:
         print(show_config(params, section, sources))
         parser.exit(0)
     return params
 
 
+def argument_parser(description: str | None) -> argparse.ArgumentParser:
+    """Every command line's parser: a flag is taken only as it is spelt in full (argparse would take a prefix of
+    one, and ``--epochs 3`` set ``epochs_per_rollout_batch``)."""
+    return argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
+
+
 def _parser(model: type[Settings], section: str, description: str) -> argparse.ArgumentParser:
     """The command line of a flow of parameters ``model``: --config, --profile, --show-config, a flag a field."""
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(description)
     parser.add_argument("--config", type=Path, help=f"YAML file whose `{section}` section sets parameters")
     parser.add_argument(
         "--profile",
@@ -546,32 +567,86 @@ def _parser(model: type[Settings], section: str, description: str) -> argparse.A
     return parser
 
 
-def _config_values(
+def _config_layers(
     parser: argparse.ArgumentParser,
     model: type[Settings],
     section: str,
     config: Path,
     profile_flag: str | None,
     sources: dict[str, str],
-) -> dict[str, Any]:
-    """Section ``section`` of settings file ``config`` with its profile's overrides on top; each key's source
-    (the file's section, or the profile) recorded in ``sources``. A file that cannot be read, or a key
-    ``model`` has no field for, exits (:func:`_refuse`)."""
+) -> list[tuple[str, dict[str, Any]]]:
+    """:func:`config_layers`, each key's source (the file's section, or the profile) recorded in ``sources``; a
+    file that cannot be read, or a key ``model`` has no field for, exits (:func:`_refuse`)."""
     try:
-        document = read_config(config)
-        if section not in document:
-            raise ConfigError(f"--config {config}: no `{section}` section")
-        profile = profile_name(document, profile_flag, config)
-        base, overrides = section_layers(document, section, profile, config)
+        profile, layers = config_layers(model, section, config, profile_flag)
     except ConfigError as error:
         _refuse(parser, str(error))
-    values = deep_merge(base, overrides)
-    where = f"--config {config} section `{section}`" + (f" (with profile {profile})" if profile else "")
-    unknown = _unknown_keys(model, values, where)
-    if unknown:
-        _refuse(parser, unknown)
+    (_, base), (_, overrides) = layers
     sources.update({**dict.fromkeys(base, f"{config} {section}"), **dict.fromkeys(overrides, f"profile {profile}")})
-    return values
+    return layers
+
+
+def config_layers(
+    model: type[Settings], section: str, config: str | os.PathLike, profile_flag: str | None = None
+) -> tuple[str | None, list[tuple[str, dict[str, Any]]]]:
+    """The profile that applies, and section ``section`` of settings file ``config`` and that profile's overrides
+    of it, each with where it is (``--config FILE section `NAME```, ``--config FILE profile NAME``). ConfigError
+    for a file that cannot be read, no such section, or a key ``model`` has no field for."""
+    document = read_config(config)
+    if section not in document:
+        raise ConfigError(f"--config {config}: no `{section}` section")
+    profile = profile_name(document, profile_flag, config)
+    base, overrides = section_layers(document, section, profile, config)
+    where = f"--config {config} section `{section}`" + (f" (with profile {profile})" if profile else "")
+    unknown = _unknown_keys(model, deep_merge(base, overrides), where)
+    if unknown:
+        raise ConfigError(unknown)
+    return profile, [
+        (f"--config {config} section `{section}`", base),
+        (f"--config {config} profile {profile}", overrides),
+    ]
+
+
+def settings_from_file(
+    model: type[Params], section: str, config: str | os.PathLike, profile_flag: str | None = None
+) -> Params:
+    """``model`` from section ``section`` of settings file ``config`` with its profile's overrides
+    (:func:`config_layers`), every value checked, those the profile replaces too (:func:`hidden_problems`);
+    ConfigError naming file and place otherwise."""
+    _, layers = config_layers(model, section, config, profile_flag)
+    values = deep_merge(layers[0][1], layers[1][1])
+    try:
+        params = model(**values)
+    except ValidationError as error:
+        raise ConfigError(f"--config {config}: invalid `{section}`: {describe(error)}") from None
+    hidden = hidden_problems(model, values, layers)
+    if hidden:
+        raise ConfigError(hidden)
+    return params
+
+
+def hidden_problems(model: type[Settings], values: dict[str, Any], layers: list[tuple[str, dict[str, Any]]]) -> str:
+    """The invalid values a later layer hides (a section's value its profile or a flag replaces: ``dvc exp run -S
+    baseline_eval.limit=abc`` under a profile that sets ``limit``), each named with its place; "" when none. A
+    value is checked where it was written, whether or not it is the one that runs."""
+    problems = []
+    for index, (where, layer) in enumerate(layers[:-1]):
+        later = {key for _, above in layers[index + 1 :] for key in above}
+        hidden = {key: value for key, value in layer.items() if key in later and values.get(key) != value}
+        if not hidden:
+            continue
+        try:
+            model(**{**values, **hidden})
+        except ValidationError as error:
+            for problem in error.errors():
+                loc = setting_location(problem["loc"])
+                if loc and loc[0] in hidden:
+                    name = "".join([str(loc[0]), *(f"[{i}]" for i in loc[1:] if isinstance(i, int))])
+                    problems.append(
+                        f"{where}: {name} {problem.get('input')!r}: {problem['msg']} (a later value replaces it, "
+                        "but it is wrong: fix or remove it)"
+                    )
+    return "; ".join(problems)
 
 
 def _flag_values(parser: argparse.ArgumentParser, args: dict[str, Any], sources: dict[str, str]) -> dict[str, Any]:

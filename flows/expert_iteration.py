@@ -30,7 +30,7 @@ from pydantic import ValidationError
 
 from a5core.data.problem_sets import load_problem_set, load_validation_set
 from a5core.engines import Engine
-from a5core.loops.expert_iteration import expert_iteration
+from a5core.loops.expert_iteration import check_round_size, expert_iteration
 from a5core.runtime.settings import describe
 from flows.cli import flow_main, print_paths
 from flows.fanout import run_children
@@ -132,6 +132,13 @@ def check_inputs(params: EIParams) -> None:
         raise ValueError(f"invalid Expert Iteration settings: {error}") from None
     check_placement(params)
     train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
+    for setting, child in (grid(params) if params.sweep else {"": params}).items():
+        try:
+            check_round_size(child.ei, len(train))
+        except ValueError as error:
+            raise ValueError(
+                f"train_data {params.train_data}{f', setting {setting}' if setting else ''}: {error}"
+            ) from None
     validation = load_validation_set(params.validation_data, params.validation_format)
     check_prompts_fit(params, {params.train_data: train, params.validation_data: validation}, params.max_tokens)
     check_difficulty(params, train)

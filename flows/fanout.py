@@ -24,7 +24,7 @@ from typing import Any
 from prefect import flow
 
 from tasks.engines import closing_engine, engine_for
-from tasks.fanout import loopback_only, run_child_task
+from tasks.fanout import check_ray_address, loopback_only, run_child_task
 from tasks.parent_run import in_turn
 from tasks.tracking import prefect_flow_run
 
@@ -75,6 +75,7 @@ def run_children_on_ray(
     from prefect_ray import RayTaskRunner
     from prefect_ray.context import remote_options
 
+    check_ray_address(address)
     if runtime_env is None:  # a local instance: the workers import what this process imports
         runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}}
     init_kwargs: dict[str, Any] = {"runtime_env": runtime_env}

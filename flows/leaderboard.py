@@ -67,7 +67,7 @@ from tasks.checks import check_grpo_run, check_prompts_fit
 from tasks.engines import closing_engine, engine_for
 from tasks.evaluation import validation_hook
 from tasks.flow_summary import publish
-from tasks.outputs import claim_outputs, link_model
+from tasks.outputs import link_model, outputs_held, write_output_file
 from tasks.runs import Run, Trained, save_model_folder, training_run
 from tasks.tracking import REGISTERED_MODELS, register_model, tracking_rank
 
@@ -100,43 +100,43 @@ CHOSEN_FILE = "selection.json"
 def leaderboard(params: LeaderboardParams = LeaderboardParams()) -> dict:
     """Train within the budget, keep the best checkpoint, score it on the validation set."""
     start = time.monotonic()
-    claim_outputs(params)
-    out = Path(params.output_dir)
-    if Path(params.train_data).resolve() == Path(params.validation_data).resolve():
-        raise ValueError("leaderboard: train_data and validation_data are the same file; train on MATH train only")
-    with closing_engine(engine_for(params)) as engine:
-        row = training_run("leaderboard", "leaderboard", params, engine, None, functools.partial(_budgeted, start))
-    summary = {k: row[k] for k in SUMMARY_KEYS}
-    if tracking_rank():
-        write_text_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
-        if params.metrics_path:
-            write_text_atomic(Path(params.metrics_path), json.dumps(summary, indent=2) + "\n")
-        models = []
-        # The checkpoint the score was computed with (a run finished before it stayed in the run's own folder saved
-        # it as output_dir/best itself: nothing to link then).
-        best = Path(row.get("best_model", out / "best"))
-        if best.is_dir():
-            if best != out / "best":
-                link_model(best, out / "best")
-            models.append(
-                register_model(
-                    best,
-                    REGISTERED_MODELS["leaderboard"],
-                    row["mlflow_run_id"],
-                    "leaderboard",
-                    tracking_uri=params.tracking_uri,
+    with outputs_held(params):  # claimed, and no other flow writes there meanwhile
+        out = Path(params.output_dir)
+        if Path(params.train_data).resolve() == Path(params.validation_data).resolve():
+            raise ValueError("leaderboard: train_data and validation_data are the same file; train on MATH train only")
+        with closing_engine(engine_for(params)) as engine:
+            row = training_run("leaderboard", "leaderboard", params, engine, None, functools.partial(_budgeted, start))
+        summary = {k: row[k] for k in SUMMARY_KEYS}
+        if tracking_rank():
+            write_text_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+            if params.metrics_path:
+                write_output_file(params.metrics_path, json.dumps(summary, indent=2) + "\n")
+            models = []
+            # The checkpoint the score was computed with (a run finished before it stayed in the run's own folder saved
+            # it as output_dir/best itself: nothing to link then).
+            best = Path(row.get("best_model", out / "best"))
+            if best.is_dir():
+                if best != out / "best":
+                    link_model(best, out / "best")
+                models.append(
+                    register_model(
+                        best,
+                        REGISTERED_MODELS["leaderboard"],
+                        row["mlflow_run_id"],
+                        "leaderboard",
+                        tracking_uri=params.tracking_uri,
+                    )
                 )
+            publish(
+                "leaderboard",
+                "Leaderboard run",
+                [{k: v for k, v in summary.items() if k != "mlflow_run_id"}],
+                experiment=params.experiment,
+                tracking_uri=params.tracking_uri,
+                mlflow_run_id=row["mlflow_run_id"],
+                output_dir=out,
+                models=models,
             )
-        publish(
-            "leaderboard",
-            "Leaderboard run",
-            [{k: v for k, v in summary.items() if k != "mlflow_run_id"}],
-            experiment=params.experiment,
-            tracking_uri=params.tracking_uri,
-            mlflow_run_id=row["mlflow_run_id"],
-            output_dir=out,
-            models=models,
-        )
     return summary
 
 

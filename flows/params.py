@@ -31,6 +31,8 @@ from a5core.policy.losses import LengthNormalization
 from a5core.runtime.settings import (
     ENGINE_SAMPLING,
     HOW_FAST_FIELDS,
+    MAX_SEED,
+    READS,
     RolloutSamplingFields,
     SamplingFields,
     Settings,
@@ -38,7 +40,16 @@ from a5core.runtime.settings import (
     inherited,
 )
 from tasks.engines import parse_engine_devices
-from tasks.outputs import check_output_dir, check_output_file, git_tracked, output_kind, source_folders_refused
+from tasks.evaluation import EVALUATION_FILES
+from tasks.flow_summary import RUN_FILE
+from tasks.outputs import (
+    check_output_dir,
+    check_output_file,
+    check_place,
+    git_tracked,
+    output_kind,
+    source_folders_refused,
+)
 from tasks.tracking import DEFAULT_TRACKING_URI, sqlite_database
 
 Backend = Literal[BACKENDS]
@@ -52,7 +63,7 @@ DataFormat = Literal["math", "gsm8k"]
 class ModelChoice(Settings):
     """The model a run samples from (and, training, starts from), and the engine that samples."""
 
-    model: str = Field(
+    model: Annotated[str, READS] = Field(
         "Qwen/Qwen2.5-Math-1.5B",
         description="the model: hub id, local folder (e.g. an SFT stage's best_model), or smollm2-135m-instruct",
     )
@@ -86,7 +97,7 @@ class EngineSettings(ModelChoice):
 class TrainData(Settings):
     """The training questions."""
 
-    train_data: str = Field(
+    train_data: Annotated[str, READS] = Field(
         "../shared/data/math/train.jsonl",
         description="questions to sample from: a MATH/GSM8K "
         "file, a dataset id, or arithmetic:N:DIGITS (the generated task)",
@@ -97,7 +108,7 @@ class TrainData(Settings):
 class TrainProblems(TrainData):
     """The questions a run samples from, and their difficulty."""
 
-    difficulty_table: str | None = Field(
+    difficulty_table: Annotated[str | None, READS] = Field(
         None, description="pass rates of the questions (python -m flows.difficulty), for question_sampling"
     )
 
@@ -105,7 +116,7 @@ class TrainProblems(TrainData):
 class Validation(Settings):
     """Where and how much a run validates: a fixed random subset during training, more at the end."""
 
-    validation_data: str = Field(
+    validation_data: Annotated[str, READS] = Field(
         "../shared/data/math/validation.jsonl",
         description="validation problems: a MATH/GSM8K file, a dataset id, or arithmetic:N:DIGITS",
     )
@@ -116,7 +127,9 @@ class Validation(Settings):
 
 
 class Prompt(Settings):
-    prompt: str = Field("r1_zero", description=f"prompt template: {' or '.join(builtin_prompt_names())}, or a file")
+    prompt: Annotated[str, READS] = Field(
+        "r1_zero", description=f"prompt template: {' or '.join(builtin_prompt_names())}, or a file"
+    )
 
 
 class PromptSettings(Prompt):
@@ -168,7 +181,7 @@ class Generation(Settings):
     n: int = Field(ENGINE_SAMPLING.n, ge=1, description="samples per problem")
     top_p: float = Field(ENGINE_SAMPLING.top_p, gt=0, le=1, description="nucleus sampling")
     stop: list[str] | None = Field(None, description="stop strings, kept in the response (None: the prompt's)")
-    seed: int | None = Field(0, description="sampling seed")
+    seed: int | None = Field(0, ge=0, le=MAX_SEED, description="sampling seed (None: unseeded)")
 
     def sampling_for(self, template: PromptTemplate) -> SamplingSettings:
         """The engine's sampling: these settings, ``n`` samples a prompt, the template's stop strings unless
@@ -185,7 +198,7 @@ class RolloutGeneration(Generation):
 
 def _a_metrics_file(value: str | None) -> str | None:
     if value:
-        check_output_file(value, "metrics_path", metrics=True)
+        check_output_file(value, "metrics_path")
     return value
 
 
@@ -193,6 +206,19 @@ def _a_store(value: str) -> str:
     database = sqlite_database(value)
     if database is not None and database.is_file() and git_tracked(database):
         raise ValueError(f"tracking_uri {value}: {database} is a file git tracks, not an MLflow store")
+    if database is not None and not database.exists():  # a new store: made where outputs may go
+        check_place(database.parent, "tracking_uri", shown=database)
+    return value
+
+
+def _a_name(value: str) -> str:
+    """An experiment's name is a name: MLflow keeps the experiment's files in ``mlruns/<name>``, and a name that is
+    a path (``/usr``, ``../../elsewhere``) put them there."""
+    if not value.strip() or value in (".", "..") or any(c in value for c in "/\\") or not value.isprintable():
+        raise ValueError(
+            "an experiment's name, not a path: no '/', '\\' or control characters, and not '.' or '..' "
+            "(its runs' files go in mlruns/<name>)"
+        )
     return value
 
 
@@ -203,7 +229,9 @@ OutputFolder = Annotated[str, Field(description="where the run's files go", json
 MetricsPath = Annotated[
     str | None, Field(description="the DVC metrics file (None: none)"), AfterValidator(_a_metrics_file)
 ]
-ExperimentName = Annotated[str, Field(description="MLflow experiment of the run")]
+ExperimentName = Annotated[
+    str, Field(description="MLflow experiment of the run (a name, not a path)"), AfterValidator(_a_name)
+]
 TrackingUri = Annotated[str, Field(description="MLflow tracking store"), AfterValidator(_a_store)]
 LogToMLflow = Annotated[StrictBool, Field(description="log the result as a run in MLflow")]
 
@@ -279,7 +307,9 @@ class BaselineEvalParams(Settings):
     grading: PromptSettings = group(PromptSettings, "the prompt template and the grader")
     outputs: BaselineEvalOutputs = group(BaselineEvalOutputs, "where the run's files, metrics and MLflow runs go")
 
-    data: str = Field("../shared/data/math/validation.jsonl", description="jsonl path or hub dataset id")
+    data: Annotated[str, READS] = Field(
+        "../shared/data/math/validation.jsonl", description="jsonl path or hub dataset id"
+    )
     data_format: DataFormat = Field("math", description="record format of the data")
     extra_sets: dict[str, str] = Field(
         {},
@@ -290,9 +320,15 @@ class BaselineEvalParams(Settings):
     @field_validator("extra_sets")
     @classmethod
     def _set_names(cls, sets: dict[str, str]) -> dict[str, str]:
+        taken = (*EVALUATION_FILES, RUN_FILE)
         for name in sets:
             if not name or not all(c.isalnum() or c in "_-." for c in name) or name.startswith("."):
                 raise ValueError(f"extra set name {name!r}: use letters, digits, '_', '-' or '.' (a folder name)")
+            if name in taken:
+                raise ValueError(
+                    f"extra set name {name!r}: the name of a file the evaluation writes beside the sets' folders "
+                    f"({', '.join(taken)}); give the set another name"
+                )
         return sets
 
 
@@ -347,7 +383,7 @@ class DistillParams(Settings):
         "openai", description="openai: a /v1/completions server; engine: make_engine"
     )
     api_key_env: str | None = Field(None, description="name of the environment variable holding the API key")
-    problems: str = Field("../shared/data/math/train.jsonl", description="MATH problems to distill")
+    problems: Annotated[str, READS] = Field("../shared/data/math/train.jsonl", description="MATH problems to distill")
 
 
 class SFTExperimentOutputs(Outputs):
@@ -367,11 +403,11 @@ class SFTExperimentParams(Settings):
     grading: PromptSettings = group(PromptSettings, "the prompt template and the grader")
     outputs: SFTExperimentOutputs = group(SFTExperimentOutputs, "where the run's files, metrics and MLflow runs go")
 
-    train_data: str = Field(
+    train_data: Annotated[str, READS] = Field(
         "data/sft/math_solutions.jsonl",
         description="SFT traces (prompt, response, ground_truth), or arithmetic:N:DIGITS (generated r1_zero traces)",
     )
-    filtered_data: str | None = Field(
+    filtered_data: Annotated[str | None, READS] = Field(
         "data/sft/teacher_filtered.jsonl", description="filtered traces, trained as one more setting"
     )
     sizes: list[Annotated[int, Field(gt=0)] | Literal["full"]] = Field(
@@ -527,7 +563,7 @@ class LeaderboardParams(GRPORunParams):
         "a number only for smoke runs, which are then not official",
     )
     final_eval_reserve_s: float = Field(900.0, ge=0, description="minimum seconds kept for the final evaluation")
-    sft_data: str | None = Field(
+    sft_data: Annotated[str | None, READS] = Field(
         None,
         description="traces for an SFT phase first: a prompt/response/ground_truth file, "
         "or arithmetic:N:DIGITS[:columns] (generated r1_zero traces)",

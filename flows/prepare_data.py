@@ -20,7 +20,6 @@ temporary Prefect server (20 s) that a flow run would start.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -29,11 +28,12 @@ from typing import Any
 
 import yaml
 from prefect import flow
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from a5core.data.files import LOADERS, DataError, write_text_atomic
-from flows.cli import cli_main, profile_name, read_config, section_settings
+from a5core.data.files import LOADERS, DataError
+from flows.cli import argument_parser, cli_main, profile_name, read_config, section_settings
 from tasks.flow_summary import publish
+from tasks.outputs import check_output_file, write_output_file
 from tasks.prefect_server import check_prefect_api
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
@@ -128,6 +128,12 @@ class PrepareDataParams(BaseModel):
     dvc_file: str = Field("dvc.yaml", description="its stages' outs are files the pipeline makes")
     out: str = Field("data/prepared/manifest.json", description="the manifest written")
 
+    @field_validator("out")
+    @classmethod
+    def _an_output_file(cls, value: str) -> str:
+        check_output_file(value, "out")
+        return value
+
 
 @flow(name="prepare_data")
 def prepare_data(params: PrepareDataParams = PrepareDataParams()) -> dict:
@@ -139,7 +145,7 @@ def prepare_data(params: PrepareDataParams = PrepareDataParams()) -> dict:
     check_data_files(files, params.config, profile)
     manifest = build_manifest(document.get("data") or {})
     manifest_files = {path: {"sha256": _sha256(path), "keys": keys} for path, keys in sorted(files.items())}
-    write_text_atomic(params.out, json.dumps({"datasets": manifest, "files": manifest_files}, indent=2) + "\n")
+    write_output_file(params.out, json.dumps({"datasets": manifest, "files": manifest_files}, indent=2) + "\n")
     publish(
         "prepare_data",
         "Data check",
@@ -151,7 +157,7 @@ def prepare_data(params: PrepareDataParams = PrepareDataParams()) -> dict:
 
 @cli_main("flows.prepare_data")
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--profile", default=None, help="the profile whose overrides apply (default: the file's)")
     parser.add_argument("--dvc-file", default="dvc.yaml", help="its stages' outs are files the pipeline makes")

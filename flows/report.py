@@ -18,13 +18,12 @@ Writes ``outputs/report/``: ``report.md`` (plots linked from ``figures/``), ``re
 plots and the baseline's case report embedded: one self-contained file; text from settings and files is
 escaped, and only http(s) and relative links become links), ``figures/*.png``, ``baseline_cases.md`` (the
 baseline's case report) and the marker ``.a5-report``. The folder is built beside the old one and swapped in,
-so a reader never sees half a report. Only a report folder is ever replaced: one holding the marker, or
-(written before the marker existed) nothing but report.md, report.html, baseline_cases.md and figures/*.png;
-any other non-empty ``--output-dir`` (``outputs/baseline_eval``, say) is refused and left untouched. A
-``--root`` that does not exist or holds no pipeline outputs (no ``metrics/`` and no ``outputs/<stage>/``) is
-an error, not a page of "not run". The report is logged as a run in MLflow experiment ``report`` (headline
-accuracies as metrics, the folder but its marker as artifacts; the run spans the report's making). DVC stage
-``report`` runs it after ``grpo``.
+so a reader never sees half a report. Only a report folder is ever replaced: one holding the marker; any
+other non-empty ``--output-dir`` (``outputs/baseline_eval``, a user's own report.md and figures) is refused and
+left untouched. A ``--root`` that does not exist or holds no pipeline outputs (no ``metrics/`` and no
+``outputs/<stage>/``) is an error, not a page of "not run". The report is logged as a run in MLflow experiment
+``report`` (headline accuracies as metrics, the folder but its marker as artifacts; the run spans the report's
+making). DVC stage ``report`` runs it after ``grpo``.
 
     python -m flows.report --config params.yaml
     python -m flows.report --root /path/to/another/checkout --output-dir /tmp/report --log-to-mlflow false
@@ -79,8 +78,6 @@ STAGE_SECTIONS = {
 }
 # The stage folders under outputs/ the report reads (with metrics/, what a root that ran the pipeline holds).
 STAGE_OUTPUTS = ("baseline_eval", "sft_experiment", "expert_iteration", "grpo", "leaderboard")
-# What a report folder holds besides the marker (and figures/*.png): a folder of nothing else is a report too.
-REPORT_FILES = ("report.md", "report.html", "baseline_cases.md")
 
 
 class ReportParams(Settings):
@@ -276,10 +273,15 @@ def to_html(title: str, page: Page, figures_dir: Path) -> str:
 
 
 def _read_json(path: Path) -> Any:
-    """The file's JSON, or None when it is absent or empty."""
+    """The file's JSON, or None when it is absent or empty; ValueError naming a file that is not JSON (or nests
+    too deeply to read: no stage writes such a file)."""
     if not path.is_file() or not path.read_text().strip():
         return None
-    return json.loads(path.read_text())
+    try:
+        return json.loads(path.read_text())
+    except (ValueError, RecursionError) as error:
+        detail = "nested too deeply" if isinstance(error, RecursionError) else error
+        raise ValueError(f"{path}: not the JSON a stage writes ({detail}); run that stage again") from None
 
 
 def _first_json(*paths: Path) -> Any:
@@ -760,23 +762,10 @@ def check_root(root: Path) -> None:
         )
 
 
-def _foreign_entries(folder: Path) -> list[str]:
-    """What in ``folder`` a report does not write: empty for a report folder (it holds the marker, or
-    nothing but report.md, report.html, baseline_cases.md and figures/*.png) and for an empty folder."""
-    if (folder / REPORT_MARKER).is_file():
-        return []
-    foreign = []
-    for entry in sorted(folder.iterdir()):
-        if entry.name == "figures" and entry.is_dir() and not entry.is_symlink():
-            foreign += [f"figures/{f.name}" for f in sorted(entry.iterdir()) if f.suffix != ".png" or not f.is_file()]
-        elif entry.name not in REPORT_FILES or not entry.is_file():
-            foreign.append(entry.name + ("/" if entry.is_dir() else ""))
-    return foreign
-
-
 def check_replaceable(out: Path) -> None:
-    """Refuse an ``out`` that exists and is not a report folder (a file, or a folder holding anything a
-    report does not write, such as ``outputs/baseline_eval``): replacing it would delete it."""
+    """Refuse an ``out`` that exists and is not a report folder (a file, or a folder that is neither empty nor
+    marked as a report's, such as ``outputs/baseline_eval`` or a user's own report.md and figures): replacing it
+    would delete it."""
     if not out.exists() and not out.is_symlink():
         return
     if not out.is_dir():
@@ -784,9 +773,9 @@ def check_replaceable(out: Path) -> None:
             f"--output-dir {out} exists and is not a report folder (a file); not replacing it: "
             "remove it or pick another --output-dir"
         )
-    foreign = _foreign_entries(out)
-    if foreign:
-        listed = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+    held = sorted(entry.name for entry in out.iterdir())
+    if held and REPORT_MARKER not in held:
+        listed = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
         raise ValueError(
             f"--output-dir {out} exists and is not a report folder (no {REPORT_MARKER}; it holds "
             f"{listed}); not replacing it: remove it or pick another --output-dir"

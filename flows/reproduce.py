@@ -26,7 +26,6 @@ is named) or a metric differs beyond its noise.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import math
@@ -41,8 +40,8 @@ from prefect import Flow, flow
 from prefect.settings import PREFECT_TASKS_REFRESH_CACHE, temporary_settings
 from pydantic import BaseModel, Field, StrictBool, ValidationError
 
-from a5core.runtime.settings import Settings
-from flows.cli import cli_main, run_flow
+from a5core.runtime.settings import Settings, describe
+from flows.cli import argument_parser, cli_main, run_flow
 from flows.params import TrackingUri
 from tasks.outputs import OUTPUT_MARKER
 from tasks.provenance import ARTIFACT, differences, read_record
@@ -149,6 +148,8 @@ def checked_record(client: Any, run_id: str, tracking_uri: str) -> dict[str, Any
         record = read_record(client, run_id, tracking_uri)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"{damaged} (not a JSON document: {error}); it cannot be re-run from it") from None
+    except RecursionError:
+        raise ValueError(f"{damaged} (JSON nested too deeply to read); it cannot be re-run from it") from None
     try:
         Record.model_validate(record)
     except ValidationError as error:
@@ -158,43 +159,89 @@ def checked_record(client: Any, run_id: str, tracking_uri: str) -> dict[str, Any
     return record
 
 
+# The flows whose runs hold a provenance record (tasks.provenance.log_provenance), by flow name, and the GRPO
+# ablations' (flows.ablations.ABLATIONS): the only flows a record may re-run. Any other (this one, compare, report,
+# the data flows) makes no run a record could name.
+RECORDING_FLOWS = ("baseline_eval", "difficulty", "sft_experiment", "expert_iteration", "grpo", "leaderboard")
+# The sub-flow a sweep's children ran in on Ray (flows.fanout), which records once named: it runs no child alone.
+FAN_OUT = "flows.fanout:fan_out"
+
+
 def project_flows() -> dict[str, Any]:
-    """This project's own flows, by the entrypoint a record names them with (``flows.grpo:grpo_flow``): the
-    allow-list of what a record may run."""
+    """This project's flows whose runs hold records (:data:`RECORDING_FLOWS` and the GRPO ablations), by the
+    entrypoint a record names them with (``flows.grpo:grpo_flow``): the allow-list of what a record may run."""
+    from flows.ablations import ABLATIONS
     from flows.serve import discover_flows
 
-    return {f"{f.fn.__module__}:{f.fn.__name__}": f for f in discover_flows().values()}
+    return {
+        f"{f.fn.__module__}:{f.fn.__name__}": f
+        for name, f in discover_flows().items()
+        if name in RECORDING_FLOWS or name in ABLATIONS
+    }
 
 
-def flow_of(record: dict[str, Any]) -> tuple[Any, type]:
-    """The Prefect flow a record names, one of this project's own (:func:`project_flows`), and its parameter
-    model; ValueError, before anything the record names is imported, when it names no flow of the project. A
-    record naming ``__main__:<function>`` is resolved to the one flow module here with that flow
-    (:func:`main_module`)."""
+def parameter_model(flow: Any) -> type:
+    (parameter,) = flow.parameters.properties  # a flow takes one pydantic parameter model
+    return typing.get_type_hints(flow.fn)[parameter]
+
+
+def child_flow(record: dict[str, Any]) -> Any:
+    """The flow that runs one child of a sweep recorded with ``record``: the recording flow of the record's
+    parameter model that is no ablation (GRPOParams: ``grpo``, one run; EIParams: ``expert_iteration``);
+    ValueError saying why when there is none."""
+    from flows.ablations import ABLATIONS
+
+    wanted = record.get("params_model")
+    found = [
+        f
+        for f in project_flows().values()
+        if f.name not in ABLATIONS and f"{parameter_model(f).__module__}.{parameter_model(f).__qualname__}" == wanted
+    ]
+    if len(found) != 1:
+        raise ValueError(
+            "the run is a child of a sweep run on Ray, and its record names no parameter model of a flow here "
+            f"({str(wanted)[:200]!r}): which flow ran it cannot be told, so it cannot be re-run from its record"
+        )
+    return found[0]
+
+
+def flow_of(record: dict[str, Any], child: bool) -> tuple[Any, type]:
+    """The Prefect flow to re-run a record with, one of this project's that record their runs
+    (:func:`project_flows`), and its parameter model; ValueError, before anything the record names is imported,
+    when it names no such flow. A record naming ``__main__:<function>`` is resolved to the one flow module here
+    with that flow (:func:`main_module`). A ``child`` run (of a sweep or an ablation, its settings those of one
+    run) is re-run alone, with the flow of one child (:func:`child_flow`), whichever flow fanned it out."""
     entrypoint = record["flow"].get("entrypoint")
     if not entrypoint:
         raise ValueError("the run's provenance names no flow (it ran outside a Prefect flow run): nothing to re-run")
     module, _, name = entrypoint.partition(":")
     if module == "__main__":
         module = main_module(entrypoint, record["flow"].get("name"))
-    allowed = project_flows()
-    found = allowed.get(f"{module}:{name}")
-    if found is None:
+    found = project_flows().get(f"{module}:{name}")
+    if found is None and entrypoint != FAN_OUT:
         raise ValueError(
-            f"the run's record names flow {entrypoint[:200]!r}, which is not one of this project's flows; a record "
-            "is re-run only with one of them (such as flows.grpo:grpo_flow), never with other code"
+            f"the run's record names flow {entrypoint[:200]!r}, which is not one of this project's flows that "
+            "record their runs; a record is re-run only with one of them (such as flows.grpo:grpo_flow), never with "
+            "other code"
         )
-    (parameter,) = found.parameters.properties  # a flow takes one pydantic parameter model
-    return found, typing.get_type_hints(found.fn)[parameter]
+    if child or found is None:
+        found = child_flow(record)
+    return found, parameter_model(found)
+
+
+# Where a run connected: never taken from a record (a re-run's store is --into or the one read; a Ray cluster's
+# address, the local instance's default).
+CONNECTIONS = ("tracking_uri", "ray_address")
 
 
 def replay_params(record: dict[str, Any], model: type, params: ReproduceParams) -> Any:
-    """The recorded settings as ``model``: outputs in a new folder (``params.output_dir``, else one inside the
-    run's recorded output folder: :func:`recorded_output_dir`) with any output file in it, no DVC metrics file,
-    and MLflow runs into ``params.into``, else the store the record was read from (not the store the record
-    names, which is where the run was made: another machine's, for an archived run)."""
+    """The recorded settings as ``model`` (the run's own settings only; none of :data:`CONNECTIONS`): outputs in
+    a new folder (``params.output_dir``, else one inside the run's recorded output folder:
+    :func:`recorded_output_dir`) with any output file in it, no DVC metrics file, and MLflow runs into
+    ``params.into``, else the store the record was read from (not the store the record names, which is where the
+    run was made: another machine's, for an archived run)."""
     known = model.flat_fields()
-    settings = {k: v for k, v in record["settings"].items() if k in known}
+    settings = {k: v for k, v in record["settings"].items() if k in known and k not in CONNECTIONS}
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
     folder = params.output_dir or str(recorded_output_dir(settings) / f"reproduce-{params.run_id[:8]}-{stamp}")
     settings["output_dir"] = folder
@@ -205,8 +252,10 @@ def replay_params(record: dict[str, Any], model: type, params: ReproduceParams) 
     settings["tracking_uri"] = params.into or params.tracking_uri
     try:
         return model.model_validate(settings)
-    except ValueError as error:
-        raise ValueError(f"the run's recorded settings are not valid settings of the flow now: {error}") from None
+    except ValidationError as error:
+        raise ValueError(
+            f"the run's recorded settings are not valid settings of the flow now: {describe(error)}"
+        ) from None
 
 
 def recorded_output_dir(settings: dict[str, Any]) -> Path:
@@ -279,24 +328,25 @@ def reproduce(params: ReproduceParams) -> dict:
     new MLflow run tagged ``reproduces``, and compare the metrics."""
     client = store_client(params.tracking_uri)
     record = checked_record(client, params.run_id, params.tracking_uri)
-    target, model = flow_of(record)
-    found = differences(record, model)
+    original = client.get_run(params.run_id)
+    child = "mlflow.parentRunId" in original.data.tags
+    target, model = flow_of(record, child)
+    replay = replay_params(record, model, params)
+    found = differences(record, replay)
     if found and not params.allow_differences:
         raise DifferencesError(
             f"run {params.run_id} was made under other conditions than these; not re-running it "
             "(--allow-differences re-runs it anyway):\n  " + "\n  ".join(found)
         )
-    replay = replay_params(record, model, params)
     with temporary_settings({PREFECT_TASKS_REFRESH_CACHE: True}):  # computed again, not read from a cache
         result = target(replay)
-    original = client.get_run(params.run_id)
     new_client = store_client(replay.tracking_uri)
     new_top = new_client.get_run(result["mlflow_run_id"])
-    if "mlflow.parentRunId" in original.data.tags:  # a child run: match it among the new flow's runs
-        originals = {original.info.run_name: original}
-    else:
-        originals = run_tree(client, original)
     news = run_tree(new_client, new_top)
+    originals = {original.info.run_name: original} if child else run_tree(client, original)
+    alone = [name for name, run in news.items() if run is not new_top]
+    if child and original.info.run_name not in news and len(alone) == 1:  # re-run alone: its flow names it anew
+        news = {original.info.run_name: news[alone[0]]}
     rows, pairs = [], {}
     for name, run in originals.items():
         if name in news:
@@ -330,7 +380,7 @@ def show(result: dict) -> None:
 
 @cli_main("flows.reproduce")
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     parser.add_argument("--run-id", required=True, help=ReproduceParams.model_fields["run_id"].description)
     parser.add_argument("--tracking-uri", default=ReproduceParams.model_fields["tracking_uri"].default)
     parser.add_argument(

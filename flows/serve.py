@@ -25,8 +25,6 @@ import typing
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 TAG = "a5"
 DEFAULT_API_URL = "http://127.0.0.1:4200/api"
 NOT_FLOW_MODULES = {"cli", "serve"}
@@ -85,17 +83,17 @@ def params_model(flow: Any) -> tuple[str, type]:
 
 def config_defaults(flow: Any, config: Path) -> dict[str, Any]:
     """Deployment parameters from ``config``'s section for this flow and its selected profile's overrides,
-    as ``--config`` reads them on the command line (ablations read ``grpo``; no section: the model's defaults)."""
-    from flows.cli import parse_params
+    as ``--config`` reads them on the command line (ablations read ``grpo``; no section: the model's defaults);
+    ConfigError naming the file and place for a file or a section that is not valid settings."""
+    from flows.cli import read_config, settings_from_file
 
     name, model = params_model(flow)
     if "config" in model.model_fields:  # a flow that reads the settings file itself (prepare_data, sft_data)
         return {name: {"config": str(config)}}
     section = "grpo" if flow.name.startswith("grpo_") else flow.name
-    document = yaml.safe_load(config.read_text()) or {}
-    if section not in document:
+    if section not in read_config(config):
         return {}
-    params = parse_params(model, section, ["--config", str(config)])
+    params = settings_from_file(model, section, config)
     if "ablation" in model.model_fields and flow.name != "grpo":
         params = params.replace(ablation=None)  # the flow itself is the ablation
     return {name: params.model_dump(mode="json")}
@@ -122,7 +120,9 @@ def deployments(config: Path | None = None) -> list[Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument(
         "--api-url",
         default=os.environ.get("PREFECT_API_URL") or DEFAULT_API_URL,
@@ -134,10 +134,21 @@ def main(argv: list[str] | None = None) -> None:
     if args.config is not None and not args.config.is_file():
         parser.error(f"--config {args.config}: no such file")
     os.environ["PREFECT_API_URL"] = args.api_url  # before prefect is imported: the runs' subprocesses inherit it
+    from flows.cli import cli_main
 
+    cli_main("flows.serve")(lambda _: _serve(args.config, args.limit))(argv)
+
+
+def _serve(config: Path | None, limit: int) -> None:
+    """Serve the deployments, once the Prefect API answers and every form's defaults are valid settings (one line
+    otherwise: :func:`flows.cli.cli_main`)."""
     from prefect import serve
 
-    serve(*deployments(args.config), limit=args.limit)
+    from tasks.prefect_server import check_prefect_api
+
+    served = deployments(config)
+    check_prefect_api(otherwise="pass --api-url the address of a running one")
+    serve(*served, limit=limit)
 
 
 if __name__ == "__main__":

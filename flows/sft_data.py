@@ -40,10 +40,10 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from prefect import flow
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from a5core.data.files import DataError, load_math, load_sft_traces, write_jsonl_atomic, write_text_atomic
 from a5core.data.prompts import load_prompt
@@ -58,11 +58,12 @@ from a5core.data.sft_data import (
 )
 from a5core.engines import make_engine
 from a5core.policy.model_specs import ModelResolutionError, resolve_model
-from flows.cli import ConfigError, cli_main, profile_name, read_config, section_settings
+from a5core.runtime.settings import READS, describe
+from flows.cli import argument_parser, cli_main, settings_from_file
 from flows.params import DistillParams, Prompt
 from tasks.engines import closing_engine
 from tasks.flow_summary import publish
-from tasks.outputs import check_output_dir, check_output_file
+from tasks.outputs import check_output_dir, check_output_file, note_written, write_output_file
 from tasks.prefect_server import check_prefect_api
 
 OUT_DIR = Path("data/sft")
@@ -80,8 +81,10 @@ class SftDataParams(Prompt):
 
     model_config = ConfigDict(extra="forbid")
 
-    math: str = Field("../shared/data/math/train.jsonl", description="MATH train problems with solutions")
-    traces: str = Field(
+    math: Annotated[str, READS] = Field(
+        "../shared/data/math/train.jsonl", description="MATH train problems with solutions"
+    )
+    traces: Annotated[str, READS] = Field(
         "../shared/data/sft/teacher_traces_sample.jsonl", description="prompt/response/ground_truth file"
     )
     reprompt_traces: bool = Field(True, description="re-render the trace file's prompts with `prompt`")
@@ -91,16 +94,7 @@ class SftDataParams(Prompt):
 
 def load_params(config: str | os.PathLike | None) -> SftDataParams:
     """``sft_data`` of a params file, with its selected profile's ``sft_data`` deep-merged on top."""
-    if config is None:
-        return SftDataParams()
-    document = read_config(config)
-    if "sft_data" not in document:
-        raise ConfigError(f"--config {config}: no `sft_data` section")
-    profile = profile_name(document, None, config)
-    try:
-        return SftDataParams(**section_settings(document, "sft_data", profile, config))
-    except ValidationError as e:
-        raise ConfigError(f"--config {config}: invalid `sft_data` (profile {profile!r}):\n{e}") from None
+    return SftDataParams() if config is None else settings_from_file(SftDataParams, "sft_data", config)
 
 
 def _records(traces) -> list[dict[str, str]]:
@@ -110,15 +104,21 @@ def _records(traces) -> list[dict[str, str]]:
 # ------------------------------------------------------------------------------------ subcommands
 
 
+def write_set(out: str | os.PathLike, traces: list) -> None:
+    """A trace set, written atomically and noted as a5's (the next run may replace it)."""
+    write_jsonl_atomic(out, _records(traces))
+    note_written(out)
+
+
 def write_math(params: SftDataParams, out: str | os.PathLike) -> dict[str, Any]:
     traces, skipped = math_solution_traces(load_math(params.math), load_prompt(params.prompt))
-    write_jsonl_atomic(out, _records(traces))
+    write_set(out, traces)
     return {"traces": len(traces), "skipped": skipped, "out": str(out)}
 
 
 def write_traces(params: SftDataParams, out: str | os.PathLike) -> dict[str, Any]:
     traces = import_traces(params.traces, load_prompt(params.prompt) if params.reprompt_traces else None)
-    write_jsonl_atomic(out, _records(traces))
+    write_set(out, traces)
     return {"traces": len(traces), "out": str(out)}
 
 
@@ -138,14 +138,14 @@ def write_distill(params: SftDataParams, out: str | os.PathLike, teacher: Any = 
     """Distil (or, disabled, write an empty file). ``teacher`` overrides the one params describe."""
     d = params.distill
     if not d.enabled:
-        write_jsonl_atomic(out, [])
+        write_set(out, [])
         return {"traces": 0, "enabled": False, "out": str(out)}
     problems = load_math(d.problems)[: d.limit]
     template = load_prompt(params.prompt)
     # A teacher made here is closed when done (a vLLM engine frees its GPU); one handed in stays open.
     with closing_engine(make_teacher(d)) if teacher is None else contextlib.nullcontext(teacher) as teacher:
         traces = distill(problems, template, teacher, d.n, d.sampling_for(template))
-    write_jsonl_atomic(out, _records(traces))
+    write_set(out, traces)
     return {"traces": len(traces), "enabled": True, "problems": len(problems), "out": str(out)}
 
 
@@ -181,7 +181,7 @@ def write_filtered(
     write_text_atomic(Path(out_dir) / SIZES, json.dumps(metrics, indent=2) + "\n")
     if metrics_path:
         traces = sum(m["filtered"] for m in metrics.values())
-        write_text_atomic(metrics_path, json.dumps({"traces": traces}, indent=2) + "\n")
+        write_output_file(metrics_path, json.dumps({"traces": traces}, indent=2) + "\n")
     return metrics
 
 
@@ -190,7 +190,7 @@ def write_filtered(
 
 def _set_arg(value: str) -> tuple[str, str]:
     name, sep, path = value.partition("=")
-    if not sep or not name.isidentifier() or not path:
+    if not sep or not path:
         raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {value!r}")
     return name, path
 
@@ -204,23 +204,56 @@ DEFAULT_OUTS = {
 
 
 class SftDataRun(BaseModel):
-    """One of the trace-set commands, as the Prefect flow ``sft_data`` (and its deployment's form) takes it."""
+    """One of the trace-set commands, as the Prefect flow ``sft_data`` (and its deployment's form) takes it. What
+    it writes is checked here (:mod:`tasks.outputs`), so the command line and a deployment refuse the same."""
 
     model_config = ConfigDict(extra="forbid")
 
     command: Command = Field(..., description="math | traces | distill: write a raw set; filter: the filtered sets")
     config: str | None = Field("params.yaml", description="params file with an `sft_data` section (None: defaults)")
     out: str | None = Field(None, description="math, traces, distill: the file written (default: data/sft/…)")
-    sets: dict[str, str] | None = Field(None, description="filter: raw sets to filter, name → file (default: all)")
+    sets: dict[str, str] | None = Field(
+        None,
+        description="filter: raw sets to filter, name → file (default: all); each writes out_dir/NAME_filtered.jsonl",
+    )
     out_dir: str = Field(str(OUT_DIR), description="filter: where the filtered sets go")
     metrics: str | None = Field(str(DEFAULT_METRICS), description="filter: the sizes' metrics file")
+
+    @field_validator("sets")
+    @classmethod
+    def _set_names(cls, sets: dict[str, str] | None) -> dict[str, str] | None:
+        for name in sets or {}:
+            if not name.isidentifier():  # it names a file in out_dir
+                raise ValueError(f"set name {name!r}: letters, digits and '_' (it names out_dir/NAME_filtered.jsonl)")
+        return sets
+
+    @model_validator(mode="after")
+    def _outputs_are_its_own(self) -> SftDataRun:
+        if self.command != "filter":
+            check_output_file(self.written(), "out")
+            return self
+        sets = {name: Path(path) for name, path in self.raw_sets().items()}
+        inputs = {path.name for path in sets.values() if path.parent.resolve() == Path(self.out_dir).resolve()}
+        written = {f"{name}_filtered.jsonl" for name in sets} | {SIZES} | {p.name for p in DEFAULT_SETS.values()}
+        check_output_dir(self.out_dir, "SFTData", "out_dir", ours=(inputs | written).__contains__)
+        if self.metrics:
+            check_output_file(self.metrics, "metrics")
+        return self
+
+    def written(self) -> str:
+        """The file a math, traces or distill command writes."""
+        return self.out or str(DEFAULT_OUTS[self.command])
+
+    def raw_sets(self) -> dict[str, str | os.PathLike]:
+        """The raw sets a filter command filters, by name."""
+        return dict(self.sets or DEFAULT_SETS)
 
 
 @flow(name="sft_data")
 def sft_data(params: SftDataRun) -> dict[str, Any]:
     """Run one trace-set command; returns its result and the lines that tell what it wrote."""
     settings = load_params(params.config)
-    out = params.out or str(DEFAULT_OUTS.get(params.command, ""))
+    out = "" if params.command == "filter" else params.written()
     if params.command == "math":
         result = write_math(settings, out)
         rows = [{"set": "math_solutions", "traces": result["traces"], "skipped": len(result["skipped"]), "out": out}]
@@ -241,7 +274,7 @@ def sft_data(params: SftDataRun) -> dict[str, Any]:
             else f"distilled: disabled (sft_data.distill.enabled: false) → empty {out}"
         ]
     else:
-        result = write_filtered(dict(params.sets or DEFAULT_SETS), params.out_dir, params.metrics, settings.dedup)
+        result = write_filtered(params.raw_sets(), params.out_dir, params.metrics, settings.dedup)
         rows = [{"set": name, **m} for name, m in result.items()]
         lines = [
             f"{name:16} raw {m['raw']:>6}  duplicates {m['duplicates']:>4}  filtered {m['filtered']:>6}  kept "
@@ -254,17 +287,19 @@ def sft_data(params: SftDataRun) -> dict[str, Any]:
 
 @cli_main("flows.sft_data")
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     for name, what in (
         ("math", "MATH solutions as traces"),
         ("traces", "import a trace file"),
         ("distill", "sample traces from a teacher"),
     ):
-        sub = commands.add_parser(name, help=what)
+        sub = commands.add_parser(name, help=what, allow_abbrev=False)
         sub.add_argument("--config", help="params file with an `sft_data` section (default: built-in defaults)")
         sub.add_argument("--out", default=str(DEFAULT_OUTS[name]))
-    sub = commands.add_parser("filter", help="dedup + keep correct traces; sizes to the metrics file")
+    sub = commands.add_parser(
+        "filter", help="dedup + keep correct traces; sizes to the metrics file", allow_abbrev=False
+    )
     sub.add_argument("--config")
     sub.add_argument(
         "--set",
@@ -279,28 +314,22 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     start = time.monotonic()
-    run = SftDataRun(
-        command=args.command,
-        config=args.config,
-        out=getattr(args, "out", None),
-        sets=dict(args.sets) if getattr(args, "sets", None) else None,
-        out_dir=getattr(args, "out_dir", str(OUT_DIR)),
-        metrics=getattr(args, "metrics", str(DEFAULT_METRICS)),
-    )
     # A Prefect flow run where a server is running (PREFECT_API_URL), else plain: dvc repro runs these
     # commands four times, and each flow run would start a temporary Prefect server (20 s).
     try:
-        if args.command == "filter":
-            sets = {name: Path(path) for name, path in (run.sets or DEFAULT_SETS).items()}
-            inputs = {path.name for path in sets.values() if path.parent.resolve() == Path(args.out_dir).resolve()}
-            written = {f"{name}_filtered.jsonl" for name in sets} | {p.name for p in DEFAULT_SETS.values()}
-            check_output_dir(args.out_dir, "SFTData", "--out-dir", ours=(inputs | written).__contains__)
-            check_output_file(args.metrics, "--metrics", metrics=True)
-        else:
-            check_output_file(args.out, "--out")
+        run = SftDataRun(
+            command=args.command,
+            config=args.config,
+            out=getattr(args, "out", None),
+            sets=dict(args.sets) if getattr(args, "sets", None) else None,
+            out_dir=getattr(args, "out_dir", str(OUT_DIR)),
+            metrics=getattr(args, "metrics", str(DEFAULT_METRICS)),
+        )
         if os.environ.get("PREFECT_API_URL"):
             check_prefect_api()
         done = (sft_data if os.environ.get("PREFECT_API_URL") else sft_data.fn)(run)
+    except ValidationError as e:
+        sys.exit(f"sft_data {args.command}: {describe(e)}")
     except (ValueError, TeacherError, ModelResolutionError, FileNotFoundError) as e:  # DataError: a ValueError
         sys.exit(f"sft_data {args.command}: {e}")
     print("\n".join(done["lines"]))

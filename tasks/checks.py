@@ -22,6 +22,7 @@ from a5core.data.prompts import load_prompt
 from a5core.loops.question_sampling import load_pass_rates
 from a5core.policy.model_specs import check_context, resolve_model
 from tasks.engines import parse_engine_devices
+from tasks.fanout import check_ray_address
 from tasks.outputs import claim_outputs
 from tasks.tracking import check_store
 
@@ -56,7 +57,8 @@ def check_placement(params: Any) -> None:
     """Refuse what cannot run under torchrun's ranks (read from the environment, before the process
     group exists): Ray children (each would be a training job of its own), engines on Ray with an
     ``engine_device``, and an ``engine_device`` list that does not give each rank one device. And a
-    pipelined GRPO run (``pipeline_depth`` 1) without an engine in a process of its own."""
+    pipelined GRPO run (``pipeline_depth`` 1) without an engine in a process of its own. And a Ray cluster's
+    address that takes no connection (:func:`tasks.fanout.check_ray_address`)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     fans_out = getattr(params, "ablation", None) is not None or getattr(params, "sweep", False)
     if fans_out and params.runner == "ray" and (world > 1 or getattr(params, "engine_device", None) is not None):
@@ -64,6 +66,8 @@ def check_placement(params: Any) -> None:
             "runner ray: the children run on Ray workers, each with an engine of its own; it does not "
             "combine with torchrun or engine_device (use runner local)"
         )
+    if fans_out and params.runner == "ray":
+        check_ray_address(params.ray_address)
     if getattr(params, "pipeline_depth", 0) and params.engine_device is None:
         raise ValueError(
             "pipeline_depth 1 generates the next step's rollouts while this one trains: give the engine a "

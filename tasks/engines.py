@@ -13,8 +13,10 @@ several ranks every rank gets its own engine, with a full copy of the model.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
+import pickle
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -35,19 +37,21 @@ class EngineStartError(RuntimeError):
     """The rollout engine could not be started (after the retries)."""
 
 
-# Errors a retry cannot mend: a bad setting, a missing or unreadable file, a missing package. Anything
-# else (GPU memory still held by a process that is ending, a busy port, a slow filesystem) is retried.
+# Errors a retry cannot mend: a bad setting, a damaged file, a missing package, weights that need code to load
+# (torch refuses such a pickle); and an OSError but those of TRANSIENT_ERRNOS (a missing or unreadable file).
+# Anything else (GPU memory still held by a process that is ending, a busy port, a slow filesystem) is retried.
 DETERMINISTIC_ERRORS: tuple[type[BaseException], ...] = (
     SafetensorError,  # a weights file damaged
+    pickle.UnpicklingError,
     ValueError,
     TypeError,
     LookupError,
     ImportError,
-    FileNotFoundError,
-    NotADirectoryError,
-    IsADirectoryError,
-    PermissionError,
 )
+# The OSErrors a retry may mend: a busy port or device, a resource short for now, a connection or a wait that
+# failed. Any other OSError (a missing file; a library's "no file named model.safetensors", errno None) is the
+# same next time.
+TRANSIENT_ERRNOS = {errno.EADDRINUSE, errno.EBUSY, errno.EAGAIN, errno.ENOMEM, errno.EINTR, errno.ETIMEDOUT}
 
 # vLLM's ValueErrors when the GPU's free memory changed while it started: another process allocating during its
 # memory profiling (two engines started at once on one GPU: one of them finds no memory for its cache), or one
@@ -57,12 +61,15 @@ MEMORY_RACES = ("No available memory for the cache blocks", "is less than desire
 
 def retry_unless_deterministic(task: Any, task_run: Any, state: Any) -> bool:
     """Prefect's ``retry_condition_fn``: retry a failed engine start or generation unless its cause is one
-    of :data:`DETERMINISTIC_ERRORS` (a bad dtype or model path failed 6 engine starts, 71–92 s, before) other
-    than vLLM's :data:`MEMORY_RACES`."""
+    of :data:`DETERMINISTIC_ERRORS` other than vLLM's :data:`MEMORY_RACES`, or an OSError not of
+    :data:`TRANSIENT_ERRNOS` (a bad dtype, a model path, weights torch refuses to unpickle: each failed 6 engine
+    starts, 71–121 s, when retried)."""
     error = state.result(raise_on_failure=False)
     cause = error.__cause__ if isinstance(error, EngineStartError) and error.__cause__ is not None else error
     if isinstance(cause, ValueError) and any(race in str(cause) for race in MEMORY_RACES):
         return True
+    if isinstance(cause, OSError) and not isinstance(cause, (ConnectionError, TimeoutError)):
+        return cause.errno in TRANSIENT_ERRNOS
     return not isinstance(cause, DETERMINISTIC_ERRORS)
 
 

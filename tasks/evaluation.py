@@ -30,6 +30,7 @@ from a5core.policy.model_specs import resolve_model
 from a5core.runtime import distributed
 from tasks.engines import closing_engine, retry_unless_deterministic, start_engine
 from tasks.fingerprints import model_fingerprint
+from tasks.outputs import write_output_file
 from tasks.tracking import tracking_rank
 
 # Cached results stay with the folder a flow runs in (beside outputs/ and mlflow.db), not in Prefect's
@@ -82,6 +83,11 @@ def grade(
     return grade_completions(problems, prompts, completions, REWARD_FNS[reward_fn])
 
 
+# What an evaluation writes at the top of its output folder (and of its MLflow run's artifacts), beside the run's
+# record (tasks.flow_summary.RUN_FILE): no extra set's folder may take one of these names.
+EVALUATION_FILES = ("records.jsonl", "summary.json", "report.md", "generations.json")
+
+
 @task
 def write_outputs(records: list[dict[str, Any]], output_dir: str, metrics_path: str | None) -> dict[str, Any]:
     """Write records.jsonl, summary.json, report.md (and the DVC metrics file: the headline accuracy, its
@@ -95,7 +101,7 @@ def write_outputs(records: list[dict[str, Any]], output_dir: str, metrics_path: 
     }
     if metrics_path:
         headline = {key: summary[key] for key in ("accuracy", "accuracy_se", "format_rate")}
-        paths["metrics"] = write_text_atomic(metrics_path, json.dumps(headline, indent=2) + "\n")
+        paths["metrics"] = write_output_file(metrics_path, json.dumps(headline, indent=2) + "\n")
     return {"summary": summary, "paths": {k: str(v) for k, v in paths.items()}}
 
 

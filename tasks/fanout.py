@@ -1,10 +1,12 @@
-"""The task a sweep's child runs as on a Ray worker, and the switch that keeps a local Ray instance on
-127.0.0.1 (:func:`loopback_only`). The sub-flow that fans children out is :mod:`flows.fanout`."""
+"""The task a sweep's child runs as on a Ray worker, the switch that keeps a local Ray instance on 127.0.0.1
+(:func:`loopback_only`) and the check that a cluster's address answers (:func:`check_ray_address`). The sub-flow
+that fans children out is :mod:`flows.fanout`."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -46,6 +48,29 @@ def loopback_only() -> Iterator[None]:
             os.environ.pop(RAY_SINGLE_MACHINE_ENV, None)
         else:
             os.environ[RAY_SINGLE_MACHINE_ENV] = saved_env
+
+
+RAY_DEADLINE_S = 10  # a Ray cluster named by ray_address must take a connection within it
+
+
+def check_ray_address(address: str | None) -> None:
+    """ValueError naming ``address`` (``ray://host:port``, or a cluster's ``host:port``) unless it takes a connection
+    within :data:`RAY_DEADLINE_S` seconds: Ray's own client tried for 46 s and ended in a traceback. None (a local
+    instance) and Ray's ``auto`` (the cluster this machine is part of): nothing to check."""
+    if address is None or address in ("auto", "local"):
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_DEADLINE_S):
+            return
+    except ValueError:
+        reason = "no port: give ray://HOST:PORT"
+    except OSError as error:
+        reason = str(error) or type(error).__name__
+    raise ValueError(
+        f"ray_address {address}: no Ray cluster answers there within {RAY_DEADLINE_S} s ({reason}); start the "
+        "cluster, or leave ray_address unset to start a local Ray"
+    )
 
 
 @task(cache_policy=NO_CACHE)

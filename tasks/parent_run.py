@@ -4,7 +4,7 @@ them.
 
 :func:`parent_run` does, in this order:
 
-1. claims the output folder (:func:`tasks.outputs.claim_outputs`);
+1. claims the output folder and holds it (:func:`tasks.outputs.outputs_held`: no other flow writes there meanwhile);
 2. locks the parent's folder, ``output_dir/runs-<key>`` (:func:`tasks.run_lock.run_lock`: a second process
    with the same settings is refused), and starts its MLflow run or continues the one ``mlflow_run_id`` there
    names (a killed sweep resumes into the same run);
@@ -30,10 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from a5core.data.files import write_text_atomic
 from tasks.engines import closing_engine, engine_for
 from tasks.flow_summary import publish
-from tasks.outputs import claim_outputs
+from tasks.outputs import outputs_held, write_output_file
 from tasks.plots import log_comparison
 from tasks.run_lock import run_lock
 from tasks.runs import log_run_params, run_key
@@ -107,28 +106,28 @@ def parent_run(
     of one parent MLflow run named ``run_name``, then their comparison (see the module docstring). Returns the
     summary rows, the output paths, the parent's MLflow run id and the registered models; off the tracking
     rank, None for the first three."""
-    claim_outputs(params)
     folder = Path(params.output_dir) / f"runs-{run_key(params)}"
-    with (
-        run_lock(folder),
-        start_resumable_run(folder / "mlflow_run_id", params.experiment, run_name, params.tracking_uri) as parent,
-    ):
-        log_run_params(params)
-        rows = runner(children, run_child, params, parent.info.run_id)
-        if not tracking_rank():  # a torchrun rank other than 0 trained along; rank 0 reports
-            return {"summary": None, "paths": None, "mlflow_run_id": None}
-        summary, paths, models = _compare(params, rows, comparison)
-    publish(
-        comparison.published_as,
-        comparison.headline,
-        summary,
-        experiment=params.experiment,
-        tracking_uri=params.tracking_uri,
-        mlflow_run_id=parent.info.run_id,
-        output_dir=params.output_dir,
-        paths=paths,
-        models=models,
-    )
+    with outputs_held(params):
+        with (
+            run_lock(folder),
+            start_resumable_run(folder / "mlflow_run_id", params.experiment, run_name, params.tracking_uri) as parent,
+        ):
+            log_run_params(params)
+            rows = runner(children, run_child, params, parent.info.run_id)
+            if not tracking_rank():  # a torchrun rank other than 0 trained along; rank 0 reports
+                return {"summary": None, "paths": None, "mlflow_run_id": None}
+            summary, paths, models = _compare(params, rows, comparison)
+        publish(
+            comparison.published_as,
+            comparison.headline,
+            summary,
+            experiment=params.experiment,
+            tracking_uri=params.tracking_uri,
+            mlflow_run_id=parent.info.run_id,
+            output_dir=params.output_dir,
+            paths=paths,
+            models=models,
+        )
     return {"summary": summary, "paths": paths, "mlflow_run_id": parent.info.run_id, "models": models}
 
 
@@ -144,5 +143,5 @@ def _compare(params: Any, rows: list[Row], comparison: Comparison) -> tuple[list
     comparison.annotate(rows)
     if params.metrics_path:
         headline = headline_metrics(comparison.best(rows))
-        write_text_atomic(Path(params.metrics_path), json.dumps(headline, indent=2) + "\n")
+        write_output_file(params.metrics_path, json.dumps(headline, indent=2) + "\n")
     return summary, paths, models

@@ -25,22 +25,30 @@ WATCHER = Path(__file__).with_name("_orphan_watch.py")
 API_DEADLINE_S = 10  # a Prefect API named by PREFECT_API_URL must answer within it before a flow starts
 
 
-def check_prefect_api() -> None:
+def check_prefect_api(otherwise: str = "unset PREFECT_API_URL to run with a temporary one") -> None:
     """With a Prefect API configured (``PREFECT_API_URL``, in the environment or the Prefect profile): ValueError
     naming it unless it answers within :data:`API_DEADLINE_S` seconds (Prefect's client would retry, with
-    tracebacks). Without one (a temporary server starts): nothing."""
+    tracebacks) and answers as a Prefect API does (``/health``: ``true``; a server that asks for credentials is
+    left to Prefect's client); the message ends with what to do ``otherwise`` than start the server. Without one
+    (a temporary server starts): nothing."""
     from prefect.settings import PREFECT_API_URL
 
-    from tasks.tracking import unanswered
+    from tasks.tracking import CREDENTIALS_WANTED, http_get
 
     url = PREFECT_API_URL.value()
     if not url:
         return
-    reason = unanswered(url.rstrip("/") + "/health", API_DEADLINE_S)
-    if reason is not None:
+    reply = http_get(url.rstrip("/") + "/health", API_DEADLINE_S)
+    if isinstance(reply, str):
         raise ValueError(
-            f"Prefect API {url} (PREFECT_API_URL): no answer within {API_DEADLINE_S} s ({reason}); start the "
-            "server (prefect server start --host 127.0.0.1), or unset PREFECT_API_URL to run with a temporary one"
+            f"Prefect API {url} (PREFECT_API_URL): no answer within {API_DEADLINE_S} s ({reply}); start the "
+            f"server (prefect server start --host 127.0.0.1), or {otherwise}"
+        )
+    status, body = reply
+    if status not in CREDENTIALS_WANTED and (status, body.strip()) != (200, b"true"):
+        raise ValueError(
+            f"Prefect API {url} (PREFECT_API_URL): a server answers there, but not as a Prefect API does (GET "
+            f"/health: status {status}, {body.strip()[:40]!r}); check the address (it ends in /api), or {otherwise}"
         )
 
 

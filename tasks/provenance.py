@@ -8,11 +8,12 @@ called where a run logs its parameters):
 - ``settings``: every setting of the flow's parameter model as the run resolved it (defaults, ``params.yaml``
   and its profile, flags), ``explicit``: those given rather than defaulted, ``defaults``: each setting's
   default then, and ``seeds`` (the settings named ``*seed*``);
-- ``inputs``: each setting naming a file or folder that exists (data, prompt template, difficulty table, a
-  model folder) with its content hash: ``sha256:`` of a file's bytes, ``folder-sha256:`` over a folder's files
-  (:mod:`tasks.fingerprints`), a hub model by the revision the local cache holds; beside it ``dvc_md5`` where
-  ``dvc.lock`` lists that file (DVC's own hash of it when it was last committed). Checks compare the content
-  hash, which is the bytes there now;
+- ``inputs``: each setting that names what the run reads (:data:`a5core.runtime.settings.READS`: data, prompt
+  template, difficulty table, the model) and names a file that exists, or a model folder, with its content
+  hash: ``sha256:`` of a file's bytes, ``folder:`` over a model folder's files (:mod:`tasks.fingerprints`), a
+  hub model by the revision the local cache holds; beside it ``dvc_md5`` where ``dvc.lock`` lists that file
+  (DVC's own hash of it when it was last committed). Checks compare the content hash, which is the bytes there
+  now. No other setting is read as a path, and a folder is hashed only as a model's (it holds ``config.json``);
 - ``code``: the git commit, whether tracked files had uncommitted changes and the sha256 of that diff (logged as
   ``git_diff.patch`` when there is one);
 - ``versions`` (Python, the project, torch, transformers, vLLM and the others :func:`tasks.tracking.versions`
@@ -36,10 +37,11 @@ from typing import Any
 
 from pydantic_core import PydanticUndefined, to_jsonable_python
 
-from a5core.runtime.settings import Settings
-from tasks.fingerprints import file_digest, folder_digest, model_fingerprint
+from a5core.runtime.settings import Settings, read_settings
+from tasks.fingerprints import file_digest, model_fingerprint
 from tasks.tracking import (
     PROJECT_ROOT,
+    archive_top,
     device_name,
     git,
     importable_module,
@@ -88,24 +90,23 @@ def _dvc_md5s() -> dict[str, str]:
 
 
 def content_hash(setting: str, value: str) -> str | None:
-    """The content hash of what a setting's value names, or None when it names no file or folder here."""
+    """The content hash of what input setting ``setting`` names: a file's bytes; for the model, a model folder's
+    files (one holding ``config.json``: any other folder, ``/`` say, is no model and is not read) or a hub id's
+    revision. None when it names neither here."""
     path = Path(value).expanduser()
     if setting == "model":
-        return model_fingerprint(value)
-    if path.is_file():
-        return f"sha256:{file_digest(path)}"
-    if path.is_dir():
-        return f"folder-sha256:{folder_digest(path)}"
-    return None
+        return None if path.is_dir() and not (path / "config.json").is_file() else model_fingerprint(value)
+    return f"sha256:{file_digest(path)}" if path.is_file() else None
 
 
 def inputs(params: Settings) -> dict[str, dict[str, str]]:
-    """Each setting of ``params`` naming an existing file or folder (and the model): path and content hash,
-    and DVC's md5 where ``dvc.lock`` lists the file."""
+    """Each input setting of ``params`` (:func:`a5core.runtime.settings.read_settings`) naming an existing file
+    (or the model): path and content hash, and DVC's md5 where ``dvc.lock`` lists the file."""
     dvc = None
     found: dict[str, dict[str, str]] = {}
-    for setting, value in params.flat().items():
-        if not isinstance(value, str) or not value or setting in ("output_dir", "metrics_path"):
+    for setting in read_settings(type(params)):
+        value = getattr(params, setting)
+        if not isinstance(value, str) or not value:
             continue
         digest = content_hash(setting, value)
         if digest is None:
@@ -199,10 +200,13 @@ def read_record(client: Any, run_id: str, tracking_uri: str) -> dict[str, Any]:
         raise ValueError(f"no run {run_id!r} in {tracking_uri}") from None
     if sqlite_database(tracking_uri) is not None:  # a local store, perhaps unpacked from an archive elsewhere
         folder = moved_artifacts(tracking_uri, run.info.artifact_uri)
-        if folder is None:  # no artifact at all, or a moved store whose mlruns/ did not come with it
+        if folder is None:  # a moved or packed store whose run's files did not come with it
             raise ValueError(
-                f"{_no_record(run_id, tracking_uri)} (no artifact folder at {run.info.artifact_uri}, nor under the "
-                "database's folder or one above it: a store moved from elsewhere needs its mlruns/ beside or above it)"
+                f"run {run_id} in {tracking_uri} holds no {ARTIFACT} here: no file of the run is at "
+                f"{run.info.artifact_uri}, where it was made, nor in an mlruns/ folder under "
+                f"{archive_top(sqlite_database(tracking_uri))}. Either it logged none (a flow or a version of the "
+                "project that records nothing), or its store was moved or packed without the run's files: bring the "
+                "mlruns/ folder that holds them beside the store"
             )
         if not (folder / ARTIFACT).is_file():
             raise ValueError(_no_record(run_id, tracking_uri))
@@ -232,19 +236,22 @@ def code_differences(record: dict[str, Any]) -> list[str]:
     return found
 
 
-def input_differences(record: dict[str, Any]) -> list[str]:
-    """Each input whose contents differ from the run's, or that is missing; a relative path is read from the
+def input_differences(record: dict[str, Any], params: Settings) -> list[str]:
+    """Each input of ``params`` (the re-run's settings: :func:`inputs`, never a path the record names) whose
+    contents differ from what the record says the run read, or that is missing; a relative path is read from the
     working directory here, so one missing for another working directory says where the run ran."""
     found = []
     elsewhere = f" here; the run ran in {record['cwd']}" if record.get("cwd", os.getcwd()) != os.getcwd() else ""
+    now = inputs(params)
     for setting, entry in (record.get("inputs") or {}).items():
-        now = content_hash(setting, entry["path"])
-        if now is None:
-            found.append(f"data: {setting} {entry['path']}: missing{elsewhere} (the run read {_short(entry['hash'])})")
-        elif now != entry["hash"]:
+        value = getattr(params, setting, None) if setting in read_settings(type(params)) else None
+        if setting not in now:
+            shown = entry["path"] if value is None else value
+            found.append(f"data: {setting} {shown}: missing{elsewhere} (the run read {_short(entry['hash'])})")
+        elif now[setting]["hash"] != entry["hash"]:
             found.append(
-                f"data: {setting} {entry['path']}: its contents differ from the run's "
-                f"({_short(entry['hash'])} then, {_short(now)} now)"
+                f"data: {setting} {value}: its contents differ from the run's "
+                f"({_short(entry['hash'])} then, {_short(now[setting]['hash'])} now)"
             )
     return found
 
@@ -278,12 +285,13 @@ def environment_differences(record: dict[str, Any]) -> list[str]:
     return found
 
 
-def differences(record: dict[str, Any], model: type[Settings]) -> list[str]:
-    """Everything recorded that is not the same here: code, data, settings, versions and device."""
+def differences(record: dict[str, Any], params: Settings) -> list[str]:
+    """Everything recorded that is not the same here for a re-run with ``params``: code, data, settings, versions
+    and device."""
     return [
         *code_differences(record),
-        *input_differences(record),
-        *setting_differences(record, model),
+        *input_differences(record, params),
+        *setting_differences(record, type(params)),
         *environment_differences(record),
     ]
 

@@ -6,6 +6,9 @@ works there, and writes the holder's pid, host and command into the file. A seco
 once with :class:`RunInUseError` naming the folder and the holder. The kernel drops the lock when its holder
 dies, however it dies, so a lock is never stale: a pid left in the file by a killed run is overwritten by
 the next one. Under torchrun only the tracking rank locks (the ranks of one launch are one run).
+
+:func:`lock_file` is the lock itself, which an output folder's is too (:func:`tasks.outputs.outputs_held`: one
+flow at a time writes into a folder).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import contextlib
 import fcntl
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from tasks.tracking import tracking_rank
@@ -23,7 +26,7 @@ LOCK_FILE = "run.lock"
 
 
 class RunInUseError(ValueError):
-    """Another process is running in this run's folder."""
+    """Another process is running in this run's folder (or writing into this output folder)."""
 
 
 def _command(pid: int) -> str:
@@ -38,12 +41,27 @@ def _command(pid: int) -> str:
 def run_lock(folder: str | os.PathLike) -> Iterator[None]:
     """Hold ``folder``'s run lock (the folder made if missing) for the ``with`` block; RunInUseError when
     another process holds it."""
+    folder = Path(folder)
+
+    def in_use(holder: str) -> str:
+        return (
+            f"run folder {folder} is in use by {holder}: a run with the same settings is running there; "
+            "wait for it to end (or stop it), then run again to continue it"
+        )
+
+    with lock_file(folder / LOCK_FILE, in_use):
+        yield
+
+
+@contextlib.contextmanager
+def lock_file(path: Path, in_use: Callable[[str], str]) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (made, with its folder, if missing) for the ``with`` block, this
+    process named in it; RunInUseError with ``in_use(holder)`` when another process holds it. Off the tracking
+    rank: nothing (the ranks of one launch are one run)."""
     if not tracking_rank():
         yield
         return
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / LOCK_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as error:
@@ -56,10 +74,7 @@ def run_lock(folder: str | os.PathLike) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
-            raise RunInUseError(
-                f"run folder {folder} is in use by {holder}: a run with the same settings is running there; "
-                "wait for it to end (or stop it), then run again to continue it"
-            ) from None
+            raise RunInUseError(in_use(holder)) from None
         command = _command(os.getpid())
         holder = f"process {os.getpid()} on {socket.gethostname()}" + (f" ({command})" if command else "")
         os.ftruncate(fd, 0)

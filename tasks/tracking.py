@@ -90,6 +90,8 @@ _STORE_PROBLEMS = {
         "if the address names the wrong file, fix it; if the store was overwritten, " + _DAMAGED,
     ),
     "database disk image is malformed": ("the database is damaged (truncated?)", _DAMAGED),
+    # SQLite makes an empty file where a deleted database was, when the run next opens it
+    "no such table": ("it holds no MLflow tables: its file was deleted, or emptied, while the run logged", _VANISHED),
 }
 
 
@@ -105,31 +107,43 @@ def shown_uri(tracking_uri: str) -> str:
     return f"{scheme}{sep}{credentials.partition(':')[0]}:***@{host}"
 
 
-def unanswered(url: str, deadline_s: float) -> str | None:
-    """Why a server does not answer a GET of ``url`` within ``deadline_s`` seconds (refused, unreachable, timed
-    out, no such host), or None when it answers, whatever its status."""
+def http_get(url: str, deadline_s: float) -> tuple[int, bytes] | str:
+    """What a server answers a GET of ``url`` with within ``deadline_s`` seconds: its status and the start of its
+    body; or, a string, why it does not answer (refused, unreachable, timed out, no such host)."""
     import urllib.error
     import urllib.request
 
     try:
-        with urllib.request.urlopen(url, timeout=deadline_s):
-            return None
-    except urllib.error.HTTPError:  # it answered
-        return None
+        with urllib.request.urlopen(url, timeout=deadline_s) as reply:
+            return reply.status, reply.read(4096)
+    except urllib.error.HTTPError as error:  # it answered
+        return error.code, b""
     except (OSError, ValueError) as error:
         return str(getattr(error, "reason", None) or error)
 
 
+# The statuses of a server that asks for credentials: it is left to the client, which sends them, to say more.
+CREDENTIALS_WANTED = (401, 403)
+
+
 def check_server(tracking_uri: str) -> None:
     """For a tracking server (``http(s)://``): ValueError naming it unless it answers within
-    :data:`SERVER_DEADLINE_S` seconds (MLflow's own client would retry for minutes). Other stores: nothing."""
+    :data:`SERVER_DEADLINE_S` seconds (MLflow's own client would retry for minutes), and answers as MLflow does
+    (``/health``: ``OK``; a server that answers otherwise, a web page say, gave tracebacks). Other stores:
+    nothing."""
     if not tracking_uri.startswith(("http://", "https://")):
         return
-    reason = unanswered(tracking_uri.rstrip("/") + "/health", SERVER_DEADLINE_S)
-    if reason is not None:
+    reply = http_get(tracking_uri.rstrip("/") + "/health", SERVER_DEADLINE_S)
+    if isinstance(reply, str):
         raise ValueError(
-            f"MLflow tracking server {shown_uri(tracking_uri)}: no answer within {SERVER_DEADLINE_S} s ({reason}); "
+            f"MLflow tracking server {shown_uri(tracking_uri)}: no answer within {SERVER_DEADLINE_S} s ({reply}); "
             "start it, or pass another --tracking-uri"
+        )
+    status, body = reply
+    if status not in CREDENTIALS_WANTED and (status, body.strip()) != (200, b"OK"):
+        raise ValueError(
+            f"MLflow tracking server {shown_uri(tracking_uri)}: a server answers there, but not as MLflow does (GET "
+            f"/health: status {status}, {body.strip()[:40]!r}); check the address, or pass another --tracking-uri"
         )
 
 
@@ -646,8 +660,10 @@ def moved_artifacts(tracking_uri: str, artifact_uri: str) -> Path | None:
     """Where a run's artifact folder is on this machine when its store was moved or unpacked elsewhere: an
     ``sqlite:///`` store records the folder as an absolute path of the machine that made it
     (``/work/x/mlruns/grpo/<run id>/artifacts``); its trailing part, from a folder named ``mlruns`` or else from
-    the run's own folder, is looked for under the database's folder and each folder above it. The recorded
-    folder when it exists; None when the store is not a local database or the folder is in neither place."""
+    the run's own folder, is looked for under the database's folder and each folder above it, and then in the
+    other ``mlruns`` folders of the archive the store came in (:func:`archive_folders`: another store's folder of
+    it may hold the run's files). The recorded folder when it exists; None when the store is not a local database
+    or the folder is in none of those places."""
     from urllib.parse import urlparse
 
     database = sqlite_database(tracking_uri)
@@ -658,10 +674,56 @@ def moved_artifacts(tracking_uri: str, artifact_uri: str) -> Path | None:
     if recorded.is_dir():
         return recorded
     parts = recorded.parts
-    start = max((i for i, part in enumerate(parts) if part == "mlruns"), default=max(len(parts) - 2, 0))
+    at_mlruns = [i for i, part in enumerate(parts) if part == DEFAULT_ARTIFACT_ROOT]
+    start = max(at_mlruns, default=max(len(parts) - 2, 0))
     tail = Path(*parts[start:]) if parts[start:] else None
+    if tail is None:
+        return None
     bases = [database.resolve().parent, *database.resolve().parent.parents]
-    return next((base / tail for base in bases if tail and (base / tail).is_dir()), None)
+    found = next((base / tail for base in bases if (base / tail).is_dir()), None)
+    if found is None and at_mlruns:
+        below = Path(*tail.parts[1:])  # the part below mlruns/
+        found = next((folder / below for folder in archive_folders(database) if (folder / below).is_dir()), None)
+    return found
+
+
+# Where the mlruns folders of an archive a store came in are looked for: below the store's folder and the
+# ARCHIVE_LEVELS folders above it, at most ARCHIVE_DEPTH levels down and ARCHIVE_FOLDERS folders in all (a search
+# that never walks a whole disk), never in a virtual environment or NOT_ARCHIVE_FOLDERS.
+ARCHIVE_LEVELS, ARCHIVE_DEPTH, ARCHIVE_FOLDERS = 2, 6, 20_000
+NOT_ARCHIVE_FOLDERS = {".git", ".dvc", "__pycache__", "node_modules", ".a5-cache"}
+
+
+def archive_top(database: Path) -> Path:
+    """The highest folder :func:`archive_folders` searches for a store's archive."""
+    folder = database.resolve().parent
+    return ([folder, *folder.parents])[: ARCHIVE_LEVELS + 1][-1]
+
+
+def archive_folders(database: Path) -> Iterator[Path]:
+    """The folders named ``mlruns`` near store ``database`` (see :data:`ARCHIVE_LEVELS`), nearest first."""
+    folder = database.resolve().parent
+    walked: set[Path] = set()
+    budget = ARCHIVE_FOLDERS
+    for base in [folder, *folder.parents][: ARCHIVE_LEVELS + 1]:
+        level = [base]
+        for _ in range(ARCHIVE_DEPTH + 1):
+            below = []
+            for current in level:
+                if current in walked or budget <= 0:
+                    continue
+                walked.add(current)
+                budget -= 1
+                try:
+                    entries = sorted(e for e in current.iterdir() if e.is_dir() and not e.is_symlink())
+                except OSError:
+                    continue
+                for entry in entries:
+                    if entry.name == DEFAULT_ARTIFACT_ROOT:
+                        yield entry
+                    elif entry.name not in NOT_ARCHIVE_FOLDERS and not (entry / "pyvenv.cfg").is_file():
+                        below.append(entry)
+            level = below
 
 
 def artifact_paths(tracking_uri: str, run_id: str) -> list[str]:

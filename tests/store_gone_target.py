@@ -3,8 +3,8 @@
     python tests/store_gone_target.py DATABASE KEY STEP MODULE [FLOW FLAGS...]
 
 runs ``python -m MODULE FLOW FLAGS...`` unchanged, except that once an ``mlflow.log_metrics`` call has logged
-metric KEY at step STEP (its metrics are in the store), the file DATABASE is deleted, as a user's ``rm
-mlflow.db`` would, and the run goes on.
+metric KEY at step STEP (its metrics are in the store), or, KEY ``provenance.json``, once the run's record is
+logged (STEP unused), the file DATABASE is deleted, as a user's ``rm mlflow.db`` would, and the run goes on.
 """
 
 from __future__ import annotations
@@ -25,7 +25,15 @@ def main(database: str, key: str, step: str, module: str, *argv: str) -> None:
             Path(database).unlink(missing_ok=True)
         return result
 
-    mlflow.log_metrics = log_metrics
+    real_log_dict = mlflow.log_dict
+
+    def log_dict(dictionary, artifact_file, *args, **kwargs):
+        result = real_log_dict(dictionary, artifact_file, *args, **kwargs)
+        if artifact_file == key:
+            Path(database).unlink(missing_ok=True)
+        return result
+
+    mlflow.log_metrics, mlflow.log_dict = log_metrics, log_dict
     sys.argv = [module, *argv]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 

@@ -10,7 +10,10 @@ intact. One case of each kind also runs as ``python -m flows.X`` to see exactly 
 
 from __future__ import annotations
 
+import errno
 import json
+import pickle
+import re
 import subprocess
 import sys
 from dataclasses import asdict
@@ -166,6 +169,52 @@ def test_a_bad_data_file_is_named_with_its_line(flow, argument, kind, mistake, i
     assert expected in user_error(flow, flags(flow, inputs, tmp_path, **{argument: str(path)}))
 
 
+@pytest.mark.parametrize("name", ["report.md", "summary.json", "run.json"])
+def test_an_extra_set_named_as_an_output_file_is_refused(name, inputs, tmp_path, capsys):
+    """An extra set's outputs go in ``output_dir/NAME/``: a name the evaluation's own files take collided with them
+    at the end of the run, in a traceback."""
+    argv = flags("baseline_eval", inputs, tmp_path, extra_sets={name: inputs["math"]})
+    err = parameter_error("baseline_eval", argv, capsys)
+    assert f"extra set name {name!r}: the name of a file the evaluation writes beside the sets' folders" in err
+
+
+@pytest.mark.parametrize(
+    "sweep",
+    [{}, {"sweep": True, "sweep_rollouts_per_question": [2], "sweep_epochs": [1], "sweep_questions_per_step": [2, 9]}],
+)
+def test_ei_asked_for_more_questions_a_round_than_there_are_problems_is_refused(sweep, inputs, tmp_path):
+    """D_b 9 of 8 problems: refused before an engine starts, not run with 8 while the run records 9."""
+    message = user_error("expert_iteration", flags("expert_iteration", inputs, tmp_path, questions_per_step=9, **sweep))
+    setting = ", setting G2_E1_Db9" if sweep else ""
+    assert f"train_data {inputs['math']}{setting}: questions_per_step 9: more than the 8 training problems" in message
+
+
+def test_a_models_cache_that_is_a_file_is_named(inputs, tmp_path, monkeypatch):
+    """A5_CACHE_DIR naming a file: the embedded model cannot be converted there, and the command says why."""
+    (tmp_path / "notes.txt").write_text("mine\n")
+    monkeypatch.setenv("A5_CACHE_DIR", str(tmp_path / "notes.txt"))
+    message = user_error("baseline_eval", flags("baseline_eval", inputs, tmp_path, model="smollm2-135m-instruct"))
+    assert f"A5_CACHE_DIR {tmp_path / 'notes.txt'}: cannot be the folder converted models are kept in" in message
+    assert (tmp_path / "notes.txt").read_text() == "mine\n"
+
+
+def test_json_nested_too_deeply_is_named_not_a_traceback(inputs, tmp_path):
+    """A data line, or a model's config.json, nested a hundred thousand levels deep (Python's JSON reader gives
+    up with a RecursionError): one line naming the file."""
+    import shutil
+
+    deep = "[" * 100_000 + "]" * 100_000
+    data = tmp_path / "deep.jsonl"
+    data.write_text(json.dumps(math_record(0)) + "\n" + deep + "\n")
+    message = user_error("baseline_eval", flags("baseline_eval", inputs, tmp_path, data=str(data)))
+    assert f"{data}:2: JSON nested too deeply to read (not a data record)" in message
+    model = tmp_path / "model"
+    shutil.copytree(inputs["model"], model)
+    (model / "config.json").write_text(deep)
+    message = user_error("baseline_eval", flags("baseline_eval", inputs, tmp_path, model=str(model)))
+    assert f"{model / 'config.json'}: not a model's config (JSON nested too deeply)" in message
+
+
 @pytest.mark.parametrize(
     "spec", ["arithmetic:0:1", "arithmetic:ten:1", "arithmetic:8", "arithmetic:8:3-1", "arithmetic:8:2:bogus"]
 )
@@ -216,6 +265,30 @@ def test_a_model_folder_without_config(inputs, tmp_path):
     (tmp_path / "empty_model").mkdir()
     message = user_error("grpo", flags("grpo", inputs, tmp_path, model=str(tmp_path / "empty_model")))
     assert "has no config.json; not a Hugging Face model folder" in message
+
+
+@pytest.mark.parametrize("flow", ["baseline_eval", "grpo"])
+def test_a_model_folder_without_weights_or_with_fewer_layers_than_its_config_is_refused(
+    flow, inputs, tmp_path, monkeypatch
+):
+    """A model folder whose weights are gone, or whose config.json asks for more layers than its weights hold (the
+    others would start from random values): refused before any engine starts, naming the folder."""
+    import shutil
+
+    monkeypatch.setattr("tasks.evaluation.make_engine", lambda *a, **k: pytest.fail("an engine started"))
+    deeper, bare = tmp_path / "deeper", tmp_path / "bare"
+    for folder in (deeper, bare):
+        shutil.copytree(inputs["model"], folder)
+    for weights in bare.glob("*.safetensors"):
+        weights.unlink()
+    config = json.loads((deeper / "config.json").read_text())
+    layers = config["num_hidden_layers"]
+    config.update(num_hidden_layers=layers + 2, layer_types=config["layer_types"] + config["layer_types"][:2])
+    (deeper / "config.json").write_text(json.dumps(config))
+    message = user_error(flow, flags(flow, inputs, tmp_path, model=str(deeper)))
+    assert f"num_hidden_layers is {layers + 2}, but the weights in {deeper} hold {layers} " in message
+    message = user_error(flow, flags(flow, inputs, tmp_path, model=str(bare)))
+    assert f"model directory '{bare}' holds no weights (no *.safetensors or *.bin file)" in message
 
 
 # ------------------------------------------------------------------------------------------ settings
@@ -322,6 +395,54 @@ def test_the_command_line_prints_one_line_not_a_traceback(inputs, tmp_path):
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith(f"flows.grpo: error: {bad}:2: malformed JSON")
+
+
+@pytest.mark.parametrize(
+    "flow, fans_out", [("grpo", {"ablation": "grpo_baseline_ablation"}), ("expert_iteration", {"sweep": True})]
+)
+def test_a_ray_cluster_that_does_not_answer_is_named_before_anything_starts(
+    flow, fans_out, inputs, tmp_path, monkeypatch
+):
+    """An ablation's or a sweep's children sent to a Ray address where no cluster listens: one line, at once, not
+    Ray's 46 s of attempts and a traceback."""
+    from servers import free_port
+
+    monkeypatch.setattr("tasks.engines.make_engine", lambda *a, **k: pytest.fail("an engine started"))
+    address = f"ray://127.0.0.1:{free_port()}"
+    message = user_error(flow, flags(flow, inputs, tmp_path, runner="ray", ray_address=address, **fans_out))
+    assert f"ray_address {address}: no Ray cluster answers there within 10 s (" in message
+    assert message.endswith("start the cluster, or leave ray_address unset to start a local Ray")
+
+
+def test_torchrun_variables_left_from_another_launch_end_the_command_in_one_line(
+    inputs,
+    flow_env,  # noqa: F811
+    tmp_path,
+):
+    """RANK, WORLD_SIZE and MASTER_* left in a shell by another launch: the flow waited for ever for ranks that
+    never came, deaf to Ctrl-C. Now it says so and stops."""
+    from servers import free_port
+
+    env = {**flow_env, "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "flows.baseline_eval", *flags("baseline_eval", inputs, tmp_path)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,  # a guard against the endless wait, not a timing assertion
+        )
+    except subprocess.TimeoutExpired as expired:
+        raise AssertionError(f"the flow waited for ranks that never come:\n{expired.stderr}") from None
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"flows.baseline_eval: error: RANK=0, WORLD_SIZE=2, MASTER_ADDR=127.0.0.1, MASTER_PORT={env['MASTER_PORT']} "
+        "in the environment, but this process was not started by torchrun: it would wait for ranks that never come. "
+        "Unset them (unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT), or start it with "
+        "torchrun"
+    )
+    assert not (tmp_path / "out" / "records.jsonl").exists()
 
 
 def test_sft_nan_loss_stops_with_the_step_named_and_the_checkpoint_intact(inputs, flow_env, tmp_path):  # noqa: F811
@@ -485,16 +606,20 @@ def test_an_engine_that_cannot_start_ends_with_one_message(prefect_harness, monk
 
 
 @pytest.mark.parametrize(
-    "message, tries",
+    "error, tries",
     [
-        ("No available memory for the cache blocks. Try increasing `gpu_memory_utilization`", 2),
-        ("Free memory on device cuda:0 (9.5/139.8 GiB) on startup is less than desired GPU memory utilization", 2),
-        ("engine_dtype 'float8': not a dtype", 1),
+        (ValueError("No available memory for the cache blocks. Try increasing `gpu_memory_utilization`"), 2),
+        (ValueError("Free memory on device cuda:0 (9.5/139.8 GiB) is less than desired GPU memory utilization"), 2),
+        (OSError(errno.EADDRINUSE, "Address already in use"), 2),
+        (ValueError("engine_dtype 'float8': not a dtype"), 1),
+        (pickle.UnpicklingError("Weights only load failed"), 1),
+        (OSError("Error no file named model.safetensors, or pytorch_model.bin, found in directory m"), 1),
     ],
 )
-def test_vllm_finding_its_memory_taken_while_it_starts_is_retried(prefect_harness, message, tries):
+def test_vllm_finding_its_memory_taken_while_it_starts_is_retried(prefect_harness, error, tries):
     """vLLM's ValueErrors when another process took GPU memory while it profiled (two engines started at once
-    on one GPU) are retried, and the second try starts; any other ValueError (a bad setting) is not."""
+    on one GPU) are retried, and the second try starts, as is a busy port; any other ValueError (a bad setting),
+    weights torch refuses to unpickle and a missing weights file are not."""
     from tasks.engines import start_engine
 
     calls = []
@@ -502,14 +627,14 @@ def test_vllm_finding_its_memory_taken_while_it_starts_is_retried(prefect_harnes
     def backend(model, backend, **kwargs):
         calls.append(model)
         if len(calls) == 1:
-            raise ValueError(message)
+            raise error
         return "engine"
 
     def starting():
         return start_engine.with_options(retry_delay_seconds=0)(backend, "some/model", "vllm")
 
     if tries == 1:
-        with pytest.raises(Exception, match="not a dtype"):
+        with pytest.raises(Exception, match=re.escape(str(error))):
             starting()
     else:
         assert starting() == "engine"
@@ -538,11 +663,11 @@ def config_error(flow: str, argv: list[str], capsys) -> str:
         ("- a\n- b\n", r"expected a mapping of sections"),
         (
             "baseline_eval: {limitt: 2}\n",
-            r"section `baseline_eval`: unknown setting\(s\) limitt \(did you mean limit\?\)",
+            r"section `baseline_eval`: unknown setting 'limitt' \(did you mean limit\?\)",
         ),
         (
             "profile: p\nprofiles: {p: {baseline_eval: {max_token: 8}}}\nbaseline_eval: {}\n",
-            r"\(with profile p\): unknown setting\(s\) max_token \(did you mean max_tokens\?\)",
+            r"\(with profile p\): unknown setting 'max_token' \(did you mean max_tokens\?\)",
         ),
     ],
 )
@@ -594,6 +719,53 @@ def test_a_boolean_flag_value_for_a_number_is_refused(capsys):
     assert "--limit True: Value error, a boolean (true/false) where a number goes" in parameter_error(
         "baseline_eval", ["--limit", "true"], capsys
     )
+
+
+def test_a_flag_is_taken_only_as_spelt_in_full(capsys):
+    """argparse took a prefix of a flag for it: ``--epochs 3`` set GRPO's epochs_per_rollout_batch."""
+    for flow, flag in (("grpo", "--epochs"), ("baseline_eval", "--lim")):
+        with pytest.raises(SystemExit) as stopped:
+            MAINS[flow]([flag, "3", "--show-config"])
+        assert stopped.value.code == 2
+        assert f"unrecognized arguments: {flag} 3" in capsys.readouterr().err
+
+
+def test_a_profile_without_a_settings_file_is_refused(capsys):
+    """``--profile cpu`` alone was ignored: the run took the defaults, not the profile it named."""
+    assert "--profile cpu: a profile of a settings file; give the file with --config" in config_error(
+        "baseline_eval", ["--profile", "cpu", "--show-config"], capsys
+    )
+
+
+def test_a_value_its_profile_replaces_is_checked_all_the_same(tmp_path, capsys):
+    """``dvc exp run -S baseline_eval.limit=abc`` writes the section's value, which the selected profile replaces:
+    the run went on with the profile's, the wrong value never read. It is refused, naming where it is."""
+    config = tmp_path / "params.yaml"
+    config.write_text("profile: cpu\nprofiles: {cpu: {baseline_eval: {limit: 32}}}\nbaseline_eval: {limit: abc}\n")
+    err = parameter_error("baseline_eval", ["--config", str(config), "--show-config"], capsys)
+    assert f"--config {config} section `baseline_eval`: limit 'abc': Input should be a valid integer" in err
+    assert "(a later value replaces it, but it is wrong: fix or remove it)" in err
+    err = parameter_error("baseline_eval", ["--config", str(config), "--limit", "8", "--show-config"], capsys)
+    assert "section `baseline_eval`: limit 'abc'" in err  # replaced by a flag: the same
+
+
+def test_a_settings_file_of_megabytes_is_refused_before_it_is_parsed(tmp_path, capsys):
+    """A 6 MB file took 81 s to parse and was then called an alias bomb."""
+    config = tmp_path / "params.yaml"
+    config.write_text("baseline_eval:\n  stop:\n" + "    - a stop string of some length\n" * 200_000)
+    assert f"--config {config}: 7.0 MB, not a settings file (those hold at most 1 MB" in config_error(
+        "baseline_eval", ["--config", str(config)], capsys
+    )
+    config.write_text("baseline_eval:\n  stop: [" + ", ".join(["x"] * 100_001) + "]\n")
+    assert "holds more than 100,000 values: not a settings file" in config_error(
+        "baseline_eval", ["--config", str(config)], capsys
+    )
+
+
+def test_a_seed_the_generators_cannot_take_is_refused_naming_it(capsys):
+    for flow in ("grpo", "baseline_eval"):
+        err = parameter_error(flow, ["--seed", "99999999999999999999"], capsys)
+        assert "--seed 99999999999999999999: Input should be less than or equal to 4294967295" in err
 
 
 def test_a_config_that_is_not_utf8_is_named(tmp_path, capsys):

@@ -77,18 +77,30 @@ def files(folder: Path) -> set[str]:
     [
         ("truncate", "latest/state.json", "unreadable (Unterminated string"),
         ("replace", "latest/state.json", "not a run's state (no 'finished', 'fingerprint')"),
+        ("nest", "latest/state.json", "unreadable (JSON nested too deeply)"),
         ("truncate", "latest/model.pt", "unreadable (PytorchStreamReader failed"),
         ("truncate", "latest/optimizer.pt", "unreadable ("),
         ("delete", "latest/rng.pt", "missing"),
+        ("tamper", "latest/rng.pt", "does not hold random generators' states (state with version tensor"),
+        ("tamper", "latest/model.pt", "does not hold this model's weights (Error(s) in loading state_dict"),
+        ("tamper", "latest/optimizer.pt", "does not hold this run's optimizer state ("),
     ],
 )
 def test_a_damaged_checkpoint_names_its_file_and_the_folder_to_delete(project, tiny_lm_dir, damage, name, problem):
+    """Cut short, replaced, deleted, or replaced by a whole tensor file that is not this run's (another model's
+    weights, other RNG states): one message naming the file."""
+    import torch
+
     (checkpoint,) = project.glob("out/runs-*/full/checkpoint")
     path = checkpoint / name
     if damage == "truncate":
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     elif damage == "replace":
         path.write_text('{"step": 2}')
+    elif damage == "nest":
+        path.write_text("[" * 100_000 + "]" * 100_000)
+    elif damage == "tamper":
+        torch.save({"python": torch.zeros(3), "lm_head.weight": torch.zeros(2, 2), "optimizer": {}}, path)
     else:
         path.unlink()
     before = files(project)
@@ -108,6 +120,7 @@ def test_a_damaged_checkpoint_names_its_file_and_the_folder_to_delete(project, t
         ("step", True, "step True is not a whole number from 0 to 8"),
         ("batch_in_epoch", 7, "batch_in_epoch 7 is not a whole number from 0 to 3"),
         ("finished", "no", "finished 'no' is not true or false"),
+        ("finished", True, "finished at step 1, but the run's last step is 8"),
     ],
 )
 def test_a_checkpoint_position_that_is_not_the_runs_is_named(project, tiny_lm_dir, key, value, problem):

@@ -79,7 +79,7 @@ def ei_config(n_ei_steps=3, **overrides):
     return EIConfig(
         **{
             "n_ei_steps": n_ei_steps,
-            "questions_per_step": 60,
+            "questions_per_step": len(MAKE_TEN),  # every question, each round
             "rollouts_per_question": 8,
             "seed": 0,
             "entropy_sample": 8,
@@ -103,7 +103,7 @@ def test_expert_iteration_raises_reward_over_its_starting_policy(tokenizer, tmp_
     warm start."""
     model = warm_start(tokenizer)
     logged = []
-    config = ei_config(questions_per_step=len(MAKE_TEN), rollouts_per_question=16, learning_rate=1e-3)
+    config = ei_config(rollouts_per_question=16, learning_rate=1e-3)
     history = expert_iteration(
         model,
         tokenizer,

@@ -42,9 +42,27 @@ def test_reproduce_finds_the_flow_module_of_a_record_naming_main():
     from flows.params import GRPOParams
     from flows.reproduce import flow_of
 
-    assert flow_of({"flow": {"name": "grpo", "entrypoint": "__main__:grpo_flow"}}) == (grpo_flow, GRPOParams)
-    assert flow_of({"flow": {"name": "grpo_lr_sweep", "entrypoint": "__main__:grpo_lr_sweep"}})[0] is grpo_lr_sweep
-    assert flow_of({"flow": {"name": "grpo", "entrypoint": "flows.grpo:grpo_flow"}})[0] is grpo_flow
+    assert flow_of({"flow": {"name": "grpo", "entrypoint": "__main__:grpo_flow"}}, False) == (grpo_flow, GRPOParams)
+    assert (
+        flow_of({"flow": {"name": "grpo_lr_sweep", "entrypoint": "__main__:grpo_lr_sweep"}}, False)[0] is grpo_lr_sweep
+    )
+    assert flow_of({"flow": {"name": "grpo", "entrypoint": "flows.grpo:grpo_flow"}}, False)[0] is grpo_flow
+
+
+def test_a_child_run_is_re_run_alone_by_the_flow_of_its_parameters():
+    """A child of an ablation or a sweep (its record names the flow that fanned it out, or, from Ray, the fan-out's
+    sub-flow) is one run of its flow; a fan-out record without a parameter model says why it cannot be re-run."""
+    from flows.expert_iteration import expert_iteration_flow
+    from flows.grpo import grpo_flow
+    from flows.reproduce import flow_of
+
+    fanned = {"name": "children_on_ray", "entrypoint": "flows.fanout:fan_out"}
+    assert flow_of({"flow": fanned, "params_model": "flows.params.GRPOParams"}, True)[0] is grpo_flow
+    assert flow_of({"flow": fanned, "params_model": "flows.params.EIParams"}, True)[0] is expert_iteration_flow
+    ablation = {"name": "grpo_lr_sweep", "entrypoint": "flows.grpo:grpo_lr_sweep"}
+    assert flow_of({"flow": ablation, "params_model": "flows.params.GRPOParams"}, True)[0] is grpo_flow
+    with pytest.raises(ValueError, match="a child of a sweep run on Ray, and its record names no parameter model"):
+        flow_of({"flow": fanned}, True)
 
 
 @pytest.mark.parametrize(
@@ -58,7 +76,7 @@ def test_a_record_naming_main_that_no_flow_module_has_says_what_to_do(flow):
     from flows.reproduce import flow_of
 
     with pytest.raises(ValueError) as raised:
-        flow_of({"flow": flow})
+        flow_of({"flow": flow}, False)
     message = str(raised.value)
     assert f"the run was made by flow {flow['entrypoint']}" in message
     assert f"no module of the flows package here has a flow {flow['entrypoint'][9:]} named {flow['name']}" in message

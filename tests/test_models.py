@@ -296,7 +296,10 @@ def test_local_dir_without_config_errors(tmp_path):
 
 
 def test_local_dir_with_config_is_returned(tmp_path, monkeypatch):
+    from safetensors.torch import save_file
+
     (tmp_path / "config.json").write_text("{}")
+    save_file({"lm_head.weight": torch.zeros(2, 2)}, tmp_path / "model.safetensors")
     assert resolve_model(tmp_path) == str(tmp_path.resolve())
     monkeypatch.chdir(tmp_path.parent)
     assert resolve_model(f"./{tmp_path.name}") == str(tmp_path.resolve())

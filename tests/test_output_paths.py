@@ -5,7 +5,9 @@ command line and in the parameter model the Prefect deployments validate, before
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,9 @@ import flows.baseline_eval
 import flows.grpo
 import flows.sft_data
 from flows.params import BaselineEvalParams, DifficultyParams, GRPOParams
-from tasks.outputs import OUTPUT_MARKER, REPORT_MARKER, link_model
+from tasks.outputs import OUTPUT_MARKER, REPORT_MARKER, link_model, write_output_file
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -56,11 +60,15 @@ def test_a_folder_given_as_the_metrics_file_is_refused_before_any_work(project, 
     assert "metrics_path outputs: a folder; give the path of a file to write" in err
 
 
-def test_an_untracked_file_that_is_not_a_metrics_file_is_refused(project, capsys, monkeypatch):
+def test_a_users_own_file_is_not_replaced_by_the_metrics_file(project, capsys, monkeypatch):
+    """Not notes, nor a JSON file of the user's that looks like metrics: a5 replaces only what it wrote."""
     (project / "notes.txt").write_text("my notes\n")
-    err = refused(["--metrics-path", "notes.txt"], capsys, monkeypatch)
-    assert "metrics_path notes.txt: exists and is not a metrics file (JSON: an object or a list)" in err
+    (project / "results.json").write_text('{"accuracy": 0.9}\n')
+    for name in ("notes.txt", "results.json"):
+        err = refused(["--metrics-path", name], capsys, monkeypatch)
+        assert f"metrics_path {name}: a file a5 did not write there (or one changed since)" in err
     assert (project / "notes.txt").read_text() == "my notes\n"
+    assert (project / "results.json").read_text() == '{"accuracy": 0.9}\n'
 
 
 def test_the_reports_folder_and_a_source_folder_are_not_output_folders(project, capsys, monkeypatch):
@@ -98,20 +106,20 @@ def test_the_deployment_forms_models_refuse_the_same(project):
 
 
 def test_sft_data_refuses_the_same(project):
-    with pytest.raises(SystemExit, match="sft_data filter: --metrics params.yaml: a file git tracks"):
+    with pytest.raises(SystemExit, match="sft_data filter: metrics params.yaml: a file git tracks"):
         flows.sft_data.main(["filter", "--metrics", "params.yaml"])
-    with pytest.raises(SystemExit, match="sft_data math: --out metrics: a folder"):
+    with pytest.raises(SystemExit, match="sft_data math: out metrics: a folder"):
         flows.sft_data.main(["math", "--out", "metrics"])
     assert json.loads((project / "metrics/eval.json").read_text()) == {"accuracy": 0.5}
 
 
-def test_an_earlier_runs_metrics_file_is_replaced(project):
-    """What the flows write there, a JSON object (an evaluation's summary) or a list (a sweep's rows), is
-    theirs to replace: the same command runs again."""
-    (project / "rows.json").write_text('[{"setting": "single", "final_accuracy": 0.5}]\n')
-    (project / "summary.json").write_text('{"accuracy": 0.5}\n')
+def test_an_earlier_runs_metrics_file_is_replaced_unless_changed_since(project):
+    """What a flow wrote there is its to replace: the same command runs again. Edited since, it is the user's."""
+    write_output_file(project / "rows.json", '[{"setting": "single", "final_accuracy": 0.5}]\n')
     assert GRPOParams(metrics_path="rows.json").metrics_path == "rows.json"
-    assert BaselineEvalParams(metrics_path="summary.json").metrics_path == "summary.json"
+    (project / "rows.json").write_text('[{"setting": "single", "final_accuracy": 0.5, "note": "mine"}]\n')
+    with pytest.raises(ValidationError, match="metrics_path rows.json: a file a5 did not write there"):
+        GRPOParams(metrics_path="rows.json")
 
 
 def test_a_dvc_output_folder_with_its_committed_gitignore_is_an_output_folder(project):
@@ -187,3 +195,47 @@ def test_an_output_folder_name_too_long_is_one_line(flow, project, capsys, monke
     assert stopped.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot be used as a folder (File name too long)" in err, err
+
+
+# ------------------------------------------------------------------ every entry point, one check
+
+
+def test_prepare_data_does_not_write_its_manifest_over_a_tracked_file(project):
+    """`flows.prepare_data --out README.md` replaced the tracked README (exit status 0): refused, as the command
+    line gives its settings, the file intact."""
+    (project / "README.md").write_text("# my project\n")
+    subprocess.run(["git", "add", "README.md"], check=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.prepare_data", "--out", "README.md"],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        "flows.prepare_data: error: out README.md: a file git tracks, not an output of this flow; not replacing it: "
+        "give another path, or move the file away"
+    )
+    assert (project / "README.md").read_text() == "# my project\n"
+
+
+def test_sft_data_does_not_replace_a_users_file(project):
+    (project / "mine.jsonl").write_text('{"prompt": "p", "response": "r", "ground_truth": "1"}\n')
+    with pytest.raises(SystemExit, match="sft_data traces: out mine.jsonl: a file a5 did not write there"):
+        flows.sft_data.main(["traces", "--out", "mine.jsonl"])
+    assert (project / "mine.jsonl").read_text() == '{"prompt": "p", "response": "r", "ground_truth": "1"}\n'
+
+
+@pytest.mark.parametrize("name", ["/usr", "../../victim", ".."])
+def test_an_experiment_name_is_a_name_not_a_path(name, project, capsys, monkeypatch):
+    """`--experiment /usr` put the run's artifacts in /usr/<run id>/ (MLflow keeps them in mlruns/<name>)."""
+    err = refused(["--experiment", name], capsys, monkeypatch)
+    assert f"--experiment {name!r}: Value error, an experiment's name, not a path" in err
+    assert not (project.parent.parent / "victim").exists()
+
+
+def test_a_new_tracking_store_is_not_made_in_a_system_folder(project, capsys, monkeypatch):
+    err = refused(["--tracking-uri", "sqlite:////usr/a5/mlflow.db"], capsys, monkeypatch)
+    assert "tracking_uri /usr/a5/mlflow.db: in a system folder" in err
+    assert not Path("/usr/a5").exists()

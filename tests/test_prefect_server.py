@@ -44,6 +44,34 @@ def prefect_api(tmp_path_factory):
         yield server
 
 
+@pytest.mark.parametrize("config", [None, "baseline_eval: {limt: 2}\n"])
+def test_serve_without_a_server_or_with_a_bad_config_ends_in_one_line(config, tmp_path):
+    """`python -m flows.serve` with no Prefect server at its address, or with a --config that is not valid settings:
+    one line saying which, no traceback."""
+    from servers import free_port
+
+    argv = ["--api-url", f"http://127.0.0.1:{free_port()}/api"]
+    if config is not None:
+        (tmp_path / "params.yaml").write_text(config)
+        argv += ["--config", str(tmp_path / "params.yaml")]
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.serve", *argv],
+        cwd=ROOT,
+        env=quiet_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    line = done.stderr.strip().splitlines()[-1]
+    expected = {
+        None: f"flows.serve: error: Prefect API {argv[1]} (PREFECT_API_URL): no answer within 10 s (",
+        "baseline_eval: {limt: 2}\n": "flows.serve: error: --config "
+        f"{tmp_path}/params.yaml section `baseline_eval`: unknown setting 'limt' (did you mean limit?)",
+    }[config]
+    assert line.startswith(expected), line
+
+
 def test_server_listens_on_loopback_only(prefect_api):
     assert listening_addresses(prefect_api["port"]) == {"127.0.0.1"}
 
@@ -56,6 +84,9 @@ def test_a_served_deployment_runs_from_the_api(prefect_api, tiny_lm_dir, shared_
     url = prefect_api["url"]
     serve_log = tmp_path / "serve.log"
     env = {**prefect_api["env"], "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
+    (tmp_path / "README.md").write_text("# the project\n")  # a file git tracks, where the flows run
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run(["git", "add", "README.md"], cwd=tmp_path, check=True)
     config = tmp_path / "params.yaml"  # the forms' defaults: a section, overridden by the selected profile's
     config.write_text(
         "profile: small\nbaseline_eval: {limit: 3, max_tokens: 64}\n"
@@ -113,6 +144,26 @@ def test_a_served_deployment_runs_from_the_api(prefect_api, tiny_lm_dir, shared_
                     parameters={"params": {**params, "generation": {"sampling": {"temperature": -1}}}},
                     timeout=0,
                 )
+            # A misspelt setting, or one given in another group than its own, is refused as the run is asked for
+            # (it ran on all 5,000 problems with `limt`, the key dropped).
+            for wrong in ({"limt": 2}, {"generation": {"limt": 2}}, {"generation": {"model": "x"}}):
+                with pytest.raises(Exception, match="limt|model"):
+                    run_deployment(
+                        f"baseline_eval/{titles['baseline_eval']}",
+                        parameters={"params": {**params, **wrong}},
+                        timeout=0,
+                    )
+            # What a deployment writes is checked by its settings, as the command line's are: sft_data's out
+            # README.md (which it replaced with 1,767 lines and reported Completed) fails before anything is written.
+            refused = run_deployment(
+                f"sft_data/{titles['sft_data']}",
+                parameters={"params": {"command": "math", "config": None, "out": "README.md"}},
+                timeout=300,
+                poll_interval=1,
+            )
+            assert refused.state is not None and refused.state.is_failed(), f"{refused.state}\n{log_tail(serve_log)}"
+            assert "out README.md: a file git tracks" in str(refused.state.message), refused.state.message
+            assert (tmp_path / "README.md").read_text() == "# the project\n"
             # Settings given by their own names, as on the command line, are taken too (and checked as the run
             # starts). A guard against a hung run, not a timing assertion: a loaded machine took over 150 s for this
             # tiny flow.

@@ -341,8 +341,9 @@ def test_cli_reads_its_section_and_refuses_to_replace_a_foreign_folder(prefect_h
 
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "elsewhere/keep.txt").write_text("mine")
-    with pytest.raises(SystemExit, match="not a report folder"):
+    with pytest.raises(SystemExit):
         main(["--config", "params.yaml", "--log-to-mlflow", "false", "--output-dir", "elsewhere"])
+    assert "output_dir elsewhere: holds files a5 did not write (keep.txt)" in capsys.readouterr().err
     assert (tmp_path / "elsewhere/keep.txt").read_text() == "mine"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary folder left behind
 
@@ -351,7 +352,7 @@ def files_under(folder):
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_cli_replaces_only_a_folder_a_report_made(prefect_harness, tmp_path, monkeypatch):
+def test_cli_replaces_only_a_folder_a_report_made(prefect_harness, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     project(tmp_path, stages=("baseline",))
     write(tmp_path / "outputs/baseline_eval/records.jsonl", '{"response": "kept"}\n')
@@ -359,13 +360,14 @@ def test_cli_replaces_only_a_folder_a_report_made(prefect_harness, tmp_path, mon
     assert {"records.jsonl", "summary.json", "report.md"} <= set(stage)
 
     # The baseline's folder holds a report.md too: that does not make it a report folder.
-    with pytest.raises(SystemExit) as refused:
+    with pytest.raises(SystemExit):
         main(["--config", "params.yaml", "--log-to-mlflow", "false", "--output-dir", "outputs/baseline_eval"])
-    message = str(refused.value)
-    assert message.startswith(
-        "flows.report: error: --output-dir outputs/baseline_eval exists and is not a report folder"
+    message = capsys.readouterr().err
+    assert (
+        "--output-dir 'outputs/baseline_eval': Value error, output_dir outputs/baseline_eval: holds files a5 "
+        in message
     )
-    assert "records.jsonl, summary.json" in message and "pick another --output-dir" in message
+    assert "records.jsonl, report.md, summary.json" in message
     assert files_under(tmp_path / "outputs/baseline_eval") == stage
     assert sorted(p.name for p in (tmp_path / "outputs").iterdir()) == ["baseline_eval"]  # no temporary folder left
 
@@ -377,15 +379,16 @@ def test_cli_replaces_only_a_folder_a_report_made(prefect_harness, tmp_path, mon
     assert not (tmp_path / "outputs/mine/figures/stale.png").exists()
     assert (tmp_path / "outputs/mine/report.md").read_text().startswith("# Test report")
 
-    # A report written before the marker existed: replaced when it holds only what a report writes.
+    # A user's own report.md and figures, without the marker: refused whatever the names, and kept.
     (tmp_path / "outputs/mine/.a5-report").unlink()
-    main(["--config", "params.yaml", "--log-to-mlflow", "false", "--output-dir", "outputs/mine"])
-    assert (tmp_path / "outputs/mine/.a5-report").is_file()
-    (tmp_path / "outputs/mine/.a5-report").unlink()
-    write(tmp_path / "outputs/mine/notes.txt", "mine")
-    with pytest.raises(SystemExit, match="outputs/mine exists and is not a report folder .*it holds notes.txt"):
+    write(tmp_path / "outputs/mine/figures/accuracy.png", "their plot")
+    theirs = files_under(tmp_path / "outputs/mine")
+    with pytest.raises(SystemExit):
         main(["--config", "params.yaml", "--log-to-mlflow", "false", "--output-dir", "outputs/mine"])
-    assert (tmp_path / "outputs/mine/notes.txt").read_text() == "mine"
+    assert (
+        "output_dir outputs/mine: holds files a5 did not write (baseline_cases.md, figures" in capsys.readouterr().err
+    )
+    assert files_under(tmp_path / "outputs/mine") == theirs
     assert files_under(tmp_path / "outputs/baseline_eval") == stage
 
 

@@ -102,6 +102,10 @@ def tiny_grpo(tmp_path, model):
 def test_grpo_run_reproduces_exactly_and_a_changed_default_stops_it(
     prefect_harness, tiny_lm_dir, tmp_path, monkeypatch, capsys
 ):
+    from urllib.parse import urlparse
+
+    import mlflow
+
     from flows.grpo import grpo_flow
     from flows.params import GRPOParams
     from flows.reproduce import DifferencesError, ReproduceParams, reproduce, show
@@ -121,6 +125,23 @@ def test_grpo_run_reproduces_exactly_and_a_changed_default_stops_it(
         "| grpo-single | final_val_accuracy |" in printed
         and f"reproduced exactly: run {result['mlflow_run_id']}" in printed
     )
+
+    # A child of an ablation fanned out to Ray, as such records named its flow (the sub-flow it ran in): re-run as
+    # one run of its flow, its new run (named by that flow) matched with it.
+    client = mlflow.MlflowClient(params.tracking_uri)
+    (child_run,) = client.search_runs(
+        [client.get_run(original["mlflow_run_id"]).info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{original['mlflow_run_id']}'",
+    )
+    record_file = Path(urlparse(child_run.info.artifact_uri).path) / "provenance.json"
+    record = json.loads(record_file.read_text())
+    record_file.write_text(
+        json.dumps({**record, "flow": {"name": "children_on_ray", "entrypoint": "flows.fanout:fan_out"}})
+    )
+    client.update_run(child_run.info.run_id, name="grpo-dapo")
+    again = reproduce(ReproduceParams(run_id=child_run.info.run_id, tracking_uri=params.tracking_uri))
+    assert_exact(again)
+    assert set(again["runs"]) == {"grpo-dapo"}
 
     # A default the run left alone changes: named (with the value the run used), and nothing runs.
     monkeypatch.setattr(GRPOParams.model_fields["clip_train_batch_size"], "default", 64)
@@ -216,27 +237,54 @@ def test_a_setting_gone_or_new_other_versions_and_a_missing_input_are_named(tmp_
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "table.csv").write_text("question,pass_rate\n")
-    record = build_record(GRPOParams(difficulty_table="table.csv", output_dir=str(tmp_path / "out")))
+    params = GRPOParams(difficulty_table="table.csv", output_dir=str(tmp_path / "out"))
+    record = build_record(params)
     assert record["inputs"]["difficulty_table"]["hash"].startswith("sha256:")
-    assert differences(record, GRPOParams) == []
+    assert differences(record, params) == []
     record["settings"]["old_knob"] = 1
     del record["settings"]["sweep_kl_coefs"]
     record["versions"]["torch"] = "0.0"
     record["cwd"] = "/elsewhere"
     (tmp_path / "table.csv").unlink()
-    found = "\n".join(differences(record, GRPOParams))
+    found = "\n".join(differences(record, params))
     assert "setting old_knob: recorded, but the flow has no such setting now" in found
     assert "setting sweep_kl_coefs: new since the run" in found
     assert "versions: torch 0.0 then" in found
     assert "data: difficulty_table table.csv: missing here; the run ran in /elsewhere" in found
 
 
+def test_a_record_hashes_only_what_the_run_reads(tmp_path, monkeypatch):
+    """The files a record hashes are those its input settings name (READS), never another setting's value that
+    happens to name a file or folder: an experiment called /usr was hashed, 46,000 files, for minutes."""
+    from a5core.runtime.settings import read_settings
+    from flows.params import GRPOParams
+    from tasks.provenance import build_record
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "table.csv").write_text("question,pass_rate\n")
+    (tmp_path / "store").mkdir()
+    params = GRPOParams(
+        train_data="arithmetic:8:1",
+        validation_data="arithmetic:4:1",
+        difficulty_table="table.csv",
+        output_dir="out",
+        engine_device="cpu",
+        ray_address="store",
+    )
+    record = build_record(params)
+    assert set(record["inputs"]) == {"model", "difficulty_table"} and set(record["inputs"]) <= set(
+        read_settings(GRPOParams)
+    )
+    assert set(read_settings(GRPOParams)) == {"model", "train_data", "difficulty_table", "validation_data", "prompt"}
+
+
 def test_an_archived_run_unpacked_elsewhere_reproduces_from_its_archive(
     prefect_harness, tiny_lm_dir, tmp_path, monkeypatch, capsys
 ):
     """A store packed with its artifacts and unpacked on another machine (its database in a folder of its own
-    below the archive's root, as a run's records are packed) records its artifacts at paths that are gone: the
-    record is found relative to the store, and the re-run is logged to the store ``--into`` names."""
+    below the archive's root, its artifacts in another folder of the archive, as a run's records were packed)
+    records its artifacts at paths that are gone: the record is found in the archive, and the re-run is logged to
+    the store ``--into`` names."""
     import shutil
     import tarfile
 
@@ -250,7 +298,7 @@ def test_an_archived_run_unpacked_elsewhere_reproduces_from_its_archive(
     original = grpo_flow(params)["mlflow_run_id"]
     with tarfile.open(tmp_path / "records.tar.gz", "w:gz") as tar:
         tar.add(made / "store", "store")
-        tar.add(made / "mlruns", "mlruns")
+        tar.add(made / "mlruns", "rerun/archive/mlruns")
     shutil.rmtree(made)  # the paths the store recorded are gone
     with tarfile.open(tmp_path / "records.tar.gz") as tar:
         tar.extractall(tmp_path / "unpacked", filter="data")
@@ -319,11 +367,59 @@ def test_a_record_naming_other_code_is_refused_before_it_is_imported(recorded, t
     assert not (tmp_path / "project/imported").exists()
 
 
+@pytest.mark.parametrize("entrypoint", ["flows.reproduce:reproduce", "flows.sft_data:sft_data"])
+def test_a_record_naming_a_flow_that_records_no_runs_is_refused(entrypoint, recorded):
+    """Reproduce itself (which would re-run itself without end), and flows whose runs hold no record (some of whose
+    parameters are no settings): one line, nothing run."""
+    run_id = recorded(lambda r: r["flow"].update(entrypoint=entrypoint))
+    message = reproduce_error(run_id, recorded.uri, "--allow-differences")
+    assert f"names flow {entrypoint!r}, which is not one of this project's flows that record their runs" in message
+
+
+def test_a_record_says_only_what_the_run_set_never_where_it_connects_or_what_to_hash(recorded, monkeypatch):
+    """The re-run takes the run's own settings from a record: not the Ray cluster it reached, not the store; the
+    paths it hashes are its input settings' files, never a folder a record names (the whole disk); an experiment
+    named as a path is refused."""
+    import tasks.fingerprints
+    import tasks.provenance
+    from flows.params import GRPOParams
+    from flows.reproduce import ReproduceParams, replay_params
+    from tasks.provenance import build_record, differences
+
+    record = build_record(GRPOParams(output_dir="out", runner="ray", ray_address="ray://192.0.2.1:10001"))
+    replay = replay_params(record, GRPOParams, ReproduceParams(run_id="x", tracking_uri=recorded.uri))
+    assert (replay.runner, replay.ray_address, replay.tracking_uri) == ("ray", None, recorded.uri)
+
+    hashed = []
+    for module in (tasks.fingerprints, tasks.provenance):
+        real = module.file_digest
+        monkeypatch.setattr(module, "file_digest", lambda path, real=real: hashed.append(str(path)) or real(path))
+    record["settings"].update(model="/", train_data="/usr")
+    record["inputs"].update(model={"path": "/", "hash": "folder:0"}, table={"path": "/etc", "hash": "sha256:0"})
+    found = "\n".join(differences(record, replay_params(record, GRPOParams, ReproduceParams(run_id="x"))))
+    assert hashed == [] and "data: model /: missing" in found and "data: table /etc: missing" in found
+
+    run_id = recorded(lambda r: r["settings"].update(experiment="/usr"))
+    message = reproduce_error(run_id, recorded.uri, "--allow-differences")
+    assert "the run's recorded settings are not valid settings of the flow now: experiment '/usr': " in message
+
+
+def test_a_run_whose_files_are_not_in_its_archive_is_named_so(recorded, tmp_path):
+    import shutil
+
+    run_id = recorded(lambda r: None)
+    shutil.rmtree(tmp_path / "project/mlruns")  # packed without its artifacts
+    message = reproduce_error(run_id, recorded.uri)
+    assert f"run {run_id} in {recorded.uri} holds no provenance.json here: no file of the run is at" in message
+    assert "or its store was moved or packed without the run's files" in message
+
+
 @pytest.mark.parametrize(
     "damage, named",
     [
         ('{"flow": {"name": "baseline_eval", "entrypoint": "flows.bas', "not a JSON document"),
         ('["a", "list"]', "the record: Input should be a valid dictionary"),
+        ("[" * 100_000 + "]" * 100_000, "JSON nested too deeply to read"),
         ("{}", "flow: Field required"),
         (lambda r: r.update(settings="out"), "settings: Input should be a valid dictionary"),
         (lambda r: r["inputs"].update(model={"path": 3}), "inputs.model.path: Input should be a valid string"),

@@ -25,6 +25,7 @@ from a5core.data.sft_data import (
 from a5core.engines import Completion, SamplingSettings, make_engine
 from a5core.grading.grader import extract_r1_zero_answer, r1_zero_reward_fn
 from flows import sft_data as flow
+from tasks.outputs import write_output_file
 
 ROOT = Path(__file__).resolve().parents[1]
 R1 = load_prompt("r1_zero")
@@ -649,7 +650,7 @@ def test_cli_distill_with_a_local_engine(tmp_path, shared_data, tiny_lm_dir):
 
 def test_cli_bad_input_keeps_the_previous_output_and_names_the_problem(tmp_path, shared_data):
     out = tmp_path / "t.jsonl"
-    out.write_text("previous\n")
+    write_output_file(out, "previous\n")  # an earlier run's
     broken = tmp_path / "broken.jsonl"
     broken.write_text(json.dumps({"prompt": "p", "response": "r", "ground_truth": "1"}) + "\n{oops\n")
     config = _config(tmp_path, shared_data, traces=str(broken), reprompt_traces=False)

@@ -42,6 +42,31 @@ def silent_server() -> Iterator[int]:
         yield s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def web_page_server() -> Iterator[int]:
+    """A port on 127.0.0.1 where an ordinary web server answers every GET with a page (not MLflow, not Prefect)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(b"<html><body>Welcome</body></html>")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def command_line(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     """``python -m flows.baseline_eval ARGV``; a guard of 600 s against a hang, not a timing assertion."""
     return subprocess.run(
@@ -72,6 +97,21 @@ def test_a_tracking_server_that_does_not_answer_is_named(inputs, tmp_path):  # n
         uri = f"http://127.0.0.1:{hung}"
         message = user_error("baseline_eval", flags("baseline_eval", inputs, tmp_path, tracking_uri=uri))
     assert f"MLflow tracking server {uri}: no answer within 10 s (timed out)" in message
+
+
+def test_a_server_that_answers_but_is_not_mlflow_or_prefect_is_named(inputs, tmp_path):  # noqa: F811
+    """An address where another web server answers (a typo'd port, a proxy's page): one line each, before anything
+    runs, instead of the clients' tracebacks."""
+    with web_page_server() as port:
+        uri = f"http://127.0.0.1:{port}"
+        message = user_error("baseline_eval", flags("baseline_eval", inputs, tmp_path, tracking_uri=uri))
+        assert f"MLflow tracking server {uri}: a server answers there, but not as MLflow does (GET /health: " in message
+        env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_API_URL": f"{uri}/api"}
+        line = one_line(command_line(flags("baseline_eval", inputs, tmp_path), tmp_path, env))
+    assert line.startswith(
+        f"flows.baseline_eval: error: Prefect API {uri}/api (PREFECT_API_URL): a server answers there, but not as a "
+        "Prefect API does (GET /health: status 200, b'<html><body>Welcome</body></html>')"
+    ), line
 
 
 def test_a_store_whose_database_driver_is_missing_is_named(inputs, tmp_path):  # noqa: F811
@@ -131,14 +171,26 @@ def test_a_damaged_model_folder_is_named_before_an_engine_starts(damage, inputs,
     assert expected in message and message.endswith("; copy the model folder again"), message
 
 
-def test_the_mlflow_database_deleted_mid_run_ends_in_one_line(inputs, flow_env, tmp_path):  # noqa: F811
-    """`rm mlflow.db` while an SFT run logs into it: the run ends with one line saying what happened and what
-    to do, without MLflow's tracebacks, and its checkpoint is intact."""
+@pytest.mark.parametrize(
+    "flow, when, what",
+    [
+        ("sft_experiment", ("loss", "2"), "its database file is gone"),
+        ("baseline_eval", ("provenance.json", "0"), "it holds no MLflow tables: its file was deleted, or emptied"),
+    ],
+)
+def test_the_mlflow_database_deleted_mid_run_ends_in_one_line(flow, when, what, inputs, flow_env, tmp_path):  # noqa: F811
+    """`rm mlflow.db` while a run logs into it (an SFT run between steps; an evaluation as it starts, which
+    SQLite then finds as an empty file): the run ends with one line saying what happened and what to do,
+    without MLflow's tracebacks, and a training run's checkpoint is intact."""
     database = tmp_path / "mlflow.db"
-    argv = flags("sft_experiment", inputs, tmp_path, checkpoint_every=1, eval_every=2, max_steps=6)
-    target = [sys.executable, str(REPO / "tests/store_gone_target.py"), str(database), "loss", "2"]
+    argv = (
+        flags(flow, inputs, tmp_path, checkpoint_every=1, eval_every=2, max_steps=6)
+        if flow == "sft_experiment"
+        else flags(flow, inputs, tmp_path)
+    )
+    target = [sys.executable, str(REPO / "tests/store_gone_target.py"), str(database), *when]
     result = subprocess.run(
-        [*target, "flows.sft_experiment", *argv],
+        [*target, f"flows.{flow}", *argv],
         cwd=tmp_path,
         env=flow_env,
         capture_output=True,
@@ -147,8 +199,7 @@ def test_the_mlflow_database_deleted_mid_run_ends_in_one_line(inputs, flow_env, 
     )
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-5000:]
     line = result.stderr.strip().splitlines()[-1]
-    assert line.startswith(
-        f"flows.sft_experiment: error: MLflow store sqlite:///{database}: its database file is gone"
-    ), line
-    (state,) = (tmp_path / "out").glob("runs-*/full/checkpoint/latest/state.json")
-    assert json.loads(state.read_text())["step"] >= 2
+    assert line.startswith(f"flows.{flow}: error: MLflow store sqlite:///{database}: {what}"), line
+    if flow == "sft_experiment":
+        (state,) = (tmp_path / "out").glob("runs-*/full/checkpoint/latest/state.json")
+        assert json.loads(state.read_text())["step"] >= 2

@@ -80,6 +80,8 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DataError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
+            except RecursionError:  # no data record nests a thousand levels deep
+                raise DataError(f"{path}:{lineno}: JSON nested too deeply to read (not a data record)") from None
             if not isinstance(record, dict):
                 raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
             seen = True

@@ -114,6 +114,16 @@ class EIConfig(Settings):
         )
 
 
+def check_round_size(config: EIConfig, problems: int) -> None:
+    """ValueError unless a round's ``questions_per_step`` distinct questions can be drawn from ``problems``: a
+    smaller round would run under the asked D_b, which the run records."""
+    if config.questions_per_step > problems:
+        raise ValueError(
+            f"questions_per_step {config.questions_per_step}: more than the {problems} training problems a round "
+            "draws its distinct questions from; give at most that many, or more problems"
+        )
+
+
 def expert_iteration(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -130,7 +140,9 @@ def expert_iteration(
 ) -> list[dict[str, float]]:
     """Run (or resume) Expert Iteration, its state under ``checkpoint_dir`` (None: not resumable);
     returns each round's metrics (on every rank). ``pass_rates``: question id → pass rate, the table
-    ``question_sampling`` starts from (:mod:`a5core.loops.question_sampling`)."""
+    ``question_sampling`` starts from (:mod:`a5core.loops.question_sampling`). ValueError when a round would
+    sample more questions (``questions_per_step``) than there are problems."""
+    check_round_size(config, len(problems))
     rank = distributed.rank_and_world()[0]
     add_adapters(model, config)  # before a resume loads model.pt (the adapters' tensors are in it)
     root = Path(checkpoint_dir) if checkpoint_dir else None
@@ -246,7 +258,7 @@ def _rollout_round(
     outcomes (question ids, whether each rollout was right: for the sampler). Under several ranks each
     samples and grades its block of the questions; all get every record."""
     rng = random.Random(config.seeding.step_seed(step))
-    questions = sampler.sample(rng, min(config.questions_per_step, len(sampler.problems)))
+    questions = sampler.sample(rng, config.questions_per_step)
     rank, world = distributed.rank_and_world()
     mine = questions[distributed.rank_slice(len(questions))]
     prompts = [template.format(p.problem) for p in mine]

@@ -39,8 +39,17 @@ def load_policy(
     progress.quiet_library_bars()
     name = resolve_model(model_name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, trust_remote_code=False).to(device)
-    return model, tokenizer
+    model, loading = AutoModelForCausalLM.from_pretrained(
+        name, dtype=dtype, trust_remote_code=False, output_loading_info=True
+    )
+    missing = loading["missing_keys"]
+    if missing:  # transformers starts them from random values, and says so only in a log table
+        shown = ", ".join(sorted(missing)[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise ValueError(
+            f"model {name}: its weight files lack {len(missing)} of the weights its config.json asks for ({shown}); "
+            "those would start from random values: copy the model folder again"
+        )
+    return model.to(device), tokenizer
 
 
 def compiled_graphs() -> int:

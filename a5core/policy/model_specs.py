@@ -34,6 +34,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -217,6 +218,19 @@ def _converter_alive(folder: Path) -> bool:
     return True
 
 
+def _make_cache(root: Path, cache_dir: str | os.PathLike | None) -> None:
+    """Make the models' cache folder ``root``; ValueError naming it (and ``A5_CACHE_DIR`` where that named it)
+    when it cannot be a folder: a file is there, or a folder above it cannot take it."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        where = "A5_CACHE_DIR" if cache_dir is None and os.environ.get("A5_CACHE_DIR") else "the models' cache"
+        raise ValueError(
+            f"{where} {root}: cannot be the folder converted models are kept in ({error.strerror or error}); "
+            "point A5_CACHE_DIR at a folder of your own (or unset it: ~/.cache/a5/models)"
+        ) from None
+
+
 def _resolve_embedded(cache_dir: str | os.PathLike | None) -> str:
     from filelock import FileLock  # a dependency of huggingface_hub, hence of transformers
 
@@ -226,7 +240,7 @@ def _resolve_embedded(cache_dir: str | os.PathLike | None) -> str:
     final = root / EMBEDDED_DEFAULT
     if _is_complete(final, fingerprint):  # fast path, no lock: a complete folder is never modified in place
         return str(final)
-    root.mkdir(parents=True, exist_ok=True)
+    _make_cache(root, cache_dir)
     with FileLock(str(root / f".{EMBEDDED_DEFAULT}.lock")):
         if _is_complete(final, fingerprint):  # someone else converted while we waited
             return str(final)
@@ -290,9 +304,11 @@ def resolve_model(spec: str | os.PathLike, cache_dir: str | os.PathLike | None =
 
 
 def check_model_folder(folder: Path) -> None:
-    """ValueError naming the file unless ``folder`` holds a ``config.json`` that is a JSON object and each of
-    its ``*.safetensors`` files is whole: its header (an 8-byte length, then JSON) read, and the file as long as
-    the header's tensors need (a copy cut short). Only headers are read."""
+    """ValueError naming the file unless ``folder`` holds a ``config.json`` that is a JSON object, weights, and each
+    of its ``*.safetensors`` files is whole: its header (an 8-byte length, then JSON) read, and the file as long as
+    the header's tensors need (a copy cut short); and unless the weights hold as many layers as the config says
+    (``num_hidden_layers``: transformers starts layers it finds no weights for from random values, and says so only
+    in a log table). Only headers are read."""
     config = folder / "config.json"
     if not config.is_file():
         raise ValueError(f"model directory {str(folder)!r} has no config.json; not a Hugging Face model folder")
@@ -300,29 +316,52 @@ def check_model_folder(folder: Path) -> None:
         value = json.loads(config.read_text(encoding="utf-8"))
     except (ValueError, OSError) as error:
         raise ValueError(f"{config}: not a model's config (not JSON: {error}); copy the model folder again") from None
+    except RecursionError:
+        raise ValueError(
+            f"{config}: not a model's config (JSON nested too deeply); copy the model folder again"
+        ) from None
     if not isinstance(value, dict):
         raise ValueError(f"{config}: not a model's config (a JSON {type(value).__name__}); copy the model folder again")
+    if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
+        raise ValueError(
+            f"model directory {str(folder)!r} holds no weights (no *.safetensors or *.bin file); copy the model "
+            "folder again"
+        )
+    layers: set[int] = set()
     for weights in sorted(folder.glob("*.safetensors")):
-        problem = _safetensors_problem(weights)
+        problem, names = _safetensors_header(weights)
         if problem:
             raise ValueError(f"{weights}: {problem}; copy the model folder again")
+        layers |= {int(match[1]) for name in names if (match := _LAYER.search(name))}
+    expected = value.get("num_hidden_layers")
+    if layers and isinstance(expected, int) and layers != set(range(expected)):
+        held = f"{len(layers)} (numbered {min(layers)} to {max(layers)})" if len(layers) > 1 else str(len(layers))
+        raise ValueError(
+            f"{config}: num_hidden_layers is {expected}, but the weights in {folder} hold {held} layers: the model "
+            "would run with layers of random weights (or leave weights out); copy the model folder again, or give "
+            "config.json the number the weights hold"
+        )
 
 
-def _safetensors_problem(path: Path) -> str | None:
-    """What is wrong with a safetensors file's header or length, or None."""
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # a decoder layer's weight: model.layers.<i>.…
+
+
+def _safetensors_header(path: Path) -> tuple[str | None, list[str]]:
+    """What is wrong with a safetensors file's header or length (None: nothing), and its tensors' names."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
         length = int.from_bytes(head, "little") if len(head) == 8 else -1
         if length < 0 or 8 + length > size:
-            return f"cut short ({size:,} bytes, shorter than its header says)"
+            return f"cut short ({size:,} bytes, shorter than its header says)", []
         try:
             header = json.loads(f.read(length))
             ends = [int(entry["data_offsets"][1]) for key, entry in header.items() if key != "__metadata__"]
         except (ValueError, TypeError, KeyError, IndexError, AttributeError):
-            return "its header is not readable (damaged)"
+            return "its header is not readable (damaged)", []
     needed = 8 + length + max(ends, default=0)
-    return f"cut short ({size:,} bytes of the {needed:,} its header lists)" if size < needed else None
+    names = [key for key in header if key != "__metadata__"]
+    return (f"cut short ({size:,} bytes of the {needed:,} its header lists)" if size < needed else None), names
 
 
 HUB_DEADLINE_S = 10  # the model hub must answer within it (its client would retry for minutes)

@@ -57,6 +57,8 @@ def read_state(path: Path, required: Sequence[str], recovery: str) -> dict[str, 
         state = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, OSError) as error:  # JSONDecodeError, UnicodeDecodeError are ValueErrors
         raise CorruptStateError(f"{path}: unreadable ({error}); {recovery}") from None
+    except RecursionError:
+        raise CorruptStateError(f"{path}: unreadable (JSON nested too deeply); {recovery}") from None
     if not isinstance(state, dict):
         raise CorruptStateError(f"{path}: a JSON {type(state).__name__}, not the state's object; {recovery}")
     missing = [key for key in required if key not in state]
@@ -194,6 +196,11 @@ def check_counts(path: Path, state: dict[str, Any], counts: dict[str, int | None
     finished = state.get("finished")
     if not isinstance(finished, bool):
         raise CorruptStateError(f"{path}: finished {finished!r} is not true or false (damaged?); {recovery}")
+    last = counts.get("step")
+    if finished and last is not None and state["step"] != last:  # a run finishes at its last step
+        raise CorruptStateError(
+            f"{path}: finished at step {state['step']}, but the run's last step is {last} (damaged?); {recovery}"
+        )
 
 
 def load_checkpoint(
@@ -224,21 +231,38 @@ def load_checkpoint(
         raise CheckpointMismatchError(_describe_mismatch(latest, state["fingerprint"], expected))
     check_counts(latest / "state.json", state, {"step": None, **(counts or {})}, recovery)
     device = next(model.parameters()).device
-    model.load_state_dict(load_tensors(latest / "model.pt", recovery, device))
+    weights = load_tensors(latest / "model.pt", recovery, device)
+    with _restoring(latest / "model.pt", "this model's weights", recovery):
+        model.load_state_dict(weights)
     if state.get("finished"):
         return state
     saved = load_tensors(latest / "optimizer.pt", recovery, device)
-    optimizer.load_state_dict(saved["optimizer"])
-    if scheduler is not None:
-        scheduler.load_state_dict(saved["scheduler"])
+    with _restoring(latest / "optimizer.pt", "this run's optimizer state", recovery):
+        optimizer.load_state_dict(saved["optimizer"])
+        if scheduler is not None:
+            scheduler.load_state_dict(saved["scheduler"])
     rng = load_tensors(latest / "rng.pt", recovery)
-    random.setstate(rng["python"])
-    name, keys, *rest = rng["numpy"]
-    np.random.set_state((name, np.array(keys, dtype=np.uint32), *rest))
-    torch.set_rng_state(rng["torch"])
-    if rng["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
+    with _restoring(latest / "rng.pt", "random generators' states", recovery):
+        random.setstate(rng["python"])
+        name, keys, *rest = rng["numpy"]
+        np.random.set_state((name, np.array(keys, dtype=np.uint32), *rest))
+        torch.set_rng_state(rng["torch"])
+        if rng["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
     return state
+
+
+@contextlib.contextmanager
+def _restoring(path: Path, what: str, recovery: str) -> Iterator[None]:
+    """CorruptStateError naming ``path`` for a file that reads as tensors but does not hold ``what`` (another
+    model's weights, a file put in its place): its contents do not fit what they are restored into."""
+    try:
+        yield
+    except torch.OutOfMemoryError:
+        raise
+    except (RuntimeError, KeyError, IndexError, TypeError, ValueError, AttributeError) as error:
+        detail = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        raise CorruptStateError(f"{path}: does not hold {what} ({detail}); {recovery}") from None
 
 
 def _describe_mismatch(latest: Path, saved: dict[str, Any], current: dict[str, Any]) -> str:

@@ -32,15 +32,25 @@ import torch.distributed as dist
 
 from a5core.runtime import checkpoint
 
+# What torchrun tells each rank (with TORCHELASTIC_RUN_ID, which only torchrun sets).
+LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
 
 def init_from_env() -> tuple[int, int]:
     """Join the process group torchrun describes (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``…); returns
     ``(rank, world_size)``, ``(0, 1)`` when not launched by torchrun. NCCL on CUDA (this rank's GPU,
     ``LOCAL_RANK``, becomes the current device), gloo on CPU. Ranks other than 0 draw no progress
-    bars (``A5_PROGRESS=0``), so a terminal shows one set."""
+    bars (``A5_PROGRESS=0``), so a terminal shows one set. ValueError for ``RANK`` set in a process torchrun
+    did not start (variables left from another launch: joining would wait for ever, deaf to Ctrl-C)."""
     if "RANK" not in os.environ:
         return 0, 1
     if not dist.is_initialized():
+        if "TORCHELASTIC_RUN_ID" not in os.environ:  # torchrun sets it: these are left from another launch
+            named = ", ".join(f"{k}={os.environ[k]}" for k in LAUNCH_VARIABLES if k in os.environ)
+            raise ValueError(
+                f"{named} in the environment, but this process was not started by torchrun: it would wait for ranks "
+                f"that never come. Unset them (unset {' '.join(LAUNCH_VARIABLES)}), or start it with torchrun"
+            )
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))

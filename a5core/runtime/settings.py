@@ -22,6 +22,7 @@ same way, once; a restatement of the value it replaces is refused.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import UnionType
@@ -76,7 +77,11 @@ class Settings(BaseModel):
     default with :func:`inherited`, or a group field a subclass of its group; a field redeclared otherwise (its
     type, constraints or description changed) is refused as the class is made."""
 
-    model_config = ConfigDict(frozen=True)
+    # Unknown keys are refused, never dropped: a misspelt setting (``limt``) or one given in another group than
+    # its own would otherwise run with the default, silently (:meth:`_settings_to_their_groups` names it).
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", json_schema_extra=lambda schema, cls: cls._keys_taken(schema)
+    )
 
     # Set as each class is made: its group fields' types; for each setting by its own name the group field
     # holding it (None: a field of the class itself); for each group, property or method of a group, that group.
@@ -126,12 +131,23 @@ class Settings(BaseModel):
                     cls.member_groups[member] = name
         GROUP_NAMES.update(cls.group_types)
 
+    @classmethod
+    def _keys_taken(cls, schema: dict[str, Any]) -> None:
+        """The JSON schema (what the Prefect API validates a run's parameters against) refuses every key the
+        model refuses: a model with groups takes its fields and its settings by their own names."""
+        if cls.group_types:
+            schema.pop("additionalProperties", None)
+            schema["propertyNames"] = {"enum": sorted({*cls.model_fields, *cls.leaf_groups})}
+
     @model_validator(mode="before")
     @classmethod
     def _settings_to_their_groups(cls, data: Any) -> Any:
         # Each setting given by its own name goes to the group that holds it; a group may also be given whole
-        # (a mapping, or a Settings object: what it was given).
-        if not cls.group_types or not isinstance(data, dict):
+        # (a mapping, or a Settings object: what it was given). A key the model has no setting for is refused.
+        if not isinstance(data, dict):
+            return data
+        cls._refuse_unknown(data)
+        if not cls.group_types:
             return data
         routed: dict[str, Any] = {}
         parts: dict[str, dict[str, Any]] = {}
@@ -146,6 +162,29 @@ class Settings(BaseModel):
             else:
                 routed[key] = value  # not a group's settings: pydantic says so
         return {**routed, **parts}
+
+    @classmethod
+    def _refuse_unknown(cls, data: dict[Any, Any]) -> None:
+        """ValueError naming each key of ``data`` that is no setting of this model (with the nearest name), and,
+        in a mapping given for a field of settings (a group), each key that is none of its settings, a setting of
+        another group with that group."""
+        problems = [
+            unknown_setting(key, cls) for key in data if key not in cls.model_fields and key not in cls.leaf_groups
+        ]
+        for name, field in cls.model_fields.items():
+            kind, given = field.annotation, data.get(name)
+            if not (isinstance(given, dict) and isinstance(kind, type) and issubclass(kind, Settings)):
+                continue
+            for key in given:
+                if key in kind.model_fields or key in kind.leaf_groups:
+                    continue
+                if key in cls.leaf_groups:  # given in the wrong group
+                    holder = cls.leaf_groups[key] or "the top level"
+                    problems.append(f"{name}.{key}: {key} is a setting of {holder}, not of {name}")
+                else:
+                    problems.append(f"{name}.{key}: {unknown_setting(key, kind)}")
+        if problems:
+            raise ValueError("; ".join(problems))
 
     def __getattr__(self, name: str) -> Any:
         # A setting of a group, or a group's property or method, read by its own name (only called where
@@ -223,6 +262,24 @@ class Settings(BaseModel):
         return {name: value for name, value in self.flat().items() if name in wanted}
 
 
+class _Reads:
+    """The mark of a setting that names what a run reads: see :data:`READS`."""
+
+    def __repr__(self) -> str:
+        return "READS"
+
+
+# In a setting's type, ``Annotated[str, READS]``: the setting names a file (a model: a folder, or a hub id) the run
+# reads. These are a run's inputs, and the only settings whose paths a record hashes (tasks.provenance): a setting
+# naming anything else (an experiment called /usr) is never read as a path.
+READS = _Reads()
+
+
+def read_settings(model: type[Settings]) -> list[str]:
+    """The settings of ``model`` (by their own names) that name what a run reads (:data:`READS`)."""
+    return [name for name, field in model.flat_fields().items() if READS in field.metadata]
+
+
 # The names of every group field of every Settings class: what an error's location drops to name a setting.
 GROUP_NAMES: set[str] = set()
 _Group = TypeVar("_Group", bound=Settings)
@@ -233,6 +290,12 @@ def group(kind: type[_Group], description: str) -> _Group:
     settings the model takes and reads by their own names. (A Settings field declared otherwise is a setting
     of its own, given as a mapping: e.g. ``sft_data``'s ``distill``.)"""
     return Field(default_factory=kind, description=description)
+
+
+def unknown_setting(key: Any, model: type[Settings]) -> str:
+    """``key`` named as no setting of ``model``, with the setting of the nearest name where one is close."""
+    close = difflib.get_close_matches(str(key), list(model.flat_fields()), n=1)
+    return f"unknown setting {str(key)[:80]!r}" + (f" (did you mean {close[0]}?)" if close else "")
 
 
 def _is_group(field: FieldInfo) -> bool:
@@ -290,7 +353,9 @@ def describe(error: ValidationError) -> str:
     problems = []
     for problem in error.errors():
         message, loc = problem["msg"].removeprefix("Value error, "), setting_location(problem["loc"])
-        problems.append(f"{'.'.join(map(str, loc))} {problem.get('input')!r}: {message}" if loc else message)
+        where = ".".join(map(str, loc))
+        named = not loc or message.startswith(f"{where} ")  # a check that names the setting itself
+        problems.append(message if named else f"{where} {problem.get('input')!r}: {message}")
     return "; ".join(problems)
 
 
@@ -440,8 +505,13 @@ class PeriodicSettings(Settings):
     checkpoint_every: int = Field(ge=0, description="optimizer steps between checkpoints (0: only at the end)")
 
 
+# The largest seed: numpy's generators take seeds below 2**32, and a step's seed (seed × 1,000,003 + step) stays
+# within what torch's and the engines' generators take. A larger one failed minutes into a run, without naming it.
+MAX_SEED = 2**32 - 1
+
+
 class SeedSettings(Settings):
-    seed: int = Field(0, ge=0, description="seed of data order, sampling and initialisation")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of data order, sampling and initialisation")
 
     def step_seed(self, step: int) -> int:
         """The seed of step ``step``'s draws (its questions, its sampling): distinct for every (seed, step)
