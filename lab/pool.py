@@ -41,7 +41,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 GIB = 1024**3
@@ -161,7 +161,9 @@ def complete(entry: Entry, done: list[dict]) -> bool:
 def card() -> tuple[str, float, float]:
     out = subprocess.run(
         ["nvidia-smi", "--query-gpu=name,memory.total,memory.used", "--format=csv,noheader,nounits"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.splitlines()[0]
     name, total, used = (x.strip() for x in out.split(","))
     return name, float(total) / 1024, float(used) / 1024
@@ -195,11 +197,16 @@ class Pool:
         self.cores = int(os.environ.get("POOL_CORES") or os.cpu_count() or 16)
         self.at_once = max(1, min(MAX_AT_ONCE, self.cores - 2))
         self.budget = self.total - RESERVE_GIB - used
-        self.log(f"card {self.gpu}: {self.total:.1f} GiB, {used:.1f} in use; {self.cores} cores; at most "
-                 f"{self.at_once} at once in {self.budget:.1f} GiB; deadline in {self.deadline - self.t0:.0f} s")
+        self.log(
+            f"card {self.gpu}: {self.total:.1f} GiB, {used:.1f} in use; {self.cores} cores; at most "
+            f"{self.at_once} at once in {self.budget:.1f} GiB; deadline in {self.deadline - self.t0:.0f} s"
+        )
         for k, v in KINDS.items():
-            self.log(f"  {k}: {v.gib:g} GiB" + (f" (--gpu-memory-fraction {self.fraction(k)})" if v.share else "")
-                     + f", about {v.wall:.0f} s at 12 at once")
+            self.log(
+                f"  {k}: {v.gib:g} GiB"
+                + (f" (--gpu-memory-fraction {self.fraction(k)})" if v.share else "")
+                + f", about {v.wall:.0f} s at 12 at once"
+            )
 
     def log(self, msg: str) -> None:
         line = f"[{time.time() - self.t0:6.0f} s] {msg}"
@@ -239,29 +246,41 @@ class Pool:
         folder = DEVRUN / entry.name
         folder.mkdir(parents=True, exist_ok=True)
         words = list(entry.words)
-        words = [w for i, w in enumerate(words) if not (w == "--gpu-memory-fraction" or
-                                                        (i and words[i - 1] == "--gpu-memory-fraction"))]
+        words = [
+            w
+            for i, w in enumerate(words)
+            if not (w == "--gpu-memory-fraction" or (i and words[i - 1] == "--gpu-memory-fraction"))
+        ]
         if KINDS[entry.kind].share:
             words += ["--gpu-memory-fraction", self.fraction(entry.kind)]
         if own:
-            words += ["--tracking-uri", f"sqlite:///{folder}/mlflow.db", "--output-dir", f"{folder}/out",
-                      "--metrics-path", f"{folder}/metrics.json"]
+            words += [
+                "--tracking-uri",
+                f"sqlite:///{folder}/mlflow.db",
+                "--output-dir",
+                f"{folder}/out",
+                "--metrics-path",
+                f"{folder}/metrics.json",
+            ]
         env = {**os.environ, "OMP_NUM_THREADS": "4" if entry.kind == "pre" else "2"}
         cmd = [sys.executable, "-m", *words]
         log = open(folder / f"{entry.name}.log", "w")
         log.write(f"== {entry.name}: {shlex.join(cmd)}\n")
         log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+        )
         now = time.time()
         self.running[entry.name] = (proc, now, entry, self.estimate(entry.kind, len(self.running) + 1))
         with open(self.calldir / "pool.txt", "a") as f:
             f.write(f"{entry.name} start {int(now)}\n")
-        self.log(f"start {entry.name} ({entry.kind}, {self.need(entry.kind):.0f} GiB, about "
-                 f"{self.running[entry.name][3]:.0f} s; {len(self.running)} running, {self.held():.0f} GiB)")
+        self.log(
+            f"start {entry.name} ({entry.kind}, {self.need(entry.kind):.0f} GiB, about "
+            f"{self.running[entry.name][3]:.0f} s; {len(self.running)} running, {self.held():.0f} GiB)"
+        )
 
     def reap(self) -> None:
-        for name, (proc, began, entry, _) in list(self.running.items()):
+        for name, (proc, began, _entry, _) in list(self.running.items()):
             rc = proc.poll()
             if rc is None:
                 continue
@@ -294,7 +313,7 @@ class Pool:
             end = time.time() + wait
             while time.time() < end and any(p.poll() is None for p, *_ in self.running.values()):
                 time.sleep(0.5)
-        for name, (proc, began, _, _) in list(self.running.items()):
+        for name, (_proc, began, _, _) in list(self.running.items()):
             self.finish(name, 124, began)
 
     # ---- the start model -------------------------------------------------------------------------------------
@@ -305,7 +324,9 @@ class Pool:
         made = json.loads(record.read_text())
         found = folder_hash(START_MODEL)
         if found != made["sha256"]:
-            self.log(f"start model changed since {made['call']}: {found[:12]} against {made['sha256'][:12]}: made again")
+            self.log(
+                f"start model changed since {made['call']}: {found[:12]} against {made['sha256'][:12]}: made again"
+            )
             return False
         self.origin = found[:12]
         self.log(f"start model of {made['call']} found, sha256 {found[:12]} (unchanged)")
@@ -346,50 +367,72 @@ class Pool:
         self.log(f"plan ({len(todo)}): {' '.join(e.name for e in todo)}")
         if self.args.plan:
             return
-        pre = diff = None
+        self.pre = self.diff = None
         if not reuse:
-            pre = Entry("sft", PRE.split()[1:], [], "pre", "base")
-            self.start(pre, own=False)
-        need_table = any(e.needs == "table" for e in todo)
-        if need_table and not reuse:
+            self.pre = Entry("sft", PRE.split()[1:], [], "pre", "base")
+            self.start(self.pre, own=False)
+        self.need_table = any(e.needs == "table" for e in todo)
+        if self.need_table and not reuse:
             TABLE.unlink(missing_ok=True)  # from another start model
         while time.time() < self.deadline:
             self.reap()
-            if pre and "sft" in self.ended:
-                if self.ended["sft"] != 0:
-                    self.log("start model failed: only the base-model runs go on")
-                    todo = [e for e in todo if e.needs == "base"]
-                else:
-                    self.record_start_model()
-                pre = None
-            have_start = self.origin is not None
-            if have_start and need_table and not TABLE.exists() and diff is None and "difficulty" not in self.ended:
-                diff = Entry("difficulty", DIFFICULTY.split()[1:], [], "difficulty", "start")
-                if self.estimate("difficulty", len(self.running) + 1) < self.left():
-                    self.start(diff, own=False)
-            if diff and "difficulty" in self.ended:
-                diff = None
-            waiting = False  # an entry that may still start: its inputs to come, or room and time for it
-            for entry in list(todo):
-                ready = entry.needs == "base" or (have_start and (entry.needs == "start" or TABLE.exists()))
-                if entry.needs == "base" and pre is not None:
-                    beside = sum(e.needs == "base" and e.kind != "pre" for _, _, e, _ in self.running.values())
-                    ready = ready and beside < BASE_BESIDE_PRE
-                coming = pre is not None or (entry.needs == "table" and diff is not None)
-                if self.estimate(entry.kind, 1) <= self.left() and (ready or coming):
-                    waiting = True
-                if entry.name in self.running or entry.name in self.ended or not ready:
-                    continue
-                if self.fits(entry):
-                    self.start(entry)
-                    todo.remove(entry)
-                elif len(self.running) >= self.at_once:
-                    break
+            todo = self.after_start_model(todo)
+            self.difficulty_when_ready()
+            waiting = self.start_ready(todo)
             if not self.running and not waiting:
                 break
             time.sleep(3)
         self.kill_all("the call's deadline")
         self.log(f"not started: {' '.join(e.name for e in todo) or 'none'}")
+
+    def after_start_model(self, todo: list[Entry]) -> list[Entry]:
+        """Once the start model's SFT ends: its record, or (it failed) only the runs from the base model."""
+        if self.pre and "sft" in self.ended:
+            if self.ended["sft"] != 0:
+                self.log("start model failed: only the base-model runs go on")
+                todo = [e for e in todo if e.needs == "base"]
+            else:
+                self.record_start_model()
+            self.pre = None
+        return todo
+
+    def difficulty_when_ready(self) -> None:
+        """The difficulty table, from the start model, once there is one and a run needs the table."""
+        have_start = self.origin is not None
+        if (
+            have_start
+            and self.need_table
+            and not TABLE.exists()
+            and self.diff is None
+            and "difficulty" not in self.ended
+        ):
+            self.diff = Entry("difficulty", DIFFICULTY.split()[1:], [], "difficulty", "start")
+            if self.estimate("difficulty", len(self.running) + 1) < self.left():
+                self.start(self.diff, own=False)
+        if self.diff and "difficulty" in self.ended:
+            self.diff = None
+
+    def start_ready(self, todo: list[Entry]) -> bool:
+        """Start the entries whose inputs are there and that fit; whether any may still start (its inputs to come,
+        or room and time for it)."""
+        have_start = self.origin is not None
+        waiting = False
+        for entry in list(todo):
+            ready = entry.needs == "base" or (have_start and (entry.needs == "start" or TABLE.exists()))
+            if entry.needs == "base" and self.pre is not None:
+                beside = sum(e.needs == "base" and e.kind != "pre" for _, _, e, _ in self.running.values())
+                ready = ready and beside < BASE_BESIDE_PRE
+            coming = self.pre is not None or (entry.needs == "table" and self.diff is not None)
+            if self.estimate(entry.kind, 1) <= self.left() and (ready or coming):
+                waiting = True
+            if entry.name in self.running or entry.name in self.ended or not ready:
+                continue
+            if self.fits(entry):
+                self.start(entry)
+                todo.remove(entry)
+            elif len(self.running) >= self.at_once:
+                break
+        return waiting
 
 
 # ---- packing ---------------------------------------------------------------------------------------------------
@@ -425,7 +468,11 @@ def pack(pool: Pool, out: Path) -> list[tuple[str, str]]:
     groups: dict[str, list[Path]] = {}
     for name in ok:
         if name in ("sft", "difficulty"):
-            paths = [Path("mlflow.db"), Path("metrics"), Path("outputs") / ("sft_experiment" if name == "sft" else "difficulty")]
+            paths = [
+                Path("mlflow.db"),
+                Path("metrics"),
+                Path("outputs") / ("sft_experiment" if name == "sft" else "difficulty"),
+            ]
             paths += store_folders(Path("mlflow.db")) if Path("mlflow.db").exists() else []
         else:
             paths = [DEVRUN / name] + store_folders(DEVRUN / name / "mlflow.db")
@@ -464,6 +511,7 @@ def main() -> None:
     out = Path(os.environ.get("OUT", "/tmp/pool_out"))
     out.mkdir(parents=True, exist_ok=True)
     pool = Pool(args)
+
     def interrupted(*_):
         raise KeyboardInterrupt
 
@@ -480,8 +528,10 @@ def main() -> None:
     lines = []
     for name, rc in pool.ended.items():
         origin = "base" if name.startswith("sizes") else (pool.origin or "none")
-        lines.append(f"{name} rc={rc} origin={origin} call={pool.tag} archive={archive.get(name, '-')} "
-                     f"wall_s={pool.walls[name]} gpu={pool.gpu.replace(' ', '_')}")
+        lines.append(
+            f"{name} rc={rc} origin={origin} call={pool.tag} archive={archive.get(name, '-')} "
+            f"wall_s={pool.walls[name]} gpu={pool.gpu.replace(' ', '_')}"
+        )
     (out / "done.txt").write_text("\n".join(lines) + "\n")
     (pool.calldir / "done.txt").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
