@@ -38,9 +38,9 @@ from a5core.data.files import write_text_atomic
 from a5core.grading.sample_metrics import paired_difference, problem_scores
 from a5core.runtime.settings import Settings
 from flows.cli import flow_main, print_paths
-from flows.params import LogToMLflow, OutputFolder, TrackingUri, output_folder_of_its_flow
+from flows.params import ExperimentName, LogToMLflow, OutputFolder, TrackingUri, output_folder_of_its_flow
 from tasks.flow_summary import publish
-from tasks.outputs import claim_outputs
+from tasks.outputs import outputs_held
 from tasks.plots import plot_curves
 from tasks.provenance import read_record, record_rows
 from tasks.tables import csv_text, markdown_table
@@ -96,7 +96,7 @@ class CompareParams(Settings):
     plot_metrics: list[str] = Field(
         list(DEFAULT_PLOT_METRICS), description="metrics plotted against step, where runs have them"
     )
-    comparison_experiment: str = Field("comparison", description="MLflow experiment of the comparison run")
+    comparison_experiment: ExperimentName = "comparison"
 
     _output_folder = field_validator("output_dir")(output_folder_of_its_flow)
 
@@ -300,7 +300,6 @@ def log_comparison_run(params: CompareParams, runs: list[Any], result: dict[str,
 @flow(name="compare")
 def compare(params: CompareParams) -> dict:
     """Compare MLflow runs: table (md/csv/json) and plots into output_dir, logged as a comparison run."""
-    claim_outputs(params)
     reader = store_client(params.tracking_uri)
     runs = find_runs(reader, params)
     if not runs:
@@ -312,7 +311,8 @@ def compare(params: CompareParams) -> dict:
                 else f"children of {params.parent}"
             )
         )
-    result = write_comparison(reader, runs, Path(params.output_dir), params.metrics, params.plot_metrics)
+    with outputs_held(params):  # claimed, and no other flow writes there meanwhile
+        result = write_comparison(reader, runs, Path(params.output_dir), params.metrics, params.plot_metrics)
     result["mlflow_run_id"] = log_comparison_run(params, runs, result) if params.log_to_mlflow else None
     publish(
         "compare",

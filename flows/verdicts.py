@@ -45,9 +45,16 @@ from a5core.runtime.settings import Settings
 from a5core.verdicts.decide import Decision, Rule, decide
 from a5core.verdicts.expectations import DEFAULT_METRIC, Expectation, expectations_from, parse_expectation
 from flows.cli import flow_main, load_yaml, print_paths
-from flows.params import PLACEMENT_FIELDS, LogToMLflow, OutputFolder, TrackingUri, output_folder_of_its_flow
+from flows.params import (
+    PLACEMENT_FIELDS,
+    ExperimentName,
+    LogToMLflow,
+    OutputFolder,
+    TrackingUri,
+    output_folder_of_its_flow,
+)
 from tasks.flow_summary import publish
-from tasks.outputs import claim_outputs
+from tasks.outputs import outputs_held
 from tasks.plots import plot_curves
 from tasks.store_runs import StoredRuns, read_runs
 from tasks.tables import csv_text, markdown_table
@@ -99,7 +106,7 @@ class VerdictParams(Settings):
     )
     append: list[str] = Field([], description="Markdown files added to the page after the verdicts")
     title: str = Field("Verdicts", description="the page's title")
-    verdict_experiment: str = Field("verdicts", description="MLflow experiment of the verdicts' run")
+    verdict_experiment: ExperimentName = "verdicts"
 
     _output_folder = field_validator("output_dir")(output_folder_of_its_flow)
 
@@ -243,19 +250,18 @@ def verdicts(params: VerdictParams) -> dict:
     """Decide the expectations asked of the runs in ``params.stores``: page, JSON and CSV into output_dir, logged
     as a run of ``params.verdict_experiment`` and as the flow run's artifact."""
     expectations, exclude = asked(params)
-    claim_outputs(params)
     stored = read_runs(params.stores, params.ignore_settings)
     if not stored.records:
         raise ValueError(f"stores: no runs in {', '.join(stored.stores)}")
     decision = decide(expectations, stored.records, params.rule(), exclude)
     out = Path(params.output_dir)
-    plots = figures(stored, out / FIGURES)
-    rows = findings_rows(decision)
-    paths = {
-        "page": write_text_atomic(out / PAGE, page(params, stored, decision, plots)),
-        "json": write_text_atomic(out / "verdicts.json", json.dumps(records(decision), indent=2) + "\n"),
-        "csv": write_text_atomic(out / "verdicts.csv", csv_text(rows)),
-    }
+    with outputs_held(params):  # claimed, and no other flow writes there meanwhile
+        plots = figures(stored, out / FIGURES)
+        paths = {
+            "page": write_text_atomic(out / PAGE, page(params, stored, decision, plots)),
+            "json": write_text_atomic(out / "verdicts.json", json.dumps(records(decision), indent=2) + "\n"),
+            "csv": write_text_atomic(out / "verdicts.csv", csv_text(findings_rows(decision))),
+        }
     if plots:
         paths["figures"] = out / FIGURES
     counts = decision.counts()
