@@ -23,20 +23,14 @@ from a5core.data.problem_sets import GRADER_PROMPTS, RewardName
 from a5core.data.prompts import PromptTemplate, builtin_prompt_names
 from a5core.data.sft_data import TeacherSettings
 from a5core.engines import BACKENDS, DTYPES, SamplingSettings
+from a5core.engines.engine import ENGINE_SAMPLING, RolloutSamplingFields, SamplingFields
 from a5core.loops.expert_iteration import EIConfig
 from a5core.loops.grpo import GRPOConfig
 from a5core.loops.grpo.config import GRPOOptimizer
+from a5core.loops.settings import HOW_FAST_FIELDS
 from a5core.loops.sft import SFTConfig
 from a5core.policy.losses import LengthNormalization
-from a5core.runtime.settings import (
-    ENGINE_SAMPLING,
-    HOW_FAST_FIELDS,
-    RolloutSamplingFields,
-    SamplingFields,
-    Settings,
-    group,
-    inherited,
-)
+from a5core.runtime.settings import Settings, group, inherited
 from tasks.engines import parse_engine_devices
 from tasks.outputs import check_output_dir, check_output_file, git_tracked, output_kind, source_folders_refused
 from tasks.tracking import DEFAULT_TRACKING_URI, sqlite_database

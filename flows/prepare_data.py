@@ -31,7 +31,8 @@ import yaml
 from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field
 
-from a5core.data.files import LOADERS, DataError, write_text_atomic
+from a5core.data.files import LOADERS, DataError
+from a5core.runtime.writing import write_text_atomic
 from flows.cli import cli_main, profile_name, read_config, section_settings
 from tasks.flow_summary import publish
 from tasks.prefect_server import check_prefect_api

@@ -45,7 +45,7 @@ from typing import Any, Literal
 from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from a5core.data.files import DataError, load_math, load_sft_traces, write_jsonl_atomic, write_text_atomic
+from a5core.data.files import DataError, load_math, load_sft_traces
 from a5core.data.prompts import load_prompt
 from a5core.data.sft_data import (
     OpenAICompletionsTeacher,
@@ -58,6 +58,7 @@ from a5core.data.sft_data import (
 )
 from a5core.engines import make_engine
 from a5core.policy.model_specs import ModelResolutionError, resolve_model
+from a5core.runtime.writing import write_jsonl_atomic, write_text_atomic
 from flows.cli import ConfigError, cli_main, profile_name, read_config, section_settings
 from flows.params import DistillParams, Prompt
 from tasks.engines import closing_engine

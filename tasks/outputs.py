@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from a5core.data.files import write_text_atomic
+from a5core.runtime.writing import write_text_atomic
 
 OUTPUT_MARKER = ".a5-outputs"  # in an output folder: the kind of flow whose outputs it holds
 REPORT_MARKER = ".a5-report"  # in every report folder (flows.report): a folder it made, which it may replace

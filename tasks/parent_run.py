@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from a5core.data.files import write_text_atomic
+from a5core.runtime.writing import write_text_atomic
 from tasks.engines import closing_engine, engine_for
 from tasks.flow_summary import publish
 from tasks.outputs import claim_outputs

@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from a5core.data.files import DataError, gsm8k_final_answer, load_gsm8k, load_math, load_sft_traces, write_jsonl_atomic
+from a5core.data.files import DataError, gsm8k_final_answer, load_gsm8k, load_math, load_sft_traces
+from a5core.runtime.writing import write_jsonl_atomic
 
 
 def test_real_math_files(shared_data):

@@ -23,8 +23,9 @@ import pytest
 from kill9 import kill_at_marker
 
 from a5core.data.arithmetic import arithmetic_problems
-from a5core.data.files import Trace, write_jsonl_atomic
+from a5core.data.files import Trace
 from a5core.data.prompts import load_prompt
+from a5core.runtime.writing import write_jsonl_atomic
 from flows.expert_iteration import SUMMARY_KEYS as EI_SUMMARY
 from flows.grpo import SUMMARY_KEYS as GRPO_SUMMARY
 from tasks.tables import headline_metrics

@@ -250,7 +250,7 @@ def test_one_step_with_each_option_equals_the_hand_computed_one(tokenizer, optio
     """The loop's step against :func:`hand_step`, both stepping SGD (``sgd_updates``: the weights then compare
     the gradients; AdamW's own step is checked in tests/test_grpo.py). GSPO runs off-policy (two optimizer steps on
     halves of the batch): the second step's sequence ratios are not 1, and some are clipped."""
-    from a5core.runtime.settings import SeedSettings
+    from a5core.loops.settings import SeedSettings
 
     monkeypatch.setattr(SeedSettings, "step_seed", lambda self, step: 0)  # epoch e's order: seed e
     model = make_model(tokenizer)

@@ -85,9 +85,9 @@ def test_the_merged_model_in_an_engine_and_a_saved_folder_gives_the_policys_log_
         make_model(tokenizer).state_dict()
     )
     engine = HFEngine(make_model(tokenizer, seed=5), tokenizer, batch_size=4)
-    from a5core.runtime import distributed
+    from a5core.engines import full_weights
 
-    engine.load_weights(distributed.full_weights(model))
+    engine.load_weights(full_weights(model))
     prompts = ["What is 2 + 3?", "What is 7 + 1?"]
     completions = engine.generate(prompts, SamplingSettings(temperature=1.0, max_tokens=6, seed=0, logprobs=True))
     for prompt, group in zip(prompts, completions, strict=True):

@@ -11,8 +11,9 @@ from pydantic_core import PydanticUndefined
 from a5core.loops.expert_iteration import EIConfig
 from a5core.loops.grpo import GRPOConfig
 from a5core.loops.grpo.config import GRPOOptimizer
+from a5core.loops.settings import OptimizerSettings
 from a5core.loops.sft import SFTConfig
-from a5core.runtime.settings import OptimizerSettings, Settings, describe, group, inherited
+from a5core.runtime.settings import Settings, describe, group, inherited
 from flows.compare import CompareParams
 from flows.params import (
     BaselineEvalParams,

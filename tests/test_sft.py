@@ -24,8 +24,9 @@ from a5core.data.prompts import load_prompt
 from a5core.engines import SamplingSettings
 from a5core.engines.hf import HFEngine
 from a5core.grading.grader import r1_zero_reward_fn
-from a5core.loops.sft import CheckpointMismatchError, NonFiniteLossError, SFTConfig, lr_multiplier, train_sft
+from a5core.loops.sft import SFTConfig, lr_multiplier, train_sft
 from a5core.policy.causal_lm import get_response_log_probs, tokenize_prompt_and_output
+from a5core.runtime.checkpoint import CheckpointMismatchError, NonFiniteLossError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -9,7 +9,16 @@ from __future__ import annotations
 
 import torch
 
-from a5core.engines.engine import BACKENDS, DTYPES, Completion, Engine, SamplingSettings, check_prompts, resolve_dtype
+from a5core.engines.engine import (
+    BACKENDS,
+    DTYPES,
+    Completion,
+    Engine,
+    SamplingSettings,
+    check_prompts,
+    full_weights,
+    resolve_dtype,
+)
 
 __all__ = [
     "BACKENDS",
@@ -18,6 +27,7 @@ __all__ = [
     "Engine",
     "SamplingSettings",
     "check_prompts",
+    "full_weights",
     "make_engine",
     "resolve_dtype",
     "vllm_available",

@@ -21,7 +21,7 @@ step 0 (the "before" of the run, as the SFT and GRPO loops do).
 
 Several ranks (torchrun; the caller has called :func:`a5core.runtime.distributed.init_from_env` before loading
 the model, and gives each rank its own engine): each rank pushes the whole weights
-(:func:`a5core.runtime.distributed.full_weights`) into its engine and samples its block of the round's
+(:func:`a5core.engines.full_weights`) into its engine and samples its block of the round's
 questions; the graded rollouts are gathered, so every rank keeps the same traces, and the SFT loop
 trains on them with FSDP2 (the model is sharded in place from the first round on). Rank 0 alone calls
 ``log`` and writes the round files, ``model.pt`` (whole tensors, gathered) and ``state.json``; every
@@ -44,25 +44,19 @@ from typing import Any
 import torch
 from pydantic import Field
 
-from a5core.data.files import Problem, Trace, load_sft_traces, write_jsonl_atomic, write_text_atomic
+from a5core.data.files import Problem, Trace, load_sft_traces
 from a5core.data.prompts import PromptTemplate
-from a5core.engines import Engine
+from a5core.engines import Engine, full_weights
+from a5core.engines.engine import RolloutSamplingFields
 from a5core.grading.evaluation import grade_completions, response_entropies
 from a5core.loops.question_sampling import QuestionSampler, QuestionSamplingSettings
+from a5core.loops.settings import OptimizerSettings, SeedSettings, SFTBatchSettings, SpeedSettings
 from a5core.loops.sft import SFTConfig, train_sft
 from a5core.policy.lora import LoRASettings, add_adapters
 from a5core.runtime import distributed, progress
 from a5core.runtime.checkpoint import load_tensors, read_state
-from a5core.runtime.settings import (
-    OptimizerSettings,
-    RolloutSamplingFields,
-    SeedSettings,
-    Settings,
-    SFTBatchSettings,
-    SpeedSettings,
-    group,
-    inherited,
-)
+from a5core.runtime.settings import Settings, group, inherited
+from a5core.runtime.writing import write_jsonl_atomic, write_text_atomic
 
 logger = logging.getLogger(__name__)
 STATUS_KEYS = (
@@ -250,7 +244,7 @@ def _rollout_round(
     rank, world = distributed.rank_and_world()
     mine = questions[distributed.rank_slice(len(questions))]
     prompts = [template.format(p.problem) for p in mine]
-    engine.load_weights(distributed.full_weights(model))
+    engine.load_weights(full_weights(model))
     sampling = config.sampling.engine_settings(
         template.stop, n=config.rollouts_per_question, seed=(config.seed + step) * world + rank
     )

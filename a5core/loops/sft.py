@@ -21,7 +21,7 @@ run forward (under bf16 autocast when the model is on CUDA; the model's own dtyp
 and back-propagated through :func:`a5core.policy.causal_lm.sft_microbatch_train_step`, whose divisor makes the
 accumulated gradient the gradient of the batch mean. Then the gradient norm is clipped to ``grad_clip``
 and AdamW (fused on CUDA) steps at the scheduled learning rate (see :func:`lr_multiplier`). A NaN/inf loss
-or gradient norm raises :class:`NonFiniteLossError` naming the step *before* the update: the weights stay
+or gradient norm raises :class:`a5core.runtime.checkpoint.NonFiniteLossError` naming the step *before* the update: the weights stay
 those of the previous step and no checkpoint is written from them.
 
 Each step calls ``log`` with ``loss`` (per-sequence mean, not scaled for accumulation), ``token_nll``
@@ -35,7 +35,7 @@ final evaluation) plus ``step``.
 
 Checkpoints (``checkpoint_dir``; layout in :mod:`a5core.runtime.checkpoint`): ``latest/`` holds weights, optimizer,
 scheduler, RNG states and the data position, every ``checkpoint_every`` steps and after the last. A run
-whose checkpoint exists resumes from it exactly, and refuses (:class:`CheckpointMismatchError`) if it was
+whose checkpoint exists resumes from it exactly, and refuses (:class:`a5core.runtime.checkpoint.CheckpointMismatchError`) if it was
 written with another config or other examples. A finished checkpoint is not trained again: its final
 weights are loaded into ``model`` and its final metrics returned.
 
@@ -45,7 +45,7 @@ batch, ``microbatch_size`` at a time (so ``microbatch_size`` is per rank), and e
 divided by the batch's global number of sequences: the update is the one process's, whatever N and
 ``microbatch_size``. The metrics are the whole batch's (reduced over ranks) and the same on every rank;
 only rank 0 calls ``log``; every rank calls ``evaluate`` with the sharded model (push it to an engine with
-:func:`a5core.runtime.distributed.full_weights`) and gets the same return value. Checkpoints are written whole by
+:func:`a5core.engines.full_weights`) and gets the same return value. Checkpoints are written whole by
 rank 0 and resume on any number of ranks.
 """
 
@@ -66,6 +66,14 @@ import torch
 from pydantic import Field
 
 from a5core.data.files import Trace
+from a5core.loops.settings import (
+    HOW_FAST_FIELDS,
+    OptimizerSettings,
+    PeriodicSettings,
+    SeedSettings,
+    SFTBatchSettings,
+    SpeedSettings,
+)
 from a5core.loops.training import TrainedPolicy, prepare
 from a5core.policy.causal_lm import (
     get_response_log_probs,
@@ -76,24 +84,10 @@ from a5core.policy.causal_lm import (
 )
 from a5core.policy.lora import LoRASettings
 from a5core.runtime import distributed, progress
-from a5core.runtime.checkpoint import (  # noqa: F401  (the errors are part of this module's interface)
-    CheckpointMismatchError,
-    NonFiniteLossError,
-    fingerprint,
-)
+from a5core.runtime.checkpoint import fingerprint, load_checkpoint, save_checkpoint
 from a5core.runtime.guards import DivergenceGuard
 from a5core.runtime.out_of_memory import naming_the_microbatch
-from a5core.runtime.settings import (
-    HOW_FAST_FIELDS,
-    OptimizerSettings,
-    PeriodicSettings,
-    SeedSettings,
-    Settings,
-    SFTBatchSettings,
-    SpeedSettings,
-    group,
-    inherited,
-)
+from a5core.runtime.settings import Settings, group, inherited
 
 logger = logging.getLogger(__name__)
 
@@ -245,7 +239,7 @@ def train_sft(
                 "metrics": metrics,
                 "fingerprint": fingerprint,
             }
-            distributed.save_checkpoint(checkpoint, model, run.policy.optimizer, run.policy.scheduler, progress_state)
+            save_checkpoint(checkpoint, model, run.policy.optimizer, run.policy.scheduler, progress_state)
     steps_bar.close()
     run.policy.optimizer.zero_grad(set_to_none=True)  # free the gradients (a model's worth of memory) for what's next
     model.train(was_training)
@@ -360,7 +354,7 @@ def _start(run: _Run, fingerprint: dict[str, Any], steps_per_epoch: int) -> dict
     config, checkpoint, policy = run.config, run.checkpoint, run.policy
     counts = {"step": run.total_steps, "epoch": config.epochs, "batch_in_epoch": steps_per_epoch - 1}
     state = (
-        distributed.load_checkpoint(checkpoint, fingerprint, policy.model, policy.optimizer, policy.scheduler, counts)
+        load_checkpoint(checkpoint, fingerprint, policy.model, policy.optimizer, policy.scheduler, counts)
         if checkpoint
         else None
     )

@@ -17,7 +17,7 @@ import torch
 
 from a5core.data.files import Problem
 from a5core.data.prompts import PromptTemplate
-from a5core.engines import Completion, Engine
+from a5core.engines import Completion, Engine, full_weights
 from a5core.loops.grpo.batch import Draw
 from a5core.loops.grpo.config import GRPOConfig
 from a5core.loops.grpo.stats import PhaseTimer
@@ -47,7 +47,7 @@ class Rollouts:
         """Step ``step``'s questions, their rollouts and the policy version (steps trained) that sampled them."""
         questions = self.sampler.sample(rng, self.config.prompts_per_step)
         with self.timer("weight_sync"):
-            engine.load_weights(distributed.full_weights(self.model))
+            engine.load_weights(full_weights(self.model))
         with self.timer("generate"):
             completions = self.generate(engine, questions, step)
         return questions, completions, step
@@ -105,7 +105,7 @@ class OneStepOff(Rollouts):
         if step + 1 < self.config.n_grpo_steps:
             if version != step:
                 with self.timer("weight_sync"):
-                    engine.load_weights(distributed.full_weights(self.model))
+                    engine.load_weights(full_weights(self.model))
             following = self.sampler.sample(
                 random.Random(self.config.seeding.step_seed(step + 1)), self.config.prompts_per_step
             )
