@@ -23,7 +23,7 @@ _EXPORTS = {
     "question_only_reward_fn": "a5core.grading.grader",
     "r1_zero_reward_fn": "a5core.grading.grader",
     "compute_entropy": "a5core.policy.losses",
-    "compute_group_normalized_rewards": "a5core.policy.losses",
+    "compute_group_normalized_rewards": "a5core.grading.group_rewards",
     "compute_grpo_clip_loss": "a5core.policy.losses",
     "compute_naive_policy_gradient_loss": "a5core.policy.losses",
     "compute_policy_gradient_loss": "a5core.handout",

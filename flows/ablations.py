@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from a5core.data.problem_sets import ARITHMETIC_GRADERS
+from a5core.grading.rewards import ARITHMETIC_GRADERS
 from a5core.runtime.settings import describe
 from flows.params import AblationName, GRPOParams
 

@@ -19,11 +19,11 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field, PositiveFloat, StrictBool, field_validator, model_validator
 
-from a5core.data.problem_sets import GRADER_PROMPTS, RewardName
 from a5core.data.prompts import PromptTemplate, builtin_prompt_names
-from a5core.data.sft_data import TeacherSettings
 from a5core.engines import BACKENDS, DTYPES, SamplingSettings
 from a5core.engines.engine import ENGINE_SAMPLING, RolloutSamplingFields, SamplingFields
+from a5core.engines.teacher import TeacherSettings
+from a5core.grading.rewards import GRADER_PROMPTS, RewardName
 from a5core.loops.expert_iteration import EIConfig
 from a5core.loops.grpo import GRPOConfig
 from a5core.loops.grpo.config import GRPOOptimizer
@@ -328,7 +328,7 @@ class DistillGeneration(Generation):
 
 class DistillParams(Settings):
     """Distillation from a teacher (``flows.sft_data distill``): a served model (how to reach it:
-    :class:`a5core.data.sft_data.TeacherSettings`) or a local engine."""
+    :class:`a5core.engines.teacher.TeacherSettings`) or a local engine."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -47,16 +47,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from a5core.data.files import DataError, load_math, load_sft_traces
 from a5core.data.prompts import load_prompt
-from a5core.data.sft_data import (
-    OpenAICompletionsTeacher,
-    TeacherError,
-    dedup_traces,
-    distill,
-    filter_correct,
-    import_traces,
-    math_solution_traces,
-)
+from a5core.data.sft_data import dedup_traces, filter_correct, import_traces, math_solution_traces
 from a5core.engines import make_engine
+from a5core.engines.teacher import OpenAICompletionsTeacher, TeacherError, distill
 from a5core.policy.model_specs import ModelResolutionError, resolve_model
 from a5core.runtime.writing import write_jsonl_atomic, write_text_atomic
 from flows.cli import ConfigError, cli_main, profile_name, read_config, section_settings

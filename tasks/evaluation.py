@@ -15,17 +15,13 @@ from prefect.cache_policies import NO_CACHE, TASK_SOURCE, CacheKeyFnPolicy
 from prefect.utilities.hashing import hash_objects
 
 from a5core.data.files import PROBLEM_LOADERS, Problem
-from a5core.data.problem_sets import REWARD_FNS, load_validation_set
+from a5core.data.problem_sets import load_validation_set
 from a5core.data.prompts import PromptTemplate
 from a5core.engines import Completion, Engine, SamplingSettings, full_weights, make_engine
-from a5core.grading.evaluation import (
-    case_report,
-    evaluate,
-    grade_completions,
-    log_generations,
-    per_problem_table,
-    summarize,
-)
+from a5core.evaluation.case_report import case_report
+from a5core.evaluation.generations import log_generations
+from a5core.evaluation.records import evaluate, grade_completions, per_problem_table, summarize
+from a5core.grading.rewards import REWARD_FNS
 from a5core.policy.model_specs import resolve_model
 from a5core.runtime import distributed
 from a5core.runtime.writing import write_jsonl_atomic, write_text_atomic

@@ -43,9 +43,10 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from a5core.data.files import Problem
-from a5core.data.problem_sets import REWARD_FNS, load_validation_set
+from a5core.data.problem_sets import load_validation_set
 from a5core.data.prompts import PromptTemplate, load_prompt
 from a5core.engines import Engine, SamplingSettings
+from a5core.grading.rewards import REWARD_FNS
 from a5core.loops.question_sampling import load_pass_rates
 from a5core.loops.settings import HOW_FAST_FIELDS
 from a5core.policy.causal_lm import load_policy

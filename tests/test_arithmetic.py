@@ -33,8 +33,8 @@ def test_splits_differ_and_bad_arguments_fail():
 
 
 def test_arithmetic_reward_wants_the_number_itself():
-    from a5core.data.arithmetic import arithmetic_reward_fn
     from a5core.grading.grader import r1_zero_reward_fn
+    from a5core.grading.rewards import arithmetic_reward_fn
 
     def respond(answer):
         return f" 58 + 74 is 132 </think> <answer> {answer} </answer>"
@@ -50,8 +50,8 @@ def test_arithmetic_reward_wants_the_number_itself():
 
 
 def test_arithmetic_question_only_reward_reads_the_box_and_wants_the_number():
-    from a5core.data.arithmetic import arithmetic_question_only_reward_fn as reward
     from a5core.grading.grader import question_only_reward_fn
+    from a5core.grading.rewards import arithmetic_question_only_reward_fn as reward
 
     assert reward("58 + 74 = 132, so $\\boxed{132}$.", "132")["reward"] == 1.0
     assert reward("first \\boxed{131}, no: \\boxed{132}", "132")["reward"] == 1.0  # the last box
@@ -65,7 +65,7 @@ def test_arithmetic_question_only_reward_reads_the_box_and_wants_the_number():
 
 def test_arithmetic_reward_grades_answers_of_any_length():
     """int() refuses more than 4,300 digits; a hostile 5,000-digit answer must grade, not raise."""
-    from a5core.data.arithmetic import arithmetic_reward_fn
+    from a5core.grading.rewards import arithmetic_reward_fn
 
     def respond(answer):
         return f"long </think> <answer> {answer} </answer>"
@@ -116,9 +116,9 @@ def test_column_solutions_box_the_result_and_every_equation_and_written_digit_ho
 
 
 def test_arithmetic_sources_with_column_solutions():
-    from a5core.data.arithmetic import arithmetic_reward_fn
     from a5core.data.problem_sets import load_problem_set, load_trace_set
     from a5core.data.prompts import load_prompt
+    from a5core.grading.rewards import arithmetic_reward_fn
 
     line = load_problem_set("arithmetic:20:2", "math", seed=1, split="train")
     columns = load_problem_set("arithmetic:20:2:columns", "math", seed=1, split="train")

@@ -8,8 +8,10 @@ from pathlib import Path
 from a5core.data.files import Problem
 from a5core.data.prompts import load_prompt
 from a5core.engines import Completion, SamplingSettings
-from a5core.grading.evaluation import case_report, evaluate, lenient_answer
+from a5core.evaluation.case_report import case_report
+from a5core.evaluation.records import evaluate
 from a5core.grading.grader import r1_zero_reward_fn
+from a5core.grading.lenient import lenient_answer
 
 
 class ScriptedEngine:
@@ -124,7 +126,7 @@ def test_lenient_answer_finishes_on_200k_character_adversarial_responses():
     texts = [make(n) for make, _ in ADVERSARIAL.values()]
     child = (
         "import json, sys, time\n"
-        "from a5core.grading.evaluation import lenient_answer\n"
+        "from a5core.grading.lenient import lenient_answer\n"
         "out = []\n"
         "for text in json.load(sys.stdin):\n"
         "    start = time.perf_counter()\n"
@@ -165,7 +167,7 @@ def test_case_report_separates_format_from_model_failures():
 
 
 def test_log_generations_rows_and_length_metrics(tiny_model):
-    from a5core.grading.evaluation import log_generations
+    from a5core.evaluation.generations import log_generations
 
     class CharTokenizer:  # one id per character, within the tiny model's 64-entry vocabulary
         pad_token_id, eos_token_id = 0, 0

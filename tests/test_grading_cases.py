@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from a5core.grading.grader import REWARD_FNS
+from a5core.grading.rewards import REWARD_FNS
 
 CASES = [json.loads(line) for line in (Path(__file__).parent / "data" / "grading_cases.jsonl").open() if line.strip()]
 

@@ -12,9 +12,10 @@ from test_grpo import PROBLEMS, TEMPLATE, RecordingEngine, parity_reward, small_
 from test_sft import make_model
 
 from a5core.data.files import Problem
+from a5core.grading.group_rewards import overlong_penalty
 from a5core.handout import grpo_microbatch_train_step
 from a5core.loops.grpo import grpo
-from a5core.policy.losses import compute_kl_penalty, overlong_penalty
+from a5core.policy.losses import compute_kl_penalty
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

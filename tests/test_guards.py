@@ -12,7 +12,8 @@ from test_grpo import PROBLEMS, TEMPLATE, RecordingEngine, parity_reward, small_
 from test_sft import make_model
 
 from a5core.loops.grpo import GRPOConfig, grpo
-from a5core.runtime.guards import DivergenceError, DivergenceGuard, warn_if_groups_are_uniform
+from a5core.loops.grpo.learning_signal import warn_if_groups_are_uniform
+from a5core.runtime.guards import DivergenceError, DivergenceGuard
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -69,7 +70,7 @@ def test_a_group_of_one_is_refused(inputs, tmp_path, capsys):  # noqa: F811
 
 def test_greedy_grpo_warns_that_every_group_is_uniform(tokenizer, caplog):  # noqa: F811
     model = make_model(tokenizer)
-    with caplog.at_level(logging.WARNING, logger="a5core.runtime.guards"):
+    with caplog.at_level(logging.WARNING, logger="a5core.loops.grpo"):
         grpo(model, tokenizer, RecordingEngine(model, tokenizer), PROBLEMS, TEMPLATE, parity_reward, small_config())
         assert not caplog.records
         config = small_config(temperature=0.0)

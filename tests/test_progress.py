@@ -128,7 +128,7 @@ def test_a_bad_interval_is_named(monkeypatch):
 
 
 def test_grpo_steps_without_a_learning_signal_are_said_and_a_run_of_them_warned_of(caplog):
-    from a5core.runtime.guards import LearningSignal
+    from a5core.loops.grpo.learning_signal import LearningSignal
 
     signal = LearningSignal(uses_advantages=True, patience=3)
     uniform, varied = {"frac_groups_all_equal": 1.0, "reward_max": 1.0}, {"frac_groups_all_equal": 0.5}

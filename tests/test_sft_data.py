@@ -12,17 +12,9 @@ import yaml
 
 from a5core.data.files import DataError, Problem, Trace, load_math, load_sft_traces
 from a5core.data.prompts import load_prompt
-from a5core.data.sft_data import (
-    OpenAICompletionsTeacher,
-    TeacherError,
-    dedup_traces,
-    distill,
-    filter_correct,
-    import_traces,
-    math_solution_traces,
-    r1_zero_response,
-)
+from a5core.data.sft_data import dedup_traces, filter_correct, import_traces, math_solution_traces, r1_zero_response
 from a5core.engines import Completion, SamplingSettings, make_engine
+from a5core.engines.teacher import OpenAICompletionsTeacher, TeacherError, distill
 from a5core.grading.grader import extract_r1_zero_answer, r1_zero_reward_fn
 from flows import sft_data as flow
 

@@ -48,7 +48,8 @@ from a5core.data.files import Problem, Trace, load_sft_traces
 from a5core.data.prompts import PromptTemplate
 from a5core.engines import Engine, full_weights
 from a5core.engines.engine import RolloutSamplingFields
-from a5core.grading.evaluation import grade_completions, response_entropies
+from a5core.evaluation.generations import response_entropies
+from a5core.evaluation.records import grade_completions
 from a5core.loops.question_sampling import QuestionSampler, QuestionSamplingSettings
 from a5core.loops.settings import OptimizerSettings, SeedSettings, SFTBatchSettings, SpeedSettings
 from a5core.loops.sft import SFTConfig, train_sft

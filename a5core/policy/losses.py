@@ -7,8 +7,7 @@ Nothing here holds state or calls ``backward``, nor imports the loops: the GRPO 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
 import torch
 
@@ -57,54 +56,6 @@ def compute_entropy(logits: torch.Tensor) -> torch.Tensor:
     probs = torch.softmax(shifted, dim=-1)
     weighted = torch.where(probs > 0, probs * shifted, torch.zeros((), dtype=probs.dtype, device=probs.device))
     return torch.logsumexp(shifted, dim=-1) - weighted.sum(dim=-1)
-
-
-def compute_group_normalized_rewards(
-    reward_fn: Callable[[str, Any], dict[str, float]],
-    rollout_responses: Sequence[str],
-    repeated_ground_truths: Sequence[Any],
-    group_size: int,
-    advantage_eps: float,
-    normalize_by_std: bool,
-    *,
-    reward_offsets: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-    """Reward each rollout and normalise within its group of ``group_size`` consecutive rollouts.
-
-    rollout_responses, repeated_ground_truths: length N = n_groups · group_size, grouped consecutively.
-    Returns (advantages (N,), raw_rewards (N,), metadata) with advantage = r − mean(group), divided by
-    (unbiased std(group) + advantage_eps) when ``normalize_by_std``. ``reward_offsets`` (N,), if given,
-    are added to the graded rewards first (e.g. DAPO's :func:`overlong_penalty`): raw_rewards and the
-    reward statistics are then of the shaped rewards.
-    """
-    from a5core.grading.grader import grade_batch  # grading spawns worker processes; import only when used
-
-    n = len(rollout_responses)
-    if len(repeated_ground_truths) != n:
-        raise ValueError(f"{n} responses but {len(repeated_ground_truths)} ground truths")
-    if group_size < 1 or n % group_size:
-        raise ValueError(f"group_size {group_size} does not divide the {n} rollout responses")
-    scores = grade_batch(reward_fn, rollout_responses, repeated_ground_truths)
-    raw_rewards = torch.tensor([s["reward"] for s in scores], dtype=torch.float32)
-    if reward_offsets is not None:
-        raw_rewards = raw_rewards + reward_offsets.to(torch.float32)
-    grouped = raw_rewards.view(-1, group_size)
-    advantages = grouped - grouped.mean(dim=1, keepdim=True)
-    if normalize_by_std:
-        advantages = advantages / (grouped.std(dim=1, keepdim=True) + advantage_eps)
-    advantages = advantages.flatten()
-    metadata = {
-        "reward_mean": raw_rewards.mean().item(),
-        "reward_std": raw_rewards.std().item() if n > 1 else 0.0,
-        "reward_max": raw_rewards.max().item(),
-        "reward_min": raw_rewards.min().item(),
-        "format_reward_mean": sum(s["format_reward"] for s in scores) / n,
-        "answer_reward_mean": sum(s["answer_reward"] for s in scores) / n,
-        "advantage_mean": advantages.mean().item(),
-        "advantage_std": advantages.std().item() if n > 1 else 0.0,
-        "frac_groups_all_equal": (grouped.max(dim=1).values == grouped.min(dim=1).values).float().mean().item(),
-    }
-    return advantages, raw_rewards, metadata
 
 
 def compute_naive_policy_gradient_loss(
@@ -193,15 +144,3 @@ def compute_kl_penalty(
     if estimator == "k3":
         return torch.exp(r) - r - 1.0
     raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {', '.join(get_args(KLEstimator))}")
-
-
-def overlong_penalty(lengths: torch.Tensor, max_tokens: int, buffer: int, factor: float = 1.0) -> torch.Tensor:
-    """DAPO's soft overlong punishment: 0 up to ``max_tokens − buffer`` response tokens, then falling
-    linearly to −``factor`` at ``max_tokens`` (and −``factor`` beyond).
-
-    lengths: (N,) response token counts → (N,) rewards to add.
-    """
-    if buffer <= 0:
-        return torch.zeros_like(lengths, dtype=torch.float32)
-    over = (lengths.float() - (max_tokens - buffer)).clamp(min=0.0, max=float(buffer))
-    return -factor * over / buffer

@@ -17,9 +17,14 @@ import torch
 from a5core.data.files import Problem
 from a5core.data.prompts import PromptTemplate
 from a5core.engines import Completion
+from a5core.grading.group_rewards import (
+    compute_group_normalized_rewards,
+    overlong_penalty,
+    reward_statistics,
+    uniform_groups,
+)
 from a5core.loops.grpo.config import GRPOConfig
 from a5core.policy.causal_lm import pack_prompt_and_output_ids
-from a5core.policy.losses import compute_group_normalized_rewards, overlong_penalty
 
 PER_TOKEN = ("old_log_probs", "engine_log_probs", "ref_log_probs")  # RolloutBatch's per-token log-probs
 
@@ -131,17 +136,8 @@ def grade(
     graded = raw_rewards if penalty is None else raw_rewards - penalty
     if penalty is not None:
         metrics["overlong_penalty_mean"] = penalty.mean().item()
-    grouped = raw_rewards.view(-1, config.group_size)
-    return Draw(
-        questions,
-        completions,
-        raw_rewards,
-        advantages,
-        graded == 1.0,
-        lengths,
-        (grouped.max(dim=1).values != grouped.min(dim=1).values).tolist(),
-        metrics,
-    )
+    varied = (~uniform_groups(raw_rewards, config.group_size)).tolist()
+    return Draw(questions, completions, raw_rewards, advantages, graded == 1.0, lengths, varied, metrics)
 
 
 def assemble(
@@ -191,17 +187,6 @@ def _merged_metrics(draws: list[Draw], group_size: int) -> dict[str, float]:
     """The rollout metrics of several draws (dynamic sampling), over all their rollouts."""
     rewards = torch.cat([d.raw_rewards for d in draws])
     advantages = torch.cat([d.advantages for d in draws])
-    grouped = rewards.view(-1, group_size)
     merged = {key: sum(d.metrics[key] for d in draws) / len(draws) for key in draws[0].metrics}  # equal-size draws
-    merged.update(
-        {
-            "reward_mean": rewards.mean().item(),
-            "reward_std": rewards.std().item(),
-            "reward_max": rewards.max().item(),
-            "reward_min": rewards.min().item(),
-            "advantage_mean": advantages.mean().item(),
-            "advantage_std": advantages.std().item(),
-            "frac_groups_all_equal": (grouped.max(dim=1).values == grouped.min(dim=1).values).float().mean().item(),
-        }
-    )
+    merged.update(reward_statistics(rewards, advantages, group_size))
     return merged

@@ -23,6 +23,7 @@ from a5core.data.prompts import PromptTemplate
 from a5core.engines import Engine
 from a5core.loops.grpo.batch import RolloutBatch, assemble, grade
 from a5core.loops.grpo.config import GRPOConfig, run_fingerprint
+from a5core.loops.grpo.learning_signal import warn_if_groups_are_uniform
 from a5core.loops.grpo.microbatches import MicroBatches
 from a5core.loops.grpo.objective import Objective, microbatch_loss, normalizer
 from a5core.loops.grpo.record import Record
@@ -32,7 +33,7 @@ from a5core.loops.question_sampling import QuestionSampler
 from a5core.loops.training import TrainedPolicy, prepare
 from a5core.policy.causal_lm import compiled_graphs, get_response_log_probs
 from a5core.runtime import distributed, progress
-from a5core.runtime.guards import DivergenceGuard, warn_if_groups_are_uniform
+from a5core.runtime.guards import DivergenceGuard
 
 logger = logging.getLogger(__package__)  # the package's: every GRPO line is "a5core.loops.grpo"'s
 RewardFn = Callable[[str, Any], dict[str, float]]

@@ -13,10 +13,10 @@ from typing import Any
 import torch
 
 from a5core.loops.grpo.config import GRPOConfig
+from a5core.loops.grpo.learning_signal import LearningSignal
 from a5core.loops.question_sampling import QuestionSampler
 from a5core.runtime import distributed, progress
 from a5core.runtime.checkpoint import load_checkpoint, read_state, save_checkpoint
-from a5core.runtime.guards import LearningSignal
 from a5core.runtime.writing import write_text_atomic
 
 logger = logging.getLogger(__package__)  # the package's: every GRPO line is "a5core.loops.grpo"'s
