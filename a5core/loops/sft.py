@@ -21,8 +21,8 @@ run forward (under bf16 autocast when the model is on CUDA; the model's own dtyp
 and back-propagated through :func:`a5core.policy.causal_lm.sft_microbatch_train_step`, whose divisor makes the
 accumulated gradient the gradient of the batch mean. Then the gradient norm is clipped to ``grad_clip``
 and AdamW (fused on CUDA) steps at the scheduled learning rate (see :func:`lr_multiplier`). A NaN/inf loss
-or gradient norm raises :class:`a5core.runtime.checkpoint.NonFiniteLossError` naming the step *before* the update: the weights stay
-those of the previous step and no checkpoint is written from them.
+or gradient norm raises :class:`a5core.runtime.checkpoint.NonFiniteLossError` naming the step *before* the
+update: the weights stay those of the previous step and no checkpoint is written from them.
 
 Each step calls ``log`` with ``loss`` (per-sequence mean, not scaled for accumulation), ``token_nll``
 (mean negative log-prob per response token), ``lr`` (the rate the step used), ``grad_norm`` (before
@@ -35,8 +35,9 @@ final evaluation) plus ``step``.
 
 Checkpoints (``checkpoint_dir``; layout in :mod:`a5core.runtime.checkpoint`): ``latest/`` holds weights, optimizer,
 scheduler, RNG states and the data position, every ``checkpoint_every`` steps and after the last. A run
-whose checkpoint exists resumes from it exactly, and refuses (:class:`a5core.runtime.checkpoint.CheckpointMismatchError`) if it was
-written with another config or other examples. A finished checkpoint is not trained again: its final
+whose checkpoint exists resumes from it exactly, and refuses
+(:class:`a5core.runtime.checkpoint.CheckpointMismatchError`) if it was written with another config or other
+examples. A finished checkpoint is not trained again: its final
 weights are loaded into ``model`` and its final metrics returned.
 
 Several ranks (torchrun; the caller has called :func:`a5core.runtime.distributed.init_from_env` before loading the

@@ -165,9 +165,7 @@ def decide(
         v.adjusted_difference, v.adjusted_equivalence = adjusted[2 * i], adjusted[2 * i + 1]
         mean = v.sample.mean
         v.raw = _word(v.expectation, mean, v.p_difference <= rule.alpha, v.p_equivalence <= rule.alpha)
-        v.word = _word(
-            v.expectation, mean, v.adjusted_difference <= rule.alpha, v.adjusted_equivalence <= rule.alpha
-        )
+        v.word = _word(v.expectation, mean, v.adjusted_difference <= rule.alpha, v.adjusted_equivalence <= rule.alpha)
     pooled = pooled_sd([v.sample for v in verdicts if v.sample is not None])
     # The strictest level a test meets under the correction: α over the expectations that are (or, given pairs,
     # would be) judged together.

@@ -52,9 +52,7 @@ class Record:
         self.sampler, self.expected, self.log = sampler, expected, log
         self.signal = LearningSignal(config.objective.uses_advantages)
         counts = {"step": config.n_grpo_steps}
-        state = (
-            load_checkpoint(checkpoint, expected, model, optimizer, None, counts) if checkpoint else None
-        )
+        state = load_checkpoint(checkpoint, expected, model, optimizer, None, counts) if checkpoint else None
         self.finished = state is not None and state["finished"]
         self.step, self.history = (0, []) if state is None else (state["step"], state["history"])
         if self.finished:
