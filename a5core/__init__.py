@@ -26,7 +26,7 @@ _EXPORTS = {
     "compute_group_normalized_rewards": "a5core.grading.group_rewards",
     "compute_grpo_clip_loss": "a5core.policy.losses",
     "compute_naive_policy_gradient_loss": "a5core.policy.losses",
-    "compute_policy_gradient_loss": "a5core.handout",
+    "compute_policy_gradient_loss": "a5core.policy.losses",
     "masked_mean": "a5core.policy.losses",
     "masked_normalize": "a5core.policy.losses",
     "get_response_log_probs": "a5core.policy.causal_lm",

@@ -12,6 +12,7 @@ import torch
 from test_grpo import PROBLEMS, TEMPLATE, RecordingEngine, parity_reward, small_config
 
 from a5core.loops.grpo import grpo
+from a5core.loops.grpo.batch import MicroBatch
 from a5core.loops.grpo.stats import MISMATCH_RATIO_CAP, EngineMismatch, StepStats
 from a5core.policy.causal_lm import get_response_log_probs
 
@@ -144,12 +145,8 @@ def test_the_training_forward_counts_the_first_optimizer_step_once_run_again_or_
 
     def micro_batch(row: int, shift: float = 0.0) -> None:
         rows = slice(row, row + 1)
-        t = {
-            "input_ids": torch.zeros(1, 6, dtype=torch.long),
-            "response_mask": mask[rows],
-            "engine_log_probs": engine[rows],
-        }
-        stats.add(int(mask[row].sum()), t, {"log_probs": train[rows] + shift}, torch.tensor(0.5), {}, 1)
+        mb = MicroBatch(mask[rows], input_ids=torch.zeros(1, 6, dtype=torch.long), engine_log_probs=engine[rows])
+        stats.add(int(mask[row].sum()), mb, {"log_probs": train[rows] + shift}, torch.tensor(0.5), {}, 1)
 
     stats.begin(2)
     micro_batch(0)  # then out of memory: the optimizer step runs again

@@ -10,12 +10,13 @@ from typing import get_args
 import pytest
 import torch
 
-from a5core.handout import POLICY_GRADIENT_INPUTS, compute_policy_gradient_loss
 from a5core.loops.grpo import GRPOConfig
 from a5core.loops.grpo.objective import Objective, microbatch_loss, normalizer
 from a5core.policy.losses import (
+    POLICY_GRADIENT_INPUTS,
     LossType,
     compute_kl_penalty,
+    compute_policy_gradient_loss,
     masked_mean,
     masked_normalize,
 )

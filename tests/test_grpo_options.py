@@ -393,7 +393,7 @@ def test_one_step_off_overlaps_generation_with_training_and_records_versions(tok
     real_train = module._train_batches
 
     def train(config, n, step):
-        started[step].set()
+        started[step - 1].set()  # steps count from 1
         return real_train(config, n, step)
 
     monkeypatch.setattr(module, "_train_batches", train)

@@ -125,6 +125,7 @@ class SeedSettings(Settings):
     seed: int = Field(0, ge=0, description="seed of data order, sampling and initialisation")
 
     def step_seed(self, step: int) -> int:
-        """The seed of step ``step``'s draws (its questions, its sampling): distinct for every (seed, step)
-        pair with step < 1,000,003, so two runs with different seeds never share a step's draws."""
-        return self.seed * 1_000_003 + step
+        """The seed of step ``step``'s draws (its questions, its sampling; steps numbered from 1, as logged: step 1
+        draws with seed × 1,000,003): distinct for every (seed, step) pair with step ≤ 1,000,003, so two runs with
+        different seeds never share a step's draws."""
+        return self.seed * 1_000_003 + step - 1

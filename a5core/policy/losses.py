@@ -1,18 +1,29 @@
 """Losses and their reductions, as pure functions with the CS336 A5 (2025) semantics.
 
 Shapes: ``B`` sequences (rollouts) in a batch, ``T`` token positions, ``V`` vocabulary entries.
-Nothing here holds state or calls ``backward``, nor imports the loops: the GRPO objective
-(:func:`a5core.loops.grpo.objective.microbatch_loss`) and the SFT step (:mod:`a5core.policy.causal_lm`) build on these.
+Nothing here holds state or calls ``backward``: the GRPO objective
+(:func:`a5core.loops.grpo.objective.microbatch_loss`) and the SFT step (:mod:`a5core.policy.causal_lm`) build on
+these. :func:`compute_policy_gradient_loss` is the one dispatch on the loss type, the handout's and the loop's.
 """
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import torch
 
-# The policy-gradient losses, by the name GRPOConfig.loss_type takes (see POLICY_GRADIENT_INPUTS).
-LossType = Literal["no_baseline", "reinforce_with_baseline", "grpo_clip", "grpo_no_clip", "gspo"]
+# The policy-gradient losses, by the name GRPOConfig.loss_type takes, and what each reads beside the policy's
+# log-probs: the one table of their facts. A loss that reads old_log_probs weighs each token by the ratio
+# π/π_old (it needs the log-probs of the policy that sampled); one that reads a cliprange clips that ratio (its
+# gradient is 0, legitimately, where every token is clipped); one that reads raw_rewards has no baseline.
+POLICY_GRADIENT_INPUTS: dict[str, tuple[str, ...]] = {
+    "no_baseline": ("raw_rewards",),
+    "reinforce_with_baseline": ("advantages",),
+    "grpo_clip": ("advantages", "old_log_probs", "cliprange"),
+    "grpo_no_clip": ("advantages", "old_log_probs"),
+    "gspo": ("advantages", "old_log_probs", "response_mask", "cliprange"),
+}
+LossType = Literal[tuple(POLICY_GRADIENT_INPUTS)]
 # Per-sequence mean over response tokens, their sum over a constant, or (DAPO) every response token of the
 # train batch weighted alike (see docs/length_normalization.md).
 LengthNormalization = Literal["masked_mean", "masked_normalize", "token_mean"]
@@ -144,3 +155,45 @@ def compute_kl_penalty(
     if estimator == "k3":
         return torch.exp(r) - r - 1.0
     raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {', '.join(get_args(KLEstimator))}")
+
+
+def require_inputs(loss_type: str, **given: Any) -> None:
+    """ValueError when ``loss_type`` is unknown, or when one of the inputs it reads is None in ``given``."""
+    if loss_type not in POLICY_GRADIENT_INPUTS:
+        raise ValueError(f"unknown loss_type {loss_type!r}; expected one of {', '.join(POLICY_GRADIENT_INPUTS)}")
+    missing = [name for name in POLICY_GRADIENT_INPUTS[loss_type] if given.get(name) is None]
+    if missing:
+        raise ValueError(f"loss_type {loss_type!r} needs {', '.join(missing)}")
+
+
+def compute_policy_gradient_loss(
+    policy_log_probs: torch.Tensor,
+    loss_type: str,
+    raw_rewards: torch.Tensor | None = None,
+    advantages: torch.Tensor | None = None,
+    old_log_probs: torch.Tensor | None = None,
+    cliprange: float | None = None,
+    cliprange_high: float | None = None,
+    response_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The per-token loss of ``loss_type``: the handout's dispatcher, and the GRPO loop's.
+
+    policy_log_probs: (B, T); raw_rewards, advantages: (B, 1); old_log_probs, response_mask: (B, T) →
+    loss (B, T), and the formula's metadata ("clipped" (B, T) bool where the loss clips). ``no_baseline``
+    needs raw_rewards; ``reinforce_with_baseline`` needs advantages; ``grpo_clip`` needs advantages,
+    old_log_probs and cliprange (cliprange_high optional); ``grpo_no_clip`` needs advantages and old_log_probs;
+    ``gspo`` needs advantages, old_log_probs, response_mask and cliprange (its own, far smaller than
+    grpo_clip's; cliprange_high optional). A missing argument raises ValueError naming it.
+    """
+    given = dict(raw_rewards=raw_rewards, advantages=advantages, old_log_probs=old_log_probs)
+    require_inputs(loss_type, **given, response_mask=response_mask, cliprange=cliprange)
+    if loss_type == "no_baseline":  # −r·log π(o_t), on the raw reward
+        return compute_naive_policy_gradient_loss(raw_rewards, policy_log_probs), {}
+    if loss_type == "reinforce_with_baseline":  # −A·log π(o_t), A the group-normalised advantage
+        return compute_naive_policy_gradient_loss(advantages, policy_log_probs), {}
+    if loss_type == "grpo_no_clip":  # −ρ·A, ρ = π/π_old
+        return compute_grpo_no_clip_loss(advantages, policy_log_probs, old_log_probs)
+    if loss_type == "grpo_clip":  # −min(ρ·A, clip(ρ, 1 − ε, 1 + ε_high)·A); ε_high: DAPO's clip-higher
+        return compute_grpo_clip_loss(advantages, policy_log_probs, old_log_probs, cliprange, cliprange_high)
+    # gspo: the same clip on the sequence's ratio s = exp(mean_t log ρ_t), each token carrying s
+    return compute_gspo_loss(advantages, policy_log_probs, old_log_probs, response_mask, cliprange, cliprange_high)

@@ -50,7 +50,7 @@ class Record:
     ) -> None:
         self.config, self.checkpoint, self.model, self.optimizer = config, checkpoint, model, optimizer
         self.sampler, self.expected, self.log = sampler, expected, log
-        self.signal = LearningSignal(config.objective.uses_advantages)
+        self.signal = LearningSignal(config.uses_advantages)
         counts = {"step": config.n_grpo_steps}
         state = load_checkpoint(checkpoint, expected, model, optimizer, None, counts) if checkpoint else None
         self.finished = state is not None and state["finished"]
@@ -59,7 +59,7 @@ class Record:
             logger.info("GRPO: %s holds a finished run (%d steps); not training again", checkpoint, self.step)
             return
         if state is None:
-            torch.manual_seed(config.seed)
+            torch.manual_seed(config.seeding.seed)
         else:
             logger.info("GRPO: resuming from %s after step %d", checkpoint, self.step)
             if "sampler" in state:
