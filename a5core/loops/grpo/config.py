@@ -19,6 +19,9 @@ from a5core.runtime.settings import Settings, group, inherited
 # Fields that say how often side effects happen and how fast a step runs, not what is trained
 # (see a5core.runtime.checkpoint).
 UNFINGERPRINTED_FIELDS = ("checkpoint_every", "eval_every", *HOW_FAST_FIELDS)
+# The truncated importance cap a one-step-off run (pipeline_depth 1, which refuses to run without one) takes
+# where none is given: what the refusal suggests and what the one-step-off ablation runs with.
+ONE_STEP_OFF_TIS_CAP = 2.0
 
 
 class GRPOOptimizer(OptimizerSettings):
@@ -128,8 +131,8 @@ class GRPOConfig(Settings):
         if self.pipeline_depth and self.tis_cap is None:
             self._fail(
                 "tis_cap",
-                "set (e.g. 2.0) with pipeline_depth 1: the rollouts come from weights one step older, and the "
-                "truncated importance weight against the engine's log-probs corrects for that",
+                f"set (e.g. {ONE_STEP_OFF_TIS_CAP}) with pipeline_depth 1: the rollouts come from weights one step "
+                "older, and the truncated importance weight against the engine's log-probs corrects for that",
             )
         if self.pipeline_depth and self.dynamic_sampling:
             self._fail("dynamic_sampling", "false with pipeline_depth 1 (its extra draws need the current weights)")
