@@ -150,7 +150,8 @@ def grpo_step(run: _Run, engine: Engine, reward_fn: RewardFn, step: int) -> dict
         run.sampler.observe(draw.questions, draw.correct.float().tolist(), step)
     batch, metrics = assemble(config, draws, run.tokenizer, run.template)
     metrics.update(run.sampler.metrics())
-    # version: the steps trained before the weights that sampled; step − 1 were trained before this step's.
+    # A policy's version counts the steps it has trained: this step trains version step − 1, and its rollouts
+    # came from version ``version`` (one older, one step off).
     metrics.update({"rollout_policy_version": float(version), "policy_lag": float(step - 1 - version)})
 
     # 4. The log-probs of the policy that sampled (π_old: the ratio losses, the importance weights) and of the
