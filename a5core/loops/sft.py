@@ -293,7 +293,7 @@ def _accumulate(run: _Run, batch_order: list[int]) -> tuple[torch.Tensor, torch.
     budget = policy.budget.value
     lengths = None if budget is None else [run.positions[i] for i in batch_order]
     microbatches = distributed.rank_microbatches(range(len(batch)), config.batch.microbatch_size, lengths, budget)
-    for index, mean_divisor in policy.accumulating(len(batch), microbatches):
+    for index, microbatch_mean_divisor in policy.accumulating(len(batch), microbatches):
         micro = [batch[i] for i in index] or batch[:1]  # an empty share still runs a pass (FSDP2), at weight 0
         input_ids, labels, response_mask, cut = _microbatch(run, micro, live=bool(index))
         truncated += cut
@@ -302,7 +302,7 @@ def _accumulate(run: _Run, batch_order: list[int]) -> tuple[torch.Tensor, torch.
             with policy.autocast:
                 log_probs = get_response_log_probs(model, input_ids, labels)["log_probs"]  # (b, T) fp32
             micro_loss, meta = sft_microbatch_train_step(
-                log_probs, response_mask, mean_divisor, config.normalize_constant
+                log_probs, response_mask, microbatch_mean_divisor, config.normalize_constant
             )
         loss += micro_loss / world
         nll -= (log_probs.detach() * response_mask).sum()

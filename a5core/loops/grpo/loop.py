@@ -25,7 +25,7 @@ from a5core.loops.grpo.batch import RolloutBatch, assemble, grade
 from a5core.loops.grpo.config import GRPOConfig, run_fingerprint
 from a5core.loops.grpo.learning_signal import warn_if_groups_are_uniform
 from a5core.loops.grpo.microbatches import MicroBatches
-from a5core.loops.grpo.objective import loss_metrics, microbatch_loss, token_sum_divisor
+from a5core.loops.grpo.objective import loss_metrics, microbatch_loss, token_sum_divisor_for
 from a5core.loops.grpo.record import Record
 from a5core.loops.grpo.rollouts import DynamicSampling, Rollouts, rollout_source
 from a5core.loops.grpo.stats import EngineMismatch, PhaseTimer, StepStats
@@ -179,10 +179,10 @@ def grpo_step(run: _Run, engine: Engine, reward_fn: RewardFn, step: int) -> dict
         for epoch, train_batch in _train_batches(config, len(batch), step):  # none if every group was dropped
             policy.model.train()
             lengths = [len(batch.response_ids[i]) for i in train_batch]
-            divisor = token_sum_divisor(config, lengths, batch.truncated[train_batch].tolist())
+            token_sum_divisor = token_sum_divisor_for(config, lengths, batch.truncated[train_batch].tolist())
             # Out of memory under an auto budget: this optimizer step's accumulation again, after the engine
             # released its cache, else at half the budget.
-            accumulate = functools.partial(_accumulate, run, batch, train_batch, stats, epoch, divisor)
+            accumulate = functools.partial(_accumulate, run, batch, train_batch, stats, epoch, token_sum_divisor)
             policy.budget.retrying(accumulate, where, [positions[i] for i in train_batch], engine.release_memory)
             got = stats.read(policy.clip_gradients())
             # Refused before the update if non-finite or diverged: the weights stay the last good step's.
@@ -204,20 +204,27 @@ def grpo_step(run: _Run, engine: Engine, reward_fn: RewardFn, step: int) -> dict
 
 
 def _accumulate(
-    run: _Run, batch: RolloutBatch, train_batch: list[int], stats: StepStats, epoch: int, divisor: float | None
+    run: _Run,
+    batch: RolloutBatch,
+    train_batch: list[int],
+    stats: StepStats,
+    epoch: int,
+    token_sum_divisor: float | None,
 ) -> None:
     """One optimizer step's gradient, accumulated over the micro-batches of ``train_batch``
-    (:meth:`a5core.loops.training.TrainedPolicy.accumulating`). ``divisor``: each sequence's summed token losses'
-    (:func:`a5core.loops.grpo.objective.token_sum_divisor`)."""
+    (:meth:`a5core.loops.training.TrainedPolicy.accumulating`). ``token_sum_divisor``: what each sequence's summed
+    token losses are divided by (:func:`a5core.loops.grpo.objective.token_sum_divisor_for`)."""
     world, policy = distributed.rank_and_world()[1], run.policy
     microbatches = run.microbatches.split(batch, train_batch)
     stats.begin(len(microbatches))
-    for index, mean_divisor in policy.accumulating(len(train_batch), microbatches):
+    for index, microbatch_mean_divisor in policy.accumulating(len(train_batch), microbatches):
         mb = run.microbatches.tensors(batch, index, index or train_batch[:1])  # an empty share: a stand-in, weight 0
         with policy.budget.measuring(mb.input_ids.numel()):
             with policy.autocast:  # entropy is only logged: the first epoch's is enough
                 out = get_response_log_probs(policy.model, mb.input_ids, mb.labels, return_token_entropy=epoch == 0)
-            loss, meta = microbatch_loss(run.config, out["log_probs"], mb, divisor, mean_divisor, live=bool(index))
+            loss, meta = microbatch_loss(
+                run.config, out["log_probs"], mb, token_sum_divisor, microbatch_mean_divisor, live=bool(index)
+            )
             loss.backward()
         if index:
             stats.add(sum(len(batch.response_ids[i]) for i in index), mb, out, loss.detach(), meta, world)

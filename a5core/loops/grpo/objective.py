@@ -33,7 +33,7 @@ def microbatch_loss(
 
     log_probs: (b, T) the policy's, with gradient; ``mb``: the micro-batch's tensors (the per-token log-probs
     where the options need them). ``token_sum_divisor``: what each sequence's summed token losses are divided by
-    under ``masked_normalize`` and ``token_mean`` (:func:`token_sum_divisor`). ``microbatch_mean_divisor``: what
+    under ``masked_normalize`` and ``token_mean`` (:func:`token_sum_divisor_for`). ``microbatch_mean_divisor``: what
     the micro-batch's mean loss is divided by, so that the micro-batches' losses add up to the train batch's
     mean. Not ``live`` (an empty share of a rank, run for FSDP2's collectives on stand-in rollouts at advantage
     0): no KL term, so that its gradient is 0. Metadata (:func:`loss_metrics`): ``loss``, ``clip_fraction``
@@ -96,7 +96,9 @@ def loss_metrics(config: GRPOConfig) -> tuple[str, ...]:
     return (*(("clip_fraction",) if config.clips else ()), *(("kl",) if config.kl_coef else ()))
 
 
-def token_sum_divisor(config: GRPOConfig, response_lengths: Sequence[int], truncated: Sequence[bool]) -> float | None:
+def token_sum_divisor_for(
+    config: GRPOConfig, response_lengths: Sequence[int], truncated: Sequence[bool]
+) -> float | None:
     """What each sequence's summed token losses are divided by, for a train batch whose rollouts have
     ``response_lengths`` tokens and were cut at max_tokens or not (``truncated``): max_tokens under
     ``masked_normalize``; under DAPO's ``token_mean`` the tokens per sequence that train (a masked rollout's do
