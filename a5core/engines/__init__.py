@@ -1,5 +1,6 @@
 """Rollouts: one ``Engine`` protocol (:mod:`a5core.engines.engine`), two backends (vLLM in-process,
-transformers ``generate``) and :func:`make_engine` to pick one.
+transformers ``generate``) and :func:`make_engine` to pick one; an engine in another process and its weight
+pushes; a served teacher (:mod:`a5core.engines.teacher`).
 
     engine = make_engine("Qwen/Qwen2.5-Math-1.5B")            # vllm if importable, else hf
     groups = engine.generate(prompts, SamplingSettings(n=8, temperature=1.0, max_tokens=1024))
