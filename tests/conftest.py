@@ -114,3 +114,9 @@ def tiny_tokenizer(tiny_lm_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_lm_dir)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_tokenizer):
+    """The loops' tests' tokenizer: the tiny one (tests/tiny_loops.py builds models over its vocabulary)."""
+    return tiny_tokenizer

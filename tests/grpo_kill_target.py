@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 
 import torch
-from test_grpo import PROBLEMS, TEMPLATE, RecordingEngine, parity_reward, small_config
-from test_sft import make_model
+from tiny_loops import PROBLEMS, TEMPLATE, RecordingEngine, make_model, parity_reward, small_config
 
 ASYNC_SETTINGS = dict(n_grpo_steps=4, pipeline_depth=1, tis_cap=2.0, checkpoint_every=1)
 

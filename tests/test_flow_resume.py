@@ -103,7 +103,7 @@ def warm_policy_dir(tiny_lm_dir, tmp_path_factory) -> Path:
     """A tiny policy that writes the r1_zero format and gets some of the 8 training sums right at
     temperature 1 (the planted tiny LM never answers, so Expert Iteration would keep nothing and never
     fine-tune): 40 SFT steps on the questions of ``arithmetic:8:1``, ~3 s."""
-    from test_sft import make_model
+    from tiny_loops import make_model
     from transformers import AutoTokenizer
 
     from a5core.loops.sft import SFTConfig, train_sft

@@ -8,8 +8,7 @@ import logging
 
 import pytest
 from test_bad_input import flags, inputs, user_error  # noqa: F401  (inputs: a fixture)
-from test_grpo import PROBLEMS, TEMPLATE, RecordingEngine, parity_reward, small_config, tokenizer  # noqa: F401
-from test_sft import make_model
+from tiny_loops import PROBLEMS, TEMPLATE, RecordingEngine, make_model, parity_reward, small_config
 
 from a5core.loops.grpo import GRPOConfig, grpo
 from a5core.loops.grpo.learning_signal import warn_if_groups_are_uniform
@@ -68,7 +67,7 @@ def test_a_group_of_one_is_refused(inputs, tmp_path, capsys):  # noqa: F811
         GRPOConfig(group_size=1, rollout_batch_size=4, train_batch_size=4, gradient_accumulation_steps=1)
 
 
-def test_greedy_grpo_warns_that_every_group_is_uniform(tokenizer, caplog):  # noqa: F811
+def test_greedy_grpo_warns_that_every_group_is_uniform(tokenizer, caplog):
     model = make_model(tokenizer)
     with caplog.at_level(logging.WARNING, logger="a5core.loops.grpo"):
         grpo(model, tokenizer, RecordingEngine(model, tokenizer), PROBLEMS, TEMPLATE, parity_reward, small_config())

@@ -244,7 +244,7 @@ def test_the_compiled_shrinking_loop_compiles_once(tiny_tokenizer):
     import sys
     from pathlib import Path
 
-    from test_sft import make_model
+    from tiny_loops import make_model
     from torch._dynamo.utils import counters
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -271,7 +271,7 @@ def test_shrinking_rows_and_window_changes_no_row(tiny_tokenizer, monkeypatch):
     import sys
     from pathlib import Path
 
-    from test_sft import make_model
+    from tiny_loops import make_model
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks._lengths import forced_lengths

@@ -43,7 +43,7 @@ def test_status_line_names_the_step_and_the_finite_metrics():
 
 
 def test_grpo_logs_a_line_per_step_and_draws_bars_when_on(tiny_tokenizer, monkeypatch, caplog, capsys):
-    from test_sft import make_model
+    from tiny_loops import make_model
 
     from a5core.engines.hf import HFEngine
     from a5core.loops.grpo import GRPOConfig, grpo
@@ -76,7 +76,7 @@ def test_grpo_logs_a_line_per_step_and_draws_bars_when_on(tiny_tokenizer, monkey
 
 
 def test_sft_logs_a_line_per_step(tiny_tokenizer, caplog, monkeypatch, capsys):
-    from test_sft import make_model
+    from tiny_loops import make_model
 
     from a5core.data.files import Trace
     from a5core.loops.sft import SFTConfig, train_sft

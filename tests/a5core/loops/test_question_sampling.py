@@ -5,8 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from test_grpo import TEMPLATE, RecordingEngine, parity_reward, small_config
-from test_sft import make_model
+from tiny_loops import TEMPLATE, RecordingEngine, make_model, parity_reward, small_config
 
 from a5core.data.files import Problem
 from a5core.loops.question_sampling import QuestionSampler, QuestionSamplingSettings

@@ -18,6 +18,7 @@ import pytest
 import torch
 from kill9 import kill_when_frozen
 from sft_kill_target import CHECKPOINT_EVERY, build_run
+from tiny_loops import Recorder, assert_same_params, make_model, params_of, short_examples
 
 from a5core.data.files import Trace
 from a5core.data.prompts import load_prompt
@@ -29,74 +30,6 @@ from a5core.policy.causal_lm import get_response_log_probs, tokenize_prompt_and_
 from a5core.runtime.checkpoint import CheckpointMismatchError, NonFiniteLossError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_tokenizer):
-    return tiny_tokenizer
-
-
-def make_model(tokenizer, hidden: int = 32, layers: int = 1, seed: int = 0):
-    """A freshly initialised Qwen2 over the tiny vocabulary (fp32, CPU)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=hidden // 32,
-        num_key_value_heads=1,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    model = Qwen2ForCausalLM(config)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return model
-
-
-def short_examples(n: int) -> list[Trace]:
-    """Short pairs whose responses differ in length (so micro-batches pad differently)."""
-    return [
-        Trace(
-            f"What is {i} + {i % 3}?", f" {i} + {i % 3} = {i + i % 3}" + " ok" * (i % 5) + " </answer>", str(i + i % 3)
-        )
-        for i in range(n)
-    ]
-
-
-def params_of(model) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-def assert_same_params(a: dict, b: dict, atol: float = 0.0) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        if atol:
-            torch.testing.assert_close(a[k], b[k], atol=atol, rtol=0, msg=k)
-        else:
-            assert torch.equal(a[k], b[k]), k
-
-
-class Recorder:
-    """A ``log`` callback that keeps ``(step, metrics)`` and can raise at a chosen step."""
-
-    def __init__(self, crash_at: int | None = None):
-        self.calls: list[tuple[int, dict]] = []
-        self.crash_at = crash_at
-
-    def __call__(self, metrics: dict, step: int) -> None:
-        if step == self.crash_at:
-            raise KeyboardInterrupt(f"simulated crash at step {step}")
-        self.calls.append((step, dict(metrics)))
-
-    @property
-    def steps(self) -> list[int]:
-        return [s for s, _ in self.calls]
 
 
 # ------------------------------------------------------------------------------------------ learning

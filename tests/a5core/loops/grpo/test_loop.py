@@ -8,66 +8,25 @@ import math
 
 import pytest
 import torch
-from test_expert_iteration import TRAIN, warm_start
-from test_sft import Recorder, assert_same_params, make_model, params_of
+from tiny_loops import (
+    PROBLEMS,
+    TEMPLATE,
+    TRAIN,
+    Recorder,
+    RecordingEngine,
+    assert_same_params,
+    make_model,
+    params_of,
+    parity_reward,
+    small_config,
+    warm_start,
+)
 
-from a5core.data.files import Problem
-from a5core.data.prompts import load_prompt
 from a5core.engines.hf import HFEngine
 from a5core.loops.grpo import GRPOConfig, grpo
 from a5core.runtime.checkpoint import CheckpointMismatchError, NonFiniteLossError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-TEMPLATE = load_prompt("r1_zero")
-PROBLEMS = [Problem(f"p{i}", f"What is {i} + 1?", str(i + 1)) for i in range(8)]
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_tokenizer):
-    return tiny_tokenizer
-
-
-def parity_reward(response: str, ground_truth: str) -> dict[str, float]:
-    """A verifiable toy reward that varies within groups even for a random model."""
-    reward = float(len(response) % 2 == 0)
-    return {"reward": reward, "format_reward": reward, "answer_reward": reward}
-
-
-class RecordingEngine:
-    """An HFEngine on its own copy of the model that keeps every generate call's prompts and outputs."""
-
-    def __init__(self, model, tokenizer):
-        self.inner = HFEngine(copy.deepcopy(model), tokenizer)
-        self.calls = []
-
-    def generate(self, prompts, sampling):
-        out = self.inner.generate(prompts, sampling)
-        self.calls.append((list(prompts), out, sampling))
-        return out
-
-    def load_weights(self, model):
-        self.inner.load_weights(model)
-
-    def release_memory(self):
-        return self.inner.release_memory()
-
-
-def small_config(**overrides) -> GRPOConfig:
-    settings = dict(
-        n_grpo_steps=1,
-        learning_rate=1e-3,
-        rollout_batch_size=8,
-        group_size=4,
-        train_batch_size=8,
-        gradient_accumulation_steps=4,
-        temperature=1.0,
-        min_tokens=2,
-        max_tokens=12,
-        eval_every=0,
-        checkpoint_every=1,
-    )
-    return GRPOConfig(**{**settings, **overrides})
 
 
 # ------------------------------------------------------------------------------------------ exactness

@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from test_grpo import PROBLEMS, TEMPLATE, RecordingEngine, parity_reward, small_config
+from tiny_loops import PROBLEMS, TEMPLATE, RecordingEngine, parity_reward, small_config
 
 from a5core.loops.grpo import grpo
 from a5core.loops.grpo.batch import MicroBatch
@@ -43,11 +43,6 @@ PATHS = {
         MISMATCH_RATIO_CAP,
     ),
 }
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_tokenizer):
-    return tiny_tokenizer
 
 
 def planted_model(tokenizer):

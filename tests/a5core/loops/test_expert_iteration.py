@@ -4,28 +4,19 @@ import json
 
 import pytest
 import torch
-from test_sft import make_model
+from tiny_loops import TEMPLATE, TRAIN, make_model, warm_start
 
 from a5core.data.arithmetic import arithmetic_problems
-from a5core.data.files import Problem, Trace
-from a5core.data.prompts import load_prompt
+from a5core.data.files import Problem
 from a5core.engines import SamplingSettings
 from a5core.engines.hf import HFEngine
 from a5core.grading.grader import r1_zero_reward_fn
 from a5core.loops.expert_iteration import EIConfig, expert_iteration
-from a5core.loops.sft import SFTConfig, train_sft
 from a5core.runtime.checkpoint import CorruptStateError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tiny_tokenizer):
-    return tiny_tokenizer
-
-
-TEMPLATE = load_prompt("r1_zero")
-TRAIN = arithmetic_problems(60, digits=1, operations="+", split="train", seed=0)
 HELD_OUT = arithmetic_problems(16, digits=1, operations="+", split="validation", seed=0)
 # Additions that all make ten. The warm-started policy writes the format but cannot read a question yet (its
 # answers follow the sums it saw, whatever it is asked: measured, about 1 in 10 of its samples of these is right),
@@ -53,26 +44,6 @@ def greedy_reward(model, tokenizer, problems) -> float:
     )
     rewards = r1_zero_reward_fn.batch([g[0].text for g in groups], [p.answer for p in problems])
     return sum(r["reward"] for r in rewards) / len(rewards)
-
-
-def warm_start(tokenizer):
-    """A policy that has the format but gets only some sums right: brief SFT on the 60 questions."""
-    model = make_model(tokenizer, hidden=128, layers=2)
-    traces = [
-        Trace(
-            TEMPLATE.format(p.problem),
-            f" {p.problem[9:-2]} = {p.answer} </think> <answer> {p.answer} </answer>",
-            p.answer,
-        )
-        for p in TRAIN
-    ]
-    train_sft(
-        model,
-        tokenizer,
-        traces,
-        SFTConfig(learning_rate=5e-3, warmup_steps=5, batch_size=10, microbatch_size=10, epochs=12),
-    )
-    return model
 
 
 def ei_config(n_ei_steps=3, **overrides):

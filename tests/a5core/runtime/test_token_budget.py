@@ -12,9 +12,8 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from test_grpo import PROBLEMS, TEMPLATE, parity_reward, small_config
 from test_grpo_options import VariedLengthEngine
-from test_sft import make_model, short_examples
+from tiny_loops import PROBLEMS, TEMPLATE, make_model, parity_reward, short_examples, small_config
 
 import a5core.loops.grpo.loop
 import a5core.loops.sft
@@ -27,11 +26,6 @@ from a5core.runtime import distributed, token_budget
 from a5core.runtime.token_budget import size_budget
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_tokenizer):
-    return tiny_tokenizer
 
 
 # ------------------------------------------------------------------------------------------ packing

@@ -8,8 +8,7 @@ import math
 
 import pytest
 import torch
-from test_grpo import PROBLEMS, TEMPLATE, RecordingEngine, parity_reward, small_config
-from test_sft import make_model
+from tiny_loops import PROBLEMS, TEMPLATE, RecordingEngine, make_model, parity_reward, small_config
 
 from a5core.data.files import Problem
 from a5core.grading.group_rewards import overlong_penalty
@@ -18,11 +17,6 @@ from a5core.loops.grpo import grpo
 from a5core.policy.losses import compute_kl_penalty
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_tokenizer):
-    return tiny_tokenizer
 
 
 # ---------------------------------------------------------------------------------------- the losses
@@ -431,7 +425,7 @@ def test_one_step_off_resumes_after_kill_9(tiny_lm_dir, tokenizer, tmp_path):
     ones died with the process), then pipelines again: versions 0 | 1, 1, 2; each step logged once."""
     from grpo_kill_target import ASYNC_SETTINGS
     from kill9 import kill_when_frozen
-    from test_sft import Recorder
+    from tiny_loops import Recorder
 
     checkpoint_dir, marker = tmp_path / "ckpt", tmp_path / "frozen"
     kill_when_frozen("grpo_kill_target.py", str(tiny_lm_dir), str(checkpoint_dir), str(marker), marker=marker)

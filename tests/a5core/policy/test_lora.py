@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from test_sft import make_model, params_of, short_examples
+from tiny_loops import make_model, params_of, short_examples
 
 from a5core.loops.sft import SFTConfig, train_sft
 from a5core.policy.causal_lm import get_response_log_probs, tokenize_prompt_and_output
@@ -16,11 +16,6 @@ from a5core.policy.lora import LoRASettings, add_adapters, has_adapters, merged_
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 TARGETS = ["q_proj", "v_proj"]
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_tokenizer):
-    return tiny_tokenizer
 
 
 def lora_config(**overrides) -> SFTConfig:
@@ -106,7 +101,7 @@ def test_the_merged_model_in_an_engine_and_a_saved_folder_gives_the_policys_log_
 
 
 def test_sft_with_adapters_resumes_exactly(tokenizer, tmp_path):
-    from test_sft import Recorder
+    from tiny_loops import Recorder
 
     examples = short_examples(8)
     config = lora_config(max_steps=None, epochs=2, checkpoint_every=1, batch_size=4)
@@ -122,7 +117,7 @@ def test_sft_with_adapters_resumes_exactly(tokenizer, tmp_path):
 
 
 def test_grpo_and_ei_train_adapters_and_push_the_merged_model(tokenizer):
-    from test_grpo import PROBLEMS, TEMPLATE, RecordingEngine, parity_reward, small_config
+    from tiny_loops import PROBLEMS, TEMPLATE, RecordingEngine, parity_reward, small_config
 
     from a5core.loops.expert_iteration import EIConfig, expert_iteration
     from a5core.loops.grpo import grpo
