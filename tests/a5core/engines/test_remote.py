@@ -28,7 +28,7 @@ from a5core.engines.remote import RemoteEngine, RemoteEngineError, weight_transp
 from a5core.engines.weight_sync import WeightSpec, plan_buckets
 from a5core.policy.causal_lm import get_response_log_probs, load_policy
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 GREEDY = SamplingSettings(temperature=0, max_tokens=30, stop=(), logprobs=True)
 LOG_PROB_TOL = 1e-4  # fp32 on CPU in two processes
 BUCKET_BYTES = 64 << 10  # tiny model: the embedding travels alone, layer weights several to a bucket

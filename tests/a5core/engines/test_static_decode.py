@@ -3,6 +3,7 @@ loop on it gives what ``model.generate`` gives; compiled and eager agree."""
 
 import pytest
 import torch
+from decode_checks import check_left_padded_decode, tiny_decoder_model
 
 from a5core.engines import SamplingSettings
 from a5core.engines.hf import HFEngine
@@ -11,64 +12,9 @@ from a5core.engines.static_decode import StaticKVDecoder, supports
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def _tiny(model_type: str):
-    from transformers import (
-        LlamaConfig,
-        LlamaForCausalLM,
-        MistralConfig,
-        MistralForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-    )
-
-    torch.manual_seed(0)
-    kwargs = dict(
-        vocab_size=61,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    classes = {
-        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-        "llama": (LlamaConfig, LlamaForCausalLM),
-        "mistral": (MistralConfig, MistralForCausalLM),
-    }
-    config_class, model_class = classes[model_type]
-    extra = {"sliding_window": None} if model_type == "mistral" else {}
-    return model_class(config_class(**kwargs, **extra)).eval()
-
-
-def check_left_padded_decode(model, narrow_every_other: bool = False) -> None:
-    """Three prompts left-padded to 5, prefilled, then 4 decode steps attending the whole cache (or, with
-    ``narrow_every_other``, every other step only its filled columns): each row's logits are its own unpadded
-    forward's."""
-    torch.manual_seed(1)
-    lengths = [5, 3, 1]  # left-padded to 5
-    prompt = torch.randint(0, 61, (3, 5))
-    valid = torch.arange(5)[None, :] >= (5 - torch.tensor(lengths))[:, None]
-    continuation = torch.randint(0, 61, (3, 4))
-    decoder = StaticKVDecoder(model, batch_size=3, capacity=12)
-    attend = torch.zeros(3, 12, dtype=torch.bool)
-    attend[:, :5] = valid
-    steps = [decoder.prefill(prompt, valid)]
-    for t in range(4):
-        attend[:, 5 + t] = True
-        window = 5 + t + 1 if narrow_every_other and t % 2 else 12  # the filled columns, or the whole cache
-        steps.append(decoder.decode(continuation[:, t], valid.sum(-1) + t, 5 + t, attend[:, :window]))
-    for row, n in enumerate(lengths):  # each row alone, unpadded, through the model's own forward
-        ids = torch.cat([prompt[row, 5 - n :], continuation[row]])[None]
-        with torch.no_grad():
-            want = model(ids).logits[0, n - 1 :].float()
-        got = torch.stack([step[row] for step in steps])
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-
-
 @pytest.mark.parametrize("model_type", ["qwen2", "llama", "mistral"])
 def test_prefill_and_decode_give_the_full_forward_logits(model_type):
-    model = _tiny(model_type)
+    model = tiny_decoder_model(model_type)
     assert supports(model)
     check_left_padded_decode(model)
 
@@ -76,7 +22,7 @@ def test_prefill_and_decode_give_the_full_forward_logits(model_type):
 def test_fewer_rows_and_a_narrower_window_give_the_same_logits():
     """After two steps the cache's rows 3 and 1 move to the front (``compact``) and decode on as a batch of
     2 attending only the filled columns: each row's logits are still its own full forward's."""
-    model = _tiny("qwen2")
+    model = tiny_decoder_model("qwen2")
     torch.manual_seed(1)
     lengths = [5, 2, 4, 3]
     prompt = torch.randint(0, 61, (4, 5))
@@ -108,7 +54,7 @@ def test_fewer_rows_and_a_narrower_window_give_the_same_logits():
 
 
 def test_unsupported_models_are_refused_by_name():
-    model = _tiny("mistral")
+    model = tiny_decoder_model("mistral")
     model.config.sliding_window = 16
     assert not supports(model)
     with pytest.raises(ValueError, match="mistral"):
@@ -247,7 +193,7 @@ def test_the_compiled_shrinking_loop_compiles_once(tiny_tokenizer):
     from tiny_loops import make_model
     from torch._dynamo.utils import counters
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
     from benchmarks._lengths import forced_lengths
 
     model = make_model(tiny_tokenizer, hidden=64, layers=2)
@@ -273,7 +219,7 @@ def test_shrinking_rows_and_window_changes_no_row(tiny_tokenizer, monkeypatch):
 
     from tiny_loops import make_model
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
     from benchmarks._lengths import forced_lengths
 
     model = make_model(tiny_tokenizer, hidden=64, layers=2)

@@ -139,7 +139,7 @@ def test_lenient_answer_finishes_on_200k_character_adversarial_responses():
         capture_output=True,
         text=True,
         timeout=240,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[3],
         check=True,
     )
     results = json.loads(done.stdout.splitlines()[-1])

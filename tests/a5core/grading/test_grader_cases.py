@@ -11,7 +11,11 @@ import pytest
 
 from a5core.grading.rewards import REWARD_FNS
 
-CASES = [json.loads(line) for line in (Path(__file__).parent / "data" / "grading_cases.jsonl").open() if line.strip()]
+CASES = [
+    json.loads(line)
+    for line in (Path(__file__).resolve().parents[2] / "data" / "grading_cases.jsonl").open()
+    if line.strip()
+]
 
 KINDS = {
     "integer",
