@@ -3,7 +3,6 @@ import json
 import pytest
 
 from a5core.data.files import DataError, gsm8k_final_answer, load_gsm8k, load_math, load_sft_traces
-from a5core.runtime.writing import write_jsonl_atomic
 
 
 def test_real_math_files(shared_data):
@@ -106,26 +105,3 @@ def test_hub_source_error_is_clear():
         DataError, match=r"EleutherAI/hendrycks_math: could not load Hugging Face dataset .*local \.jsonl"
     ):
         load_math("EleutherAI/hendrycks_math", split="test")
-
-
-def test_write_jsonl_atomic_keeps_old_file_on_failure(tmp_path):
-    path = write_jsonl_atomic(tmp_path / "out" / "r.jsonl", [{"a": 1}, {"a": 2}])
-    assert [json.loads(line) for line in path.read_text().splitlines()] == [{"a": 1}, {"a": 2}]
-
-    def exploding():
-        yield {"a": 3}
-        raise OSError("disk full")
-
-    with pytest.raises(OSError, match="disk full"):
-        write_jsonl_atomic(path, exploding())
-    assert [json.loads(line) for line in path.read_text().splitlines()] == [{"a": 1}, {"a": 2}]
-    assert [p.name for p in path.parent.iterdir()] == ["r.jsonl"]  # no temporary left behind
-    assert path.stat().st_mode & 0o777 == 0o666 & ~_umask()
-
-
-def _umask() -> int:
-    import os
-
-    current = os.umask(0)
-    os.umask(current)
-    return current

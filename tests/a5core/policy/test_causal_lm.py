@@ -96,42 +96,6 @@ def test_sft_microbatch_train_step_loss_and_gradient():
     assert meta["response_tokens"].item() == 3
 
 
-def test_grpo_microbatch_train_step_masked_mean():
-    logp = torch.tensor([[-1.0, -2.0, -9.0], [-3.0, -9.0, -9.0]], requires_grad=True)
-    adv = torch.tensor([[2.0], [-1.0]])
-    loss, meta = grpo_microbatch_train_step(logp, MASK, 4, "reinforce_with_baseline", advantages=adv)
-    # seq0: mean(2·1, 2·2) = 3; seq1: mean(−1·3) = −3 → batch mean 0 → /4
-    assert loss.item() == pytest.approx(0.0) and meta["loss"].item() == pytest.approx(0.0)
-    expected_grad = torch.tensor([[-2.0 / 2, -2.0 / 2, 0.0], [1.0 / 1, 0.0, 0.0]]) / (2 * 4)
-    assert torch.allclose(logp.grad, expected_grad)
-
-
-def test_grpo_microbatch_train_step_masked_normalize_and_clip_fraction():
-    logp = torch.log(torch.tensor([[1.5, 1.0, 1.0], [0.5, 1.0, 1.0]])).requires_grad_()
-    old = torch.zeros(2, 3)
-    adv = torch.tensor([[1.0], [1.0]])
-    loss, meta = grpo_microbatch_train_step(
-        logp,
-        MASK,
-        1,
-        "grpo_clip",
-        advantages=adv,
-        old_log_probs=old,
-        cliprange=0.2,
-        length_normalization="masked_normalize",
-        normalize_constant=3.0,
-    )
-    # per-token losses: seq0 [−1.2 (clipped), −1.0], seq1 [−0.5] → sums −2.2/3, −0.5/3 → mean
-    assert loss.item() == pytest.approx((-2.2 / 3 - 0.5 / 3) / 2, rel=1e-6)
-    assert meta["clip_fraction"].item() == pytest.approx(1 / 3)
-    with pytest.raises(ValueError, match="needs normalize_constant"):
-        grpo_microbatch_train_step(
-            logp, MASK, 1, "reinforce_with_baseline", advantages=adv, length_normalization="masked_normalize"
-        )
-    with pytest.raises(ValueError, match="unknown length_normalization 'sum'"):
-        grpo_microbatch_train_step(logp, MASK, 1, "reinforce_with_baseline", advantages=adv, length_normalization="sum")
-
-
 def accumulated_grads(model, batch, n_micro, step):
     model.zero_grad()
     size = batch["input_ids"].shape[0] // n_micro

@@ -7,7 +7,6 @@ import torch
 
 from a5core import (
     compute_entropy,
-    compute_group_normalized_rewards,
     compute_grpo_clip_loss,
     compute_naive_policy_gradient_loss,
     compute_policy_gradient_loss,
@@ -54,43 +53,6 @@ def test_compute_entropy_hand_values_and_extreme_logits():
     assert masked.item() == pytest.approx(math.log(2), abs=1e-6)
 
 
-def reward_exact(response, ground_truth):
-    ok = float(response == ground_truth)
-    return {"format_reward": 1.0, "answer_reward": ok, "reward": ok}
-
-
-def test_group_normalized_rewards_with_and_without_std():
-    responses, truths = ["1", "0", "1", "1"], ["1", "1", "1", "1"]
-    adv, raw, meta = compute_group_normalized_rewards(reward_exact, responses, truths, 2, 1e-6, False)
-    assert raw.tolist() == [1.0, 0.0, 1.0, 1.0]
-    assert adv.tolist() == [0.5, -0.5, 0.0, 0.0]
-    assert meta["reward_mean"] == 0.75 and meta["frac_groups_all_equal"] == 0.5
-    adv, _, _ = compute_group_normalized_rewards(reward_exact, responses, truths, 2, 1e-6, True)
-    std = math.sqrt(0.5)  # unbiased std of {1, 0}
-    expected = [0.5 / (std + 1e-6), -0.5 / (std + 1e-6), 0.0, 0.0]
-    assert adv.tolist() == pytest.approx(expected, rel=1e-6)
-
-
-def test_group_normalized_rewards_uses_the_real_grader():
-    responses = [
-        "</think> <answer> \\frac{1}{2} </answer>",
-        "</think> <answer> 0.5 </answer>",
-        "no tags",
-        "</think> <answer> 3 </answer>",
-    ]
-    from a5core import r1_zero_reward_fn
-
-    adv, raw, meta = compute_group_normalized_rewards(r1_zero_reward_fn, responses, ["1/2"] * 4, 4, 1e-6, False)
-    assert raw.tolist() == [1.0, 1.0, 0.0, 0.0]
-    assert adv.tolist() == [0.5, 0.5, -0.5, -0.5]
-    assert meta["format_reward_mean"] == 0.75
-
-
-def test_group_normalized_rewards_rejects_bad_group_size():
-    with pytest.raises(ValueError, match="group_size 3 does not divide the 4"):
-        compute_group_normalized_rewards(reward_exact, ["a"] * 4, ["a"] * 4, 3, 1e-6, True)
-
-
 def test_naive_policy_gradient_loss():
     a = torch.tensor([[2.0], [-1.0]])
     logp = torch.tensor([[-1.0, -2.0], [-0.5, -3.0]])
@@ -121,35 +83,6 @@ def test_policy_gradient_dispatch_and_errors():
         compute_policy_gradient_loss(logp, "grpo_clip", advantages=adv)
     with pytest.raises(ValueError, match="unknown loss_type 'ppo'"):
         compute_policy_gradient_loss(logp, "ppo", advantages=adv)
-
-
-def test_length_normalization_per_token_weights():
-    """docs/length_normalization.md: masked_mean weighs a token by −A/(B·|o|), masked_normalize by −A/(B·L)."""
-    from a5core.handout import grpo_microbatch_train_step
-
-    lengths, width, max_tokens = (2, 8), 8, 16.0
-    mask = torch.tensor([[t < n for t in range(width)] for n in lengths])
-    advantages = torch.tensor([[1.0], [1.0]])
-    weights = {}
-    for reduction in ("masked_mean", "masked_normalize"):
-        log_probs = torch.full((2, width), -1.0, requires_grad=True)
-        grpo_microbatch_train_step(
-            log_probs,
-            mask,
-            1,
-            "reinforce_with_baseline",
-            advantages=advantages,
-            length_normalization=reduction,
-            normalize_constant=max_tokens,
-        )
-        weights[reduction] = log_probs.grad
-    short, long = weights["masked_mean"][0, 0].item(), weights["masked_mean"][1, 0].item()
-    assert short == pytest.approx(-1 / (2 * 2)) and long == pytest.approx(-1 / (2 * 8))
-    assert short / long == pytest.approx(
-        4.0
-    )  # a token of the 2-token answer moves 4× as much as one of the 8-token answer
-    assert torch.allclose(weights["masked_normalize"][mask], torch.full((10,), -1 / (2 * max_tokens)))
-    assert (weights["masked_mean"][~mask] == 0).all() and (weights["masked_normalize"][~mask] == 0).all()
 
 
 def test_the_handouts_formulas_import_nothing_of_the_loops():
