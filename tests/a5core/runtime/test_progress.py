@@ -127,21 +127,6 @@ def test_a_bad_interval_is_named(monkeypatch):
         progress.interval()
 
 
-def test_grpo_steps_without_a_learning_signal_are_said_and_a_run_of_them_warned_of(caplog):
-    from a5core.loops.grpo.learning_signal import LearningSignal
-
-    signal = LearningSignal(uses_advantages=True, patience=3)
-    uniform, varied = {"frac_groups_all_equal": 1.0, "reward_max": 1.0}, {"frac_groups_all_equal": 0.5}
-    with caplog.at_level(logging.INFO, logger="a5core"):
-        notes = [signal.observe(step, 9, m) for step, m in enumerate([uniform, varied, *[uniform] * 4], start=1)]
-    assert notes[0] == notes[2] == "no learning signal (every group's rewards equal)" and notes[1] == ""
-    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert warning.startswith("GRPO steps 3-5 of 9: no learning signal in 3 steps in a row"), warning
-    # a loss on the raw rewards (no_baseline) still learns from a uniform group, unless its rewards are all 0
-    raw = LearningSignal(uses_advantages=False)
-    assert raw.observe(1, 2, uniform) == "" and raw.observe(2, 2, {**uniform, "reward_max": 0.0})
-
-
 def test_status_line_carries_a_note():
     line = progress.status_line("GRPO step", 2, 8, {"loss": 0.0, "wall_seconds": 3.0}, ("loss",), "no learning signal")
     assert line == "GRPO step 2/8: loss 0; no learning signal (3.0 s)"
