@@ -1,7 +1,7 @@
-"""Sharing one GPU between policy and vLLM: the engine's share, its KV cache and the flows' arguments, on the CPU.
+"""Sharing one GPU between policy and vLLM (a5core.engines.colocate): the engine's share and its KV cache, on the CPU.
 
 The sizes come from a model's config (counted on the meta device), so a tiny Qwen2 folder stands for the
-1.5B model; the CUDA branch of the flows' arguments is checked with the GPU's memory query replaced.
+1.5B model.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from a5core.engines.colocate import (
     rollout_tokens,
 )
 from a5core.policy.model_specs import parameter_count
-from tasks.engines import colocated_backend, colocated_vllm_kwargs
 
 
 @pytest.fixture(scope="module")
@@ -77,46 +76,9 @@ def test_rollout_tokens_follow_the_runs_batch():
     assert rollout_tokens(types.SimpleNamespace(max_tokens=256)) == 256 * (256 + PROMPT_TOKENS)
 
 
-def test_flows_arguments_on_cuda_and_on_the_cpu(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert colocated_vllm_kwargs(None, lambda: 0, 1000) == {}
-    assert colocated_vllm_kwargs(0.3, lambda: 0, 1000) == {"gpu_memory_utilization": 0.3}
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (120 * GIB, 140 * GIB))
-    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda: 1.0)
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 0)
-    assert colocated_vllm_kwargs(None, lambda: 50 * GIB, 1000) == {
-        "sleep_when_idle": True,
-        "kv_cache_tokens": 1000,
-        "gpu_memory_utilization": pytest.approx(70 / 140),
-    }
-    # a run bounded to half the GPU (gpu_memory_fraction), 10 GiB of it already held: 60 GiB of its 70 left
-    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda: 0.5)
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 10 * GIB)
-    assert colocated_vllm_kwargs(None, lambda: 50 * GIB, 1000)["gpu_memory_utilization"] == pytest.approx(10 / 140)
-    # a fraction given keeps vLLM's own KV sizing (all of its share), and the engine still sleeps
-    assert colocated_vllm_kwargs(0.3, lambda: 50 * GIB, 1000) == {
-        "sleep_when_idle": True,
-        "gpu_memory_utilization": 0.3,
-    }
-
-
 def test_vllm_on_the_cpu_refuses_to_sleep(tiny_lm_dir):
     pytest.importorskip("vllm")
     from a5core.engines.vllm import VLLMEngine
 
     with pytest.raises(ValueError, match="sleep_when_idle needs vLLM on CUDA"):
         VLLMEngine(str(tiny_lm_dir), sleep_when_idle=True)
-
-
-def test_auto_beside_the_policy_is_hf_on_a_gpu(monkeypatch):
-    import tasks.engines
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert colocated_backend("auto") == "hf"
-    assert colocated_backend("vllm") == "vllm"
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(tasks.engines, "vllm_available", lambda: True)
-    assert colocated_backend("auto") == "vllm"
-    monkeypatch.setattr(tasks.engines, "vllm_available", lambda: False)
-    assert colocated_backend("auto") == "hf"
