@@ -78,63 +78,6 @@ def test_one_step_update_equals_the_hand_computed_one(tokenizer, compile_layers)
 # ------------------------------------------------------------------------------------------ settings
 
 
-@pytest.mark.parametrize(
-    "overrides, message",
-    [
-        (dict(rollout_batch_size=10, group_size=4), "rollout_batch_size must be a multiple of group_size"),
-        (
-            dict(train_batch_size=8, gradient_accumulation_steps=3),
-            "train_batch_size must be a multiple of gradient_accumulation_steps",
-        ),
-        (
-            dict(rollout_batch_size=8, train_batch_size=6, gradient_accumulation_steps=2),
-            "rollout_batch_size must be a multiple of train_batch_size",
-        ),
-        (
-            dict(group_size=8, rollout_batch_size=16, train_batch_size=4, gradient_accumulation_steps=2),
-            "train_batch_size must be >= group_size",
-        ),
-        (dict(loss_type="grpo_clip"), "every ratio is 1"),
-        (
-            dict(loss_type="ppo"),
-            r"loss_type\n  Input should be 'no_baseline', 'reinforce_with_baseline', 'grpo_clip', 'grpo_no_clip' or",
-        ),
-        (
-            dict(length_normalization="sum"),
-            r"length_normalization\n  Input should be 'masked_mean', 'masked_normalize' or 'token_mean'",
-        ),
-        (dict(learning_rate=-1.0), r"learning_rate\n  Input should be greater than 0"),
-        (dict(cliprange_high=0.3), "cliprange_high must be None, or a number > 0 with loss_type grpo_clip"),
-        (dict(tis_cap=0.0), r"tis_cap\n  Input should be greater than 0"),
-        (dict(n_grpo_steps=0), r"n_grpo_steps\n  Input should be greater than or equal to 1"),
-        (dict(min_tokens=20), r"min_tokens \(20\) must not exceed max_tokens \(12\)"),
-        (dict(compile_layers="yes"), r"compile_layers must be true, false or auto"),
-    ],
-)
-def test_invalid_settings_fail_at_construction(overrides, message):
-    with pytest.raises(ValueError, match=message):
-        small_config(**overrides)
-
-
-def test_a5_defaults():
-    config = GRPOConfig()
-    assert (config.n_grpo_steps, config.learning_rate, config.rollout_batch_size, config.group_size) == (
-        200,
-        1e-5,
-        256,
-        8,
-    )
-    assert (config.train_batch_size, config.gradient_accumulation_steps, config.microbatch_size) == (256, 128, 2)
-    assert (config.loss_type, config.use_std_normalization, config.betas, config.cliprange) == (
-        "reinforce_with_baseline",
-        True,
-        (0.9, 0.95),
-        0.2,
-    )
-    assert (config.temperature, config.min_tokens, config.max_tokens) == (1.0, 4, 1024)
-    assert not config.off_policy and not config.needs_old_log_probs
-
-
 def test_too_few_problems():
     with pytest.raises(ValueError, match="samples 2 questions per step but got 1 problems"):
         grpo(torch.nn.Linear(1, 1), None, None, PROBLEMS[:1], TEMPLATE, parity_reward, small_config())

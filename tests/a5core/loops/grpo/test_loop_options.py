@@ -315,24 +315,6 @@ def test_dynamic_sampling_fills_the_batch_with_groups_that_differ(tokenizer):
 # ------------------------------------------------------------------------------------- bad settings
 
 
-@pytest.mark.parametrize(
-    "overrides, message",
-    [
-        (dict(loss_type="gspo"), "gspo' weighs each token by π/π_old"),
-        (dict(overlong_buffer=12), r"overlong_buffer must be below max_tokens \(12\)"),
-        (dict(dynamic_sampling=True, drop_uniform_groups=True), "drop_uniform_groups must be false with dynamic"),
-        (dict(pipeline_depth=1), "tis_cap must be set .* with pipeline_depth 1"),
-        (dict(pipeline_depth=1, tis_cap=2.0, dynamic_sampling=True), "dynamic_sampling must be false with pipeline"),
-        (dict(pipeline_depth=2, tis_cap=2.0), r"pipeline_depth\n  Input should be less than or equal to 1"),
-        (dict(kl_estimator="k4"), r"kl_estimator\n  Input should be 'k1', 'k2' or 'k3'"),
-        (dict(kl_coef=-0.1), r"kl_coef\n  Input should be greater than or equal to 0"),
-    ],
-)
-def test_invalid_combinations_are_refused_naming_the_field(overrides, message):
-    with pytest.raises(ValueError, match=message):
-        small_config(**overrides)
-
-
 def test_kl_needs_an_unsharded_start_and_pipelining_an_engine_of_its_own(tokenizer):
     model = make_model(tokenizer)
 
