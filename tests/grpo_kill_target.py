@@ -1,4 +1,4 @@
-"""A one-step-off GRPO run (``pipeline_depth`` 1) for tests/test_grpo_options.py to SIGKILL:
+"""A one-step-off GRPO run (``pipeline_depth`` 1) for tests/a5core/loops/grpo/test_loop_options.py to SIGKILL:
 ``python tests/grpo_kill_target.py TINY_LM_DIR CKPT_DIR MARKER``.
 
 Four steps, a checkpoint after every one. In the ``log`` call of step 2 (checkpoint 1 complete, step 2

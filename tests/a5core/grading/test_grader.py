@@ -1,6 +1,6 @@
 """The grader's mechanics: extraction rules, the real validation answers, deadlines, threads, batches.
 
-The per-answer-type corpus lives in test_grading_cases.py.
+The per-answer-type corpus lives in test_grader_cases.py.
 """
 
 import json

@@ -1,6 +1,6 @@
 """Micro-batches by token budget (``max_tokens_per_microbatch``): the packing, and the same update as
 fixed-count micro-batches and as one whole batch, for every loss and length normalisation (one rank here;
-two ranks in tests/test_distributed.py)."""
+two ranks in tests/a5core/runtime/test_distributed.py)."""
 
 from __future__ import annotations
 

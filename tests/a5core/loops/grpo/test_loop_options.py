@@ -243,8 +243,8 @@ def hand_step(start, tokenizer, engine, config, reward_fn, answers) -> tuple[tor
 )
 def test_one_step_with_each_option_equals_the_hand_computed_one(tokenizer, options, monkeypatch, sgd_updates):
     """The loop's step against :func:`hand_step`, both stepping SGD (``sgd_updates``: the weights then compare
-    the gradients; AdamW's own step is checked in tests/test_grpo.py). GSPO runs off-policy (two optimizer steps on
-    halves of the batch): the second step's sequence ratios are not 1, and some are clipped."""
+    the gradients; AdamW's own step is checked in tests/a5core/loops/grpo/test_loop.py). GSPO runs off-policy (two
+    optimizer steps on halves of the batch): the second step's sequence ratios are not 1, and some are clipped."""
     from a5core.loops.settings import SeedSettings
 
     monkeypatch.setattr(SeedSettings, "step_seed", lambda self, step: 0)  # epoch e's order: seed e

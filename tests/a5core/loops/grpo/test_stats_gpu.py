@@ -3,7 +3,7 @@ several GRPO steps the engine mismatch every step logs (``mismatch_*``, :class:`
 stays within bf16's bounds, the policy in fp32 master weights under bf16 autocast (the flows' default) and the
 engine in bf16 beside it on the same GPU, as the flows place them. Prints each step's numbers.
 
-    pytest -m gpu tests/test_engine_mismatch_gpu.py
+    pytest -m gpu tests/a5core/loops/grpo/test_stats_gpu.py
 
 Self-contained: the planted tiny model of tests/tiny_lm.py (one attention head of 64, FlashAttention 3's smallest
 head size) with a tokenizer trained on arithmetic text written here, so no data folder is needed. Skipped without
