@@ -1,5 +1,6 @@
-"""What the loops' tests share: the tiny tokenizer and models over its vocabulary, toy problems, a toy reward, an
-engine that records its calls, small settings, and the warm-started policy of the learning tests."""
+"""What the loops' tests share: models over the tiny tokenizer's vocabulary, toy problems, a toy reward, engines
+that record their calls (one of them cutting responses to many lengths), small settings, and the warm-started
+policy of the learning tests."""
 
 from __future__ import annotations
 
@@ -105,6 +106,30 @@ class RecordingEngine:
 
     def release_memory(self):
         return self.inner.release_memory()
+
+
+class VariedLengthEngine(RecordingEngine):
+    """Cuts rollout j of each call to 2 + 5j mod 11 tokens (a random tiny model rarely stops by itself):
+    responses of many lengths, the full-length ones cut at max_tokens (finish_reason "length")."""
+
+    def __init__(self, model, tokenizer):
+        super().__init__(model, tokenizer)
+        self.tokenizer = tokenizer
+
+    def generate(self, prompts, sampling):
+        groups, j = self.inner.generate(prompts, sampling), 0
+        varied = []
+        for group in groups:
+            cut = []
+            for c in group:
+                n = min(len(c.token_ids), 2 + (5 * j) % 11)
+                j += 1
+                ids = c.token_ids[:n]
+                reason = "length" if n == sampling.max_tokens else "stop"
+                cut.append(c.__class__(self.tokenizer.decode(ids), ids, reason, c.log_probs and c.log_probs[:n]))
+            varied.append(cut)
+        self.calls.append((list(prompts), varied, sampling))
+        return varied
 
 
 def small_config(**overrides) -> GRPOConfig:

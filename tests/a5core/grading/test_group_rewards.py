@@ -59,8 +59,9 @@ def test_uniform_groups_and_the_statistics_of_rewards_and_advantages():
     assert (one["reward_std"], one["advantage_std"], one["frac_groups_all_equal"]) == (0.0, 0.0, 1.0)
 
 
-def test_the_overlong_penalty_falls_linearly_over_the_buffer():
-    lengths = torch.tensor([10, 12, 14, 16, 20])
-    assert overlong_penalty(lengths, 16, 4).tolist() == [0.0, 0.0, -0.5, -1.0, -1.0]
-    assert overlong_penalty(lengths, 16, 4, factor=0.5).tolist() == [0.0, 0.0, -0.25, -0.5, -0.5]
-    assert overlong_penalty(lengths, 16, 0).tolist() == [0.0] * 5
+def test_overlong_penalty_is_dapos_soft_punishment():
+    """0 up to max_tokens − buffer, then linear to −factor at max_tokens."""
+    lengths = torch.tensor([10, 16, 17, 18, 20, 24])
+    assert overlong_penalty(lengths, 20, 4, 1.0).tolist() == [0.0, 0.0, -0.25, -0.5, -1.0, -1.0]
+    assert overlong_penalty(lengths, 20, 4, 0.5).tolist() == [0.0, 0.0, -0.125, -0.25, -0.5, -0.5]
+    assert overlong_penalty(lengths, 20, 0).tolist() == [0.0] * 6

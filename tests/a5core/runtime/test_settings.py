@@ -175,3 +175,33 @@ def test_inherited_names_a_field_the_class_inherits():
 
         class Typo(GRPOOptimizer):
             learnig_rate: float = inherited(3e-5)
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_the_library_reads_each_setting_where_it_is_declared(tokenizer, monkeypatch):
+    """Inside a5core a setting is read one way, through its group (``config.optimizer.learning_rate``); reading a
+    group's setting by its own name is for users and flows. One step of each loop reads none that way."""
+    import sys
+
+    from tiny_loops import PROBLEMS, TEMPLATE, RecordingEngine, make_model, parity_reward, short_examples, small_config
+
+    from a5core.loops.expert_iteration import expert_iteration
+    from a5core.loops.grpo import grpo
+    from a5core.loops.sft import train_sft
+
+    forwarded, forward = set(), Settings.__getattr__
+
+    def recording(self, name):
+        caller = sys._getframe(1).f_code.co_filename
+        if "/a5core/" in caller and (name in type(self).leaf_groups or name in type(self).member_groups):
+            forwarded.add(f"{name} ({caller.rsplit('/a5core/', 1)[1]})")
+        return forward(self, name)
+
+    monkeypatch.setattr(Settings, "__getattr__", recording)
+    model = make_model(tokenizer)
+    train_sft(model, tokenizer, short_examples(4), SFTConfig(batch_size=4, microbatch_size=2, epochs=1, eval_every=1))
+    engine = RecordingEngine(model, tokenizer)
+    grpo(model, tokenizer, engine, PROBLEMS, TEMPLATE, parity_reward, small_config(kl_coef=0.1, tis_cap=2.0))
+    ei = EIConfig(n_ei_steps=1, questions_per_step=2, rollouts_per_question=2, max_tokens=8, batch_size=2, epochs=1)
+    expert_iteration(model, tokenizer, engine, PROBLEMS, TEMPLATE, parity_reward, ei, evaluate=lambda m, s: {})
+    assert not forwarded

@@ -12,8 +12,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from test_grpo_options import VariedLengthEngine
-from tiny_loops import PROBLEMS, TEMPLATE, make_model, parity_reward, short_examples, small_config
+from tiny_loops import PROBLEMS, TEMPLATE, VariedLengthEngine, make_model, parity_reward, short_examples, small_config
 
 import a5core.loops.grpo.loop
 import a5core.loops.sft

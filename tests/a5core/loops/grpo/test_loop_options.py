@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from tiny_loops import PROBLEMS, TEMPLATE, RecordingEngine, make_model, parity_reward, small_config
+from tiny_loops import PROBLEMS, TEMPLATE, RecordingEngine, VariedLengthEngine, make_model, parity_reward, small_config
 
 from a5core.data.files import Problem
 from a5core.grading.group_rewards import overlong_penalty
@@ -124,39 +124,7 @@ def test_token_mean_weighs_every_token_of_the_batch_alike_however_it_is_cut():
         torch.testing.assert_close(log_probs.grad, direct.grad)
 
 
-def test_overlong_penalty_is_dapos_soft_punishment():
-    """0 up to max_tokens − buffer, then linear to −factor at max_tokens."""
-    lengths = torch.tensor([10, 16, 17, 18, 20, 24])
-    assert overlong_penalty(lengths, 20, 4, 1.0).tolist() == [0.0, 0.0, -0.25, -0.5, -1.0, -1.0]
-    assert overlong_penalty(lengths, 20, 4, 0.5).tolist() == [0.0, 0.0, -0.125, -0.25, -0.5, -0.5]
-    assert overlong_penalty(lengths, 20, 0).tolist() == [0.0] * 6
-
-
 # ------------------------------------------------------------------------------- one step, by hand
-
-
-class VariedLengthEngine(RecordingEngine):
-    """Cuts rollout j of each call to 2 + 5j mod 11 tokens (a random tiny model rarely stops by itself):
-    responses of many lengths, the full-length ones cut at max_tokens (finish_reason "length")."""
-
-    def __init__(self, model, tokenizer):
-        super().__init__(model, tokenizer)
-        self.tokenizer = tokenizer
-
-    def generate(self, prompts, sampling):
-        groups, j = self.inner.generate(prompts, sampling), 0
-        varied = []
-        for group in groups:
-            cut = []
-            for c in group:
-                n = min(len(c.token_ids), 2 + (5 * j) % 11)
-                j += 1
-                ids = c.token_ids[:n]
-                reason = "length" if n == sampling.max_tokens else "stop"
-                cut.append(c.__class__(self.tokenizer.decode(ids), ids, reason, c.log_probs and c.log_probs[:n]))
-            varied.append(cut)
-        self.calls.append((list(prompts), varied, sampling))
-        return varied
 
 
 def hand_step(start, tokenizer, engine, config, reward_fn, answers) -> tuple[torch.nn.Module, list, list]:
