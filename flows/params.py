@@ -27,10 +27,9 @@ from a5core.grading.rewards import GRADER_PROMPTS, RewardName
 from a5core.loops.expert_iteration import EIConfig
 from a5core.loops.grpo import GRPOConfig
 from a5core.loops.grpo.config import GRPOOptimizer
-from a5core.loops.settings import HOW_FAST_FIELDS
 from a5core.loops.sft import SFTConfig
 from a5core.policy.losses import LengthNormalization
-from a5core.runtime.settings import Settings, group, inherited
+from a5core.runtime.settings import HOW_FAST_FIELDS, Settings, group, inherited
 from tasks.engines import parse_engine_devices
 from tasks.outputs import check_output_dir, check_output_file, git_tracked, output_kind, source_folders_refused
 from tasks.tracking import DEFAULT_TRACKING_URI, sqlite_database

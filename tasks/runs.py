@@ -48,11 +48,11 @@ from a5core.data.prompts import PromptTemplate, load_prompt
 from a5core.engines import Engine, SamplingSettings
 from a5core.grading.rewards import REWARD_FNS
 from a5core.loops.question_sampling import load_pass_rates
-from a5core.loops.settings import HOW_FAST_FIELDS
 from a5core.policy.causal_lm import load_policy
 from a5core.policy.lora import has_adapters, merged_state_dict
 from a5core.runtime import distributed
 from a5core.runtime.checkpoint import read_state
+from a5core.runtime.settings import HOW_FAST_FIELDS
 from a5core.runtime.writing import write_text_atomic
 from tasks.evaluation import validation_hook
 from tasks.fingerprints import file_digest, model_fingerprint

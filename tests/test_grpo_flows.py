@@ -268,7 +268,7 @@ def test_every_grpo_setting_is_in_params_yaml_and_the_new_ones_read_from_flags()
     import yaml
 
     from a5core.loops.grpo import GRPOConfig
-    from a5core.loops.settings import HOW_FAST_FIELDS
+    from a5core.runtime.settings import HOW_FAST_FIELDS
     from flows.cli import parse_params
 
     section = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())["grpo"]

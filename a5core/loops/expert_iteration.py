@@ -51,12 +51,12 @@ from a5core.engines.engine import RolloutSamplingFields
 from a5core.evaluation.generations import response_entropies
 from a5core.evaluation.records import grade_completions
 from a5core.loops.question_sampling import QuestionSampler, QuestionSamplingSettings
-from a5core.loops.settings import OptimizerSettings, SeedSettings, SFTBatchSettings, SpeedSettings
+from a5core.loops.settings import OptimizerSettings, SeedSettings, SFTBatchSettings
 from a5core.loops.sft import SFTConfig, train_sft
 from a5core.policy.lora import LoRASettings, add_adapters
 from a5core.runtime import distributed, progress
 from a5core.runtime.checkpoint import load_tensors, read_state
-from a5core.runtime.settings import Settings, group, inherited
+from a5core.runtime.settings import Settings, SpeedSettings, group, inherited
 from a5core.runtime.writing import write_jsonl_atomic, write_text_atomic
 
 logger = logging.getLogger(__name__)

@@ -1,5 +1,6 @@
-"""The settings groups the training loops share, each declared once: AdamW, how a step runs, an SFT step's
-batch, how often a run validates and checkpoints, and the seed (the machinery: :mod:`a5core.runtime.settings`).
+"""The settings groups the training loops share, each declared once: AdamW, an SFT step's batch, how often a run
+validates and checkpoints, and the seed (the machinery, and how a step runs on the hardware:
+:mod:`a5core.runtime.settings`).
 
 Where the loops differ on a default (the learning rate: 2e-5 for SFT, 1e-5 for EI and GRPO), the group gives
 none and each loop's subclass gives its own with :func:`a5core.runtime.settings.inherited`.
@@ -7,10 +8,8 @@ none and each loop's subclass gives its own with :func:`a5core.runtime.settings.
 
 from __future__ import annotations
 
-from typing import Any, Literal
-
 import torch
-from pydantic import Field, StrictBool, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from a5core.runtime.settings import Settings
 
@@ -39,58 +38,6 @@ class OptimizerSettings(Settings):
             weight_decay=self.weight_decay,
             fused=params[0].device.type == "cuda",
         )
-
-
-class SpeedSettings(Settings):
-    """How a step runs: memory against speed, and several GPUs. ``auto``: the fast path on CUDA (each choice
-    measured faster there and giving the same update), today's on the CPU (docs/gpu.md)."""
-
-    gradient_checkpointing: StrictBool = Field(False, description="recompute activations in backward (less memory)")
-    max_tokens_per_microbatch: int | Literal["auto"] | None = Field(
-        "auto",
-        description="micro-batches by token budget: sequences sorted by length fill each micro-batch up to this "
-        "many padded tokens (rows × length); auto: on CUDA sized to the memory free, halved and the pass run again "
-        "on running out of memory (a5core.runtime.token_budget), on the CPU None; None: a fixed number of "
-        "sequences per micro-batch",
-    )
-    compile_layers: StrictBool | Literal["auto"] = Field(
-        "auto",
-        description="torch.compile the decoder layers (GPU: faster, less memory; the first step compiles); "
-        "auto: on CUDA, not on the CPU",
-    )
-    fsdp_reshard_after_forward: StrictBool = Field(
-        True,
-        description="several GPUs: False keeps each layer's gathered "
-        "weights from forward to backward (faster, more memory)",
-    )
-
-    @field_validator("max_tokens_per_microbatch", mode="before")
-    @classmethod
-    def _budget(cls, value: Any) -> Any:
-        if isinstance(value, str) and value.isdigit():
-            value = int(value)
-        if value is None or value == "auto" or (type(value) is int and value >= 1):
-            return value
-        raise ValueError(
-            "max_tokens_per_microbatch must be a whole number >= 1 (padded tokens per micro-batch), auto (sized to "
-            f"the GPU) or null (micro-batches by count), got {value!r}"
-        )
-
-    @field_validator("compile_layers", mode="before")
-    @classmethod
-    def _compile(cls, value: Any) -> Any:
-        if isinstance(value, bool) or value == "auto":
-            return value
-        raise ValueError(f"compile_layers must be true, false or auto (on CUDA, not on the CPU), got {value!r}")
-
-    def compiles(self, device: torch.device) -> bool:
-        """Whether the decoder layers are compiled on ``device`` (``compile_layers`` auto: on CUDA)."""
-        return self.compile_layers is True or (self.compile_layers == "auto" and device.type == "cuda")
-
-
-# How fast a step runs, not what it computes (the update is the same to float rounding): a checkpoint or a run
-# folder made with other values of these is the same run.
-HOW_FAST_FIELDS = ("compile_layers", "fsdp_reshard_after_forward", "max_tokens_per_microbatch")
 
 
 class SFTBatchSettings(Settings):

@@ -67,14 +67,7 @@ import torch
 from pydantic import Field
 
 from a5core.data.files import Trace
-from a5core.loops.settings import (
-    HOW_FAST_FIELDS,
-    OptimizerSettings,
-    PeriodicSettings,
-    SeedSettings,
-    SFTBatchSettings,
-    SpeedSettings,
-)
+from a5core.loops.settings import OptimizerSettings, PeriodicSettings, SeedSettings, SFTBatchSettings
 from a5core.loops.training import TrainedPolicy, prepare
 from a5core.policy.causal_lm import (
     get_response_log_probs,
@@ -88,7 +81,7 @@ from a5core.runtime import distributed, progress
 from a5core.runtime.checkpoint import fingerprint, load_checkpoint, save_checkpoint
 from a5core.runtime.guards import DivergenceGuard
 from a5core.runtime.out_of_memory import naming_the_microbatch
-from a5core.runtime.settings import Settings, group, inherited
+from a5core.runtime.settings import HOW_FAST_FIELDS, Settings, SpeedSettings, group, inherited
 
 logger = logging.getLogger(__name__)
 

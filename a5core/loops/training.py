@@ -20,12 +20,13 @@ from typing import Protocol
 
 import torch
 
-from a5core.loops.settings import OptimizerSettings, SpeedSettings
+from a5core.loops.settings import OptimizerSettings
 from a5core.policy.causal_lm import COMPILED_ACTIVATION_BUDGET, compile_decoder_layers
 from a5core.policy.lora import LoRASettings, add_adapters
 from a5core.runtime import distributed
 from a5core.runtime.checkpoint import NonFiniteLossError
 from a5core.runtime.guards import DivergenceGuard
+from a5core.runtime.settings import SpeedSettings
 from a5core.runtime.token_budget import TokenBudget
 
 

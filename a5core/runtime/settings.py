@@ -2,9 +2,10 @@
 
 Each loop takes one frozen settings model (:class:`a5core.loops.sft.SFTConfig`,
 :class:`a5core.loops.expert_iteration.EIConfig`, :class:`a5core.loops.grpo.GRPOConfig`) made of its own
-settings and groups as fields (``config.optimizer``, ``config.sampling``, ``config.speed`` ...; the groups the
-loops share are in :mod:`a5core.loops.settings`), so that a setting two loops share (the learning rate, the
-sampling temperature) has one declaration: its type, constraints and description. The flows' parameter models
+settings and groups as fields (``config.optimizer``, ``config.sampling``, ``config.speed`` ...: the groups the
+loops share are in :mod:`a5core.loops.settings`; the runtime's own, how a step runs on the hardware, is
+:class:`SpeedSettings` here), so that a setting two loops share (the learning rate, the sampling temperature)
+has one declaration: its type, constraints and description. The flows' parameter models
 (``flows/params.py``) hold a loop's config as a group beside the pipeline's own (engine, data, evaluation,
 outputs), so the command lines, the Prefect UI's forms and ``params.yaml``'s validation all derive from these
 declarations.
@@ -30,10 +31,12 @@ from dataclasses import dataclass
 from types import UnionType
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 
+import torch
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -291,3 +294,58 @@ def describe(error: ValidationError) -> str:
         message, loc = problem["msg"].removeprefix("Value error, "), setting_location(problem["loc"])
         problems.append(f"{'.'.join(map(str, loc))} {problem.get('input')!r}: {message}" if loc else message)
     return "; ".join(problems)
+
+
+# ------------------------------------------------------------------------------------ the runtime's group
+
+
+class SpeedSettings(Settings):
+    """How a step runs: memory against speed, and several GPUs. ``auto``: the fast path on CUDA (each choice
+    measured faster there and giving the same update), today's on the CPU (docs/gpu.md)."""
+
+    gradient_checkpointing: StrictBool = Field(False, description="recompute activations in backward (less memory)")
+    max_tokens_per_microbatch: int | Literal["auto"] | None = Field(
+        "auto",
+        description="micro-batches by token budget: sequences sorted by length fill each micro-batch up to this "
+        "many padded tokens (rows × length); auto: on CUDA sized to the memory free, halved and the pass run again "
+        "on running out of memory (a5core.runtime.token_budget), on the CPU None; None: a fixed number of "
+        "sequences per micro-batch",
+    )
+    compile_layers: StrictBool | Literal["auto"] = Field(
+        "auto",
+        description="torch.compile the decoder layers (GPU: faster, less memory; the first step compiles); "
+        "auto: on CUDA, not on the CPU",
+    )
+    fsdp_reshard_after_forward: StrictBool = Field(
+        True,
+        description="several GPUs: False keeps each layer's gathered "
+        "weights from forward to backward (faster, more memory)",
+    )
+
+    @field_validator("max_tokens_per_microbatch", mode="before")
+    @classmethod
+    def _budget(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.isdigit():
+            value = int(value)
+        if value is None or value == "auto" or (type(value) is int and value >= 1):
+            return value
+        raise ValueError(
+            "max_tokens_per_microbatch must be a whole number >= 1 (padded tokens per micro-batch), auto (sized to "
+            f"the GPU) or null (micro-batches by count), got {value!r}"
+        )
+
+    @field_validator("compile_layers", mode="before")
+    @classmethod
+    def _compile(cls, value: Any) -> Any:
+        if isinstance(value, bool) or value == "auto":
+            return value
+        raise ValueError(f"compile_layers must be true, false or auto (on CUDA, not on the CPU), got {value!r}")
+
+    def compiles(self, device: torch.device) -> bool:
+        """Whether the decoder layers are compiled on ``device`` (``compile_layers`` auto: on CUDA)."""
+        return self.compile_layers is True or (self.compile_layers == "auto" and device.type == "cuda")
+
+
+# How fast a step runs, not what it computes (the update is the same to float rounding): a checkpoint or a run
+# folder made with other values of these is the same run.
+HOW_FAST_FIELDS = ("compile_layers", "fsdp_reshard_after_forward", "max_tokens_per_microbatch")

@@ -10,11 +10,11 @@ from pydantic import Field, StrictBool, model_validator
 from a5core.data.files import Problem
 from a5core.engines.engine import RolloutSamplingFields
 from a5core.loops.question_sampling import QuestionSamplingSettings
-from a5core.loops.settings import HOW_FAST_FIELDS, OptimizerSettings, PeriodicSettings, SeedSettings, SpeedSettings
+from a5core.loops.settings import OptimizerSettings, PeriodicSettings, SeedSettings
 from a5core.policy.lora import LoRASettings
 from a5core.policy.losses import POLICY_GRADIENT_INPUTS, KLEstimator, LengthNormalization, LossType
 from a5core.runtime.checkpoint import fingerprint
-from a5core.runtime.settings import Settings, group, inherited
+from a5core.runtime.settings import HOW_FAST_FIELDS, Settings, SpeedSettings, group, inherited
 
 # Fields that say how often side effects happen and how fast a step runs, not what is trained
 # (see a5core.runtime.checkpoint).
