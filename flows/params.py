@@ -1,6 +1,6 @@
 """The flows' parameter models, each composed of its loop's settings and the pipeline's shared groups.
 
-A setting is declared once: the training loops' own in :mod:`a5core.runtime.settings` and the loops' configs
+A setting is declared once: the training loops' own in :mod:`a5core.loops.settings` and the loops' configs
 (:class:`~a5core.loops.sft.SFTConfig`, :class:`~a5core.loops.expert_iteration.EIConfig`,
 :class:`~a5core.loops.grpo.GRPOConfig`), the pipeline's here (the engine, the problems and their validation, the
 prompt and grader, where outputs and MLflow runs go). A flow's model holds the groups it uses as fields
@@ -153,7 +153,7 @@ class PromptSettings(Prompt):
 class Generation(Settings):
     """How an evaluation or a teacher samples: n samples a problem (the stop strings: the prompt's, unless
     ``stop`` says otherwise; the seed: 0, reproducible). What is passed to the engine as it is starts from the
-    engine's own default (:data:`a5core.runtime.settings.ENGINE_SAMPLING`)."""
+    engine's own default (:data:`a5core.engines.engine.ENGINE_SAMPLING`)."""
 
     sampling: SamplingFields = group(SamplingFields, "temperature and response length")
     dtype: EngineDtype = Field("auto", description="engine dtype: auto (bf16 on GPU, fp32 on CPU), bfloat16, float32")
