@@ -7,7 +7,9 @@ position and metrics, plus the run's fingerprint). A checkpoint is written whole
 latest) before .latest.previous is deleted: at every instant either latest/ or .latest.previous/ is
 a complete checkpoint, and :func:`load_checkpoint` puts .latest.previous back if a crash fell between
 the renames. A Ctrl-C or SIGTERM that arrives while a checkpoint is written waits for the write to finish
-(:func:`signals_held`), then acts as it would have.
+(:func:`signals_held`), then acts as it would have. Under several ranks (FSDP2) every rank calls
+:func:`save_checkpoint` and :func:`load_checkpoint`: the shards are gathered and rank 0 writes them whole, and each
+rank loads the whole tensors and keeps its shards, so a checkpoint resumes on any number of ranks.
 
 The fingerprint says what must match for a checkpoint to be resumed: the run's settings (less those
 that only say where and how often side effects happen) and a sha256 of its data, in order.
