@@ -251,8 +251,6 @@ def sft_step(run: _Run, batch_order: list[int], step: int) -> dict[str, float]:
     count = f"microbatch_size {config.batch.microbatch_size}: lower it"
     where = f"SFT step {step}"
     with naming_the_microbatch(where, lambda: policy.budget.value, count, lambda: run.last_shape):
-        # Out of memory under an auto budget: the accumulation again, after the engine released its cache,
-        # else at half the budget.
         lengths = [run.positions[i] for i in batch_order] if run.positions is not None else []
         accumulate = functools.partial(_accumulate, run, batch_order)
         loss, nll, tokens, truncated = policy.budget.retrying(accumulate, where, lengths, run.release_memory)

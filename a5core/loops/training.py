@@ -56,12 +56,13 @@ class TrainedPolicy:
     grad_clip: float
 
     def accumulating(self, batch_size: int, microbatches: list[list[int]]) -> Iterator[tuple[list[int], float]]:
-        """An optimizer step's gradient, accumulated from zero (so that a step that ran out of memory can run
-        again, at another budget) over this rank's ``microbatches`` of a batch of ``batch_size`` sequences on all
-        ranks: yields each micro-batch and its ``microbatch_mean_divisor``, len(batch) / (len(micro) · world),
-        what the micro-batch's mean loss is divided by so that the micro-batches' losses add up to the batch mean
-        (× world: FSDP2 averages the ranks' gradients). An empty micro-batch (this rank's share ran out) still
-        runs a pass at weight 0: FSDP2's collectives need it."""
+        """An optimizer step's gradient, accumulated from zero over this rank's ``microbatches`` of a batch of
+        ``batch_size`` sequences on all ranks (from zero: a step that ran out of memory runs again after the engine
+        released its cache, or at half the budget, :meth:`a5core.runtime.token_budget.TokenBudget.retrying`).
+        Yields each micro-batch and its ``microbatch_mean_divisor``, len(batch) / (len(micro) · world): what the
+        micro-batch's mean loss is divided by so that the micro-batches' losses add up to the batch mean (× world:
+        FSDP2 averages the ranks' gradients). An empty micro-batch (this rank's share ran out) still runs a pass
+        at weight 0: FSDP2's collectives need it."""
         self.optimizer.zero_grad(set_to_none=True)
         world = distributed.rank_and_world()[1]
         for index in distributed.accumulating(self.model, microbatches):

@@ -180,8 +180,6 @@ def grpo_step(run: _Run, engine: Engine, reward_fn: RewardFn, step: int) -> dict
             policy.model.train()
             lengths = [len(batch.response_ids[i]) for i in train_batch]
             token_sum_divisor = token_sum_divisor_for(config, lengths, batch.truncated[train_batch].tolist())
-            # Out of memory under an auto budget: this optimizer step's accumulation again, after the engine
-            # released its cache, else at half the budget.
             accumulate = functools.partial(_accumulate, run, batch, train_batch, stats, epoch, token_sum_divisor)
             policy.budget.retrying(accumulate, where, [positions[i] for i in train_batch], engine.release_memory)
             got = stats.read(policy.clip_gradients())
