@@ -1,4 +1,5 @@
-"""a5core: the library under the a5 pipeline (data, prompts, grading, losses, policy, rollouts, loops).
+"""a5core: the library under the a5 pipeline, in rooms that import downward only: runtime < grading < data <
+policy < engines < evaluation < loops < verdicts (tests/test_import_graph.py).
 
 Knows nothing of Prefect, MLflow or DVC. The CS336 A5 training primitives are importable from here
 (``from a5core import compute_grpo_clip_loss``); each is imported when first asked for, so importing a part of
@@ -23,10 +24,10 @@ _EXPORTS = {
     "question_only_reward_fn": "a5core.grading.grader",
     "r1_zero_reward_fn": "a5core.grading.grader",
     "compute_entropy": "a5core.policy.losses",
-    "compute_group_normalized_rewards": "a5core.policy.losses",
+    "compute_group_normalized_rewards": "a5core.grading.group_rewards",
     "compute_grpo_clip_loss": "a5core.policy.losses",
     "compute_naive_policy_gradient_loss": "a5core.policy.losses",
-    "compute_policy_gradient_loss": "a5core.handout",
+    "compute_policy_gradient_loss": "a5core.policy.losses",
     "masked_mean": "a5core.policy.losses",
     "masked_normalize": "a5core.policy.losses",
     "get_response_log_probs": "a5core.policy.causal_lm",

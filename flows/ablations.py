@@ -9,7 +9,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from a5core.data.problem_sets import ARITHMETIC_GRADERS
+from a5core.grading.rewards import ARITHMETIC_GRADERS
+from a5core.loops.grpo.config import ONE_STEP_OFF_TIS_CAP
 from a5core.runtime.settings import describe
 from flows.params import AblationName, GRPOParams
 
@@ -99,7 +100,7 @@ ABLATIONS: dict[AblationName, tuple[str, Callable[[GRPOParams], dict[str, dict[s
     "grpo_async_ablation": (
         "one-step-off",
         lambda p: {
-            name: {"pipeline_depth": depth, "tis_cap": p.tis_cap or 2.0}
+            name: {"pipeline_depth": depth, "tis_cap": ONE_STEP_OFF_TIS_CAP if p.tis_cap is None else p.tis_cap}
             for name, depth in (("synchronous", 0), ("one_step_off", 1))
         },
     ),

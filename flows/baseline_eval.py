@@ -19,7 +19,7 @@ from pathlib import Path
 from prefect import flow
 
 from a5core.data.prompts import load_prompt
-from a5core.grading.evaluation import CATEGORIES
+from a5core.evaluation.records import CATEGORIES
 from flows.cli import flow_main, print_paths
 from flows.params import BaselineEvalParams
 from tasks.checks import check_outputs, check_prompts_fit

@@ -34,9 +34,9 @@ from typing import Any
 from prefect import flow
 from pydantic import Field, ValidationInfo, field_validator
 
-from a5core.data.files import write_text_atomic
 from a5core.grading.sample_metrics import paired_difference, problem_scores
 from a5core.runtime.settings import Settings
+from a5core.runtime.writing import write_text_atomic
 from flows.cli import flow_main, print_paths
 from flows.params import ExperimentName, LogToMLflow, OutputFolder, TrackingUri, output_folder_of_its_flow
 from tasks.flow_summary import publish

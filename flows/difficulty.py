@@ -21,10 +21,10 @@ from pathlib import Path
 
 from prefect import flow
 
-from a5core.data.files import write_text_atomic
 from a5core.data.problem_sets import load_problem_set
 from a5core.data.prompts import load_prompt
 from a5core.loops.question_sampling import pass_rate_table
+from a5core.runtime.writing import write_text_atomic
 from flows.cli import flow_main, print_paths
 from flows.params import DifficultyParams
 from tasks.checks import check_outputs, check_prompts_fit

@@ -53,7 +53,6 @@ from pathlib import Path
 import torch
 from prefect import flow
 
-from a5core.data.files import write_text_atomic
 from a5core.data.problem_sets import hold_out, load_problem_set, load_trace_set, load_validation_set
 from a5core.data.prompts import load_prompt
 from a5core.engines import SamplingSettings
@@ -61,6 +60,7 @@ from a5core.grading.grader import r1_zero_reward_fn
 from a5core.loops.grpo import grpo
 from a5core.loops.sft import SFTConfig, train_sft
 from a5core.policy.causal_lm import load_policy
+from a5core.runtime.writing import write_text_atomic
 from flows.cli import flow_main
 from flows.params import LeaderboardParams
 from tasks.checks import check_grpo_run, check_prompts_fit

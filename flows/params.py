@@ -1,6 +1,6 @@
 """The flows' parameter models, each composed of its loop's settings and the pipeline's shared groups.
 
-A setting is declared once: the training loops' own in :mod:`a5core.runtime.settings` and the loops' configs
+A setting is declared once: the training loops' own in :mod:`a5core.loops.settings` and the loops' configs
 (:class:`~a5core.loops.sft.SFTConfig`, :class:`~a5core.loops.expert_iteration.EIConfig`,
 :class:`~a5core.loops.grpo.GRPOConfig`), the pipeline's here (the engine, the problems and their validation, the
 prompt and grader, where outputs and MLflow runs go). A flow's model holds the groups it uses as fields
@@ -19,26 +19,17 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field, PositiveFloat, StrictBool, field_validator, model_validator
 
-from a5core.data.problem_sets import GRADER_PROMPTS, RewardName
 from a5core.data.prompts import PromptTemplate, builtin_prompt_names
-from a5core.data.sft_data import TeacherSettings
 from a5core.engines import BACKENDS, DTYPES, SamplingSettings
+from a5core.engines.engine import ENGINE_SAMPLING, RolloutSamplingFields, SamplingFields
+from a5core.engines.teacher import TeacherSettings
+from a5core.grading.rewards import GRADER_PROMPTS, RewardName
 from a5core.loops.expert_iteration import EIConfig
 from a5core.loops.grpo import GRPOConfig
 from a5core.loops.grpo.config import GRPOOptimizer
 from a5core.loops.sft import SFTConfig
 from a5core.policy.losses import LengthNormalization
-from a5core.runtime.settings import (
-    ENGINE_SAMPLING,
-    HOW_FAST_FIELDS,
-    MAX_SEED,
-    READS,
-    RolloutSamplingFields,
-    SamplingFields,
-    Settings,
-    group,
-    inherited,
-)
+from a5core.runtime.settings import HOW_FAST_FIELDS, MAX_SEED, READS, Settings, group, inherited
 from tasks.engines import parse_engine_devices
 from tasks.evaluation import EVALUATION_FILES
 from tasks.flow_summary import RUN_FILE
@@ -173,7 +164,7 @@ class PromptSettings(Prompt):
 class Generation(Settings):
     """How an evaluation or a teacher samples: n samples a problem (the stop strings: the prompt's, unless
     ``stop`` says otherwise; the seed: 0, reproducible). What is passed to the engine as it is starts from the
-    engine's own default (:data:`a5core.runtime.settings.ENGINE_SAMPLING`)."""
+    engine's own default (:data:`a5core.engines.engine.ENGINE_SAMPLING`)."""
 
     sampling: SamplingFields = group(SamplingFields, "temperature and response length")
     dtype: EngineDtype = Field("auto", description="engine dtype: auto (bf16 on GPU, fp32 on CPU), bfloat16, float32")
@@ -370,7 +361,7 @@ class DistillGeneration(Generation):
 
 class DistillParams(Settings):
     """Distillation from a teacher (``flows.sft_data distill``): a served model (how to reach it:
-    :class:`a5core.data.sft_data.TeacherSettings`) or a local engine."""
+    :class:`a5core.engines.teacher.TeacherSettings`) or a local engine."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -45,20 +45,14 @@ from typing import Annotated, Any, Literal
 from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from a5core.data.files import DataError, load_math, load_sft_traces, write_jsonl_atomic, write_text_atomic
+from a5core.data.files import DataError, load_math, load_sft_traces
 from a5core.data.prompts import load_prompt
-from a5core.data.sft_data import (
-    OpenAICompletionsTeacher,
-    TeacherError,
-    dedup_traces,
-    distill,
-    filter_correct,
-    import_traces,
-    math_solution_traces,
-)
+from a5core.data.sft_data import dedup_traces, filter_correct, import_traces, math_solution_traces
 from a5core.engines import make_engine
+from a5core.engines.teacher import OpenAICompletionsTeacher, TeacherError, distill
 from a5core.policy.model_specs import ModelResolutionError, resolve_model
 from a5core.runtime.settings import READS, describe
+from a5core.runtime.writing import write_jsonl_atomic, write_text_atomic
 from flows.cli import argument_parser, cli_main, settings_from_file
 from flows.params import DistillParams, Prompt
 from tasks.engines import closing_engine

@@ -40,8 +40,8 @@ import yaml
 from prefect import flow
 from pydantic import Field, field_validator, model_validator
 
-from a5core.data.files import write_text_atomic
 from a5core.runtime.settings import Settings
+from a5core.runtime.writing import write_text_atomic
 from a5core.verdicts.decide import Decision, Rule, decide
 from a5core.verdicts.expectations import DEFAULT_METRIC, Expectation, expectations_from, parse_expectation
 from flows.cli import flow_main, load_yaml, print_paths

@@ -12,13 +12,14 @@ t0 = time.time()
 import torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-from a5core.data.arithmetic import arithmetic_problems, arithmetic_reward_fn
+from a5core.data.arithmetic import arithmetic_problems
 from a5core.data.files import Trace
 from a5core.data.prompts import load_prompt
 from a5core.engines import SamplingSettings
 from a5core.engines.hf import HFEngine
-from a5core.grading.evaluation import evaluate
+from a5core.evaluation.records import evaluate
 from a5core.grading.grader import r1_zero_reward_fn
+from a5core.grading.rewards import arithmetic_reward_fn
 from a5core.loops.expert_iteration import EIConfig, expert_iteration
 from a5core.loops.sft import SFTConfig, train_sft
 from a5core.policy.causal_lm import load_policy

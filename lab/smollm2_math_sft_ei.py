@@ -18,7 +18,7 @@ from a5core.data.prompts import load_prompt
 from a5core.data.sft_data import math_solution_traces
 from a5core.engines import SamplingSettings
 from a5core.engines.hf import HFEngine
-from a5core.grading.evaluation import evaluate
+from a5core.evaluation.records import evaluate
 from a5core.grading.grader import r1_zero_reward_fn
 from a5core.loops.expert_iteration import EIConfig, expert_iteration
 from a5core.loops.sft import SFTConfig, train_sft

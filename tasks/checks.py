@@ -16,11 +16,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from a5core.data.files import Problem, check_writable_folder
+from a5core.data.files import Problem
 from a5core.data.problem_sets import load_problem_set, load_validation_set
 from a5core.data.prompts import load_prompt
 from a5core.loops.question_sampling import load_pass_rates
 from a5core.policy.model_specs import check_context, resolve_model
+from a5core.runtime.writing import check_writable_folder
 from tasks.engines import parse_engine_devices
 from tasks.fanout import check_ray_address
 from tasks.outputs import claim_outputs

@@ -14,20 +14,17 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE, TASK_SOURCE, CacheKeyFnPolicy
 from prefect.utilities.hashing import hash_objects
 
-from a5core.data.files import PROBLEM_LOADERS, Problem, write_jsonl_atomic, write_text_atomic
-from a5core.data.problem_sets import REWARD_FNS, load_validation_set
+from a5core.data.files import PROBLEM_LOADERS, Problem
+from a5core.data.problem_sets import load_validation_set
 from a5core.data.prompts import PromptTemplate
-from a5core.engines import Completion, Engine, SamplingSettings, make_engine
-from a5core.grading.evaluation import (
-    case_report,
-    evaluate,
-    grade_completions,
-    log_generations,
-    per_problem_table,
-    summarize,
-)
+from a5core.engines import Completion, Engine, SamplingSettings, full_weights, make_engine
+from a5core.evaluation.case_report import case_report
+from a5core.evaluation.generations import log_generations
+from a5core.evaluation.records import evaluate, grade_completions, per_problem_table, summarize
+from a5core.grading.rewards import REWARD_FNS
 from a5core.policy.model_specs import resolve_model
 from a5core.runtime import distributed
+from a5core.runtime.writing import write_jsonl_atomic, write_text_atomic
 from tasks.engines import closing_engine, retry_unless_deterministic, start_engine
 from tasks.fingerprints import model_fingerprint
 from tasks.outputs import write_output_file
@@ -153,14 +150,14 @@ def validation_hook(
     responses, token entropy; with several samples, avg@n, pass@k and maj@n with their standard errors).
 
     Under several ranks every rank calls it (as the loops do): each pushes the whole weights
-    (:func:`a5core.runtime.distributed.full_weights`, a collective) into its own engine, evaluates its block
+    (:func:`a5core.engines.full_weights`, a collective) into its own engine, evaluates its block
     of the problems, and all get every record (gathered in problem order), so all return the same
     metrics; the entropies of the table's sample are a forward pass of the (sharded) model on every
     rank. The tracking rank alone logs the table.
     """
 
     def run(model: torch.nn.Module, step: int) -> dict[str, float]:
-        engine.load_weights(distributed.full_weights(model))
+        engine.load_weights(full_weights(model))
         chosen = list(problems[:subset])
         mine = chosen[distributed.rank_slice(len(chosen))]
         records = distributed.gather_lists(evaluate(engine, mine, template, reward_fn, sampling)[0] if mine else [])

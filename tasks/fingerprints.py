@@ -22,7 +22,7 @@ import json
 import os
 from pathlib import Path, PurePosixPath
 
-from a5core.data.files import write_text_atomic
+from a5core.runtime.writing import write_text_atomic
 
 DIGEST_MEMO = Path("~/.cache/a5/digests")
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from a5core.data.files import write_text_atomic
+from a5core.runtime.writing import write_text_atomic
 from tasks.tables import markdown_table
 from tasks.tracking import UI_COMMAND, prefect_flow_run, tracking_rank, ui_address
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from a5core.data.files import write_text_atomic
+from a5core.runtime.writing import write_text_atomic
 
 OUTPUT_MARKER = ".a5-outputs"  # in an output folder: the kind of flow whose outputs it holds
 OUTPUT_LOCK = ".a5-outputs.lock"  # in an output folder: held by the flow writing there

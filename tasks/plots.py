@@ -11,7 +11,7 @@ from typing import Any
 
 import mlflow
 
-from a5core.data.files import write_text_atomic
+from a5core.runtime.writing import write_text_atomic
 from tasks.tables import csv_text, markdown_table
 
 

@@ -42,16 +42,18 @@ import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from a5core.data.files import Problem, write_text_atomic
-from a5core.data.problem_sets import REWARD_FNS, load_validation_set
+from a5core.data.files import Problem
+from a5core.data.problem_sets import load_validation_set
 from a5core.data.prompts import PromptTemplate, load_prompt
 from a5core.engines import Engine, SamplingSettings
+from a5core.grading.rewards import REWARD_FNS
 from a5core.loops.question_sampling import load_pass_rates
 from a5core.policy.causal_lm import load_policy
 from a5core.policy.lora import has_adapters, merged_state_dict
 from a5core.runtime import distributed
 from a5core.runtime.checkpoint import read_state
 from a5core.runtime.settings import HOW_FAST_FIELDS
+from a5core.runtime.writing import write_text_atomic
 from tasks.evaluation import validation_hook
 from tasks.fingerprints import file_digest, model_fingerprint
 from tasks.provenance import log_provenance

@@ -47,8 +47,8 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a bar 
 
 import mlflow  # noqa: E402
 
-from a5core.data.files import write_text_atomic  # noqa: E402
 from a5core.runtime import distributed  # noqa: E402
+from a5core.runtime.writing import write_text_atomic  # noqa: E402
 from tasks.fingerprints import file_digests  # noqa: E402
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"

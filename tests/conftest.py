@@ -86,7 +86,7 @@ def sgd_updates(monkeypatch):
     AdamW two float paths' weights differ by what they round (seen: 2.7e-6 and 7e-6 against atols of 2e-6
     and 5e-6 under other sampled tokens), whatever is compared. The gradient's scale, which AdamW would
     hide, is pinned by the tests' loss and gradient-norm comparisons."""
-    from a5core.runtime.settings import OptimizerSettings
+    from a5core.loops.settings import OptimizerSettings
 
     monkeypatch.setattr(OptimizerSettings, "adamw", lambda self, params: torch.optim.SGD(params, lr=self.learning_rate))
 
@@ -95,7 +95,7 @@ def sgd_updates(monkeypatch):
 def learning_rate_0(monkeypatch):
     """The loops' AdamW at learning rate 0, which the settings refuse: the weights never move, so a GRPO run's
     engine holds the policy's weights at every step (the engine mismatch tests)."""
-    from a5core.runtime.settings import OptimizerSettings
+    from a5core.loops.settings import OptimizerSettings
 
     adamw = OptimizerSettings.adamw
 
@@ -114,3 +114,9 @@ def tiny_tokenizer(tiny_lm_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_lm_dir)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_tokenizer):
+    """The loops' tests' tokenizer: the tiny one (tests/tiny_loops.py builds models over its vocabulary)."""
+    return tiny_tokenizer

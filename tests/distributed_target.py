@@ -1,4 +1,4 @@
-"""Run by tests/test_distributed.py under torchrun (gloo, CPU): one SFT-style step on this rank's share
+"""Run by tests/a5core/runtime/test_distributed.py under torchrun (gloo, CPU): one SFT-style step on this rank's share
 of a fixed batch, FSDP2-sharded, and the full gradient saved by rank 0. ``python -m torch.distributed.run
 --nproc-per-node N tests/distributed_target.py TOKENIZER_DIR OUT.pt MICROBATCH``"""
 

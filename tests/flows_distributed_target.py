@@ -68,7 +68,7 @@ def even_length_reward(response: str, ground_truth: str) -> dict[str, float]:
 def patched(output_dir: Path) -> Iterator[None]:
     """The two patches above (on :func:`tasks.engines.rollout_engine`, which every training flow's
     engine comes from, and on the ``arithmetic`` grader), undone on exit."""
-    from a5core.data.problem_sets import REWARD_FNS
+    from a5core.grading.rewards import REWARD_FNS
     from tasks import engines
 
     start, reward = engines.rollout_engine, REWARD_FNS["arithmetic"]

@@ -1,4 +1,4 @@
-"""A one-step-off GRPO run (``pipeline_depth`` 1) for tests/test_grpo_options.py to SIGKILL:
+"""A one-step-off GRPO run (``pipeline_depth`` 1) for tests/a5core/loops/grpo/test_loop_options.py to SIGKILL:
 ``python tests/grpo_kill_target.py TINY_LM_DIR CKPT_DIR MARKER``.
 
 Four steps, a checkpoint after every one. In the ``log`` call of step 2 (checkpoint 1 complete, step 2
@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 
 import torch
-from test_grpo import PROBLEMS, TEMPLATE, RecordingEngine, parity_reward, small_config
-from test_sft import make_model
+from tiny_loops import PROBLEMS, TEMPLATE, RecordingEngine, make_model, parity_reward, small_config
 
 ASYNC_SETTINGS = dict(n_grpo_steps=4, pipeline_depth=1, tis_cap=2.0, checkpoint_every=1)
 

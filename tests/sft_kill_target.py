@@ -1,4 +1,4 @@
-"""A small SFT run for tests/test_sft.py to SIGKILL:
+"""A small SFT run for tests/a5core/loops/test_sft.py to SIGKILL:
 ``python tests/sft_kill_target.py TINY_LM_DIR CKPT_DIR MARKER MODE``.
 
 ``build_run`` defines the run (tiny model, examples, config); the test imports it for its uninterrupted

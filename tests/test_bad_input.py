@@ -26,8 +26,9 @@ import flows.baseline_eval
 import flows.expert_iteration
 import flows.grpo
 import flows.sft_experiment
-from a5core.data.files import Trace, write_jsonl_atomic
+from a5core.data.files import Trace
 from a5core.data.prompts import load_prompt
+from a5core.runtime.writing import write_jsonl_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 MAINS = {

@@ -168,7 +168,7 @@ def test_the_case_report_of_hostile_data_carries_no_live_html(
     and backticks: the command's report.md, rendered by a CommonMark viewer, shows them as text."""
     from markdown_it import MarkdownIt
 
-    from a5core.data.files import write_jsonl_atomic
+    from a5core.runtime.writing import write_jsonl_atomic
     from flows.baseline_eval import main
 
     record = {

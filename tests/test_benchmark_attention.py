@@ -15,13 +15,15 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.mark.parametrize("name", ["sdpa", "matmul"])
 def test_each_attention_gives_the_full_forward_logits_with_left_padding(name):
-    from test_static_decode import _tiny, check_left_padded_decode
+    from decode_checks import check_left_padded_decode, tiny_decoder_model
 
     from a5core.engines.static_decode import StaticKVDecoder
 
     engine = StaticKVDecoder._attend_cached
     with use_attention(name):
-        check_left_padded_decode(_tiny("qwen2"), narrow_every_other=True)  # 4 query heads over 2 key/value heads
+        check_left_padded_decode(
+            tiny_decoder_model("qwen2"), narrow_every_other=True
+        )  # 4 query heads over 2 key/value heads
     assert StaticKVDecoder._attend_cached is engine
 
 

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_each_bucket_compiles_once_and_the_loop_generates_what_eager_does(tiny_tokenizer):
-    from test_sft import make_model
+    from tiny_loops import make_model
     from torch._dynamo.utils import counters
 
     import a5core.engines.hf as hf

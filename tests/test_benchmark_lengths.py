@@ -19,7 +19,7 @@ def test_lengths_are_seeded_and_within_bounds():
 
 
 def test_every_row_ends_at_its_drawn_length(tiny_tokenizer):
-    from test_sft import make_model
+    from tiny_loops import make_model
 
     from a5core.engines import SamplingSettings
     from a5core.engines.hf import HFEngine

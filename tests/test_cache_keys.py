@@ -14,7 +14,7 @@ import pytest
 from test_bad_input import math_record
 
 import flows.baseline_eval
-from a5core.data.files import write_jsonl_atomic
+from a5core.runtime.writing import write_jsonl_atomic
 from tasks import fingerprints
 
 

@@ -13,7 +13,7 @@ import pytest
 from test_bad_input import math_record, trace_record, user_error
 from test_flow_resume import cli_flags
 
-from a5core.data.files import write_jsonl_atomic
+from a5core.runtime.writing import write_jsonl_atomic
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

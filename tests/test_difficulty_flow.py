@@ -16,7 +16,8 @@ def test_the_table_counts_each_questions_correct_samples_and_grpo_samples_by_it(
     import mlflow
 
     from a5core.data import problem_sets
-    from a5core.data.arithmetic import arithmetic_reward_fn
+    from a5core.grading import rewards
+    from a5core.grading.rewards import arithmetic_reward_fn
     from flows.difficulty import DifficultyParams, difficulty
 
     graded = []
@@ -25,7 +26,7 @@ def test_the_table_counts_each_questions_correct_samples_and_grpo_samples_by_it(
         graded.append(response)
         return arithmetic_reward_fn(response, truth)
 
-    monkeypatch.setitem(problem_sets.REWARD_FNS, "arithmetic", recording)
+    monkeypatch.setitem(rewards.REWARD_FNS, "arithmetic", recording)
     params = DifficultyParams(
         model=str(tiny_lm_dir),
         backend="hf",
@@ -70,7 +71,7 @@ def test_the_table_counts_each_questions_correct_samples_and_grpo_samples_by_it(
         asked.append(truth)
         return arithmetic_reward_fn(response, truth)
 
-    monkeypatch.setitem(problem_sets.REWARD_FNS, "arithmetic", asking)
+    monkeypatch.setitem(rewards.REWARD_FNS, "arithmetic", asking)
     grpo = GRPOParams(
         model=str(tiny_lm_dir),
         backend="hf",

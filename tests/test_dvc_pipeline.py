@@ -256,9 +256,9 @@ def test_a_changed_default_shows_in_dvc_status(tmp_path):
 
     dvc("commit", "--force", "grpo")
     assert "up to date" in dvc("status", "grpo")
-    # AdamW's beta2 (every loop's, a5core/runtime/settings.py), then the grpo flow's own val_subset (flows/params.py)
+    # AdamW's beta2 (every loop's, a5core/loops/settings.py), then the grpo flow's own val_subset (flows/params.py)
     for code, dep, default, changed in [
-        ("a5core/runtime/settings.py", "a5core", "beta2: float = Field(0.95,", "beta2: float = Field(0.9,"),
+        ("a5core/loops/settings.py", "a5core", "beta2: float = Field(0.95,", "beta2: float = Field(0.9,"),
         ("flows/params.py", "flows/params.py", "val_subset: int = inherited(1024)", "val_subset: int = inherited(99)"),
     ]:
         before = (repo / code).read_text()

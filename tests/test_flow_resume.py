@@ -23,8 +23,9 @@ import pytest
 from kill9 import kill_at_marker
 
 from a5core.data.arithmetic import arithmetic_problems
-from a5core.data.files import Trace, write_jsonl_atomic
+from a5core.data.files import Trace
 from a5core.data.prompts import load_prompt
+from a5core.runtime.writing import write_jsonl_atomic
 from flows.expert_iteration import SUMMARY_KEYS as EI_SUMMARY
 from flows.grpo import SUMMARY_KEYS as GRPO_SUMMARY
 from tasks.tables import headline_metrics
@@ -102,7 +103,7 @@ def warm_policy_dir(tiny_lm_dir, tmp_path_factory) -> Path:
     """A tiny policy that writes the r1_zero format and gets some of the 8 training sums right at
     temperature 1 (the planted tiny LM never answers, so Expert Iteration would keep nothing and never
     fine-tune): 40 SFT steps on the questions of ``arithmetic:8:1``, ~3 s."""
-    from test_sft import make_model
+    from tiny_loops import make_model
     from transformers import AutoTokenizer
 
     from a5core.loops.sft import SFTConfig, train_sft

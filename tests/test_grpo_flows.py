@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from a5core.data.problem_sets import REWARD_FNS
+from a5core.grading.rewards import REWARD_FNS
 from flows.grpo import ABLATIONS, GRPOParams, ablation_settings, grpo_baseline_ablation, grpo_flow, main
 from tasks.tables import headline_metrics
 

@@ -1,5 +1,6 @@
 """The project's import graph has no circle: every import between its own modules, at the top of a file or
-inside a function, points one way (a circle broken by a deferred import is still a circle)."""
+inside a function, points one way (a circle broken by a deferred import is still a circle); the rings import
+inward (flows → tasks → a5core); inside a5core, each room imports only the rooms below it, in one order."""
 
 from __future__ import annotations
 
@@ -8,6 +9,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("a5core", "tasks", "flows")
+# a5core's rooms, bottom to top: each imports only rooms below it (and itself). runtime is the ground floor
+# (ranks, checkpoints, atomic writes, settings, progress: used by every room); grading works on text alone
+# (answers, rewards); data builds problem and trace sets, filtered by the grader; policy is the model and its
+# losses; engines generate from a policy's weights (and a served teacher); evaluation grades an engine's
+# completions; the loops train with all of them; verdicts judge the runs they make.
+ROOMS = ("runtime", "grading", "data", "policy", "engines", "evaluation", "loops", "verdicts")
+# Above every room: the package's front (the handout's names, imported lazily) and the handout's own entry points.
+FRONT = ("a5core", "a5core.handout")
 
 
 def module_name(path: Path) -> str:
@@ -93,6 +102,39 @@ def test_imports_point_inward():
         for name, targets in import_graph().items()
     }
     assert not {name: targets for name, targets in outward.items() if targets}
+
+
+def room_of(module: str) -> int:
+    """The floor of an a5core module: its room's place in ROOMS, or one above them all for the front."""
+    if module in FRONT:
+        return len(ROOMS)
+    return ROOMS.index(module.split(".")[1])
+
+
+def test_every_a5core_module_is_in_a_room_or_the_front():
+    outside = [m for m in modules() if m.startswith("a5core") and m not in FRONT and m.split(".")[1] not in ROOMS]
+    assert not outside
+
+
+def upward_imports(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Each a5core module's imports of a room above its own."""
+    upward = {
+        name: sorted(t for t in targets if t.startswith("a5core") and room_of(t) > room_of(name))
+        for name, targets in graph.items()
+        if name.startswith("a5core")
+    }
+    return {name: targets for name, targets in upward.items() if targets}
+
+
+def test_rooms_import_downward_only():
+    """Each room of a5core imports only itself and the rooms below it (deferred imports count)."""
+    assert not upward_imports(import_graph())
+
+
+def test_an_upward_import_is_found():
+    graph = {"a5core.runtime.checkpoint": {"a5core.data.files", "a5core.runtime.distributed"}}
+    assert upward_imports(graph) == {"a5core.runtime.checkpoint": ["a5core.data.files"]}
+    assert upward_imports({"a5core.handout": {"a5core.loops.grpo.objective"}}) == {}  # the front sits on top
 
 
 def test_the_loops_do_not_import_the_handouts_entry_points():

@@ -36,8 +36,8 @@ def tiny_params(tmp_path, tiny_lm_dir, **overrides) -> LeaderboardParams:
 def test_budget_stops_training_and_the_run_still_reports(prefect_harness, tiny_lm_dir, tmp_path, monkeypatch):
     import mlflow
 
-    from a5core.data import problem_sets
-    from a5core.data.arithmetic import arithmetic_reward_fn
+    from a5core.grading import rewards
+    from a5core.grading.rewards import arithmetic_reward_fn
 
     graded = []  # the arithmetic grader, asked for, grades the rollouts and every evaluation
 
@@ -45,7 +45,7 @@ def test_budget_stops_training_and_the_run_still_reports(prefect_harness, tiny_l
         graded.append(response)
         return arithmetic_reward_fn(response, ground_truth)
 
-    monkeypatch.setitem(problem_sets.REWARD_FNS, "arithmetic", recording_grader)
+    monkeypatch.setitem(rewards.REWARD_FNS, "arithmetic", recording_grader)
     params = tiny_params(
         tmp_path, tiny_lm_dir, reward_fn="arithmetic", budget_hours=25 / 3600, final_eval_reserve_s=2.0
     )

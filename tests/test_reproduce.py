@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from a5core.data.files import write_jsonl_atomic
+from a5core.runtime.writing import write_jsonl_atomic
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from a5core.data.arithmetic import arithmetic_problems
-from a5core.data.files import Trace, write_jsonl_atomic
+from a5core.data.files import Trace
 from a5core.data.prompts import load_prompt
+from a5core.runtime.writing import write_jsonl_atomic
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

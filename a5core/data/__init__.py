@@ -1,1 +1,1 @@
-"""Data and prompts: problem and trace files, generated arithmetic, problem sets, prompt templates, teacher traces."""
+"""Data and prompts: problem and trace files, generated arithmetic, problem sets, prompt templates, SFT trace sets."""

@@ -8,20 +8,18 @@ With ``solution="columns"`` the solution works the sum or difference column by c
 its carries and borrows (:func:`column_solution`): SFT traces that show a small model the algorithm, not
 only the answer.
 
-Grade it with :func:`arithmetic_reward_fn` (the question_only prompt's format:
-:func:`arithmetic_question_only_reward_fn`), not the MATH grader: the MATH grader accepts any expression
-equal to the answer, so copying the question's "23 + 45" into ``<answer>`` scores, and RL finds that.
+Grade it with the task's own graders (:func:`a5core.grading.rewards.arithmetic_reward_fn`, and for the
+question_only prompt's format :func:`a5core.grading.rewards.arithmetic_question_only_reward_fn`), not the MATH
+grader: the MATH grader accepts any expression equal to the answer, so copying the question's "23 + 45" into
+``<answer>`` scores, and RL finds that.
 """
 
 from __future__ import annotations
 
 import random
-import re
-import unicodedata
 import zlib
 
 from a5core.data.files import Problem
-from a5core.grading.grader import extract_question_only_answer, extract_r1_zero_answer
 
 OPERATIONS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
@@ -164,57 +162,3 @@ def _check_drawable(n: int, digits: int, operations: str, split: str) -> None:
             f"{n:,} problems: more than half of the about {about:,} distinct {split} problems of digits={digits}, "
             f"operations={operations!r}, which drawing at random does not find in reasonable time; ask for fewer"
         )
-
-
-_INTEGER_ANSWER = re.compile(r"^\$?\s*(-?\d+)\s*\$?$")
-_INTEGER = re.compile(r"\s*([+-]?)(\d+(?:_\d+)*)\s*")  # what int() accepts in base 10
-
-
-def _integer_digits(value: str | int) -> str | None:
-    """The canonical decimal form of an integer (sign, then digits without leading zeros; ``-0`` is ``0``),
-    or None if ``value`` is not one.
-
-    Accepts what ``int()`` accepts (surrounding whitespace, a sign, underscores between digits, any
-    script's decimal digits) but works on the text, with no length limit: ``int()`` refuses more than
-    4,300 digits (``sys.get_int_max_str_digits``), and a model can write that many. An ``int`` goes
-    through ``str``, so it is held to that limit (the project's ground truths are strings).
-    """
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = str(value)
-    match = _INTEGER.fullmatch(value) if isinstance(value, str) else None
-    if match is None:
-        return None
-    sign, digits = match.groups()
-    digits = digits.replace("_", "")
-    if not digits.isascii():
-        digits = "".join(str(unicodedata.decimal(char)) for char in digits)
-    digits = digits.lstrip("0") or "0"
-    return "-" + digits if sign == "-" and digits != "0" else digits
-
-
-def _integer_reward(formatted: bool, answer: str | None, ground_truth: str) -> dict[str, float]:
-    """Reward 1 when the response is ``formatted`` and its extracted ``answer`` *is* the integer
-    ``ground_truth``; ValueError if ``ground_truth`` is not an integer."""
-    truth = _integer_digits(ground_truth)
-    if truth is None:
-        raise ValueError(f"arithmetic ground truth must be an integer, got {str(ground_truth)[:50]!r}")
-    match = _INTEGER_ANSWER.match(answer or "")
-    correct = formatted and match is not None and _integer_digits(match.group(1)) == truth
-    return {"format_reward": float(formatted), "answer_reward": float(correct), "reward": float(correct)}
-
-
-def arithmetic_reward_fn(response: str, ground_truth: str) -> dict[str, float]:
-    """The r1_zero format rule, then the answer must *be* the integer: a literal such as ``68``, ``$-12$``
-    or ``\\boxed{68}``, not an expression equal to it: the MATH grader accepts ``$58 + 74$`` for 132, and GRPO
-    graded by it learns to copy the question's expression (``docs/learning_runs.md``).
-
-    Integers are compared as canonical digit strings, so an answer of any length grades (a 5,000-digit
-    one is 0 or 1, never an error). Raises ValueError if ``ground_truth`` is not an integer.
-    """
-    return _integer_reward(*extract_r1_zero_answer(response), ground_truth)
-
-
-def arithmetic_question_only_reward_fn(response: str, ground_truth: str) -> dict[str, float]:
-    """:func:`arithmetic_reward_fn` for the question_only prompt's format: the answer is the last
-    ``\\boxed{}`` of the response (formatted iff there is one), and it must be the integer itself."""
-    return _integer_reward(*extract_question_only_answer(response), ground_truth)

@@ -1,40 +1,19 @@
-"""What a run trains and is graded on: problem sets and SFT trace sets from a source, and graders by name.
+"""What a run trains and is scored on: problem sets and SFT trace sets from a source, split for selection and
+scoring (the graders by name: :mod:`a5core.grading.rewards`).
 
 A source is a MATH/GSM8K file or dataset id (:mod:`a5core.data.files`), or ``arithmetic:N:DIGITS``: N generated
 problems of the arithmetic task (:mod:`a5core.data.arithmetic`), which small models can learn (``…:columns``:
-their solutions worked column by column, for SFT traces). Graders are the
-MATH ones (:mod:`a5core.grading.grader`) and the arithmetic task's own, which wants the number itself.
+their solutions worked column by column, for SFT traces).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
-from typing import Any, Literal
 
-from a5core.data.arithmetic import (
-    SOLUTIONS,
-    arithmetic_problems,
-    arithmetic_question_only_reward_fn,
-    arithmetic_reward_fn,
-)
+from a5core.data.arithmetic import SOLUTIONS, arithmetic_problems
 from a5core.data.files import PROBLEM_LOADERS, DataError, Problem, Trace, load_sft_traces
 from a5core.data.prompts import PromptTemplate
-from a5core.grading.grader import question_only_reward_fn, r1_zero_reward_fn
-
-REWARD_FNS: dict[str, Callable[[str, Any], dict[str, float]]] = {
-    "r1_zero": r1_zero_reward_fn,
-    "question_only": question_only_reward_fn,
-    "arithmetic": arithmetic_reward_fn,
-    "arithmetic_question_only": arithmetic_question_only_reward_fn,
-}
-RewardName = Literal[tuple(REWARD_FNS)]  # a grader's name, as settings give it
-# The arithmetic task's grader for each built-in prompt's answer format (the MATH graders accept a copied expression)
-ARITHMETIC_GRADERS = {"r1_zero": "arithmetic", "question_only": "arithmetic_question_only"}
-# The built-in prompt whose answer format each grader reads
-GRADER_PROMPTS = {"r1_zero": "r1_zero", "question_only": "question_only"} | {
-    grader: prompt for prompt, grader in ARITHMETIC_GRADERS.items()
-}
+from a5core.data.sft_data import math_solution_traces
 
 
 def load_problem_set(source: str, data_format: str, seed: int, split: str) -> list[Problem]:
@@ -88,8 +67,6 @@ def load_trace_set(source: str, template: PromptTemplate, seed: int) -> list[Tra
     problems of the arithmetic task as r1_zero traces (their one-line solution as the reasoning), the
     format a small model learns from a few dozen of; ``arithmetic:N:DIGITS:columns``: the reasoning works
     the sum or difference column by column, with its carries and borrows."""
-    from a5core.data.sft_data import math_solution_traces
-
     if not source.startswith("arithmetic:"):
         return load_sft_traces(source)
     return math_solution_traces(_arithmetic(source, seed, "train"), template)[0]

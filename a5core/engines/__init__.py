@@ -1,5 +1,6 @@
 """Rollouts: one ``Engine`` protocol (:mod:`a5core.engines.engine`), two backends (vLLM in-process,
-transformers ``generate``) and :func:`make_engine` to pick one.
+transformers ``generate``) and :func:`make_engine` to pick one; an engine in another process and its weight
+pushes; a served teacher (:mod:`a5core.engines.teacher`).
 
     engine = make_engine("Qwen/Qwen2.5-Math-1.5B")            # vllm if importable, else hf
     groups = engine.generate(prompts, SamplingSettings(n=8, temperature=1.0, max_tokens=1024))
@@ -9,7 +10,16 @@ from __future__ import annotations
 
 import torch
 
-from a5core.engines.engine import BACKENDS, DTYPES, Completion, Engine, SamplingSettings, check_prompts, resolve_dtype
+from a5core.engines.engine import (
+    BACKENDS,
+    DTYPES,
+    Completion,
+    Engine,
+    SamplingSettings,
+    check_prompts,
+    full_weights,
+    resolve_dtype,
+)
 
 __all__ = [
     "BACKENDS",
@@ -18,6 +28,7 @@ __all__ = [
     "Engine",
     "SamplingSettings",
     "check_prompts",
+    "full_weights",
     "make_engine",
     "resolve_dtype",
     "vllm_available",

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from a5core.engines.engine import ENGINE_SAMPLING
+
 PROMPT_TOKENS = 1024  # a rollout's prompt, as the KV cache is sized (MATH problems in r1_zero: under 600)
 MAX_SEQUENCES = 512  # sequences the KV cache holds at once; more wait their turn
 GIB = 2**30
@@ -60,9 +62,11 @@ def policy_reserve_bytes(model: str, policy_dtype: str, *, lora: bool = False, r
 
 def rollout_tokens(params: Any) -> int:
     """Tokens of KV cache a run's rollouts take at once: its batch of sequences (GRPO's ``rollout_batch_size``,
-    EI's questions × rollouts, else 256; at most :data:`MAX_SEQUENCES`) times its ``max_tokens`` (1,024 if it
-    has none) plus :data:`PROMPT_TOKENS`."""
+    EI's questions × rollouts, else 256; at most :data:`MAX_SEQUENCES`) times its ``max_tokens`` (the engines'
+    default if it has none) plus :data:`PROMPT_TOKENS`."""
     sequences = getattr(params, "rollout_batch_size", None)
     if sequences is None and hasattr(params, "questions_per_step"):
         sequences = params.questions_per_step * params.rollouts_per_question
-    return min(sequences or 256, MAX_SEQUENCES) * (getattr(params, "max_tokens", 1024) + PROMPT_TOKENS)
+    return min(sequences or 256, MAX_SEQUENCES) * (
+        getattr(params, "max_tokens", ENGINE_SAMPLING.max_tokens) + PROMPT_TOKENS
+    )

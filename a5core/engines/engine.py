@@ -41,9 +41,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
+from pydantic import Field, model_validator
+
+from a5core.policy.lora import MergedPolicy, has_adapters
+from a5core.runtime import distributed
+from a5core.runtime.settings import Settings
 
 BACKENDS = ("auto", "vllm", "hf")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -109,6 +114,40 @@ class SamplingSettings:
         return self.temperature == 0
 
 
+# The engines' own sampling defaults: the settings below that pass a value straight to an engine take their
+# default from here, so the two cannot disagree.
+ENGINE_SAMPLING = SamplingSettings()
+
+
+class SamplingFields(Settings):
+    """How responses are sampled, as a run's settings (the stop strings come with the prompt template)."""
+
+    temperature: float = Field(
+        ENGINE_SAMPLING.temperature, ge=0, allow_inf_nan=False, description="sampling temperature (0: greedy)"
+    )
+    max_tokens: int = Field(ENGINE_SAMPLING.max_tokens, ge=1, description="response cap")
+
+    def engine_settings(self, stop: Sequence[str], **overrides: Any) -> SamplingSettings:
+        """These settings as SamplingSettings, with the prompt template's ``stop`` strings (and ``n``, ``seed``
+        and the like from ``overrides``)."""
+        return SamplingSettings(temperature=self.temperature, max_tokens=self.max_tokens, stop=tuple(stop), **overrides)
+
+
+class RolloutSamplingFields(SamplingFields):
+    """Sampling for training rollouts, which may not stop before ``min_tokens``."""
+
+    min_tokens: int = Field(4, ge=0, description="minimum response tokens (no stop before)")
+
+    @model_validator(mode="after")
+    def _min_within_max(self) -> "RolloutSamplingFields":
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        return self
+
+    def engine_settings(self, stop: Sequence[str], **overrides: Any) -> SamplingSettings:
+        return super().engine_settings(stop, min_tokens=self.min_tokens, **overrides)
+
+
 @dataclass(frozen=True)
 class Completion:
     """One sampled continuation of a prompt.
@@ -142,6 +181,16 @@ class Engine(Protocol):
         KV cache; the next ``generate`` builds it again); True if it freed any. A training pass that ran
         out of memory asks it before running again (:meth:`a5core.runtime.token_budget.TokenBudget.retrying`)."""
         ...
+
+
+def full_weights(model: torch.nn.Module) -> Any:
+    """What ``load_weights`` takes of a training ``model``: the model itself in one process (with LoRA adapters,
+    the merged model: :class:`a5core.policy.lora.MergedPolicy`); with several ranks, an object whose
+    ``state_dict()`` holds every tensor whole, on the model's device (a collective: every rank calls it; each
+    rank's engine gets a full copy)."""
+    if has_adapters(model):
+        return MergedPolicy(model)
+    return distributed.whole(model)
 
 
 def check_prompts(prompts: Sequence[str]) -> list[str]:

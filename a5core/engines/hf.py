@@ -65,7 +65,7 @@ def gumbel_max_sample(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """One draw per row from softmax(logits / temperature): (B, V) → (B,). The Gumbel-max trick,
     argmax(logits / T − log(−log U)) with U uniform on [0, 1), draws from exactly that distribution in one
     pass over the logits (fused into one kernel when compiled), where softmax then ``multinomial`` take
-    several (``benchmarks/RESULTS.md``, third measurement). A row's −inf logits
+    several (``benchmarks/RESULTS.md``, "Gumbel-max sampling"). A row's −inf logits
     (a masked EOS) are never drawn; U = 0 gives −inf noise, never drawn either."""
     return (logits / temperature - torch.log(-torch.log(torch.rand_like(logits)))).argmax(-1)
 
@@ -146,7 +146,7 @@ class HFEngine:
     finish (see ``_decode_static``; False: every step runs the whole chunk over the whole cache). On by
     default, compiled or not: faster whenever rows end at different lengths, as real responses do; full size
     is faster only when every row runs to the same length (shrinking changes graphs as its width grows and
-    copies the mask each step; ``docs/gpu.md``, ``benchmarks/RESULTS.md`` third measurement).
+    copies the mask each step; ``docs/gpu.md``, ``benchmarks/RESULTS.md``, "shrinking by default").
     """
 
     def __init__(
@@ -330,9 +330,9 @@ class HFEngine:
         flagged = torch.zeros(rows, dtype=torch.bool, device=device)  # may have completed a stop string
         logits = decoder.prefill(input_ids, valid)
         smallest = max(2, rows >> ROW_HALVINGS)  # a compiled step would specialise on 1 row
-        # the cache column each step writes, kept on the device: made from a Python int at every step it was a
-        # host-to-device copy, which waits for the GPU to finish the step before, leaving it idle while the next
-        # step is launched (benchmarks/RESULTS.md, second measurement)
+        # the cache column each step writes, kept on the device: a Python int would be copied host-to-device at
+        # every step, which waits for the GPU to finish the step before, leaving it idle while the next step is
+        # launched (benchmarks/RESULTS.md, "the cache column kept on the device")
         slot = torch.full((1,), prompt_len, dtype=torch.long, device=device)
         steps = 0
         for step in range(s.max_tokens):

@@ -9,10 +9,12 @@ alive by each byte), reads at most ``max_bytes`` of reply, and follows a redirec
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass
 from http.client import HTTPConnection, HTTPException, HTTPSConnection
 
@@ -75,29 +77,39 @@ def answers(url: str, headers: dict[str, str], deadline_s: float) -> int:
     deadline = time.monotonic() + deadline_s
     try:
         connection.connect()
-        sock, expired = connection.sock, threading.Event()
-        timer = threading.Timer(max(deadline - time.monotonic(), 0), lambda: (expired.set(), _shut(sock)))
-        timer.daemon = True
-        timer.start()
-        try:
+        with _deadline(connection, deadline, deadline_s):
             path = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
             connection.request("GET", path, headers=headers)
             return connection.getresponse().status
-        except (OSError, HTTPException):
-            if expired.is_set():
-                raise TimeoutError(f"timed out after {deadline_s:g} s") from None
-            raise
-        finally:
-            timer.cancel()
     finally:
         connection.close()
 
 
-def _shut(sock: socket.socket) -> None:
+@contextlib.contextmanager
+def _deadline(connection: HTTPConnection, deadline: float, deadline_s: float) -> Iterator[threading.Event]:
+    """Around a request on the connected ``connection``: at ``deadline`` (``time.monotonic``) its socket is shut,
+    which unblocks whatever read or write waits on it, and a connection error after that is a TimeoutError
+    naming ``deadline_s``. Yields the event set once the deadline has passed."""
+    sock, expired = connection.sock, threading.Event()  # the response reads it after the connection lets go
+
+    def expire() -> None:
+        expired.set()
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    timer = threading.Timer(max(deadline - time.monotonic(), 0), expire)
+    timer.daemon = True
+    timer.start()
     try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
+        yield expired
+    except (OSError, HTTPException):
+        if expired.is_set():
+            raise TimeoutError(f"timed out after {deadline_s:g} s") from None
+        raise
+    finally:
+        timer.cancel()
 
 
 def _post_once(
@@ -111,39 +123,23 @@ def _post_once(
     connection_type = HTTPSConnection if parts.scheme == "https" else HTTPConnection
     connection = connection_type(parts.hostname, parts.port, timeout=remaining)
     connection.connect()  # within the remaining time (the socket's timeout)
-    sock, expired = connection.sock, threading.Event()  # the response reads it after the connection lets go
-
-    def expire() -> None:  # unblocks whatever read or write is waiting on the socket
-        expired.set()
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-    timer = threading.Timer(max(deadline - time.monotonic(), 0), expire)
-    timer.daemon = True
-    timer.start()
     try:
-        path = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
-        connection.request("POST", path, body=data, headers=headers)
-        response = connection.getresponse()
-        announced = response.getheader("Content-Length")
-        if announced is not None and announced.isdigit() and int(announced) > max_bytes:
-            raise ReplyTooLarge(f"reply of {int(announced):,} bytes, over the {max_bytes:,} allowed")
-        chunks, size = [], 0
-        while chunk := response.read1(1 << 16):
-            size += len(chunk)
-            if size > max_bytes:
-                raise ReplyTooLarge(f"reply over the {max_bytes:,} bytes allowed")
-            chunks.append(chunk)
-        if expired.is_set():
-            raise TimeoutError(f"timed out after {deadline_s:g} s")
-        location = response.getheader("Location") if 300 <= response.status < 400 else None
-        return Reply(response.status, response.reason, b"".join(chunks)), location
-    except (OSError, HTTPException):
-        if expired.is_set():
-            raise TimeoutError(f"timed out after {deadline_s:g} s") from None
-        raise
+        with _deadline(connection, deadline, deadline_s) as expired:
+            path = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
+            connection.request("POST", path, body=data, headers=headers)
+            response = connection.getresponse()
+            announced = response.getheader("Content-Length")
+            if announced is not None and announced.isdigit() and int(announced) > max_bytes:
+                raise ReplyTooLarge(f"reply of {int(announced):,} bytes, over the {max_bytes:,} allowed")
+            chunks, size = [], 0
+            while chunk := response.read1(1 << 16):
+                size += len(chunk)
+                if size > max_bytes:
+                    raise ReplyTooLarge(f"reply over the {max_bytes:,} bytes allowed")
+                chunks.append(chunk)
+            if expired.is_set():  # the socket shut at the deadline reads as the end of the reply
+                raise TimeoutError(f"timed out after {deadline_s:g} s")
+            location = response.getheader("Location") if 300 <= response.status < 400 else None
+            return Reply(response.status, response.reason, b"".join(chunks)), location
     finally:
-        timer.cancel()
         connection.close()

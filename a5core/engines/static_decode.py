@@ -166,8 +166,8 @@ class StaticKVDecoder:
 
         One fused attention call a layer: each key/value head's G query heads are G query rows of one attention,
         so no grouped-query support is needed and each cached key and value is read once (fp32 accumulation).
-        Faster than scores, mask, fp32 softmax and weighted sum as four kernels (``benchmarks/RESULTS.md``, sixth
-        measurement)."""
+        Faster than scores, mask, fp32 softmax and weighted sum as four kernels (``benchmarks/RESULTS.md``, "one
+        fused attention call in the decode step")."""
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=attend_mask[:, None, None, :], scale=scaling)
 
     @torch.no_grad()

@@ -1,1 +1,2 @@
-"""Grading and metrics: the answer grader, evaluation records, per-sample statistics."""
+"""Grading, on text alone: answers extracted and compared, the reward functions by name, a group's rewards and
+advantages, per-sample statistics."""

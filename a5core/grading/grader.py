@@ -678,7 +678,6 @@ class AnswerRewardFn:
 
 r1_zero_reward_fn = AnswerRewardFn("r1_zero", extract_r1_zero_answer)
 question_only_reward_fn = AnswerRewardFn("question_only", extract_question_only_answer)
-REWARD_FNS = {fn.name: fn for fn in (r1_zero_reward_fn, question_only_reward_fn)}
 
 
 def grade_batch(

@@ -1,6 +1,6 @@
 """Metrics over several samples per problem, each with its standard error over problems.
 
-Records are :func:`a5core.grading.evaluation.grade_completions`'s: one per sample, with ``unique_id``, ``sample``,
+Records are :func:`a5core.evaluation.records.grade_completions`'s: one per sample, with ``unique_id``, ``sample``,
 ``answer_reward`` and ``answer`` (the answer the response states). For P problems of n samples each:
 
 - ``avg@n``: the mean reward, problem by problem, then over problems (the accuracy);

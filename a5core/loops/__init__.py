@@ -1,1 +1,1 @@
-"""The training loops: SFT, Expert Iteration, GRPO."""
+"""The training loops: SFT, Expert Iteration, GRPO; the setup, settings and question sampling they share."""

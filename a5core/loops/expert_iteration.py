@@ -21,7 +21,7 @@ step 0 (the "before" of the run, as the SFT and GRPO loops do).
 
 Several ranks (torchrun; the caller has called :func:`a5core.runtime.distributed.init_from_env` before loading
 the model, and gives each rank its own engine): each rank pushes the whole weights
-(:func:`a5core.runtime.distributed.full_weights`) into its engine and samples its block of the round's
+(:func:`a5core.engines.full_weights`) into its engine and samples its block of the round's
 questions; the graded rollouts are gathered, so every rank keeps the same traces, and the SFT loop
 trains on them with FSDP2 (the model is sharded in place from the first round on). Rank 0 alone calls
 ``log`` and writes the round files, ``model.pt`` (whole tensors, gathered) and ``state.json``; every
@@ -44,25 +44,20 @@ from typing import Any
 import torch
 from pydantic import Field
 
-from a5core.data.files import Problem, Trace, load_sft_traces, write_jsonl_atomic, write_text_atomic
+from a5core.data.files import Problem, Trace, load_sft_traces
 from a5core.data.prompts import PromptTemplate
-from a5core.engines import Engine
-from a5core.grading.evaluation import grade_completions, response_entropies
+from a5core.engines import Engine, full_weights
+from a5core.engines.engine import RolloutSamplingFields
+from a5core.evaluation.generations import response_entropies
+from a5core.evaluation.records import grade_completions
 from a5core.loops.question_sampling import QuestionSampler, QuestionSamplingSettings
+from a5core.loops.settings import OptimizerSettings, SeedSettings, SFTBatchSettings
 from a5core.loops.sft import SFTConfig, train_sft
 from a5core.policy.lora import LoRASettings, add_adapters
 from a5core.runtime import distributed, progress
 from a5core.runtime.checkpoint import load_tensors, read_state
-from a5core.runtime.settings import (
-    OptimizerSettings,
-    RolloutSamplingFields,
-    SeedSettings,
-    Settings,
-    SFTBatchSettings,
-    SpeedSettings,
-    group,
-    inherited,
-)
+from a5core.runtime.settings import Settings, SpeedSettings, group, inherited
+from a5core.runtime.writing import write_jsonl_atomic, write_text_atomic
 
 logger = logging.getLogger(__name__)
 STATUS_KEYS = (
@@ -107,7 +102,7 @@ class EIConfig(Settings):
             **{
                 **self.values_of(SFTConfig),
                 "lr_schedule": "constant",
-                "seed": self.seed + round_,
+                "seed": self.seeding.seed + round_,
                 "eval_every": 0,
                 "checkpoint_every": 0,
             }
@@ -144,9 +139,9 @@ def expert_iteration(
     sample more questions (``questions_per_step``) than there are problems."""
     check_round_size(config, len(problems))
     rank = distributed.rank_and_world()[0]
-    add_adapters(model, config)  # before a resume loads model.pt (the adapters' tensors are in it)
+    add_adapters(model, config.lora)  # before a resume loads model.pt (the adapters' tensors are in it)
     root = Path(checkpoint_dir) if checkpoint_dir else None
-    sampler = QuestionSampler(problems, config, pass_rates)
+    sampler = QuestionSampler(problems, config.questions, pass_rates)
     history = _resume(model, sampler, root, config)
     rounds_bar = progress.bar(desc="EI", total=config.n_ei_steps, initial=len(history), unit="round", leave=True)
     if not history and evaluate is not None:
@@ -154,14 +149,15 @@ def expert_iteration(
         if rank == 0:
             log(start, 0)
     by_id = {p.unique_id: p for p in problems}
-    for step in range(len(history), config.n_ei_steps):
-        round_dir = root / f"round-{step}" if root else None
+    for round_ in range(len(history), config.n_ei_steps):  # rounds from 0, as their folders are numbered
+        step = round_ + 1  # what the round logs as: the rounds done once it is
+        round_dir = root / f"round-{round_}" if root else None
         # 1-3. Sample, grade, keep the correct rollouts (or, resumed, the round's kept set as it was saved).
         kept, metrics, outcomes = _kept_set(
             round_dir,
             functools.partial(_rollout_round, model, tokenizer, engine, sampler, template, reward_fn, config, step),
         )
-        sampler.observe([by_id[uid] for uid in outcomes["questions"]], outcomes["correct"], step + 1)
+        sampler.observe([by_id[uid] for uid in outcomes["questions"]], outcomes["correct"], step)
         metrics.update(sampler.metrics())
         # 4. Fine-tune on them (the SFT loop's own checkpoint inside the round resumes a killed round).
         if kept:
@@ -169,19 +165,19 @@ def expert_iteration(
                 model,
                 tokenizer,
                 kept,
-                config.round_sft(step),
+                config.round_sft(round_),
                 checkpoint_dir=round_dir / "sft" if round_dir else None,
-                log=lambda m, s, step=step: log({f"sft/{k}": v for k, v in m.items()}, step + 1),
+                log=lambda m, s, step=step: log({f"sft/{k}": v for k, v in m.items()}, step),
                 release_memory=engine.release_memory,
             )
             metrics["sft_loss"] = final.get("loss", float("nan"))
         # 5. Evaluate and log the round.
         if evaluate is not None:
-            metrics.update(evaluate(model, step + 1))
+            metrics.update(evaluate(model, step))
         history.append(metrics)
         if rank == 0:
-            log(metrics, step + 1)
-            progress.log_step(logger, "EI round", step + 1, config.n_ei_steps, metrics, STATUS_KEYS)
+            log(metrics, step)
+            progress.log_step(logger, "EI round", step, config.n_ei_steps, metrics, STATUS_KEYS)
         rounds_bar.update(1)
         if root is not None:
             _save_round(model, root, {"rounds": history, "sampler": sampler.state()})
@@ -262,9 +258,11 @@ def _rollout_round(
     rank, world = distributed.rank_and_world()
     mine = questions[distributed.rank_slice(len(questions))]
     prompts = [template.format(p.problem) for p in mine]
-    engine.load_weights(distributed.full_weights(model))
+    engine.load_weights(full_weights(model))
     sampling = config.sampling.engine_settings(
-        template.stop, n=config.rollouts_per_question, seed=(config.seed + step) * world + rank
+        template.stop,
+        n=config.rollouts_per_question,
+        seed=(config.seeding.seed + step - 1) * world + rank,  # the round's seed, its SFT's: the rounds before
     )
     graded = grade_completions(mine, prompts, engine.generate(prompts, sampling), reward_fn) if mine else []
     records = distributed.gather_lists(graded)  # question order

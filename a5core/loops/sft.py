@@ -21,8 +21,8 @@ run forward (under bf16 autocast when the model is on CUDA; the model's own dtyp
 and back-propagated through :func:`a5core.policy.causal_lm.sft_microbatch_train_step`, whose divisor makes the
 accumulated gradient the gradient of the batch mean. Then the gradient norm is clipped to ``grad_clip``
 and AdamW (fused on CUDA) steps at the scheduled learning rate (see :func:`lr_multiplier`). A NaN/inf loss
-or gradient norm raises :class:`NonFiniteLossError` naming the step *before* the update: the weights stay
-those of the previous step and no checkpoint is written from them.
+or gradient norm raises :class:`a5core.runtime.checkpoint.NonFiniteLossError` naming the step *before* the
+update: the weights stay those of the previous step and no checkpoint is written from them.
 
 Each step calls ``log`` with ``loss`` (per-sequence mean, not scaled for accumulation), ``token_nll``
 (mean negative log-prob per response token), ``lr`` (the rate the step used), ``grad_norm`` (before
@@ -35,8 +35,9 @@ final evaluation) plus ``step``.
 
 Checkpoints (``checkpoint_dir``; layout in :mod:`a5core.runtime.checkpoint`): ``latest/`` holds weights, optimizer,
 scheduler, RNG states and the data position, every ``checkpoint_every`` steps and after the last. A run
-whose checkpoint exists resumes from it exactly, and refuses (:class:`CheckpointMismatchError`) if it was
-written with another config or other examples. A finished checkpoint is not trained again: its final
+whose checkpoint exists resumes from it exactly, and refuses
+(:class:`a5core.runtime.checkpoint.CheckpointMismatchError`) if it was written with another config or other
+examples. A finished checkpoint is not trained again: its final
 weights are loaded into ``model`` and its final metrics returned.
 
 Several ranks (torchrun; the caller has called :func:`a5core.runtime.distributed.init_from_env` before loading the
@@ -45,7 +46,7 @@ batch, ``microbatch_size`` at a time (so ``microbatch_size`` is per rank), and e
 divided by the batch's global number of sequences: the update is the one process's, whatever N and
 ``microbatch_size``. The metrics are the whole batch's (reduced over ranks) and the same on every rank;
 only rank 0 calls ``log``; every rank calls ``evaluate`` with the sharded model (push it to an engine with
-:func:`a5core.runtime.distributed.full_weights`) and gets the same return value. Checkpoints are written whole by
+:func:`a5core.engines.full_weights`) and gets the same return value. Checkpoints are written whole by
 rank 0 and resume on any number of ranks.
 """
 
@@ -66,6 +67,7 @@ import torch
 from pydantic import Field
 
 from a5core.data.files import Trace
+from a5core.loops.settings import OptimizerSettings, PeriodicSettings, SeedSettings, SFTBatchSettings
 from a5core.loops.training import TrainedPolicy, prepare
 from a5core.policy.causal_lm import (
     get_response_log_probs,
@@ -76,24 +78,10 @@ from a5core.policy.causal_lm import (
 )
 from a5core.policy.lora import LoRASettings
 from a5core.runtime import distributed, progress
-from a5core.runtime.checkpoint import (  # noqa: F401  (the errors are part of this module's interface)
-    CheckpointMismatchError,
-    NonFiniteLossError,
-    fingerprint,
-)
+from a5core.runtime.checkpoint import fingerprint, load_checkpoint, save_checkpoint
 from a5core.runtime.guards import DivergenceGuard
 from a5core.runtime.out_of_memory import naming_the_microbatch
-from a5core.runtime.settings import (
-    HOW_FAST_FIELDS,
-    OptimizerSettings,
-    PeriodicSettings,
-    SeedSettings,
-    Settings,
-    SFTBatchSettings,
-    SpeedSettings,
-    group,
-    inherited,
-)
+from a5core.runtime.settings import HOW_FAST_FIELDS, Settings, SpeedSettings, group, inherited
 
 logger = logging.getLogger(__name__)
 
@@ -201,8 +189,9 @@ def train_sft(
     examples = list(examples)
     if not examples:
         raise ValueError("train_sft needs at least one example")
-    steps_per_epoch = math.ceil(len(examples) / config.batch_size)
-    total_steps = min(steps_per_epoch * config.epochs, config.max_steps or math.inf)
+    batch_size, schedule = config.batch.batch_size, config.schedule
+    steps_per_epoch = math.ceil(len(examples) / batch_size)
+    total_steps = min(steps_per_epoch * config.batch.epochs, config.max_steps or math.inf)
     checkpoint = Path(checkpoint_dir) if checkpoint_dir is not None else None
     run = _setup(model, tokenizer, examples, config, total_steps, checkpoint)
     run.release_memory = release_memory
@@ -210,25 +199,25 @@ def train_sft(
     state = _start(run, fingerprint, steps_per_epoch)
     if state["finished"]:
         return {**state["metrics"], "step": state["step"]}
-    step, epoch, batch_in_epoch, metrics = state["step"], state["epoch"], state["batch_in_epoch"], state["metrics"]
+    done, epoch, batch_in_epoch, metrics = state["step"], state["epoch"], state["batch_in_epoch"], state["metrics"]
     rank = distributed.rank_and_world()[0]
     was_training = model.training
-    steps_bar = progress.bar(desc="SFT", total=total_steps, initial=step, unit="step", leave=True)  # evaluation too
-    if step == 0 and evaluate is not None and config.eval_every:
+    steps_bar = progress.bar(desc="SFT", total=total_steps, initial=done, unit="step", leave=True)  # evaluation too
+    if done == 0 and evaluate is not None and schedule.eval_every:
         model.eval()
         start = evaluate(model, 0)  # the starting model: step 0 of the curves
         if rank == 0:
             log(start, 0)
     model.train()
-    while step < total_steps:
-        order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(config.seed + epoch)).tolist()
-        batch = order[batch_in_epoch * config.batch_size : (batch_in_epoch + 1) * config.batch_size]
-        metrics = sft_step(run, batch, step)
-        step, batch_in_epoch = step + 1, batch_in_epoch + 1
+    for step in range(done + 1, total_steps + 1):  # step: the steps done once it is
+        seeded = torch.Generator().manual_seed(config.seeding.seed + epoch)
+        order = torch.randperm(len(examples), generator=seeded).tolist()
+        metrics = sft_step(run, order[batch_in_epoch * batch_size : (batch_in_epoch + 1) * batch_size], step)
+        batch_in_epoch += 1
         if batch_in_epoch == steps_per_epoch:
             epoch, batch_in_epoch = epoch + 1, 0
         metrics["epoch"] = step / steps_per_epoch
-        if evaluate is not None and (step == total_steps or (config.eval_every and step % config.eval_every == 0)):
+        if evaluate is not None and (step == total_steps or (schedule.eval_every and step % schedule.eval_every == 0)):
             model.eval()
             metrics.update(evaluate(model, step))
             model.train()
@@ -237,7 +226,8 @@ def train_sft(
             progress.log_step(logger, "SFT step", step, total_steps, metrics, STATUS_KEYS)
         steps_bar.update(1)
         steps_bar.set_postfix(loss=f"{metrics['loss']:.4g}", refresh=False)
-        if checkpoint and (step == total_steps or (config.checkpoint_every and step % config.checkpoint_every == 0)):
+        every = schedule.checkpoint_every
+        if checkpoint and (step == total_steps or (every and step % every == 0)):
             position = {"step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "total_steps": total_steps}
             progress_state = {
                 **position,
@@ -245,23 +235,22 @@ def train_sft(
                 "metrics": metrics,
                 "fingerprint": fingerprint,
             }
-            distributed.save_checkpoint(checkpoint, model, run.policy.optimizer, run.policy.scheduler, progress_state)
+            save_checkpoint(checkpoint, model, run.policy.optimizer, run.policy.scheduler, progress_state)
+        done = step
     steps_bar.close()
     run.policy.optimizer.zero_grad(set_to_none=True)  # free the gradients (a model's worth of memory) for what's next
     model.train(was_training)
-    return {**metrics, "step": step}
+    return {**metrics, "step": done}
 
 
 def sft_step(run: _Run, batch_order: list[int], step: int) -> dict[str, float]:
-    """One optimizer step on the examples ``batch_order``: micro-batch losses, back-propagated and
+    """Optimizer step ``step`` (from 1) on the examples ``batch_order``: micro-batch losses, back-propagated and
     accumulated; the gradient norm clipped; AdamW at the scheduled rate. Returns the step's metrics, the
     whole batch's (summed over ranks)."""
     config, policy = run.config, run.policy
-    count = f"microbatch_size {config.microbatch_size}: lower it"
-    where = f"SFT step {step + 1}"
+    count = f"microbatch_size {config.batch.microbatch_size}: lower it"
+    where = f"SFT step {step}"
     with naming_the_microbatch(where, lambda: policy.budget.value, count, lambda: run.last_shape):
-        # Out of memory under an auto budget: the accumulation again, after the engine released its cache,
-        # else at half the budget.
         lengths = [run.positions[i] for i in batch_order] if run.positions is not None else []
         accumulate = functools.partial(_accumulate, run, batch_order)
         loss, nll, tokens, truncated = policy.budget.retrying(accumulate, where, lengths, run.release_memory)
@@ -270,7 +259,7 @@ def sft_step(run: _Run, batch_order: list[int], step: int) -> dict[str, float]:
     sums = torch.stack([loss.double(), nll.double(), tokens.double(), cut])
     loss_value, nll_value, token_count, truncated = distributed.global_sum(sums).tolist()  # the whole batch's
     lr = policy.scheduler.get_last_lr()[0]  # the rate this step uses
-    policy.update(f"SFT step {step + 1} of {run.total_steps}", loss_value, grad_norm_value, run.checkpoint)
+    policy.update(f"SFT step {step} of {run.total_steps}", loss_value, grad_norm_value, run.checkpoint)
     return {
         "loss": loss_value,
         "token_nll": nll_value / max(token_count, 1),
@@ -282,21 +271,20 @@ def sft_step(run: _Run, batch_order: list[int], step: int) -> dict[str, float]:
 
 
 def _accumulate(run: _Run, batch_order: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """The gradient of the examples ``batch_order``, accumulated over their micro-batches from zero (so that
-    it can run again, at another budget, after running out of memory): this rank's loss, summed negative
-    log-probs, response tokens and truncated sequences."""
+    """The gradient of the examples ``batch_order``, accumulated over their micro-batches
+    (:meth:`a5core.loops.training.TrainedPolicy.accumulating`): this rank's loss, summed negative log-probs,
+    response tokens and truncated sequences."""
     config, policy, world = run.config, run.policy, distributed.rank_and_world()[1]
     model, device = policy.model, policy.device
     batch = [run.examples[i] for i in batch_order]
-    policy.optimizer.zero_grad(set_to_none=True)
     loss = torch.zeros((), device=device)
     nll = torch.zeros((), device=device)
     tokens = torch.zeros((), dtype=torch.long, device=device)
     truncated = 0
     budget = policy.budget.value
     lengths = None if budget is None else [run.positions[i] for i in batch_order]
-    microbatches = distributed.rank_microbatches(range(len(batch)), config.microbatch_size, lengths, budget)
-    for index in distributed.accumulating(model, microbatches):
+    microbatches = distributed.rank_microbatches(range(len(batch)), config.batch.microbatch_size, lengths, budget)
+    for index, microbatch_mean_divisor in policy.accumulating(len(batch), microbatches):
         micro = [batch[i] for i in index] or batch[:1]  # an empty share still runs a pass (FSDP2), at weight 0
         input_ids, labels, response_mask, cut = _microbatch(run, micro, live=bool(index))
         truncated += cut
@@ -304,10 +292,8 @@ def _accumulate(run: _Run, batch_order: list[int]) -> tuple[torch.Tensor, torch.
         with policy.budget.measuring(input_ids.numel()):
             with policy.autocast:
                 log_probs = get_response_log_probs(model, input_ids, labels)["log_probs"]  # (b, T) fp32
-            # Dividing each micro-batch mean by len(batch) / (len(micro) · world) makes the sum over
-            # micro-batches the batch mean (× world: FSDP2 averages the ranks' gradients).
             micro_loss, meta = sft_microbatch_train_step(
-                log_probs, response_mask, len(batch) / (len(micro) * world), config.normalize_constant
+                log_probs, response_mask, microbatch_mean_divisor, config.normalize_constant
             )
         loss += micro_loss / world
         nll -= (log_probs.detach() * response_mask).sum()
@@ -322,7 +308,7 @@ def _microbatch(run: _Run, micro: list[Trace], live: bool) -> tuple[torch.Tensor
     encoded = tokenize_prompt_and_output([t.prompt for t in micro], [t.response for t in micro], run.tokenizer)
     if not live:
         encoded["response_mask"].zero_()
-    keep = run.config.max_seq_len - 1  # positions of (input, label) pairs within max_seq_len tokens
+    keep = run.config.batch.max_seq_len - 1  # positions of (input, label) pairs within max_seq_len tokens
     cut = int(encoded["response_mask"][:, keep:].any(dim=-1).sum())
     input_ids, labels, response_mask = (encoded[k][:, :keep] for k in ("input_ids", "labels", "response_mask"))
     if run.policy.budget.value is not None:
@@ -346,11 +332,11 @@ def _setup(
     )
     policy = prepare(model, config, DivergenceGuard(fixed_scale=True), schedule)
     prompt_lengths, response_lengths = token_lengths(examples, tokenizer)
-    check_cut(prompt_lengths, response_lengths, config.max_seq_len)
+    check_cut(prompt_lengths, response_lengths, config.batch.max_seq_len)
     positions = None
     if policy.budget.value is not None:  # each example's trained positions: prompt + response tokens − 1, cut
         lengths = zip(prompt_lengths, response_lengths, strict=True)
-        positions = [min(p + r - 1, config.max_seq_len - 1) for p, r in lengths]
+        positions = [min(p + r - 1, config.batch.max_seq_len - 1) for p, r in lengths]
     return _Run(config, policy, tokenizer, examples, positions, total_steps, checkpoint)
 
 
@@ -358,9 +344,9 @@ def _start(run: _Run, fingerprint: dict[str, Any], steps_per_epoch: int) -> dict
     """Where the run starts: its checkpoint's position (the weights, optimizer, schedule and RNG states
     loaded), or step 0 with every RNG seeded."""
     config, checkpoint, policy = run.config, run.checkpoint, run.policy
-    counts = {"step": run.total_steps, "epoch": config.epochs, "batch_in_epoch": steps_per_epoch - 1}
+    counts = {"step": run.total_steps, "epoch": config.batch.epochs, "batch_in_epoch": steps_per_epoch - 1}
     state = (
-        distributed.load_checkpoint(checkpoint, fingerprint, policy.model, policy.optimizer, policy.scheduler, counts)
+        load_checkpoint(checkpoint, fingerprint, policy.model, policy.optimizer, policy.scheduler, counts)
         if checkpoint
         else None
     )
@@ -369,9 +355,9 @@ def _start(run: _Run, fingerprint: dict[str, Any], steps_per_epoch: int) -> dict
         return state
     if state is None:
         state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "metrics": {}, "finished": False}
-        random.seed(config.seed)
-        np.random.seed(config.seed)
-        torch.manual_seed(config.seed)  # all devices
+        random.seed(config.seeding.seed)
+        np.random.seed(config.seeding.seed)
+        torch.manual_seed(config.seeding.seed)  # all devices
     else:
         logger.info(
             "SFT: resuming from %s at step %d (epoch %d, batch %d)",
@@ -385,9 +371,9 @@ def _start(run: _Run, fingerprint: dict[str, Any], steps_per_epoch: int) -> dict
         len(run.examples),
         run.total_steps,
         steps_per_epoch,
-        config.batch_size,
-        config.batch_size // config.microbatch_size,
-        config.microbatch_size,
+        config.batch.batch_size,
+        config.batch.batch_size // config.batch.microbatch_size,
+        config.batch.microbatch_size,
     )
     return state
 

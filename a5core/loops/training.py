@@ -1,43 +1,42 @@
-"""The policy made ready to train, and the update that ends each optimizer step: one setup shared by the SFT
-and GRPO loops (and so by Expert Iteration, whose rounds are SFT runs).
+"""The policy made ready to train, the accumulation of an optimizer step's gradient, and the update that ends
+it: one setup shared by the SFT and GRPO loops (and so by Expert Iteration, whose rounds are SFT runs).
 
 :func:`prepare` adds LoRA adapters, shards the policy with FSDP2 over several ranks, builds AdamW (and a
 learning-rate schedule), turns on gradient checkpointing and compiled layers, and sizes the micro-batches'
-token budget. :meth:`TrainedPolicy.update` is the end of an optimizer step: a non-finite or diverged step is
-refused before it moves the weights; otherwise the optimizer and its schedule step.
+token budget. :meth:`TrainedPolicy.accumulating` walks an optimizer step's micro-batches from zero gradients,
+each with the divisor of its mean loss. :meth:`TrainedPolicy.update` is the end of an optimizer step: a
+non-finite or diverged step is refused before it moves the weights; otherwise the optimizer and its schedule
+step.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
 import torch
 
+from a5core.loops.settings import OptimizerSettings
 from a5core.policy.causal_lm import COMPILED_ACTIVATION_BUDGET, compile_decoder_layers
-from a5core.policy.lora import add_adapters
+from a5core.policy.lora import LoRASettings, add_adapters
 from a5core.runtime import distributed
 from a5core.runtime.checkpoint import NonFiniteLossError
 from a5core.runtime.guards import DivergenceGuard
+from a5core.runtime.settings import SpeedSettings
 from a5core.runtime.token_budget import TokenBudget
 
 
 class TrainingSettings(Protocol):
-    """What the setup reads of a loop's settings (SFTConfig, GRPOConfig): the LoRA, optimizer and speed groups."""
+    """What :func:`prepare` reads of a loop's settings (SFTConfig, GRPOConfig): its LoRA, optimizer and speed
+    groups."""
 
-    lora_rank: int
-    grad_clip: float
-    gradient_checkpointing: bool
-    fsdp_reshard_after_forward: bool
-    max_tokens_per_microbatch: int | Literal["auto"] | None
-
-    def adamw(self, params: list[torch.nn.Parameter]) -> torch.optim.AdamW: ...
-
-    def compiles(self, device: torch.device) -> bool: ...
+    lora: LoRASettings
+    optimizer: OptimizerSettings
+    speed: SpeedSettings
 
 
 @dataclass
@@ -55,6 +54,19 @@ class TrainedPolicy:
     budget: TokenBudget
     guard: DivergenceGuard
     grad_clip: float
+
+    def accumulating(self, batch_size: int, microbatches: list[list[int]]) -> Iterator[tuple[list[int], float]]:
+        """An optimizer step's gradient, accumulated from zero over this rank's ``microbatches`` of a batch of
+        ``batch_size`` sequences on all ranks (from zero: a step that ran out of memory runs again after the engine
+        released its cache, or at half the budget, :meth:`a5core.runtime.token_budget.TokenBudget.retrying`).
+        Yields each micro-batch and its ``microbatch_mean_divisor``, len(batch) / (len(micro) · world): what the
+        micro-batch's mean loss is divided by so that the micro-batches' losses add up to the batch mean (× world:
+        FSDP2 averages the ranks' gradients). An empty micro-batch (this rank's share ran out) still runs a pass
+        at weight 0: FSDP2's collectives need it."""
+        self.optimizer.zero_grad(set_to_none=True)
+        world = distributed.rank_and_world()[1]
+        for index in distributed.accumulating(self.model, microbatches):
+            yield index, batch_size / (max(len(index), 1) * world)
 
     def clip_gradients(self) -> torch.Tensor:
         """The accumulated gradient's norm (before clipping: the logged ``grad_norm``), clipped to ``grad_clip``
@@ -90,16 +102,18 @@ def prepare(
     weight frozen), FSDP2 sharding over several ranks, AdamW over the trainable parameters (with the learning
     rate multiplied by ``schedule(optimizer step)``, if given), gradient checkpointing, compiled decoder layers
     (``compile_layers``), and the token budget of ``max_tokens_per_microbatch``."""
-    add_adapters(model, config)
-    distributed.setup_model(model, config.fsdp_reshard_after_forward)
+    speed = config.speed
+    add_adapters(model, config.lora)
+    distributed.setup_model(model, speed.fsdp_reshard_after_forward)
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = config.optimizer.adamw(params)
     scheduler = None if schedule is None else torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    if config.gradient_checkpointing:
+    if speed.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if config.speed.compiles(device):
+    if speed.compiles(device):
         compile_decoder_layers(model, activation_memory_budget=COMPILED_ACTIVATION_BUDGET)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
-    budget = TokenBudget(config.max_tokens_per_microbatch, device, params)
-    return TrainedPolicy(model, params, optimizer, scheduler, device, autocast, budget, guard, config.grad_clip)
+    budget = TokenBudget(speed.max_tokens_per_microbatch, device, params)
+    grad_clip = config.optimizer.grad_clip
+    return TrainedPolicy(model, params, optimizer, scheduler, device, autocast, budget, guard, grad_clip)

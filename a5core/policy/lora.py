@@ -9,7 +9,7 @@ parameter is frozen. The layer computes W x + (α / r) · B A x.
 
 What leaves the trainer is the merged model, W + (α / r) · B A under the model's own names
 (:func:`merged_state_dict`): the engines get it on every weight push (:class:`MergedPolicy`, what
-:func:`a5core.runtime.distributed.full_weights` returns for an adapted model) and a saved model folder holds it, so
+:func:`a5core.engines.full_weights` returns for an adapted model) and a saved model folder holds it, so
 anything that loads a Hugging Face folder loads the trained model. Checkpoints hold the state dict as it is,
 adapters included, and resume exactly. One process only (several ranks: refused; FSDP2 and adapters
 together are not built yet).

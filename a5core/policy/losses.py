@@ -1,19 +1,29 @@
 """Losses and their reductions, as pure functions with the CS336 A5 (2025) semantics.
 
 Shapes: ``B`` sequences (rollouts) in a batch, ``T`` token positions, ``V`` vocabulary entries.
-Nothing here holds state or calls ``backward``, nor imports the loops: the GRPO objective
-(:func:`a5core.loops.grpo.objective.microbatch_loss`) and the SFT step (:mod:`a5core.policy.causal_lm`) build on these.
+Nothing here holds state or calls ``backward``: the GRPO objective
+(:func:`a5core.loops.grpo.objective.microbatch_loss`) and the SFT step (:mod:`a5core.policy.causal_lm`) build on
+these. :func:`compute_policy_gradient_loss` is the one dispatch on the loss type, the handout's and the loop's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from typing import Any, Literal, get_args
 
 import torch
 
-# The policy-gradient losses, by the name GRPOConfig.loss_type takes (see POLICY_GRADIENT_INPUTS).
-LossType = Literal["no_baseline", "reinforce_with_baseline", "grpo_clip", "grpo_no_clip", "gspo"]
+# The policy-gradient losses, by the name GRPOConfig.loss_type takes, and what each reads beside the policy's
+# log-probs: the one table of their facts. A loss that reads old_log_probs weighs each token by the ratio
+# π/π_old (it needs the log-probs of the policy that sampled); one that reads a cliprange clips that ratio (its
+# gradient is 0, legitimately, where every token is clipped); one that reads raw_rewards has no baseline.
+POLICY_GRADIENT_INPUTS: dict[str, tuple[str, ...]] = {
+    "no_baseline": ("raw_rewards",),
+    "reinforce_with_baseline": ("advantages",),
+    "grpo_clip": ("advantages", "old_log_probs", "cliprange"),
+    "grpo_no_clip": ("advantages", "old_log_probs"),
+    "gspo": ("advantages", "old_log_probs", "response_mask", "cliprange"),
+}
+LossType = Literal[tuple(POLICY_GRADIENT_INPUTS)]
 # Per-sequence mean over response tokens, their sum over a constant, or (DAPO) every response token of the
 # train batch weighted alike (see docs/length_normalization.md).
 LengthNormalization = Literal["masked_mean", "masked_normalize", "token_mean"]
@@ -57,54 +67,6 @@ def compute_entropy(logits: torch.Tensor) -> torch.Tensor:
     probs = torch.softmax(shifted, dim=-1)
     weighted = torch.where(probs > 0, probs * shifted, torch.zeros((), dtype=probs.dtype, device=probs.device))
     return torch.logsumexp(shifted, dim=-1) - weighted.sum(dim=-1)
-
-
-def compute_group_normalized_rewards(
-    reward_fn: Callable[[str, Any], dict[str, float]],
-    rollout_responses: Sequence[str],
-    repeated_ground_truths: Sequence[Any],
-    group_size: int,
-    advantage_eps: float,
-    normalize_by_std: bool,
-    *,
-    reward_offsets: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-    """Reward each rollout and normalise within its group of ``group_size`` consecutive rollouts.
-
-    rollout_responses, repeated_ground_truths: length N = n_groups · group_size, grouped consecutively.
-    Returns (advantages (N,), raw_rewards (N,), metadata) with advantage = r − mean(group), divided by
-    (unbiased std(group) + advantage_eps) when ``normalize_by_std``. ``reward_offsets`` (N,), if given,
-    are added to the graded rewards first (e.g. DAPO's :func:`overlong_penalty`): raw_rewards and the
-    reward statistics are then of the shaped rewards.
-    """
-    from a5core.grading.grader import grade_batch  # grading spawns worker processes; import only when used
-
-    n = len(rollout_responses)
-    if len(repeated_ground_truths) != n:
-        raise ValueError(f"{n} responses but {len(repeated_ground_truths)} ground truths")
-    if group_size < 1 or n % group_size:
-        raise ValueError(f"group_size {group_size} does not divide the {n} rollout responses")
-    scores = grade_batch(reward_fn, rollout_responses, repeated_ground_truths)
-    raw_rewards = torch.tensor([s["reward"] for s in scores], dtype=torch.float32)
-    if reward_offsets is not None:
-        raw_rewards = raw_rewards + reward_offsets.to(torch.float32)
-    grouped = raw_rewards.view(-1, group_size)
-    advantages = grouped - grouped.mean(dim=1, keepdim=True)
-    if normalize_by_std:
-        advantages = advantages / (grouped.std(dim=1, keepdim=True) + advantage_eps)
-    advantages = advantages.flatten()
-    metadata = {
-        "reward_mean": raw_rewards.mean().item(),
-        "reward_std": raw_rewards.std().item() if n > 1 else 0.0,
-        "reward_max": raw_rewards.max().item(),
-        "reward_min": raw_rewards.min().item(),
-        "format_reward_mean": sum(s["format_reward"] for s in scores) / n,
-        "answer_reward_mean": sum(s["answer_reward"] for s in scores) / n,
-        "advantage_mean": advantages.mean().item(),
-        "advantage_std": advantages.std().item() if n > 1 else 0.0,
-        "frac_groups_all_equal": (grouped.max(dim=1).values == grouped.min(dim=1).values).float().mean().item(),
-    }
-    return advantages, raw_rewards, metadata
 
 
 def compute_naive_policy_gradient_loss(
@@ -195,13 +157,43 @@ def compute_kl_penalty(
     raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {', '.join(get_args(KLEstimator))}")
 
 
-def overlong_penalty(lengths: torch.Tensor, max_tokens: int, buffer: int, factor: float = 1.0) -> torch.Tensor:
-    """DAPO's soft overlong punishment: 0 up to ``max_tokens − buffer`` response tokens, then falling
-    linearly to −``factor`` at ``max_tokens`` (and −``factor`` beyond).
+def require_inputs(loss_type: str, **given: Any) -> None:
+    """ValueError when ``loss_type`` is unknown, or when one of the inputs it reads is None in ``given``."""
+    if loss_type not in POLICY_GRADIENT_INPUTS:
+        raise ValueError(f"unknown loss_type {loss_type!r}; expected one of {', '.join(POLICY_GRADIENT_INPUTS)}")
+    missing = [name for name in POLICY_GRADIENT_INPUTS[loss_type] if given.get(name) is None]
+    if missing:
+        raise ValueError(f"loss_type {loss_type!r} needs {', '.join(missing)}")
 
-    lengths: (N,) response token counts → (N,) rewards to add.
+
+def compute_policy_gradient_loss(
+    policy_log_probs: torch.Tensor,
+    loss_type: str,
+    raw_rewards: torch.Tensor | None = None,
+    advantages: torch.Tensor | None = None,
+    old_log_probs: torch.Tensor | None = None,
+    cliprange: float | None = None,
+    cliprange_high: float | None = None,
+    response_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The per-token loss of ``loss_type``: the handout's dispatcher, and the GRPO loop's.
+
+    policy_log_probs: (B, T); raw_rewards, advantages: (B, 1); old_log_probs, response_mask: (B, T) →
+    loss (B, T), and the formula's metadata ("clipped" (B, T) bool where the loss clips). ``no_baseline``
+    needs raw_rewards; ``reinforce_with_baseline`` needs advantages; ``grpo_clip`` needs advantages,
+    old_log_probs and cliprange (cliprange_high optional); ``grpo_no_clip`` needs advantages and old_log_probs;
+    ``gspo`` needs advantages, old_log_probs, response_mask and cliprange (its own, far smaller than
+    grpo_clip's; cliprange_high optional). A missing argument raises ValueError naming it.
     """
-    if buffer <= 0:
-        return torch.zeros_like(lengths, dtype=torch.float32)
-    over = (lengths.float() - (max_tokens - buffer)).clamp(min=0.0, max=float(buffer))
-    return -factor * over / buffer
+    given = dict(raw_rewards=raw_rewards, advantages=advantages, old_log_probs=old_log_probs)
+    require_inputs(loss_type, **given, response_mask=response_mask, cliprange=cliprange)
+    if loss_type == "no_baseline":  # −r·log π(o_t), on the raw reward
+        return compute_naive_policy_gradient_loss(raw_rewards, policy_log_probs), {}
+    if loss_type == "reinforce_with_baseline":  # −A·log π(o_t), A the group-normalised advantage
+        return compute_naive_policy_gradient_loss(advantages, policy_log_probs), {}
+    if loss_type == "grpo_no_clip":  # −ρ·A, ρ = π/π_old
+        return compute_grpo_no_clip_loss(advantages, policy_log_probs, old_log_probs)
+    if loss_type == "grpo_clip":  # −min(ρ·A, clip(ρ, 1 − ε, 1 + ε_high)·A); ε_high: DAPO's clip-higher
+        return compute_grpo_clip_loss(advantages, policy_log_probs, old_log_probs, cliprange, cliprange_high)
+    # gspo: the same clip on the sequence's ratio s = exp(mean_t log ρ_t), each token carrying s
+    return compute_gspo_loss(advantages, policy_log_probs, old_log_probs, response_mask, cliprange, cliprange_high)

@@ -7,7 +7,9 @@ position and metrics, plus the run's fingerprint). A checkpoint is written whole
 latest) before .latest.previous is deleted: at every instant either latest/ or .latest.previous/ is
 a complete checkpoint, and :func:`load_checkpoint` puts .latest.previous back if a crash fell between
 the renames. A Ctrl-C or SIGTERM that arrives while a checkpoint is written waits for the write to finish
-(:func:`signals_held`), then acts as it would have.
+(:func:`signals_held`), then acts as it would have. Under several ranks (FSDP2) every rank calls
+:func:`save_checkpoint` and :func:`load_checkpoint`: the shards are gathered and rank 0 writes them whole, and each
+rank loads the whole tensors and keeps its shards, so a checkpoint resumes on any number of ranks.
 
 The fingerprint says what must match for a checkpoint to be resumed: the run's settings (less those
 that only say where and how often side effects happen) and a sha256 of its data, in order.
@@ -31,8 +33,10 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
-from a5core.data.files import write_text_atomic
+from a5core.runtime import distributed
+from a5core.runtime.writing import write_text_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -141,19 +145,27 @@ def signals_held() -> Iterator[None]:
 
 def save_checkpoint(
     directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, state: dict[str, Any]
-) -> Path:
+) -> None:
     """Write ``directory/latest`` atomically (see the module docstring), a Ctrl-C or SIGTERM meanwhile held
-    until it is written (:func:`signals_held`); returns its path.
+    until it is written (:func:`signals_held`). Every rank calls it: with several, the model's and optimizer's
+    shards are gathered (collectives) and rank 0 writes them whole, in the one-process layout, so the checkpoint
+    resumes on any number of ranks.
 
     state: JSON-able, must hold ``step`` and ``fingerprint``; scheduler may be None.
     """
-    with signals_held():
-        return _save_checkpoint(directory, model, optimizer, scheduler, state)
+    rank, world = distributed.rank_and_world()
+    if world > 1:
+        model, optimizer = distributed.gathered(model, keep=rank == 0), distributed.gathered(optimizer, keep=rank == 0)
+    if rank == 0:
+        with signals_held():
+            _save_checkpoint(directory, model, optimizer, scheduler, state)
+    if world > 1:
+        dist.barrier()
 
 
 def _save_checkpoint(
     directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, state: dict[str, Any]
-) -> Path:
+) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     latest, partial, previous = directory / "latest", directory / ".latest.partial", directory / ".latest.previous"
     shutil.rmtree(partial, ignore_errors=True)
@@ -182,7 +194,6 @@ def _save_checkpoint(
     _fsync_dir(directory)
     shutil.rmtree(previous, ignore_errors=True)
     logger.info("checkpoint at step %d written to %s", state["step"], latest)
-    return latest
 
 
 def check_counts(path: Path, state: dict[str, Any], counts: dict[str, int | None], recovery: str) -> None:
@@ -217,8 +228,24 @@ def load_checkpoint(
     Raises CheckpointMismatchError, naming what differs, when its fingerprint is not ``expected``, and
     CorruptStateError, naming the file and the folder to delete, for a file of it that cannot be read or a
     position that is not one of the run's (``step``, and each key of ``counts``, a whole number within its
-    bound: :func:`check_counts`).
+    bound: :func:`check_counts`). Every rank calls it: with several, each reads the whole checkpoint and keeps
+    its shards, rank 0 first (it repairs a save a crash interrupted), then the others.
     """
+    if distributed.rank_and_world()[1] == 1:
+        return _load_checkpoint(directory, expected, model, optimizer, scheduler, counts)
+    with distributed.rank0_first():
+        sharded_model, sharded_optimizer = distributed.Sharding(model), distributed.Sharding(optimizer)
+        return _load_checkpoint(directory, expected, sharded_model, sharded_optimizer, scheduler, counts)
+
+
+def _load_checkpoint(
+    directory: Path,
+    expected: dict[str, Any],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    counts: dict[str, int | None] | None,
+) -> dict[str, Any] | None:
     latest, previous = directory / "latest", directory / ".latest.previous"
     if not latest.exists() and previous.exists():  # a crash between the two renames of a save
         os.rename(previous, latest)

@@ -9,7 +9,8 @@ Who does what:
   sharded model is resharded). Each rank then trains on its share of every batch
   (:func:`rank_microbatches`); FSDP2 reduces the gradients; only rank 0 calls ``log``; every rank
   calls ``evaluate`` (a forward pass of a sharded model is a collective); checkpoints hold full
-  tensors in the one-process layout (:func:`save_checkpoint`), so a run resumes on any number of ranks.
+  tensors in the one-process layout (:func:`a5core.runtime.checkpoint.save_checkpoint`), so a run resumes on
+  any number of ranks.
   Outside torchrun all of this reduces to the one-process loop.
 
 Normalisation: a batch's loss is a mean over its sequences (the loops' per-sequence reductions are
@@ -29,8 +30,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
-from a5core.runtime import checkpoint
 
 # What torchrun tells each rank (with TORCHELASTIC_RUN_ID, which only torchrun sets).
 LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -271,9 +270,15 @@ def _gather_state(state: Any, keep: bool) -> Any:
     return state
 
 
+def gathered(target: torch.nn.Module | torch.optim.Optimizer, keep: bool) -> Any:
+    """``target`` (a sharded model or its optimizer) as an object whose ``state_dict()`` holds every tensor whole
+    (a collective: every rank calls it), on the CPU where ``keep`` (the rank that writes), else dropped."""
+    return _Full(_gather_state(target.state_dict(), keep))
+
+
 class _Full:
-    """Full (unsharded) state, gathered beforehand, behind the ``state_dict()`` that
-    :func:`a5core.runtime.checkpoint.save_checkpoint` and the engines' ``load_weights`` call."""
+    """Full (unsharded) state, gathered beforehand, behind the ``state_dict()`` that a checkpoint's writer
+    (:func:`a5core.runtime.checkpoint.save_checkpoint`) and the engines' ``load_weights`` call."""
 
     def __init__(self, state: dict[str, Any]):
         self._state = state
@@ -282,20 +287,9 @@ class _Full:
         return self._state
 
 
-def full_weights(model: torch.nn.Module) -> Any:
-    """For ``engine.load_weights``: the model itself in one process (with LoRA adapters, the merged model:
-    :class:`a5core.policy.lora.MergedPolicy`); with several ranks, an object whose ``state_dict()`` holds every
-    tensor whole, on the model's device (a collective: every rank calls it; each rank's engine gets a
-    full copy)."""
-    from a5core.policy.lora import MergedPolicy, has_adapters
-
-    if has_adapters(model):
-        return MergedPolicy(model)
-    return _whole(model)
-
-
-def _whole(model: torch.nn.Module) -> Any:
-    """The model itself in one process; with several ranks its state dict gathered whole (a collective)."""
+def whole(model: torch.nn.Module) -> Any:
+    """The model itself in one process; with several ranks an object whose ``state_dict()`` holds every tensor
+    whole, on the model's device (a collective: every rank calls it)."""
     if rank_and_world()[1] == 1:
         return model
     return _Full({name: full_tensor(t.detach()) for name, t in model.state_dict().items()})
@@ -305,7 +299,7 @@ def write_whole(model: torch.nn.Module, write: Callable[[dict[str, torch.Tensor]
     """``write(state)`` with ``model``'s state dict whole (as it is: adapters included), called by every
     rank: the tensors are gathered (a collective), rank 0 writes, the other ranks wait until it has (they
     may read what it wrote)."""
-    state = _whole(model).state_dict()
+    state = whole(model).state_dict()
     rank, world = rank_and_world()
     if rank == 0:
         write(state)
@@ -325,7 +319,7 @@ def _shard_like(value: Any, reference: Any) -> Any:
     return value
 
 
-class _Sharding:
+class Sharding:
     """A sharded model or its optimizer as :func:`a5core.runtime.checkpoint.load_checkpoint` sees an unsharded
     one: ``load_state_dict`` takes full tensors and keeps this rank's shards."""
 
@@ -349,46 +343,11 @@ def load_whole_state_dict(model: torch.nn.Module, state: dict[str, Any]) -> None
     """Load whole tensors into ``model``: a sharded model keeps this rank's shards of them."""
     from torch.distributed.fsdp import FSDPModule
 
-    (_Sharding(model) if isinstance(model, FSDPModule) else model).load_state_dict(state)
-
-
-def save_checkpoint(
-    directory: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, state: dict[str, Any]
-) -> None:
-    """:func:`a5core.runtime.checkpoint.save_checkpoint`, called by every rank: with several, the model's and
-    optimizer's shards are gathered (collectives) and rank 0 writes them whole, in the one-process
-    layout, so the checkpoint resumes on any number of ranks."""
-    rank, world = rank_and_world()
-    if world == 1:
-        checkpoint.save_checkpoint(directory, model, optimizer, scheduler, state)
-        return
-    full_model = _Full(_gather_state(model.state_dict(), keep=rank == 0))
-    full_optimizer = _Full(_gather_state(optimizer.state_dict(), keep=rank == 0))
-    if rank == 0:
-        checkpoint.save_checkpoint(directory, full_model, full_optimizer, scheduler, state)
-    dist.barrier()
-
-
-def load_checkpoint(
-    directory: Any,
-    expected: dict[str, Any],
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    counts: dict[str, int | None] | None = None,
-) -> dict[str, Any] | None:
-    """:func:`a5core.runtime.checkpoint.load_checkpoint`, called by every rank: each reads the full checkpoint
-    and keeps its shards. Rank 0 reads first (it repairs a save a crash interrupted), then the others."""
-    if rank_and_world()[1] == 1:
-        return checkpoint.load_checkpoint(directory, expected, model, optimizer, scheduler, counts)
-    with _rank0_first():
-        return checkpoint.load_checkpoint(
-            directory, expected, _Sharding(model), _Sharding(optimizer), scheduler, counts
-        )
+    (Sharding(model) if isinstance(model, FSDPModule) else model).load_state_dict(state)
 
 
 @contextlib.contextmanager
-def _rank0_first() -> Iterator[None]:
+def rank0_first() -> Iterator[None]:
     """Run the body on rank 0, then (even if it raised there) on the other ranks."""
     rank = dist.get_rank()
     if rank != 0:

@@ -1,17 +1,21 @@
-"""Settings: every knob of the training loops declared once, typed, validated and described here.
+"""Settings: how every settings model of a5 is made: typed, validated, frozen, each setting described once.
 
 Each loop takes one frozen settings model (:class:`a5core.loops.sft.SFTConfig`,
 :class:`a5core.loops.expert_iteration.EIConfig`, :class:`a5core.loops.grpo.GRPOConfig`) made of its own
-settings and the groups below as fields (``config.optimizer``, ``config.sampling``, ``config.speed`` ...), so
-that a setting two loops share (the learning rate, the sampling temperature) has one declaration: its type,
-constraints and description. The flows' parameter models (``flows/params.py``) hold a loop's config as a group
-beside the pipeline's own (engine, data, evaluation, outputs), so the command lines, the Prefect UI's forms and
-``params.yaml``'s validation all derive from these declarations.
+settings and groups as fields (``config.optimizer``, ``config.sampling``, ``config.speed`` ...: the groups the
+loops share are in :mod:`a5core.loops.settings`; the runtime's own, how a step runs on the hardware, is
+:class:`SpeedSettings` here), so that a setting two loops share (the learning rate, the sampling temperature)
+has one declaration: its type, constraints and description. The flows' parameter models
+(``flows/params.py``) hold a loop's config as a group beside the pipeline's own (engine, data, evaluation,
+outputs), so the command lines, the Prefect UI's forms and ``params.yaml``'s validation all derive from these
+declarations.
 
 Users name a setting by its own name, wherever its group sits: ``learning_rate``, not
 ``grpo.optimizer.learning_rate`` (:meth:`Settings.flat`, :meth:`Settings.flat_fields`). A model is built from
-such names (each is routed to its group), and reads them the same way (``config.learning_rate`` is
-``config.optimizer.learning_rate``); a name in two groups of one model is refused as the class is made.
+such names (each is routed to its group) and answers to them (``config.learning_rate`` is
+``config.optimizer.learning_rate``); a name in two groups of one model is refused as the class is made. The
+library itself reads a setting one way, where it is declared: ``config.loss_type`` for a model's own,
+``config.optimizer.learning_rate`` for a group's, so the reader sees where to look.
 
 Each setting has one default. A group gives it where every loop agrees (the sampling temperature); where the
 loops differ (the learning rate: 2e-5 for SFT, 1e-5 for EI and GRPO), the group gives none and each loop's
@@ -40,8 +44,6 @@ from pydantic import (
     model_validator,
 )
 from pydantic.fields import FieldInfo
-
-from a5core.engines import SamplingSettings
 
 
 @dataclass(frozen=True)
@@ -359,33 +361,7 @@ def describe(error: ValidationError) -> str:
     return "; ".join(problems)
 
 
-# ------------------------------------------------------------------------------------ the groups
-
-
-class OptimizerSettings(Settings):
-    """AdamW and gradient clipping (the learning rate's default: each loop's)."""
-
-    learning_rate: float = Field(gt=0, allow_inf_nan=False, description="AdamW learning rate")
-    weight_decay: float = Field(0.0, ge=0, allow_inf_nan=False, description="AdamW weight decay")
-    beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1")
-    beta2: float = Field(0.95, ge=0, lt=1, description="AdamW beta2")
-    grad_clip: float = Field(
-        1.0, ge=0, allow_inf_nan=False, description="gradient-norm clip (0: none; the norm is logged)"
-    )
-
-    @property
-    def betas(self) -> tuple[float, float]:
-        return (self.beta1, self.beta2)
-
-    def adamw(self, params: list[torch.nn.Parameter]) -> torch.optim.AdamW:
-        """The loops' optimizer over ``params`` (fused where they are on CUDA)."""
-        return torch.optim.AdamW(
-            params,
-            lr=self.learning_rate,
-            betas=self.betas,
-            weight_decay=self.weight_decay,
-            fused=params[0].device.type == "cuda",
-        )
+# ------------------------------------------------------------------------------------ the runtime's group
 
 
 class SpeedSettings(Settings):
@@ -440,80 +416,6 @@ class SpeedSettings(Settings):
 HOW_FAST_FIELDS = ("compile_layers", "fsdp_reshard_after_forward", "max_tokens_per_microbatch")
 
 
-# The engines' own sampling defaults (a5core.engines.SamplingSettings): the settings that pass a value straight
-# to an engine take their default from here, so the two cannot disagree.
-ENGINE_SAMPLING = SamplingSettings()
-
-
-class SamplingFields(Settings):
-    """How responses are sampled (the stop strings come with the prompt template)."""
-
-    temperature: float = Field(
-        ENGINE_SAMPLING.temperature, ge=0, allow_inf_nan=False, description="sampling temperature (0: greedy)"
-    )
-    max_tokens: int = Field(ENGINE_SAMPLING.max_tokens, ge=1, description="response cap")
-
-    def engine_settings(self, stop: Sequence[str], **overrides: Any) -> SamplingSettings:
-        """These settings as SamplingSettings, with the prompt template's ``stop`` strings (and ``n``, ``seed``
-        and the like from ``overrides``); ``min_tokens`` where the settings have it, else 0."""
-        return SamplingSettings(
-            temperature=self.temperature,
-            min_tokens=getattr(self, "min_tokens", 0),
-            max_tokens=self.max_tokens,
-            stop=tuple(stop),
-            **overrides,
-        )
-
-
-class RolloutSamplingFields(SamplingFields):
-    """Sampling for training rollouts, which may not stop before ``min_tokens``."""
-
-    min_tokens: int = Field(4, ge=0, description="minimum response tokens (no stop before)")
-
-    @model_validator(mode="after")
-    def _min_within_max(self) -> "RolloutSamplingFields":
-        if self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
-        return self
-
-
-class SFTBatchSettings(Settings):
-    """What one SFT optimizer step takes (epochs and max_seq_len: each loop's default)."""
-
-    batch_size: int = Field(32, ge=1, description="sequences per optimizer step")
-    microbatch_size: int = Field(2, ge=1, description="sequences per forward/backward (per rank)")
-    epochs: int = Field(ge=1, description="passes over the examples")
-    max_seq_len: int = Field(ge=2, description="prompt + response tokens; longer sequences lose their end")
-
-    @model_validator(mode="after")
-    def _whole_microbatches(self) -> "SFTBatchSettings":
-        if self.batch_size % self.microbatch_size:
-            raise ValueError(
-                f"batch_size must be a multiple of microbatch_size ({self.microbatch_size}), got {self.batch_size}"
-            )
-        return self
-
-
-class PeriodicSettings(Settings):
-    """How often a run evaluates and checkpoints (0: only at the end; checkpoint_every: each loop's default)."""
-
-    eval_every: int = Field(
-        10,
-        ge=0,
-        description="optimizer steps between validations, after one of the starting model (0: only at the end)",
-    )
-    checkpoint_every: int = Field(ge=0, description="optimizer steps between checkpoints (0: only at the end)")
-
-
 # The largest seed: numpy's generators take seeds below 2**32, and a step's seed (seed × 1,000,003 + step) stays
 # within what torch's and the engines' generators take. A larger one failed minutes into a run, without naming it.
 MAX_SEED = 2**32 - 1
-
-
-class SeedSettings(Settings):
-    seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of data order, sampling and initialisation")
-
-    def step_seed(self, step: int) -> int:
-        """The seed of step ``step``'s draws (its questions, its sampling): distinct for every (seed, step)
-        pair with step < 1,000,003, so two runs with different seeds never share a step's draws."""
-        return self.seed * 1_000_003 + step

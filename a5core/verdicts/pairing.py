@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from a5core.data.problem_sets import GRADER_PROMPTS
+from a5core.grading.rewards import GRADER_PROMPTS
 from a5core.verdicts.expectations import START, Expectation
 
 # Settings whose value shapes the form of a model's answers: a start model trained with one arm's value favours

@@ -1,5 +1,6 @@
-"""A GRPO step's rollouts, graded: each draw's rewards and group-normalised advantages (:func:`grade`), and
-the batch the step trains on (:func:`assemble`), with the rollout metrics.
+"""A GRPO step's rollouts, graded: each draw's rewards and group-normalised advantages (:func:`grade`), the
+batch the step trains on (:func:`assemble`), with the rollout metrics, and its micro-batches as tensors
+(:class:`MicroBatch`).
 
 Shapes: ``N`` rollouts, groups of ``group_size`` consecutive ones (question order); ``b`` rollouts of a
 micro-batch, ``T`` its token positions.
@@ -10,18 +11,44 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from a5core.data.files import Problem
 from a5core.data.prompts import PromptTemplate
 from a5core.engines import Completion
+from a5core.grading.group_rewards import (
+    compute_group_normalized_rewards,
+    overlong_penalty,
+    reward_statistics,
+    uniform_groups,
+)
 from a5core.loops.grpo.config import GRPOConfig
 from a5core.policy.causal_lm import pack_prompt_and_output_ids
-from a5core.policy.losses import compute_group_normalized_rewards, overlong_penalty
 
 PER_TOKEN = ("old_log_probs", "engine_log_probs", "ref_log_probs")  # RolloutBatch's per-token log-probs
+
+
+class MicroBatch(NamedTuple):
+    """One micro-batch's tensors, on the policy's device: ``b`` rollouts, ``T`` token positions.
+
+    response_mask: (b, T) bool, the response tokens; input_ids, labels: (b, T) long, the policy's input and the
+    tokens it predicts; raw_rewards, advantages: (b, 1) float32; truncated: (b, 1) bool, cut at max_tokens;
+    old_log_probs, engine_log_probs, ref_log_probs: (b, T) float32, zero outside the response, where the step
+    computed them. A field is None where nothing was computed; the handout's micro-batch step, which is given
+    log-probs rather than tokens, leaves input_ids, labels, truncated and the rewards its loss does not read None.
+    """
+
+    response_mask: torch.Tensor
+    input_ids: torch.Tensor | None = None
+    labels: torch.Tensor | None = None
+    raw_rewards: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    truncated: torch.Tensor | None = None
+    old_log_probs: torch.Tensor | None = None
+    engine_log_probs: torch.Tensor | None = None
+    ref_log_probs: torch.Tensor | None = None
 
 
 @dataclass
@@ -66,26 +93,27 @@ class RolloutBatch:
     def _per_token(self) -> tuple[list[torch.Tensor] | None, ...]:
         return tuple(getattr(self, name) for name in PER_TOKEN)
 
-    def tensors(self, pad_id: int, device: torch.device, pad_to_multiple: int = 1) -> dict[str, torch.Tensor]:
-        """input_ids, labels, response_mask (b, T); raw_rewards, advantages, truncated (b, 1); and old/engine/ref
-        log-probs (b, T), zero outside the response, when present. T is padded up to a multiple of
-        ``pad_to_multiple``."""
+    def tensors(self, pad_id: int, device: torch.device, pad_to_multiple: int = 1) -> MicroBatch:
+        """These rollouts as one micro-batch on ``device``, T padded up to a multiple of ``pad_to_multiple``."""
         packed = pack_prompt_and_output_ids(self.prompt_ids, self.response_ids, pad_id, pad_to_multiple)
         mask = packed["response_mask"]
 
-        def per_token(values: list[torch.Tensor]) -> torch.Tensor:
+        def per_token(values: list[torch.Tensor] | None) -> torch.Tensor | None:
+            if values is None:
+                return None
             out = torch.zeros(mask.shape, dtype=torch.float32)
             out[mask] = torch.cat(values)  # row-major: each row's response positions, in order
             return out.to(device)
 
-        result = {k: v.to(device) for k, v in packed.items()}
-        result["raw_rewards"] = self.raw_rewards.view(-1, 1).to(device)
-        result["advantages"] = self.advantages.view(-1, 1).to(device)
-        result["truncated"] = self.truncated.view(-1, 1).to(device)
-        for name, values in zip(PER_TOKEN, self._per_token(), strict=True):
-            if values is not None:
-                result[name] = per_token(values)
-        return result
+        return MicroBatch(
+            response_mask=mask.to(device),
+            input_ids=packed["input_ids"].to(device),
+            labels=packed["labels"].to(device),
+            raw_rewards=self.raw_rewards.view(-1, 1).to(device),
+            advantages=self.advantages.view(-1, 1).to(device),
+            truncated=self.truncated.view(-1, 1).to(device),
+            **{name: per_token(values) for name, values in zip(PER_TOKEN, self._per_token(), strict=True)},
+        )
 
 
 @dataclass
@@ -115,7 +143,7 @@ def grade(
     rewards first; "correct" is the unshaped reward 1."""
     lengths = torch.tensor([len(c.token_ids) for c in completions], dtype=torch.float32)
     penalty = (
-        overlong_penalty(lengths, config.max_tokens, config.overlong_buffer, config.overlong_penalty)
+        overlong_penalty(lengths, config.sampling.max_tokens, config.overlong_buffer, config.overlong_penalty)
         if config.overlong_buffer
         else None
     )
@@ -131,17 +159,8 @@ def grade(
     graded = raw_rewards if penalty is None else raw_rewards - penalty
     if penalty is not None:
         metrics["overlong_penalty_mean"] = penalty.mean().item()
-    grouped = raw_rewards.view(-1, config.group_size)
-    return Draw(
-        questions,
-        completions,
-        raw_rewards,
-        advantages,
-        graded == 1.0,
-        lengths,
-        (grouped.max(dim=1).values != grouped.min(dim=1).values).tolist(),
-        metrics,
-    )
+    varied = (~uniform_groups(raw_rewards, config.group_size)).tolist()
+    return Draw(questions, completions, raw_rewards, advantages, graded == 1.0, lengths, varied, metrics)
 
 
 def assemble(
@@ -191,17 +210,6 @@ def _merged_metrics(draws: list[Draw], group_size: int) -> dict[str, float]:
     """The rollout metrics of several draws (dynamic sampling), over all their rollouts."""
     rewards = torch.cat([d.raw_rewards for d in draws])
     advantages = torch.cat([d.advantages for d in draws])
-    grouped = rewards.view(-1, group_size)
     merged = {key: sum(d.metrics[key] for d in draws) / len(draws) for key in draws[0].metrics}  # equal-size draws
-    merged.update(
-        {
-            "reward_mean": rewards.mean().item(),
-            "reward_std": rewards.std().item(),
-            "reward_max": rewards.max().item(),
-            "reward_min": rewards.min().item(),
-            "advantage_mean": advantages.mean().item(),
-            "advantage_std": advantages.std().item(),
-            "frac_groups_all_equal": (grouped.max(dim=1).values == grouped.min(dim=1).values).float().mean().item(),
-        }
-    )
+    merged.update(reward_statistics(rewards, advantages, group_size))
     return merged

@@ -8,26 +8,20 @@ from typing import Any
 from pydantic import Field, StrictBool, model_validator
 
 from a5core.data.files import Problem
-from a5core.loops.grpo.objective import RATIO_LOSSES, Objective
+from a5core.engines.engine import RolloutSamplingFields
 from a5core.loops.question_sampling import QuestionSamplingSettings
+from a5core.loops.settings import OptimizerSettings, PeriodicSettings, SeedSettings
 from a5core.policy.lora import LoRASettings
-from a5core.policy.losses import KLEstimator, LengthNormalization, LossType
+from a5core.policy.losses import POLICY_GRADIENT_INPUTS, KLEstimator, LengthNormalization, LossType
 from a5core.runtime.checkpoint import fingerprint
-from a5core.runtime.settings import (
-    HOW_FAST_FIELDS,
-    OptimizerSettings,
-    PeriodicSettings,
-    RolloutSamplingFields,
-    SeedSettings,
-    Settings,
-    SpeedSettings,
-    group,
-    inherited,
-)
+from a5core.runtime.settings import HOW_FAST_FIELDS, Settings, SpeedSettings, group, inherited
 
 # Fields that say how often side effects happen and how fast a step runs, not what is trained
 # (see a5core.runtime.checkpoint).
 UNFINGERPRINTED_FIELDS = ("checkpoint_every", "eval_every", *HOW_FAST_FIELDS)
+# The truncated importance cap a one-step-off run (pipeline_depth 1, which refuses to run without one) takes
+# where none is given: what the refusal suggests and what the one-step-off ablation runs with.
+ONE_STEP_OFF_TIS_CAP = 2.0
 
 
 class GRPOOptimizer(OptimizerSettings):
@@ -122,7 +116,7 @@ class GRPOConfig(Settings):
 
     @model_validator(mode="after")
     def _options_agree(self) -> "GRPOConfig":
-        if self.loss_type in RATIO_LOSSES and not self.off_policy:
+        if self.weighs_by_ratio and not self.off_policy:
             raise ValueError(
                 f"GRPOConfig.loss_type {self.loss_type!r} weighs each token by π/π_old, the ratio to the policy "
                 "that sampled the rollouts; on-policy (epochs_per_rollout_batch 1 and train_batch_size == "
@@ -130,15 +124,15 @@ class GRPOConfig(Settings):
             )
         if self.cliprange_high is not None and self.loss_type != "grpo_clip":  # gspo has gspo_cliprange_high
             self._fail("cliprange_high", "None, or a number > 0 with loss_type grpo_clip")
-        if self.overlong_buffer >= self.max_tokens:
-            self._fail("overlong_buffer", f"below max_tokens ({self.max_tokens})")
+        if self.overlong_buffer >= self.sampling.max_tokens:
+            self._fail("overlong_buffer", f"below max_tokens ({self.sampling.max_tokens})")
         if self.dynamic_sampling and self.drop_uniform_groups:
             self._fail("drop_uniform_groups", "false with dynamic_sampling (which drops uniform groups and draws more)")
         if self.pipeline_depth and self.tis_cap is None:
             self._fail(
                 "tis_cap",
-                "set (e.g. 2.0) with pipeline_depth 1: the rollouts come from weights one step older, and the "
-                "truncated importance weight against the engine's log-probs corrects for that",
+                f"set (e.g. {ONE_STEP_OFF_TIS_CAP}) with pipeline_depth 1: the rollouts come from weights one step "
+                "older, and the truncated importance weight against the engine's log-probs corrects for that",
             )
         if self.pipeline_depth and self.dynamic_sampling:
             self._fail("dynamic_sampling", "false with pipeline_depth 1 (its extra draws need the current weights)")
@@ -157,26 +151,25 @@ class GRPOConfig(Settings):
         return self.epochs_per_rollout_batch > 1 or self.train_batch_size < self.rollout_batch_size
 
     @property
-    def objective(self) -> Objective:
-        """The settings of a micro-batch's loss (:mod:`a5core.loops.grpo.objective`); the clip range is ``loss_type``'s:
-        grpo_clip's, or gspo's own."""
-        gspo = self.loss_type == "gspo"
-        return Objective(
-            loss_type=self.loss_type,
-            cliprange=self.gspo_cliprange if gspo else self.cliprange,
-            cliprange_high=self.gspo_cliprange_high if gspo else self.cliprange_high,
-            tis_cap=self.tis_cap,
-            mask_truncated=self.mask_truncated,
-            kl_coef=self.kl_coef,
-            kl_estimator=self.kl_estimator,
-            length_normalization=self.length_normalization,
-            max_tokens=self.max_tokens,
-        )
+    def weighs_by_ratio(self) -> bool:
+        """Whether ``loss_type`` weighs each token by π/π_old, the ratio to the policy that sampled."""
+        return "old_log_probs" in POLICY_GRADIENT_INPUTS[self.loss_type]
+
+    @property
+    def clips(self) -> bool:
+        """Whether ``loss_type`` clips the ratio (its gradient is 0, legitimately, where every token is clipped)."""
+        return "cliprange" in POLICY_GRADIENT_INPUTS[self.loss_type]
+
+    @property
+    def uses_advantages(self) -> bool:
+        """False for ``no_baseline``, the loss on the raw rewards."""
+        return "advantages" in POLICY_GRADIENT_INPUTS[self.loss_type]
 
     @property
     def needs_old_log_probs(self) -> bool:
-        """Whether a step computes the rollouts' old log-probs: for a ratio loss, or the importance weights."""
-        return self.objective.needs_old_log_probs
+        """Whether a step computes the rollouts' log-probs under the policy that sampled them (π_old): for a loss
+        that weighs by the ratio, or the truncated importance weight."""
+        return self.weighs_by_ratio or self.tis_cap is not None
 
 
 def run_fingerprint(

@@ -23,8 +23,9 @@ from a5core.data.prompts import PromptTemplate
 from a5core.engines import Engine
 from a5core.loops.grpo.batch import RolloutBatch, assemble, grade
 from a5core.loops.grpo.config import GRPOConfig, run_fingerprint
+from a5core.loops.grpo.learning_signal import warn_if_groups_are_uniform
 from a5core.loops.grpo.microbatches import MicroBatches
-from a5core.loops.grpo.objective import Objective, microbatch_loss, normalizer
+from a5core.loops.grpo.objective import loss_metrics, microbatch_loss, token_sum_divisor_for
 from a5core.loops.grpo.record import Record
 from a5core.loops.grpo.rollouts import DynamicSampling, Rollouts, rollout_source
 from a5core.loops.grpo.stats import EngineMismatch, PhaseTimer, StepStats
@@ -32,7 +33,7 @@ from a5core.loops.question_sampling import QuestionSampler
 from a5core.loops.training import TrainedPolicy, prepare
 from a5core.policy.causal_lm import compiled_graphs, get_response_log_probs
 from a5core.runtime import distributed, progress
-from a5core.runtime.guards import DivergenceGuard, warn_if_groups_are_uniform
+from a5core.runtime.guards import DivergenceGuard
 
 logger = logging.getLogger(__package__)  # the package's: every GRPO line is "a5core.loops.grpo"'s
 RewardFn = Callable[[str, Any], dict[str, float]]
@@ -44,7 +45,6 @@ class _Run:
 
     config: GRPOConfig
     policy: TrainedPolicy
-    objective: Objective
     reference: torch.nn.Module | None  # the KL penalty's frozen starting policy (kl_coef > 0)
     sampler: QuestionSampler
     rollouts: Rollouts
@@ -89,7 +89,9 @@ def grpo(
     """
     problems = list(problems)
     _check_inputs(model, engine, problems, config)
-    run = _setup(model, tokenizer, template, QuestionSampler(problems, config, pass_rates), config, checkpoint_dir)
+    run = _setup(
+        model, tokenizer, template, QuestionSampler(problems, config.questions, pass_rates), config, checkpoint_dir
+    )
     optimizer, expected = run.policy.optimizer, run_fingerprint(config, problems, pass_rates)
     record = Record(config, run.checkpoint, model, optimizer, run.sampler, expected, log)
     if record.finished:
@@ -97,19 +99,18 @@ def grpo(
     was_training = model.training
     steps_bar = progress.bar(desc="GRPO", total=config.n_grpo_steps, initial=record.step, unit="step", leave=True)
     try:
-        if record.step == 0 and evaluate is not None and config.eval_every:
+        if record.step == 0 and evaluate is not None and config.schedule.eval_every:
             run.timer.on_phase = functools.partial(_show_phase, steps_bar, 0)
             record.finish_step(_evaluated(run, evaluate, {}, 0), 0)  # the starting policy: every curve's first point
         for step in range(record.step + 1, config.n_grpo_steps + 1):  # step: the steps done once it is
             run.timer.on_phase = functools.partial(_show_phase, steps_bar, step)
-            metrics = grpo_step(run, engine, reward_fn, step - 1)
+            metrics = grpo_step(run, engine, reward_fn, step)
             record.finish_step(_evaluated(run, evaluate, metrics, step), step)
             steps_bar.update(1)
             last = step == config.n_grpo_steps
             stopping = should_stop is not None and not last and distributed.any_rank(should_stop(step))
-            if run.checkpoint and (
-                stopping or last or (config.checkpoint_every and step % config.checkpoint_every == 0)
-            ):
+            every = config.schedule.checkpoint_every
+            if run.checkpoint and (stopping or last or (every and step % every == 0)):
                 record.save(step)
             if stopping:
                 logger.info("GRPO: stopped after step %d of %d (should_stop)", step, config.n_grpo_steps)
@@ -123,7 +124,7 @@ def grpo(
 
 
 def grpo_step(run: _Run, engine: Engine, reward_fn: RewardFn, step: int) -> dict[str, float]:
-    """GRPO step ``step`` + 1, Algorithm 3's loop body: sample → reward → advantages → (old log-probs) →
+    """GRPO step ``step`` (from 1), Algorithm 3's loop body: sample → reward → advantages → (old log-probs) →
     optimizer steps over micro-batch losses → the step's metrics."""
     config, policy, timer = run.config, run.policy, run.timer
     timer.times, began = {}, time.perf_counter()
@@ -146,15 +147,17 @@ def grpo_step(run: _Run, engine: Engine, reward_fn: RewardFn, step: int) -> dict
         with timer("grade"):
             draws.append(grade(config, questions, completions, reward_fn))
     for draw in draws:  # the pass rates seen, for the questions to come
-        run.sampler.observe(draw.questions, draw.correct.float().tolist(), step + 1)
+        run.sampler.observe(draw.questions, draw.correct.float().tolist(), step)
     batch, metrics = assemble(config, draws, run.tokenizer, run.template)
     metrics.update(run.sampler.metrics())
-    metrics.update({"rollout_policy_version": float(version), "policy_lag": float(step - version)})
+    # A policy's version counts the steps it has trained: this step trains version step − 1, and its rollouts
+    # came from version ``version`` (one older, one step off).
+    metrics.update({"rollout_policy_version": float(version), "policy_lag": float(step - 1 - version)})
 
     # 4. The log-probs of the policy that sampled (π_old: the ratio losses, the importance weights) and of the
     # frozen reference (the KL penalty), once, before the first update moves the policy.
-    if len(batch) and (run.objective.needs_old_log_probs or run.reference is not None):
-        where = f"GRPO step {step + 1}, log-probs pass"
+    if len(batch) and (config.needs_old_log_probs or run.reference is not None):
+        where = f"GRPO step {step}, log-probs pass"
         with timer("old_log_probs"), run.microbatches.naming(where):
             run.microbatches.budget.retrying(
                 functools.partial(log_probs_pass, run, batch), where, batch.lengths, engine.release_memory
@@ -169,22 +172,20 @@ def grpo_step(run: _Run, engine: Engine, reward_fn: RewardFn, step: int) -> dict
 
     # 5. epochs_per_rollout_batch passes over the rollouts, shuffled per epoch, in optimizer steps of
     # train_batch_size rollouts (more than one step a batch: off-policy, where the ratio π/π_old matters).
-    ratios = run.objective.needs_old_log_probs
-    stats = StepStats(policy.device, run.objective.metrics, ratios, mismatch if batch.old_log_probs is None else None)
-    where, steps, positions = f"GRPO step {step + 1}, training", config.n_grpo_steps, batch.lengths
+    ratios = config.needs_old_log_probs
+    stats = StepStats(policy.device, loss_metrics(config), ratios, mismatch if batch.old_log_probs is None else None)
+    where, steps, positions = f"GRPO step {step}, training", config.n_grpo_steps, batch.lengths
     with timer("train"), run.microbatches.naming(where):
         for epoch, train_batch in _train_batches(config, len(batch), step):  # none if every group was dropped
             policy.model.train()
             lengths = [len(batch.response_ids[i]) for i in train_batch]
-            divisor = normalizer(run.objective, lengths, batch.truncated[train_batch].tolist())
-            # Out of memory under an auto budget: this optimizer step's accumulation again, after the engine
-            # released its cache, else at half the budget.
-            accumulate = functools.partial(_accumulate, run, batch, train_batch, stats, epoch, divisor)
+            token_sum_divisor = token_sum_divisor_for(config, lengths, batch.truncated[train_batch].tolist())
+            accumulate = functools.partial(_accumulate, run, batch, train_batch, stats, epoch, token_sum_divisor)
             policy.budget.retrying(accumulate, where, [positions[i] for i in train_batch], engine.release_memory)
             got = stats.read(policy.clip_gradients())
             # Refused before the update if non-finite or diverged: the weights stay the last good step's.
             detail = f" (epoch {epoch}, optimizer step {stats.optimizer_steps})"
-            policy.update(f"GRPO step {step + 1} of {steps}", got["loss"], got["grad_norm"], run.checkpoint, detail)
+            policy.update(f"GRPO step {step} of {steps}", got["loss"], got["grad_norm"], run.checkpoint, detail)
             stats.stepped(got)
         policy.optimizer.zero_grad(set_to_none=True)
 
@@ -201,31 +202,34 @@ def grpo_step(run: _Run, engine: Engine, reward_fn: RewardFn, step: int) -> dict
 
 
 def _accumulate(
-    run: _Run, batch: RolloutBatch, train_batch: list[int], stats: StepStats, epoch: int, divisor: float | None
+    run: _Run,
+    batch: RolloutBatch,
+    train_batch: list[int],
+    stats: StepStats,
+    epoch: int,
+    token_sum_divisor: float | None,
 ) -> None:
-    """One optimizer step's gradient, accumulated over the micro-batches of ``train_batch`` from zero (so that
-    it can run again, at another budget, after running out of memory). ``divisor``: the length normalisation's
-    (:func:`a5core.loops.grpo.objective.normalizer`)."""
+    """One optimizer step's gradient, accumulated over the micro-batches of ``train_batch``
+    (:meth:`a5core.loops.training.TrainedPolicy.accumulating`). ``token_sum_divisor``: what each sequence's summed
+    token losses are divided by (:func:`a5core.loops.grpo.objective.token_sum_divisor_for`)."""
     world, policy = distributed.rank_and_world()[1], run.policy
-    policy.optimizer.zero_grad(set_to_none=True)
     microbatches = run.microbatches.split(batch, train_batch)
     stats.begin(len(microbatches))
-    for index in distributed.accumulating(policy.model, microbatches):
-        t = run.microbatches.tensors(batch, index, index or train_batch[:1])  # an empty share: a stand-in, weight 0
-        with policy.budget.measuring(t["input_ids"].numel()):
+    for index, microbatch_mean_divisor in policy.accumulating(len(train_batch), microbatches):
+        mb = run.microbatches.tensors(batch, index, index or train_batch[:1])  # an empty share: a stand-in, weight 0
+        with policy.budget.measuring(mb.input_ids.numel()):
             with policy.autocast:  # entropy is only logged: the first epoch's is enough
-                out = get_response_log_probs(policy.model, t["input_ids"], t["labels"], return_token_entropy=epoch == 0)
-            # Dividing each micro-batch mean by len(train_batch) / (len(micro) · world) makes the sum over
-            # micro-batches the batch mean (× world: FSDP2 averages the ranks' gradients).
-            share = len(train_batch) / (max(len(index), 1) * world)
-            loss, meta = microbatch_loss(run.objective, out["log_probs"], t, divisor, share, live=bool(index))
+                out = get_response_log_probs(policy.model, mb.input_ids, mb.labels, return_token_entropy=epoch == 0)
+            loss, meta = microbatch_loss(
+                run.config, out["log_probs"], mb, token_sum_divisor, microbatch_mean_divisor, live=bool(index)
+            )
             loss.backward()
         if index:
-            stats.add(sum(len(batch.response_ids[i]) for i in index), t, out, loss.detach(), meta, world)
+            stats.add(sum(len(batch.response_ids[i]) for i in index), mb, out, loss.detach(), meta, world)
 
 
 def _train_batches(config: GRPOConfig, n: int, step: int) -> Iterator[tuple[int, list[int]]]:
-    """(epoch, rollouts) of each optimizer step of a step: every epoch walks the ``n`` rollouts in its own
+    """(epoch, rollouts) of each optimizer step of step ``step``: every epoch walks the ``n`` rollouts in its own
     order, seeded by (seed, step, epoch), ``train_batch_size`` at a time."""
     for epoch in range(config.epochs_per_rollout_batch):
         generator = torch.Generator().manual_seed(config.seeding.step_seed(step) * 1_000 + epoch)
@@ -241,17 +245,17 @@ def log_probs_pass(run: _Run, batch: RolloutBatch) -> None:
     reference (``ref_log_probs``, with a KL penalty). Each rank computes its share, all get all."""
     run.policy.model.eval()
     models = {}
-    if run.objective.needs_old_log_probs:
+    if run.config.needs_old_log_probs:
         models["old_log_probs"] = run.policy.model
     if run.reference is not None:
         models["ref_log_probs"] = run.reference
     mine: dict[str, list[tuple[int, torch.Tensor]]] = {name: [] for name in models}
     for index in run.microbatches.split(batch, range(len(batch))):
-        t = run.microbatches.tensors(batch, index, [0])  # an empty share still runs a pass (FSDP2)
-        mask = t["response_mask"]
+        mb = run.microbatches.tensors(batch, index, [0])  # an empty share still runs a pass (FSDP2)
+        mask = mb.response_mask
         for name, model in models.items():
             with run.policy.autocast:
-                log_probs = get_response_log_probs(model, t["input_ids"], t["labels"])["log_probs"]
+                log_probs = get_response_log_probs(model, mb.input_ids, mb.labels)["log_probs"]
             if index:
                 mine[name] += zip(index, log_probs[mask].float().cpu().split(mask.sum(dim=1).tolist()), strict=True)
     for name, pairs in mine.items():
@@ -263,8 +267,8 @@ def _evaluated(
 ) -> dict[str, float]:
     """``metrics`` with the evaluation's after step ``step``, when one is due (at step 0, every ``eval_every``
     steps and after the last): the engine is free first (rollouts generating in the background finish)."""
-    config = run.config
-    if evaluate is not None and (step == config.n_grpo_steps or (config.eval_every and step % config.eval_every == 0)):
+    config, every = run.config, run.config.schedule.eval_every
+    if evaluate is not None and (step == config.n_grpo_steps or (every and step % every == 0)):
         run.rollouts.settle()
         run.timer.announce("evaluate")
         run.policy.model.eval()
@@ -278,7 +282,7 @@ def _show_phase(steps_bar: Any, step: int, phase: str) -> None:
 
 
 def _check_inputs(model: torch.nn.Module, engine: Engine, problems: list[Problem], config: GRPOConfig) -> None:
-    warn_if_groups_are_uniform(config.temperature, config.group_size)
+    warn_if_groups_are_uniform(config.sampling.temperature, config.group_size)
     if len(problems) < config.prompts_per_step:
         raise ValueError(f"GRPO samples {config.prompts_per_step} questions per step but got {len(problems)} problems")
     world = distributed.rank_and_world()[1]
@@ -307,16 +311,14 @@ def _setup(
     """The policy made ready to train (:func:`a5core.loops.training.prepare`), the KL penalty's reference, and the
     pieces the settings choose."""
     reference = _frozen_copy(model) if config.kl_coef else None  # first: the starting model, unsharded, no adapters
-    objective = config.objective
-    policy = prepare(model, config, DivergenceGuard(fixed_scale=False, vanishing_gradient=not objective.clips))
+    policy = prepare(model, config, DivergenceGuard(fixed_scale=False, vanishing_gradient=not config.clips))
     if reference is not None:
-        distributed.setup_model(reference, config.fsdp_reshard_after_forward)
+        distributed.setup_model(reference, config.speed.fsdp_reshard_after_forward)
     timer = PhaseTimer(policy.device)
     advice = f"gradient_accumulation_steps {config.gradient_accumulation_steps}: raise it"
     return _Run(
         config,
         policy,
-        objective,
         reference,
         sampler,
         rollout_source(config, model, sampler, template, timer),

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from a5core.loops.grpo.batch import RolloutBatch
+from a5core.loops.grpo.batch import MicroBatch, RolloutBatch
 from a5core.policy.causal_lm import pad_id_of
 from a5core.runtime import distributed
 from a5core.runtime.out_of_memory import naming_the_microbatch
@@ -33,17 +33,16 @@ class MicroBatches:
         lengths = batch.lengths if budget is not None else None
         return distributed.rank_microbatches(items, self.size, lengths, budget)
 
-    def tensors(self, batch: RolloutBatch, index: list[int], stand_in: list[int]) -> dict[str, torch.Tensor]:
+    def tensors(self, batch: RolloutBatch, index: list[int], stand_in: list[int]) -> MicroBatch:
         """The micro-batch ``index`` as tensors (:meth:`RolloutBatch.tensors`). An empty share (this rank has
         no rollout left) still runs a pass, FSDP2's collectives need it: rollouts ``stand_in`` at advantage 0."""
         multiple = distributed.PAD_MULTIPLE if self.budget.value is not None else 1
-        t = batch.select(index or stand_in).tensors(self.pad_id, self.device, multiple)
+        mb = batch.select(index or stand_in).tensors(self.pad_id, self.device, multiple)
         if not index:
-            for key in ("advantages", "raw_rewards"):
-                t[key] = torch.zeros_like(t[key])
-        self.last_shape = tuple(t["input_ids"].shape)
+            mb = mb._replace(advantages=torch.zeros_like(mb.advantages), raw_rewards=torch.zeros_like(mb.raw_rewards))
+        self.last_shape = tuple(mb.input_ids.shape)
         self.shapes.add(self.last_shape)
-        return t
+        return mb
 
     def naming(self, where: str) -> contextlib.AbstractContextManager[None]:
         """Out of GPU memory inside: one error naming ``where``, the last micro-batch's shape and the setting."""

@@ -12,12 +12,12 @@ from typing import Any
 
 import torch
 
-from a5core.data.files import write_text_atomic
 from a5core.loops.grpo.config import GRPOConfig
+from a5core.loops.grpo.learning_signal import LearningSignal
 from a5core.loops.question_sampling import QuestionSampler
 from a5core.runtime import distributed, progress
-from a5core.runtime.checkpoint import read_state
-from a5core.runtime.guards import LearningSignal
+from a5core.runtime.checkpoint import load_checkpoint, read_state, save_checkpoint
+from a5core.runtime.writing import write_text_atomic
 
 logger = logging.getLogger(__package__)  # the package's: every GRPO line is "a5core.loops.grpo"'s
 STATUS_KEYS = (
@@ -50,18 +50,16 @@ class Record:
     ) -> None:
         self.config, self.checkpoint, self.model, self.optimizer = config, checkpoint, model, optimizer
         self.sampler, self.expected, self.log = sampler, expected, log
-        self.signal = LearningSignal(config.objective.uses_advantages)
+        self.signal = LearningSignal(config.uses_advantages)
         counts = {"step": config.n_grpo_steps}
-        state = (
-            distributed.load_checkpoint(checkpoint, expected, model, optimizer, None, counts) if checkpoint else None
-        )
+        state = load_checkpoint(checkpoint, expected, model, optimizer, None, counts) if checkpoint else None
         self.finished = state is not None and state["finished"]
         self.step, self.history = (0, []) if state is None else (state["step"], state["history"])
         if self.finished:
             logger.info("GRPO: %s holds a finished run (%d steps); not training again", checkpoint, self.step)
             return
         if state is None:
-            torch.manual_seed(config.seed)
+            torch.manual_seed(config.seeding.seed)
         else:
             logger.info("GRPO: resuming from %s after step %d", checkpoint, self.step)
             if "sampler" in state:
@@ -98,4 +96,4 @@ class Record:
             "fingerprint": self.expected,
             "sampler": self.sampler.state(),
         }
-        distributed.save_checkpoint(self.checkpoint, self.model, self.optimizer, None, state)
+        save_checkpoint(self.checkpoint, self.model, self.optimizer, None, state)

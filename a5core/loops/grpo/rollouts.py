@@ -17,7 +17,7 @@ import torch
 
 from a5core.data.files import Problem
 from a5core.data.prompts import PromptTemplate
-from a5core.engines import Completion, Engine
+from a5core.engines import Completion, Engine, full_weights
 from a5core.loops.grpo.batch import Draw
 from a5core.loops.grpo.config import GRPOConfig
 from a5core.loops.grpo.stats import PhaseTimer
@@ -30,8 +30,9 @@ _DRAW_SEED_STRIDE = 1_000_000_007
 
 
 class Rollouts:
-    """Synchronous rollouts: each step pushes the policy's weights into the engine and generates from them
-    (the version that sampled step k is k). ``timer``: the step's phase timer (weight_sync, generate)."""
+    """Synchronous rollouts: each step pushes the policy's weights into the engine and generates from them (a
+    policy's version is the number of steps it has trained: step k is sampled by version k − 1). ``timer``: the
+    step's phase timer (weight_sync, generate)."""
 
     def __init__(
         self,
@@ -47,10 +48,10 @@ class Rollouts:
         """Step ``step``'s questions, their rollouts and the policy version (steps trained) that sampled them."""
         questions = self.sampler.sample(rng, self.config.prompts_per_step)
         with self.timer("weight_sync"):
-            engine.load_weights(distributed.full_weights(self.model))
+            engine.load_weights(full_weights(self.model))
         with self.timer("generate"):
             completions = self.generate(engine, questions, step)
-        return questions, completions, step
+        return questions, completions, step - 1
 
     def generate(self, engine: Engine, questions: list[Problem], step: int, draw: int = 0) -> list[Completion]:
         """Rollouts of ``questions`` from the weights the engine holds (draw ``draw`` of the step)."""
@@ -102,15 +103,16 @@ class OneStepOff(Rollouts):
             completions = distributed.gather_lists(local)
         else:
             questions, completions, version = super().take(engine, step, rng)
-        if step + 1 < self.config.n_grpo_steps:
-            if version != step:
+        current = step - 1  # the policy's version: the steps trained before this one
+        if step < self.config.n_grpo_steps:  # a step follows: its rollouts start now, from the current weights
+            if version != current:
                 with self.timer("weight_sync"):
-                    engine.load_weights(distributed.full_weights(self.model))
+                    engine.load_weights(full_weights(self.model))
             following = self.sampler.sample(
                 random.Random(self.config.seeding.step_seed(step + 1)), self.config.prompts_per_step
             )
             future = self.pool.submit(self.local, engine, following, step + 1)
-            self.in_flight = (step + 1, step, following, future)
+            self.in_flight = (step + 1, current, following, future)
         return questions, completions, version
 
     def settle(self) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import torch
 
+from a5core.loops.grpo.batch import MicroBatch
 from a5core.runtime import distributed
 
 # The engine mismatch's sums over response tokens (summed over micro-batches and ranks; see EngineMismatch).
@@ -138,31 +139,31 @@ class StepStats:
     def add(
         self,
         n_tokens: int,
-        t: dict[str, torch.Tensor],
+        mb: MicroBatch,
         out: dict[str, torch.Tensor],
         loss: torch.Tensor,
         meta: dict[str, torch.Tensor],
         world: int,
     ) -> None:
-        """One micro-batch of ``n_tokens`` response tokens: its tensors ``t``, the policy's ``out``, its
-        (scaled) loss and metadata."""
-        acc, mask = self.acc, t["response_mask"]
+        """One micro-batch ``mb`` of ``n_tokens`` response tokens: the policy's ``out`` on it, its (scaled) loss
+        and metadata."""
+        acc, mask = self.acc, mb.response_mask
         acc["loss"] += loss / world
         acc["response_tokens"] += n_tokens
-        acc["tokens"] += t["input_ids"].numel()
+        acc["tokens"] += mb.input_ids.numel()
         if "clip_fraction" in meta:
             acc["clipped"] += meta["clip_fraction"].double() * n_tokens
         if "kl" in meta:
             acc["kl_sum"] += meta["kl"].double() * n_tokens
-        if "old_log_probs" in t:
-            ratio = torch.where(mask, torch.exp(out["log_probs"].detach() - t["old_log_probs"]), 0.0)
+        if mb.old_log_probs is not None:
+            ratio = torch.where(mask, torch.exp(out["log_probs"].detach() - mb.old_log_probs), 0.0)
             acc["ratio_sum"] += ratio.sum()
             self.ratio_peak = torch.maximum(self.ratio_peak, ratio.max())
         if "token_entropy" in out:
             acc["entropy_sum"] += torch.where(mask, out["token_entropy"], 0.0).sum()
             acc["entropy_tokens"] += n_tokens
         if self.mismatch is not None and not self.optimizer_steps:
-            sums, peak = self.mismatch.sums(out["log_probs"], t["engine_log_probs"], mask)
+            sums, peak = self.mismatch.sums(out["log_probs"], mb.engine_log_probs, mask)
             for key, value in sums.items():
                 acc[key] += value
             self.mismatch_peak = torch.maximum(self.mismatch_peak, peak)

@@ -1,0 +1,1 @@
+"""Evaluation: completions an engine generates for problems, graded, recorded and summarised; case reports."""
