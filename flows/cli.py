@@ -15,7 +15,7 @@ the GPU) ends the command with one message on stderr and exit status 1, not a tr
 shows the traceback instead.
 
 Several GPUs: ``torchrun --nproc-per-node N -m flows.grpo ...`` (also sft_experiment, expert_iteration,
-leaderboard). A flow's ``main`` runs it through :func:`run_flow`: every rank runs the same flow code
+leaderboard). A flow's ``main`` runs it on its rank (:func:`launched_rank`): every rank runs the same flow code
 and trains in the same loop (FSDP2, :mod:`a5core.runtime.distributed`); rank 0 runs it as the Prefect flow
 and alone tracks (MLflow, outputs, metrics files, printed results), the other ranks run the flow's
 plain function, without Prefect, MLflow or outputs, and log warnings only.
@@ -32,7 +32,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -97,36 +97,43 @@ def configure_logging(level: int = logging.INFO) -> None:
             handler.addFilter(_NoUserErrorTracebacks())
 
 
+@contextlib.contextmanager
+def command_line(prog: str, is_the_process: Callable[[], bool]) -> Iterator[None]:
+    """``with command_line(prog, ...):`` the body of a command's ``main``: logging configured, a user's error (see
+    :func:`user_error_message`) turned into ``SystemExit("PROG: error: MESSAGE")`` (message on stderr, exit status
+    1), and a Ctrl-C or a SIGTERM, wherever it lands, into one line (:class:`StopSignals`) and exit status 130 (143
+    for SIGTERM), the shell's for a command a signal ended. ``is_the_process()``: whether this command is the
+    process (its ``__main__``), which then ends at once on a second signal while it shuts down."""
+    configure_logging()
+    signals = StopSignals()
+    try:
+        with signals:
+            yield
+    except BaseException as error:
+        stopped = signals.received[0] if signals.received else _stop_signal_in(error)
+        if stopped is not None:
+            print(stopped_line(prog, stopped), file=sys.stderr)
+            raise SystemExit(128 + stopped) from None
+        message = None if not isinstance(error, Exception) or _show_tracebacks() else user_error_message(error)
+        if message is None:
+            raise
+        raise SystemExit(f"{prog}: error: {message}") from None
+    finally:
+        if is_the_process():
+            exit_at_once_on_stop_signals(prog, announced=bool(signals.received))
+    if signals.received:  # a library swallowed the interrupt and the work went on to its end
+        print(stopped_line(prog, signals.received[0]), file=sys.stderr)
+        raise SystemExit(128 + signals.received[0])
+
+
 def cli_main(prog: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorate a flow's ``main(argv)``: configure logging, turn a user's error (see :func:`user_error_message`)
-    into ``SystemExit("PROG: error: MESSAGE")`` (message on stderr, exit status 1), and end the command with
-    one line on a Ctrl-C or a SIGTERM wherever it lands (:class:`StopSignals`): exit status 130 (143 for
-    SIGTERM), the shell's for a command a signal ended."""
+    """Decorate a command's ``main(argv)`` to run inside :func:`command_line`."""
 
     def decorate(main: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(main)
         def run(argv: list[str] | None = None) -> Any:
-            configure_logging()
-            signals = StopSignals()
-            try:
-                with signals:
-                    result = main(argv)
-            except BaseException as error:
-                stopped = signals.received[0] if signals.received else _stop_signal_in(error)
-                if stopped is not None:
-                    print(stopped_line(prog, stopped), file=sys.stderr)
-                    raise SystemExit(128 + stopped) from None
-                message = None if not isinstance(error, Exception) or _show_tracebacks() else user_error_message(error)
-                if message is None:
-                    raise
-                raise SystemExit(f"{prog}: error: {message}") from None
-            finally:
-                if getattr(sys.modules.get("__main__"), "main", None) is run:  # this command is the process
-                    exit_at_once_on_stop_signals(prog, announced=bool(signals.received))
-            if signals.received:  # a library swallowed the interrupt and the work went on to its end
-                print(stopped_line(prog, signals.received[0]), file=sys.stderr)
-                raise SystemExit(128 + signals.received[0])
-            return result
+            with command_line(prog, lambda: getattr(sys.modules.get("__main__"), "main", None) is run):
+                return main(argv)
 
         return run
 
@@ -253,18 +260,21 @@ def flow_main(
 ) -> Callable[[list[str] | None], None]:
     """A flow's command line, ``main(argv)``: read its parameters (:func:`parse_params`: defaults <
     ``--config`` section ``section`` < flags), ``check`` them (what can be checked before an engine
-    starts), run the flow (:func:`run_flow`: one process, or each of torchrun's ranks) and, on the rank
-    that tracks, print what ``show(params, result)`` prints. A user's error ends it with one message
-    (:func:`cli_main`, program ``flows.<section>``)."""
+    starts), run the flow on this process's rank (:func:`launched_rank`: one process, or each of torchrun's) and,
+    on the rank that tracks, print what ``show(params, result)`` prints. A user's error ends it with one message
+    (:func:`command_line`, program ``flows.<section>``)."""
 
-    @cli_main(f"flows.{section}")
     def main(argv: list[str] | None = None) -> None:
-        params = parse_params(params_model, section, argv, doc or "")
-        if check is not None:
-            check(params)
-        result = run_flow(flow, params)
-        if result is not None and show is not None:  # None: a torchrun rank other than 0 (rank 0 reports)
-            show(params, result)
+        with command_line(f"flows.{section}", lambda: getattr(sys.modules.get("__main__"), "main", None) is main):
+            params = parse_params(params_model, section, argv, doc or "")
+            if check is not None:
+                check(params)
+            with launched_rank() as rank:
+                # Rank 0 runs the flow (a Prefect flow run, tracked); the others its plain function (the same
+                # training, untracked: tasks.tracking.tracking_rank).
+                result = flow(params) if rank == 0 else flow.fn(params)
+            if rank == 0 and show is not None:
+                show(params, result)
 
     return main
 
@@ -276,16 +286,14 @@ def print_paths(paths: dict[str, str]) -> None:
         print(f"{name:{width}}{path}")
 
 
-def run_flow(flow: Any, params: BaseModel) -> Any:
-    """Run a Prefect ``flow`` with ``params`` from a command line, one process or torchrun's N.
+@contextlib.contextmanager
+def launched_rank() -> Iterator[int]:
+    """``with launched_rank() as rank:`` this process's rank in the launch: 0 alone, or one of torchrun's N.
 
     Joins the process group torchrun describes (:func:`a5core.runtime.distributed.init_from_env`, before any
-    model is loaded; left at the process's exit, so several flows can run in one launch); then rank 0
-    calls the flow (a Prefect flow run, tracked as usual) and every other rank its plain function
-    (``flow.fn``: the same training, untracked; see :func:`tasks.tracking.tracking_rank`). Returns the
-    flow's result on rank 0 and None on the others. Prefect's temporary API server, when one starts, is
-    stopped with this process even if it is killed; a server ``PREFECT_API_URL`` names must answer first
-    (:mod:`tasks.prefect_server`).
+    model is loaded; left at the process's exit, so several flows can run in one launch). Prefect's temporary API
+    server, when one starts, is stopped with this process even if it is killed; on rank 0 a server
+    ``PREFECT_API_URL`` names must answer first (:mod:`tasks.prefect_server`). The other ranks log warnings only.
     """
     import atexit
 
@@ -301,11 +309,19 @@ def run_flow(flow: Any, params: BaseModel) -> Any:
         atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
     if rank != 0:
         configure_logging(logging.WARNING)  # one rank's INFO lines are enough
-    if rank == 0:
+    else:
         check_prefect_api()  # a server named but not answering: one line now, not minutes of retries
-        return flow(params)
-    flow.fn(params)
-    return None
+    yield rank
+
+
+def run_flow(flow: Any, params: BaseModel) -> Any:
+    """Run a Prefect ``flow`` with ``params`` from a command line (:func:`launched_rank`): on rank 0 as a flow
+    run, whose result it returns; on torchrun's other ranks its plain function (``flow.fn``), returning None."""
+    with launched_rank() as rank:
+        if rank == 0:
+            return flow(params)
+        flow.fn(params)
+        return None
 
 
 class ConfigError(ValueError):

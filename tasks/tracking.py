@@ -12,7 +12,7 @@ experiment looked up or created, under a file lock: runs started together on a n
 race to create its tables (and the same experiment) otherwise, and all but one failed.
 
 Training runs are resumable (:func:`start_resumable_run`, :func:`mlflow_logger`). Under torchrun every rank
-runs a training flow's code (see :func:`flows.cli.run_flow`), and one of them tracks: rank 0
+runs a training flow's code (see :func:`flows.cli.launched_rank`), and one of them tracks: rank 0
 (:func:`tracking_rank`). On the other ranks :func:`start_resumable_run` and :func:`reopen_run` open no
 MLflow run (``run.info.run_id`` is None) and :func:`mlflow_logger` logs nothing.
 

@@ -42,7 +42,7 @@ def _children_sent_to_ray(monkeypatch, children, **runner):
     params = types.SimpleNamespace(
         runner="ray", ray_address=None, ray_cpus_per_child=1.0, **{"ray_gpus_per_child": 1.0, **runner}
     )
-    flows.fanout.run_children(children, lambda *args, **kwargs: {}, params, "parent")
+    flows.fanout.children_on_ray(children, None, params, "parent")
     return {name: child.gpu_memory_fraction for name, child in sent.items()}
 
 

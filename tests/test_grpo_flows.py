@@ -234,11 +234,13 @@ def test_an_ablation_fans_its_children_out_over_ray(prefect_harness, tiny_lm_dir
     import mlflow
     from ray_children import Rendezvous, meeting_fan_out
 
+    import flows.grpo
     from flows import fanout
 
     rendezvous, handed = tmp_path / "rendezvous", []
     monkeypatch.setattr(fanout, "run_children_on_ray", meeting_fan_out(rendezvous, handed))
-    monkeypatch.setattr(fanout, "engine_for", lambda params: pytest.fail("the driver started an engine"))
+    for module in (fanout, flows.grpo):  # Ray's workers import their own, unpatched
+        monkeypatch.setattr(module, "engine_for", lambda params: pytest.fail("the driver started an engine"))
     params = tiny_params(tmp_path, tiny_lm_dir, eval_every=0, runner="ray", ray_gpus_per_child=0)
     result = grpo_baseline_ablation(params)
     assert handed == [["no_baseline", "reinforce_with_baseline"]]  # one fan-out with both children

@@ -1,5 +1,6 @@
-"""The parent-run skeleton (tasks.parent_run) with scripted children: what runs inside the parent's MLflow run
-and its lock, in which order the comparison is made, and what a child's failure leaves for the next attempt.
+"""The parent run (tasks.parent_run) with scripted children: what runs inside the parent's MLflow run and its
+lock, what the summary is made of (the flow's own choices where it makes them), and what a child's failure leaves
+for the next attempt.
 The flows' own tests (test_grpo_flows, test_training_flows, test_flow_resume) run it with real children."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import mlflow
 import pytest
 
 from flows.params import EIParams
-from tasks.parent_run import Comparison, parent_run
+from tasks.parent_run import Summary, parent_run
 from tasks.run_lock import RunInUseError, run_lock
 from tasks.runs import run_key
 
@@ -37,57 +38,32 @@ def row(name: str, accuracy: float) -> dict:
     }
 
 
-def one_by_one(children, run_child, params, parent_run_id):
-    """The children in turn, with no engine (the scripted children need none)."""
-    return [run_child(name, child, None, parent_run_id) for name, child in children.items()]
+SUMMARY = Summary(
+    "scripted", "Scripted sweep", "Scripted: validation accuracy", ("setting", "final_accuracy"), "a5-test"
+)
 
 
-class Script:
-    """Scripted children (``child``: a setting's accuracy, or an error to raise), and a record of what the
-    skeleton called when: each child, the registration, the flow's own marks."""
-
-    def __init__(self, params: EIParams):
-        self.params, self.calls = params, []
-
-    def run_child(self, name: str, child: float | Exception, engine, parent_run_id: str) -> dict:
-        folder = f"{self.params.output_dir}/runs-{run_key(self.params)}"
+def test_children_run_in_the_locked_parent_run_then_the_summary_is_made_and_published(params, tmp_path, monkeypatch):
+    registered = []
+    monkeypatch.setattr(
+        "tasks.parent_run.register_model",
+        lambda model_dir, name, run_id, setting: registered.append((name, setting)) or {"name": name, "version": "1"},
+    )
+    (tmp_path / "model_b").mkdir()
+    folder = tmp_path / "out" / f"runs-{run_key(params)}"
+    with parent_run(params, "scripted_sweep", SUMMARY) as parent:
         with pytest.raises(RunInUseError):  # the parent's folder stays locked while its children run
             with run_lock(folder):
                 pass
-        assert mlflow.active_run().info.run_id == parent_run_id  # inside the parent's run
-        self.calls.append(("child", name))
-        if isinstance(child, Exception):
-            raise child
-        return row(name, child)
+        assert mlflow.active_run().info.run_id == parent.run_id  # the children run inside the parent's run
+        parent.rows = [row("a", 0.25), {**row("b", 0.75), "model_dir": str(tmp_path / "model_b")}]
+        parent.tags = {"annotated": "yes"}
+        parent.metrics = {"final_accuracy_b": 0.75}
+    result = parent.result
 
-    def register(self, rows: list[dict]) -> list[dict]:
-        self.calls.append(("register", [r["setting"] for r in rows]))
-        return [{"name": "a5-test", "version": "1", "setting": rows[0]["setting"]}]
-
-    def annotate(self, rows: list[dict]) -> None:
-        self.calls.append(("annotate", [r["setting"] for r in rows]))
-        mlflow.set_tag("annotated", "yes")
-
-    def comparison(self) -> Comparison:
-        return Comparison(
-            published_as="scripted",
-            headline="Scripted sweep",
-            plot_title="Scripted: validation accuracy",
-            columns=("setting", "final_accuracy"),
-            register=self.register,
-            annotate=self.annotate,
-        )
-
-
-def test_children_run_in_the_locked_parent_run_then_the_comparison_is_made_and_published(params, tmp_path):
-    script = Script(params)
-    result = parent_run(
-        params, "scripted_sweep", {"a": 0.25, "b": 0.75}, script.run_child, script.comparison(), one_by_one
-    )
-
-    assert script.calls == [("child", "a"), ("child", "b"), ("register", ["a", "b"]), ("annotate", ["a", "b"])]
+    assert registered == [("a5-test", "b")]  # the one child that saved a policy
     summary = [{"setting": "a", "final_accuracy": 0.25}, {"setting": "b", "final_accuracy": 0.75}]
-    assert result["summary"] == summary and result["models"] == script.register([row("a", 0)])
+    assert result["summary"] == summary and result["models"] == [{"name": "a5-test", "version": "1"}]
     out = tmp_path / "out"
     assert json.loads((out / "summary.json").read_text()) == summary
     assert (out / "curves.csv").read_text().splitlines()[0] == "setting,step,val_accuracy"
@@ -96,37 +72,45 @@ def test_children_run_in_the_locked_parent_run_then_the_comparison_is_made_and_p
     assert published["flow"] == "scripted" and published["mlflow_run_id"] == result["mlflow_run_id"]
 
     client = mlflow.MlflowClient(params.tracking_uri)
-    parent = client.get_run(result["mlflow_run_id"])
-    assert parent.info.run_name == "scripted_sweep" and parent.info.status == "FINISHED"
-    assert parent.data.params["sweep_epochs"] == str(params.sweep_epochs)  # the flow's parameters
-    assert parent.data.tags["annotated"] == "yes"
-    assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"summary.json", "accuracy_vs_step.png"}
-    with run_lock(out / f"runs-{run_key(params)}"):  # released
+    run = client.get_run(result["mlflow_run_id"])
+    assert run.info.run_name == "scripted_sweep" and run.info.status == "FINISHED"
+    assert run.data.params["sweep_epochs"] == str(params.sweep_epochs)  # the flow's parameters
+    assert run.data.tags["annotated"] == "yes" and run.data.metrics["final_accuracy_b"] == 0.75
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"summary.json", "accuracy_vs_step.png"}
+    with run_lock(folder):  # released
         pass
 
 
+def test_what_the_flow_chose_is_what_is_plotted_measured_and_registered(params, tmp_path, monkeypatch):
+    registered = []
+    monkeypatch.setattr(
+        "tasks.parent_run.register_model", lambda model_dir, name, run_id, setting: registered.append(setting) or {}
+    )
+    for name in ("a", "b"):
+        (tmp_path / f"model_{name}").mkdir()
+    rows = [{**row(n, acc), "model_dir": str(tmp_path / f"model_{n}")} for n, acc in (("a", 0.25), ("b", 0.75))]
+    with parent_run(params, "scripted_sweep", SUMMARY) as parent:
+        parent.rows = rows
+        parent.best, parent.registered = rows[0], [rows[0]]  # chosen on other problems than the final score's
+        parent.curves = [{"setting": "a", "step": 0, "val_accuracy": 0.5}]
+    assert registered == ["a"]
+    assert json.loads((tmp_path / "metrics.json").read_text()) == {"accuracy": 0.25, "format_rate": 1.0}
+    assert (tmp_path / "out" / "curves.csv").read_text().splitlines() == ["setting,step,val_accuracy", "a,0,0.5"]
+
+
 def test_a_failed_child_leaves_a_failed_run_and_a_free_lock_and_the_next_attempt_continues_it(params, tmp_path):
-    script = Script(params)
     with pytest.raises(RuntimeError, match="out of memory"):
-        parent_run(
-            params,
-            "scripted_sweep",
-            {"a": 0.25, "b": RuntimeError("out of memory")},
-            script.run_child,
-            script.comparison(),
-            one_by_one,
-        )
-    assert script.calls == [("child", "a"), ("child", "b")]  # nothing compared, registered or published
+        with parent_run(params, "scripted_sweep", SUMMARY) as parent:
+            parent.rows = [row("a", 0.25)]
+            raise RuntimeError("out of memory")  # the second child
     folder = tmp_path / "out" / f"runs-{run_key(params)}"
     first = (folder / "mlflow_run_id").read_text()
     client = mlflow.MlflowClient(params.tracking_uri)
     assert client.get_run(first).info.status == "FAILED"
     assert not (tmp_path / "out" / "summary.json").exists() and not (tmp_path / "out" / "run.json").exists()
-    assert not (tmp_path / "metrics.json").exists()
+    assert not (tmp_path / "metrics.json").exists() and parent.result == {}  # nothing compared or published
 
-    again = Script(params)
-    result = parent_run(
-        params, "scripted_sweep", {"a": 0.25, "b": 0.5}, again.run_child, again.comparison(), one_by_one
-    )
-    assert result["mlflow_run_id"] == first and client.get_run(first).info.status == "FINISHED"  # the same run
-    assert [r["setting"] for r in result["summary"]] == ["a", "b"]
+    with parent_run(params, "scripted_sweep", SUMMARY) as parent:
+        parent.rows = [row("a", 0.25), row("b", 0.5)]
+    assert parent.result["mlflow_run_id"] == first and client.get_run(first).info.status == "FINISHED"  # the same
+    assert [r["setting"] for r in parent.result["summary"]] == ["a", "b"]

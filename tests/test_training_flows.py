@@ -146,14 +146,14 @@ def test_the_ei_sweep_runs_its_children_at_once_on_ray(prefect_harness, tiny_lm_
     import mlflow
     from ray_children import Rendezvous, meeting_fan_out
 
-    import tasks.parent_run
+    import flows.expert_iteration
     from flows import fanout
     from flows.expert_iteration import expert_iteration_flow
 
     monkeypatch.chdir(tmp_path)
     rendezvous, handed = tmp_path / "rendezvous", []
     monkeypatch.setattr(fanout, "run_children_on_ray", meeting_fan_out(rendezvous, handed))
-    for module in (fanout, tasks.parent_run):  # Ray's workers import their own, unpatched
+    for module in (fanout, flows.expert_iteration):  # Ray's workers import their own, unpatched
         monkeypatch.setattr(module, "engine_for", lambda params: pytest.fail("the driver started an engine"))
     params = tiny_ei_sweep(tmp_path, tiny_lm_dir, val_limit=3, n_ei_steps=1, runner="ray", ray_gpus_per_child=0)
     result = expert_iteration_flow(params)
