@@ -5,7 +5,7 @@ A setting is declared once: the training loops' own in :mod:`a5core.loops.settin
 :class:`~a5core.loops.grpo.GRPOConfig`), the pipeline's here (the engine, the problems and their validation, the
 prompt and grader, where outputs and MLflow runs go). A flow's model holds the groups it uses as fields
 (``params.grpo``, ``params.engine``, ``params.eval``, ``params.outputs`` ...), so its command-line flags
-(:func:`flows.cli.parse_params`), its Prefect UI form and the validation of its ``params.yaml`` section all come
+(:func:`flows.arguments.parse_params`), its Prefect UI form and the validation of its ``params.yaml`` section all come
 from those declarations; a flow that wants another default gives a group a subclass that redeclares the field
 with :func:`a5core.runtime.settings.inherited` (``GRPOOutputs``, ``LeaderboardGRPO``). A setting keeps its own
 name wherever its group sits (``learning_rate``, ``output_dir``). A run builds and validates the model once and

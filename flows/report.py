@@ -47,7 +47,8 @@ from pydantic import Field, field_validator
 
 from a5core.runtime.settings import Settings
 from a5core.runtime.writing import write_text_atomic
-from flows.cli import flow_main, print_paths, profile_name, read_config, section_settings
+from flows.cli import flow_main, print_paths
+from flows.config_file import profile_name, read_config, section_settings
 from flows.params import ExperimentName, LogToMLflow, OutputFolder, TrackingUri, output_folder_of_its_flow
 from tasks.outputs import REPORT_MARKER  # written into every report folder: the mark of a folder this flow made
 from tasks.tables import markdown_table

@@ -41,7 +41,8 @@ from prefect.settings import PREFECT_TASKS_REFRESH_CACHE, temporary_settings
 from pydantic import BaseModel, Field, StrictBool, ValidationError
 
 from a5core.runtime.settings import Settings, describe
-from flows.cli import argument_parser, cli_main, run_flow
+from flows.arguments import argument_parser
+from flows.cli import cli_main, run_flow
 from flows.params import TrackingUri
 from tasks.outputs import OUTPUT_MARKER
 from tasks.provenance import ARTIFACT, differences, read_record

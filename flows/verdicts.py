@@ -44,7 +44,8 @@ from a5core.runtime.settings import Settings
 from a5core.runtime.writing import write_text_atomic
 from a5core.verdicts.decide import Decision, Rule, decide
 from a5core.verdicts.expectations import DEFAULT_METRIC, Expectation, expectations_from, parse_expectation
-from flows.cli import flow_main, load_yaml, print_paths
+from flows.cli import flow_main, print_paths
+from flows.config_file import load_yaml
 from flows.params import (
     PLACEMENT_FIELDS,
     ExperimentName,

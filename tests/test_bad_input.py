@@ -552,7 +552,7 @@ def test_a_check_across_fields_is_reported_without_a_flag(capsys):
     from pydantic import model_validator
 
     from a5core.runtime.settings import Settings
-    from flows.cli import parse_params
+    from flows.arguments import parse_params
 
     class Ranged(Settings):
         low: int = 1

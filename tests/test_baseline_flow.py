@@ -24,8 +24,8 @@ def test_cli_rejects_bad_parameters():
 
 
 def test_config_profile_overrides(tmp_path):
+    from flows.arguments import parse_params
     from flows.baseline_eval import BaselineEvalParams
-    from flows.cli import parse_params
 
     config = tmp_path / "params.yaml"
     config.write_text(

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from a5core.loops.grpo import GRPOConfig
-from flows.cli import parse_params
+from flows.arguments import parse_params
 from flows.params import GRPOParams
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -271,7 +271,7 @@ def test_every_grpo_setting_is_in_params_yaml_and_the_new_ones_read_from_flags()
 
     from a5core.loops.grpo import GRPOConfig
     from a5core.runtime.settings import HOW_FAST_FIELDS
-    from flows.cli import parse_params
+    from flows.arguments import parse_params
 
     section = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())["grpo"]
     speed = set(HOW_FAST_FIELDS)  # how fast, not what: left to the GPU profiles

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from flows.cli import BASE_PROFILE, parse_params, read_config, section_settings
+from flows.arguments import parse_params
+from flows.config_file import BASE_PROFILE, read_config, section_settings
 from flows.params import (
     BaselineEvalParams,
     DifficultyParams,
@@ -55,7 +56,7 @@ def test_every_profile_builds_every_flows_parameters(profile, monkeypatch):
                 assert getattr(params, key) == value or str(getattr(params, key)) == str(value), (profile, section, key)
     sft_data = DOCUMENT["profiles"][profile].get("sft_data")
     if sft_data is not None:
-        from flows.cli import section_settings
+        from flows.config_file import section_settings
 
         SftDataParams(**section_settings(DOCUMENT, "sft_data", profile, PARAMS))
 
