@@ -188,7 +188,7 @@ def _stop_signal_in(error: BaseException) -> int | None:
     run (TerminationSignal), itself or in its chain; else None."""
     from prefect.exceptions import TerminationSignal
 
-    from tasks.tracking import exception_chain
+    from tasks.mlflow_store import exception_chain
 
     for cause in exception_chain(error):
         if isinstance(cause, KeyboardInterrupt):
@@ -222,7 +222,7 @@ def user_error_message(error: BaseException) -> str | None:
     a :data:`USER_ERRORS` exception; a full disk or a name too long anywhere in the error's chain
     (``torch.save`` reports a full disk as a RuntimeError caused by the OSError); an MLflow store that is
     read-only, full or cannot be opened (:func:`tasks.tracking.store_problem`)."""
-    from tasks.tracking import exception_chain, store_problem
+    from tasks.mlflow_store import exception_chain, store_problem
 
     if isinstance(error, ValidationError):  # settings a flow refused as it started: one line, not pydantic's table
         return describe(error)

@@ -36,9 +36,10 @@ from flows.cli import flow_main, print_paths
 from flows.fanout import run_children
 from flows.params import EIParams
 from tasks.checks import check_difficulty, check_outputs, check_placement, check_prompts_fit
+from tasks.model_registry import REGISTERED_MODELS
 from tasks.parent_run import Comparison, child_curves, in_turn, parent_run, register_each
 from tasks.runs import FINAL_SCORE, STARTING_SCORE, Run, Trained, save_model_folder, training_run
-from tasks.tracking import REGISTERED_MODELS, tracked
+from tasks.tracking_rank import tracked
 
 
 def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | None, as_task: bool = True) -> dict:

@@ -26,7 +26,7 @@ from prefect import flow
 from tasks.engines import closing_engine, engine_for
 from tasks.fanout import check_ray_address, loopback_only, run_child_task
 from tasks.parent_run import in_turn
-from tasks.tracking import prefect_flow_run
+from tasks.prefect_run import prefect_flow_run
 
 
 def run_children(

@@ -63,6 +63,8 @@ from flows.cli import flow_main, print_paths
 from flows.fanout import run_children
 from flows.params import GRPOParams
 from tasks.checks import check_grpo_run, check_placement
+from tasks.mlflow_runs import tag_active_run
+from tasks.model_registry import REGISTERED_MODELS
 from tasks.parent_run import Comparison, in_turn, parent_run, register_each
 from tasks.runs import (
     FINAL_SCORE,
@@ -73,7 +75,7 @@ from tasks.runs import (
     save_model_folder,
     training_run,
 )
-from tasks.tracking import REGISTERED_MODELS, tag_active_run, tracked
+from tasks.tracking_rank import tracked
 
 # A setting's row in the summary (summary.json, summary.md, the report's table).
 SUMMARY_KEYS = ("setting", *STARTING_SCORE, *FINAL_SCORE, "wall_seconds")

@@ -52,10 +52,13 @@ from flows.cli import flow_main, print_paths
 from flows.params import SFTExperimentParams
 from tasks.checks import check_outputs, check_prompts_fit
 from tasks.evaluation import validation_hook
+from tasks.mlflow_runs import tag_active_run
+from tasks.model_registry import REGISTERED_MODELS, register_model
 from tasks.outputs import link_model
 from tasks.parent_run import Comparison, parent_run
+from tasks.resumable_runs import mlflow_logger
 from tasks.runs import FINAL_SCORE, STARTING_SCORE, Run, Trained, curve, run_key, save_model_folder, training_run
-from tasks.tracking import REGISTERED_MODELS, mlflow_logger, register_model, tag_active_run, tracked
+from tasks.tracking_rank import tracked
 
 
 def subsets(traces: list[Trace], sizes: list[int | str], seed: int) -> dict[str, list[Trace]]:

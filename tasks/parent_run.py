@@ -32,12 +32,14 @@ from typing import Any
 
 from tasks.engines import closing_engine, engine_for
 from tasks.flow_summary import publish
+from tasks.model_registry import register_model
 from tasks.outputs import outputs_held, write_output_file
 from tasks.plots import log_comparison
+from tasks.resumable_runs import start_resumable_run
 from tasks.run_lock import run_lock
 from tasks.runs import log_run_params, run_key
 from tasks.tables import headline_metrics
-from tasks.tracking import register_model, start_resumable_run, tracking_rank
+from tasks.tracking_rank import tracking_rank
 
 Row = dict[str, Any]  # a child's row (tasks.runs.training_run's)
 # ``run_child(name, child, engine, parent_run_id)``: one child as the flow runs it; its row.
