@@ -133,8 +133,8 @@ def user_error_message(error: BaseException) -> str | None:
     """The one-line message for an error the user can act on, or None for a bug (keeps its traceback):
     a :data:`USER_ERRORS` exception; a full disk or a name too long anywhere in the error's chain
     (``torch.save`` reports a full disk as a RuntimeError caused by the OSError); an MLflow store that is
-    read-only, full or cannot be opened (:func:`tasks.tracking.store_problem`)."""
-    from tasks.tracking import exception_chain, store_problem
+    read-only, full or cannot be opened (:func:`tasks.mlflow_store.store_problem`)."""
+    from tasks.mlflow_store import exception_chain, store_problem
 
     if isinstance(error, ValidationError):  # settings a flow refused as it started: one line, not pydantic's table
         return describe(error)
@@ -176,7 +176,7 @@ def flow_main(
                 check(params)
             with launched_rank() as rank:
                 # Rank 0 runs the flow (a Prefect flow run, tracked); the others its plain function (the same
-                # training, untracked: tasks.tracking.tracking_rank).
+                # training, untracked: tasks.tracking_rank.tracking_rank).
                 result = flow(params) if rank == 0 else flow.fn(params)
             if rank == 0 and show is not None:
                 show(params, result)

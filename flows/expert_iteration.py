@@ -38,9 +38,10 @@ from flows.fanout import children_on_ray
 from flows.params import EIParams
 from tasks.checks import check_difficulty, check_outputs, check_placement, check_prompts_fit
 from tasks.engines import closing_engine, engine_for
+from tasks.model_registry import REGISTERED_MODELS
 from tasks.parent_run import Summary, child_curves, parent_run
 from tasks.runs import FINAL_SCORE, STARTING_SCORE, save_model_folder, training_run
-from tasks.tracking import REGISTERED_MODELS, tracked
+from tasks.tracking_rank import tracked
 
 SUMMARY_KEYS = ("setting", *STARTING_SCORE, *FINAL_SCORE)
 

@@ -27,7 +27,7 @@ from prefect import flow
 
 from tasks.engines import closing_engine, engine_for
 from tasks.fanout import check_ray_address, loopback_only, run_child_task
-from tasks.tracking import prefect_flow_run
+from tasks.prefect_run import prefect_flow_run
 
 
 def children_on_ray(children: dict[str, Any], run_child: Any, params: Any, parent_run_id: str) -> list[dict]:

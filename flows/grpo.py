@@ -65,9 +65,10 @@ from flows.fanout import children_on_ray
 from flows.params import GRPOParams
 from tasks.checks import check_grpo_run, check_placement
 from tasks.engines import closing_engine, engine_for
+from tasks.model_registry import REGISTERED_MODELS
 from tasks.parent_run import Summary, parent_run
 from tasks.runs import FINAL_SCORE, STARTING_SCORE, accuracy_by_wall_clock, save_model_folder, training_run
-from tasks.tracking import REGISTERED_MODELS, tracked
+from tasks.tracking_rank import tracked
 
 # A setting's row in the summary (summary.json, summary.md, the report's table).
 SUMMARY_KEYS = ("setting", *STARTING_SCORE, *FINAL_SCORE, "wall_seconds")

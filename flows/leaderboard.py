@@ -66,9 +66,10 @@ from tasks.checks import check_grpo_run, check_prompts_fit
 from tasks.engines import closing_engine, engine_for
 from tasks.evaluation import validation_hook
 from tasks.flow_summary import publish
+from tasks.model_registry import REGISTERED_MODELS, register_model
 from tasks.outputs import link_model, outputs_held, write_output_file
 from tasks.runs import Run, save_model_folder, training_run
-from tasks.tracking import REGISTERED_MODELS, register_model, tracking_rank
+from tasks.tracking_rank import tracking_rank
 
 # What the flow returns and writes to summary.json (the run's row holds these and the skeleton's columns).
 SUMMARY_KEYS = (

@@ -33,6 +33,7 @@ from a5core.runtime.settings import HOW_FAST_FIELDS, MAX_SEED, READS, Settings, 
 from tasks.engines import parse_engine_devices
 from tasks.evaluation import EVALUATION_FILES
 from tasks.flow_summary import RUN_FILE
+from tasks.mlflow_store import DEFAULT_TRACKING_URI, sqlite_database
 from tasks.outputs import (
     check_output_dir,
     check_output_file,
@@ -41,7 +42,6 @@ from tasks.outputs import (
     output_kind,
     source_folders_refused,
 )
-from tasks.tracking import DEFAULT_TRACKING_URI, sqlite_database
 
 Backend = Literal[BACKENDS]
 EngineDtype = Literal[DTYPES]

@@ -52,10 +52,11 @@ from flows.params import SFTExperimentParams
 from tasks.checks import check_outputs, check_prompts_fit
 from tasks.engines import closing_engine, engine_for
 from tasks.evaluation import validation_hook
+from tasks.model_registry import REGISTERED_MODELS
 from tasks.outputs import link_model
 from tasks.parent_run import Parent, Summary, parent_run
 from tasks.runs import FINAL_SCORE, STARTING_SCORE, curve, run_key, save_model_folder, training_run
-from tasks.tracking import REGISTERED_MODELS, tracked, tracking_rank
+from tasks.tracking_rank import tracked, tracking_rank
 
 
 def subsets(traces: list[Trace], sizes: list[int | str], seed: int) -> dict[str, list[Trace]]:

@@ -70,7 +70,7 @@ def stop_signal_in(error: BaseException) -> int | None:
     run (TerminationSignal), itself or in its chain; else None."""
     from prefect.exceptions import TerminationSignal
 
-    from tasks.tracking import exception_chain
+    from tasks.mlflow_store import exception_chain
 
     for cause in exception_chain(error):
         if isinstance(cause, KeyboardInterrupt):

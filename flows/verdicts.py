@@ -55,11 +55,12 @@ from flows.params import (
     output_folder_of_its_flow,
 )
 from tasks.flow_summary import publish
+from tasks.mlflow_runs import log_files_run
+from tasks.mlflow_store import DEFAULT_TRACKING_URI
 from tasks.outputs import outputs_held
 from tasks.plots import plot_curves
 from tasks.store_runs import StoredRuns, read_runs
 from tasks.tables import csv_text, markdown_table
-from tasks.tracking import DEFAULT_TRACKING_URI, log_files_run
 from tasks.verdict_page import (
     experiments_section,
     findings_rows,

@@ -37,18 +37,15 @@ from pathlib import Path
 from typing import Any
 
 from tasks.flow_summary import publish
+from tasks.mlflow_runs import tag_active_run
+from tasks.model_registry import register_model
 from tasks.outputs import outputs_held, write_output_file
 from tasks.plots import log_comparison
+from tasks.resumable_runs import mlflow_logger, start_resumable_run
 from tasks.run_lock import run_lock
 from tasks.runs import log_run_params, run_key
 from tasks.tables import headline_metrics
-from tasks.tracking import (
-    mlflow_logger,
-    register_model,
-    start_resumable_run,
-    tag_active_run,
-    tracking_rank,
-)
+from tasks.tracking_rank import tracking_rank
 
 Row = dict[str, Any]  # a child's row (tasks.runs.training_run's)
 

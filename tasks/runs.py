@@ -55,9 +55,12 @@ from a5core.runtime.settings import HOW_FAST_FIELDS
 from a5core.runtime.writing import write_text_atomic
 from tasks.evaluation import validation_hook
 from tasks.fingerprints import file_digest, model_fingerprint
+from tasks.mlflow_runs import log_params_flat
 from tasks.provenance import log_provenance
+from tasks.resumable_runs import mlflow_logger, start_resumable_run
 from tasks.run_lock import run_lock
-from tasks.tracking import artifact_paths, log_params_flat, mlflow_logger, start_resumable_run, tracking_rank
+from tasks.run_reading import artifact_paths
+from tasks.tracking_rank import tracking_rank
 
 logger = logging.getLogger(__name__)
 ARTIFACTS = "artifacts.json"  # in a finished run's folder: its MLflow run's artifacts when it finished
@@ -311,7 +314,7 @@ def drop_resume_state(folder: Path) -> None:
 def log_run_params(params: Any, extra: dict[str, Any] | None = None) -> None:
     """A run's parameters into the active MLflow run (tracking rank only), with ``extra``, every setting a
     parameter (an attempt that resumes the run and changes one of the fields :func:`run_key` ignores, where
-    results go or how fast it runs, records the new value as a tag: :func:`tasks.tracking.log_settings`); the
+    results go or how fast it runs, records the new value as a tag: :func:`tasks.mlflow_runs.log_settings`); the
     starting model's real folder as the tag ``model_path``; the run's provenance record, ``provenance.json``
     (:func:`tasks.provenance.log_provenance`)."""
     import mlflow
@@ -348,7 +351,7 @@ def accuracy_change(run_id: str | None) -> dict[str, float]:
     import mlflow
 
     from a5core.grading.sample_metrics import paired_difference, problem_scores
-    from tasks.tracking import final_per_problem, run_records
+    from tasks.run_reading import final_per_problem, run_records
 
     if run_id is None:
         return {}

@@ -839,7 +839,7 @@ def test_outputs_that_cannot_be_written_are_found_before_an_engine_starts(flow, 
 
 
 def test_a_read_only_mlflow_store_is_found_before_an_engine_starts(inputs, tmp_path, monkeypatch):
-    from tasks.tracking import ensure_experiment
+    from tasks.experiments import ensure_experiment
 
     monkeypatch.chdir(tmp_path)  # MLflow's client makes the folder file:/… of this URI under the working directory
     ensure_experiment("baseline_eval", f"sqlite:///{tmp_path / 'mlflow.db'}", str(tmp_path / "mlruns"))
@@ -864,7 +864,7 @@ def test_a_full_disk_inside_torch_save_ends_with_one_message():
 
 def test_compare_names_an_unknown_run_and_a_bad_filter(tmp_path):
     from flows.compare import main as compare
-    from tasks.tracking import ensure_experiment
+    from tasks.experiments import ensure_experiment
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     ensure_experiment("grpo", uri, str(tmp_path / "mlruns"))

@@ -193,7 +193,7 @@ def the_form_refuses_a_source_folder(browser, uis, deployment_id: str, shot: Pat
 def test_a_flow_run_shows_in_the_mlflow_and_prefect_uis(uis, browser, tiny_lm_dir, shared_data):
     import mlflow
 
-    from tasks.tracking import ui_address
+    from tasks.experiments import ui_address
 
     tmp, api = uis["tmp"], f"{uis['prefect']}/api"
     assert [listening_addresses(port) for port in uis["ports"]] == [{"127.0.0.1"}] * 2
@@ -283,7 +283,7 @@ def test_the_dvc_plots_page_offline_and_the_report_alone(uis, browser, tmp_path)
     from test_report import project, write
 
     from flows.report import ReportParams, build_report
-    from tasks.tracking import UI_ROOT, ensure_experiment, ui_address
+    from tasks.experiments import UI_ROOT, ensure_experiment, ui_address
 
     shots = tmp_path / "screenshots"
     shots.mkdir()
@@ -339,7 +339,7 @@ def test_mlflow_from_its_home_page_and_a_prefect_form_that_refuses_a_source_fold
     refused, and no flow run is made."""
     import mlflow
 
-    from tasks.tracking import ensure_experiment, ui_address
+    from tasks.experiments import ensure_experiment, ui_address
 
     shots = tmp_path / "screenshots"
     shots.mkdir()

@@ -19,7 +19,7 @@ def main_module(monkeypatch, spec=None, file=None):
 
 
 def test_a_flow_module_run_with_python_m_is_named_by_its_module(monkeypatch):
-    from tasks.tracking import importable_module
+    from tasks.prefect_run import importable_module
 
     main_module(monkeypatch, spec=ModuleSpec("flows.grpo", None))
     assert importable_module("__main__") == "flows.grpo"
@@ -27,7 +27,8 @@ def test_a_flow_module_run_with_python_m_is_named_by_its_module(monkeypatch):
 
 
 def test_a_script_run_by_its_path_is_named_by_that_path_inside_the_project(monkeypatch, tmp_path):
-    from tasks.tracking import PROJECT_ROOT, importable_module
+    from tasks.git_checkout import PROJECT_ROOT
+    from tasks.prefect_run import importable_module
 
     main_module(monkeypatch, file=PROJECT_ROOT / "flows" / "grpo.py")
     assert importable_module("__main__") == "flows.grpo"

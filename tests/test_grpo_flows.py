@@ -144,7 +144,7 @@ def test_runs_of_other_seeds_score_the_same_problems(prefect_harness, tiny_lm_di
     problem by problem (the validation set is drawn and ordered the same for every seed)."""
     import mlflow
 
-    from tasks.tracking import final_per_problem
+    from tasks.run_reading import final_per_problem
 
     scored = {}
     for seed in (0, 1):

@@ -10,8 +10,9 @@ import matplotlib.figure
 import pytest
 import yaml
 
-from flows.report import ReportParams, _inline_html, main, report
+from flows.report import ReportParams, main, report
 from tasks.plots import plot_curves
+from tasks.report_page import _inline_html
 
 BASELINE = {
     "n_records": 8,
@@ -142,7 +143,7 @@ def sft_run(uri, root):
     run stopped at max_steps), and outputs/sft_experiment/run.json naming it."""
     import mlflow
 
-    from tasks.tracking import ensure_experiment, ui_address
+    from tasks.experiments import ensure_experiment, ui_address
 
     with mlflow.start_run(experiment_id=ensure_experiment("sft_experiment", uri)) as run:
         mlflow.log_params({"model": "smollm2-sft", "epochs": 2, "max_steps": 8, "train_data": "arithmetic:64:1"})
@@ -509,7 +510,7 @@ def test_plots_of_0_1_metrics_span_0_to_1_and_steps_get_integer_ticks(tmp_path, 
 
 def test_the_best_row_is_chosen_on_the_selection_split_where_there_is_one():
     """A stage that kept a selection split: its best row is the best there, whatever the scored accuracies say."""
-    from flows.report import _best, _chosen_on
+    from tasks.report_sections import _best, _chosen_on
 
     rows = [
         {"setting": "a", "selection_accuracy": 0.5, "final_accuracy": 0.1},
@@ -522,7 +523,7 @@ def test_the_best_row_is_chosen_on_the_selection_split_where_there_is_one():
 
 
 def test_the_headline_says_whether_every_row_is_scored_on_the_same_problems():
-    from flows.report import headline, scored_sets_note
+    from tasks.report_sections import headline, scored_sets_note
 
     same = {"validation_data": "arithmetic:32:1", "val_limit": 32}
     settings = {

@@ -1,4 +1,5 @@
-"""MLflow conventions of tasks.tracking: a new store safe for concurrent first runs, training experiments."""
+"""MLflow as the project uses it: a new store safe for concurrent first runs, training experiments, the store lock,
+run tags and settings."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ FIRST_RUN = """
 import sys, time
 from pathlib import Path
 import mlflow
-from tasks.tracking import mlflow_run
+from tasks.mlflow_runs import mlflow_run
 uri, go, index = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 while not go.exists():
     time.sleep(0.01)
@@ -58,7 +59,7 @@ def test_experiments_are_training_experiments_and_old_ones_are_tagged(tmp_path):
 
     import mlflow
 
-    from tasks.tracking import (
+    from tasks.experiments import (
         DESCRIPTION_TAG,
         EXPERIMENT_KIND_TAG,
         TRAINING_EXPERIMENT,
@@ -90,7 +91,7 @@ def test_experiments_are_training_experiments_and_old_ones_are_tagged(tmp_path):
 def test_the_store_lock_of_a_sqlite_uri_lies_beside_its_database(tmp_path, monkeypatch):
     """SQLAlchemy's SQLite URI form (``file:PATH?mode=ro&uri=true``) names the same database as its path: the
     lock goes beside it, never into a folder called ``file:`` under the working directory."""
-    from tasks.tracking import sqlite_database, store_lock
+    from tasks.mlflow_store import sqlite_database, store_lock
 
     monkeypatch.chdir(tmp_path)
     database = tmp_path / "store" / "mlflow.db"
@@ -113,7 +114,9 @@ def test_every_run_records_where_it_came_from_and_a_resumed_run_keeps_its_first_
 
     import mlflow
 
-    from tasks.tracking import log_settings, mlflow_run, reopen_run, run_tags
+    from tasks.mlflow_runs import log_settings, mlflow_run
+    from tasks.resumable_runs import reopen_run
+    from tasks.run_tags import run_tags
 
     tags = run_tags()
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
