@@ -25,8 +25,7 @@ from __future__ import annotations
 import itertools
 import sys
 
-from prefect import flow, task
-from prefect.cache_policies import NO_CACHE
+from prefect import flow
 from pydantic import ValidationError
 
 from a5core.data.problem_sets import load_problem_set, load_validation_set
@@ -40,7 +39,7 @@ from tasks.checks import check_difficulty, check_outputs, check_placement, check
 from tasks.engines import closing_engine, engine_for
 from tasks.model_registry import REGISTERED_MODELS
 from tasks.parent_run import Summary, child_curves, parent_run
-from tasks.runs import FINAL_SCORE, STARTING_SCORE, save_model_folder, training_run
+from tasks.runs import FINAL_SCORE, STARTING_SCORE, save_model_folder, training_run, training_task
 from tasks.tracking_rank import tracked
 
 SUMMARY_KEYS = ("setting", *STARTING_SCORE, *FINAL_SCORE)
@@ -64,7 +63,7 @@ def expert_iteration_flow(params: EIParams = EIParams()) -> dict:
     return parent.result
 
 
-@task(cache_policy=NO_CACHE)
+@training_task
 def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | None) -> dict:
     """One EI run (:func:`tasks.runs.training_run`), a child of ``parent_run_id``: its row adds the curve by round
     (step k: after k rounds) with each round's kept fraction."""

@@ -53,8 +53,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from prefect import flow, task
-from prefect.cache_policies import NO_CACHE
+from prefect import flow
 
 from a5core.data.problem_sets import load_problem_set
 from a5core.engines import Engine
@@ -67,7 +66,14 @@ from tasks.checks import check_grpo_run, check_placement
 from tasks.engines import closing_engine, engine_for
 from tasks.model_registry import REGISTERED_MODELS
 from tasks.parent_run import Summary, parent_run
-from tasks.runs import FINAL_SCORE, STARTING_SCORE, accuracy_by_wall_clock, save_model_folder, training_run
+from tasks.runs import (
+    FINAL_SCORE,
+    STARTING_SCORE,
+    accuracy_by_wall_clock,
+    save_model_folder,
+    training_run,
+    training_task,
+)
 from tasks.tracking_rank import tracked
 
 # A setting's row in the summary (summary.json, summary.md, the report's table).
@@ -95,7 +101,7 @@ def grpo_flow(params: GRPOParams = GRPOParams()) -> dict:
     return parent.result
 
 
-@task(cache_policy=NO_CACHE)
+@training_task
 def run_grpo(name: str, params: GRPOParams, engine: Engine, parent_run_id: str | None) -> dict:
     """One GRPO run (:func:`tasks.runs.training_run`), a child of ``parent_run_id``: its row adds wall_seconds,
     the validation curve by step and wall-clock, and the trends of reward, entropy and length."""

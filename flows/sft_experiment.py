@@ -37,8 +37,7 @@ import random
 import sys
 from pathlib import Path
 
-from prefect import flow, task
-from prefect.cache_policies import NO_CACHE
+from prefect import flow
 from transformers import AutoTokenizer
 
 from a5core.data.files import Trace
@@ -55,7 +54,7 @@ from tasks.evaluation import validation_hook
 from tasks.model_registry import REGISTERED_MODELS
 from tasks.outputs import link_model
 from tasks.parent_run import Parent, Summary, parent_run
-from tasks.runs import FINAL_SCORE, STARTING_SCORE, curve, run_key, save_model_folder, training_run
+from tasks.runs import FINAL_SCORE, STARTING_SCORE, curve, run_key, save_model_folder, training_run, training_task
 from tasks.tracking_rank import tracked, tracking_rank
 
 
@@ -65,7 +64,7 @@ def subsets(traces: list[Trace], sizes: list[int | str], seed: int) -> dict[str,
     return {str(size): shuffled if size == "full" else shuffled[: int(size)] for size in sizes}
 
 
-@task(cache_policy=NO_CACHE)
+@training_task
 def train_setting(
     name: str, traces: list[Trace], engine: Engine, parent_run_id: str, params: SFTExperimentParams, alone: bool
 ) -> dict:

@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from prefect import task
+from prefect.cache_policies import NO_CACHE
 
 from a5core.data.files import Problem
 from a5core.data.problem_sets import load_validation_set
@@ -172,6 +174,13 @@ class Trained:
     step: int
     row: dict[str, Any]
     final: dict[str, float] | None = None
+
+
+def training_task(train: Callable[..., dict]) -> Any:
+    """``@training_task``: a flow's function that trains one run (inside :func:`training_run`) as a Prefect task run,
+    one in the flow run's view for each setting of a sweep. Never cached: the run's folder (its ``done.json``, its
+    checkpoint) decides whether it trains again, resumes or returns its row."""
+    return task(cache_policy=NO_CACHE)(train)
 
 
 @contextmanager
