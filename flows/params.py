@@ -462,7 +462,7 @@ class GRPORunParams(Settings):
 
 
 # The GRPO ablations, the choices of ``grpo.ablation``: what each compares, and its children, in flows/ablations.py
-# (tests/test_ablations.py keeps the two lists one).
+# (tests/flows/test_ablations.py keeps the two lists one).
 AblationName = Literal[
     "grpo_lr_sweep",
     "grpo_baseline_ablation",

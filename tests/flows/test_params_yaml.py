@@ -25,7 +25,7 @@ from flows.params import (
 from flows.report import ReportParams
 from flows.sft_data import SftDataParams
 
-PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
+PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
 DOCUMENT = read_config(PARAMS)
 FLOW_SECTIONS = {
     "baseline_eval": BaselineEvalParams,

@@ -20,7 +20,7 @@ from servers import from_a_terminal, quiet_env
 from test_bad_input import flags, inputs  # noqa: F401  (inputs: a fixture)
 from test_flow_resume import flow_env  # noqa: F401  (a fixture)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RESUMES = "what was written is intact (atomic writes, checkpoints): the same command resumes"
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

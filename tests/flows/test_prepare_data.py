@@ -7,7 +7,7 @@ import yaml
 from a5core.data.files import DataError
 from flows.prepare_data import build_manifest, main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_manifest_of_the_real_params(tmp_path, shared_data, monkeypatch):

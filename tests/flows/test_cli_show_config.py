@@ -16,7 +16,7 @@ from a5core.loops.grpo import GRPOConfig
 from flows.arguments import parse_params
 from flows.params import GRPOParams
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 SETTINGS = """
 profile: small

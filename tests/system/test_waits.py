@@ -21,7 +21,7 @@ import pytest
 from test_bad_input import flags, inputs, user_error  # noqa: F401  (inputs: a fixture)
 from test_flow_resume import flow_env  # noqa: F401  (a fixture)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -20,7 +20,7 @@ from servers import background, listening_addresses, mlflow_ui, quiet_env, runni
 from tasks.prefect_server import stop_with_this_process
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
-SCREENSHOTS = Path(__file__).resolve().parents[1] / "outputs" / "screenshots"
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "outputs" / "screenshots"
 WAIT_S = 60
 
 pytestmark = pytest.mark.skipif(
@@ -162,7 +162,7 @@ def form_deployment(uis, flow: str) -> str:
     """The id of a deployment ``form`` of ``flow`` (``module:object``), made where the project is (so that the
     form knows the folders git tracks there)."""
     module, name = flow.split(":")
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     deployment = subprocess.run(
         [sys.executable, "-c", f"from {module} import {name}; print({name}.to_deployment(name='form').apply())"],
         cwd=root,
@@ -279,8 +279,8 @@ def test_the_dvc_plots_page_offline_and_the_report_alone(uis, browser, tmp_path)
     """``dvc plots show``'s page with the network off draws every stage's titled, labelled chart; the report's
     HTML copied alone shows its case report and links each stage's MLflow run to the run's page."""
     import mlflow
+    from report_project import project, write
     from test_dvc_plots import plotted_project, show_plots
-    from test_report import project, write
 
     from flows.report import ReportParams, build_report
     from tasks.experiments import UI_ROOT, ensure_experiment, ui_address

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks._attention import matmul_attend, use_attention  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

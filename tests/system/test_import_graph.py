@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("a5core", "tasks", "flows")
 # a5core's rooms, bottom to top: each imports only rooms below it (and itself). runtime is the ground floor
 # (ranks, checkpoints, atomic writes, settings, progress: used by every room); grading works on text alone

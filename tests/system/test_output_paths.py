@@ -19,7 +19,7 @@ import flows.sft_data
 from flows.params import BaselineEvalParams, DifficultyParams, GRPOParams
 from tasks.outputs import OUTPUT_MARKER, REPORT_MARKER, link_model, write_output_file
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

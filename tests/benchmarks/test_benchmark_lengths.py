@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks._lengths import drawn_lengths, forced_lengths  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

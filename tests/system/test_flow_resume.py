@@ -30,7 +30,7 @@ from flows.expert_iteration import SUMMARY_KEYS as EI_SUMMARY
 from flows.grpo import SUMMARY_KEYS as GRPO_SUMMARY
 from tasks.tables import headline_metrics
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = load_prompt("r1_zero")
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -316,7 +316,7 @@ def run_to_completion_logged(module: str, flags: list[str], cwd: Path, env: dict
 
 
 def grpo_flags(tiny_lm_dir: Path, tracking_uri: str, **overrides) -> list[str]:
-    """A tiny GRPO run (tests/test_grpo_flows.py's settings): arithmetic data, hf engine, a checkpoint
+    """A tiny GRPO run (tests/flows/test_grpo_flows.py's settings): arithmetic data, hf engine, a checkpoint
     and a validation every step."""
     return cli_flags(
         **{

@@ -1,7 +1,7 @@
 """Flows as users drive them from the Prefect UI: a real ``prefect server start --host 127.0.0.1``, the
 deployments ``python -m flows.serve`` registers, a run triggered through the API, engine-start retries.
 
-(That re-running a flow with unchanged inputs generates nothing is tests/test_baseline_flow.py's.)"""
+(That re-running a flow with unchanged inputs generates nothing is tests/flows/test_baseline_flow.py's.)"""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import httpx
 import pytest
 from servers import background, from_a_terminal, listening_addresses, log_tail, quiet_env, running_prefect_server
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXPECTED_FLOWS = {
     "prepare_data",
     "sft_data",

@@ -16,7 +16,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from flows.grpo import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tuple(str(ROOT / package) + "/" for package in ("flows", "tasks", "a5core"))
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

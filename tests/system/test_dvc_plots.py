@@ -1,6 +1,6 @@
 """`dvc plots show` as dvc.yaml and .dvc/ define it: a plot for every stage with a curve, titles and axis labels
 that say what is plotted, one line per setting, and a page that carries its chart library (no network needed).
-The browser test (tests/test_browser.py) opens such a page with the network off."""
+The browser test (tests/system/test_browser.py) opens such a page with the network off."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DVC = str(Path(sys.executable).parent / "dvc")
 CURVES = "setting,step,wall_seconds,val_accuracy\n8,0,1.0,0.1\n8,2,4.0,0.5\nfull,0,1.0,0.1\nfull,2,9.0,0.7\n"
 TRENDS = "setting,step,reward_mean,token_entropy,response_tokens_mean\nsingle,1,0.2,1.5,30\nsingle,2,0.3,1.2,28\n"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # What a user gets; lab/ (and tests/) are the maintainers' own.
 PRODUCT = ("README.md", "docs", "benchmarks", "params.yaml", "a5core", "flows", "tasks", "dvc.yaml", "Makefile")
 PRODUCT += ("pyproject.toml",)

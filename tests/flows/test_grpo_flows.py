@@ -273,7 +273,7 @@ def test_every_grpo_setting_is_in_params_yaml_and_the_new_ones_read_from_flags()
     from a5core.runtime.settings import HOW_FAST_FIELDS
     from flows.arguments import parse_params
 
-    section = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())["grpo"]
+    section = yaml.safe_load((Path(__file__).resolve().parents[2] / "params.yaml").read_text())["grpo"]
     speed = set(HOW_FAST_FIELDS)  # how fast, not what: left to the GPU profiles
     assert {name for name in GRPOConfig.flat_fields() if name not in section} == speed
     flags = [

@@ -16,7 +16,7 @@ from a5core.engines.teacher import OpenAICompletionsTeacher, TeacherError
 from flows import sft_data as flow
 from tasks.outputs import write_output_file
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 R1 = load_prompt("r1_zero")
 
 

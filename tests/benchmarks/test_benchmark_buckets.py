@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks._buckets import StaticBucketDecoder, decode_mode  # noqa: E402
 from benchmarks._lengths import forced_lengths  # noqa: E402
 

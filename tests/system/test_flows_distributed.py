@@ -22,7 +22,7 @@ import psutil
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # Differ between runs by nature (timings), or by how each rank cuts its share (micro-batch passes and shapes).
 TIMINGS = ("time_", "wall_seconds", "tokens_per_s", "train_tokens", "system/", "microbatch")
 

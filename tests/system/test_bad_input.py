@@ -30,7 +30,7 @@ from a5core.data.files import Trace
 from a5core.data.prompts import load_prompt
 from a5core.runtime.writing import write_jsonl_atomic
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MAINS = {
     "grpo": flows.grpo.main,
     "expert_iteration": flows.expert_iteration.main,

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # One process's first MLflow run on the store, started when the go-file appears (all at once).
 FIRST_RUN = """
