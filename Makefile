@@ -42,7 +42,7 @@ pipeline: setup
 	@echo; echo "report:   outputs/report/report.md and report.html (every stage on one page)"
 	@echo "results:  outputs/baseline_eval/ (records.jsonl, summary.json, report.md), metrics/baseline_eval.json"
 	@echo "MLflow:   make ui (the MLflow UI on 127.0.0.1:5000), then open"
-	@$(PY) -c "from tasks.tracking import landing; print(landing())"
+	@$(PY) -c "from tasks.experiments import landing; print(landing())"
 
 # The experiments (`dvc exp run`) side by side in a terminal's width: GRPO's final accuracy and change, and the
 # settings that differ between them. Bare `dvc exp show` lists every dependency's hash and every key of params.yaml.
@@ -55,7 +55,7 @@ exps:
 
 # The MLflow UI over the project's store, on this machine only; first, where each stage's runs are.
 ui: setup
-	@$(PY) -c "from tasks.tracking import landing; print(landing())"
+	@$(PY) -c "from tasks.experiments import landing; print(landing())"
 	mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000
 
 bench-grading: setup

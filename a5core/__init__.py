@@ -1,5 +1,5 @@
 """a5core: the library under the a5 pipeline, in rooms that import downward only: runtime < grading < data <
-policy < engines < evaluation < loops < verdicts (tests/test_import_graph.py).
+policy < engines < evaluation < loops < verdicts (tests/system/test_import_graph.py).
 
 Knows nothing of Prefect, MLflow or DVC. The CS336 A5 training primitives are importable from here
 (``from a5core import compute_grpo_clip_loss``); each is imported when first asked for, so importing a part of

@@ -24,10 +24,11 @@ from flows.cli import flow_main, print_paths
 from flows.params import BaselineEvalParams
 from tasks.checks import check_outputs, check_prompts_fit
 from tasks.evaluation import generate, grade, load_problems, log_evaluation_run, write_outputs
+from tasks.experiments import UI_COMMAND, ui_address
 from tasks.flow_summary import publish
+from tasks.mlflow_runs import flow_run
 from tasks.outputs import outputs_held
 from tasks.provenance import log_provenance
-from tasks.tracking import UI_COMMAND, flow_run, ui_address
 
 
 @flow(name="baseline_eval")

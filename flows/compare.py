@@ -40,20 +40,13 @@ from a5core.runtime.writing import write_text_atomic
 from flows.cli import flow_main, print_paths
 from flows.params import ExperimentName, LogToMLflow, OutputFolder, TrackingUri, output_folder_of_its_flow
 from tasks.flow_summary import publish
+from tasks.mlflow_runs import log_files_run
+from tasks.mlflow_store import DEFAULT_TRACKING_URI, store_client
 from tasks.outputs import outputs_held
 from tasks.plots import plot_curves
 from tasks.provenance import read_record, record_rows
+from tasks.run_reading import final_per_problem, find_runs, metric_points, run_labels, run_records
 from tasks.tables import csv_text, markdown_table
-from tasks.tracking import (
-    DEFAULT_TRACKING_URI,
-    final_per_problem,
-    find_runs,
-    log_files_run,
-    metric_points,
-    run_labels,
-    run_records,
-    store_client,
-)
 
 # Final values shown when no metrics are named (those that some run holds), and metrics plotted by step.
 DEFAULT_METRICS = (
@@ -155,7 +148,7 @@ def comparison_rows(runs: list[Any], metrics: list[str]) -> tuple[list[dict[str,
 
 def paired_rows(client: Any, runs: list[Any]) -> list[dict[str, Any]]:
     """For runs that logged every graded sample (evaluation runs: ``generations.json``; training runs: their
-    final evaluation's ``per_problem/`` table, :func:`tasks.tracking.final_per_problem`), each one's paired
+    final evaluation's ``per_problem/`` table, :func:`tasks.run_reading.final_per_problem`), each one's paired
     difference in per-problem accuracy against the first such run
     (:func:`a5core.grading.sample_metrics.paired_difference`);
     [] when fewer than two runs hold records."""

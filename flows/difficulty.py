@@ -30,10 +30,10 @@ from flows.params import DifficultyParams
 from tasks.checks import check_outputs, check_prompts_fit
 from tasks.evaluation import generate, grade
 from tasks.flow_summary import publish
+from tasks.mlflow_runs import flow_run, log_files_run
 from tasks.outputs import outputs_held, write_output_file
 from tasks.plots import plot_histogram
 from tasks.provenance import log_provenance
-from tasks.tracking import flow_run, log_files_run
 
 BINS = (0.0, 0.25, 0.5, 0.75, 1.0)  # histogram edges; 0 and 1 get bins of their own
 

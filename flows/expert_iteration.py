@@ -14,7 +14,7 @@ Hugging Face folder, ``output_dir/runs-<key>/<name>/model``.
                                                                           # its children at once on Ray
     torchrun --nproc-per-node 4 -m flows.expert_iteration --config params.yaml --backend hf   # on 4 GPUs
 
-Under torchrun every rank runs each round (see :func:`flows.cli.run_flow`): it samples its share of
+Under torchrun every rank runs each round (see :func:`flows.cli.launched_rank`): it samples its share of
 the questions with its own hf engine (a full copy of the weights on its GPU), all ranks grade and keep
 the same rollouts, and the SFT loop trains on them with FSDP2; rank 0 alone logs to MLflow and writes
 the outputs and checkpoints.
@@ -33,20 +33,43 @@ from a5core.engines import Engine
 from a5core.loops.expert_iteration import check_round_size, expert_iteration
 from a5core.runtime.settings import describe
 from flows.cli import flow_main, print_paths
-from flows.fanout import run_children
+from flows.fanout import children_on_ray
 from flows.params import EIParams
 from tasks.checks import check_difficulty, check_outputs, check_placement, check_prompts_fit
-from tasks.parent_run import Comparison, child_curves, in_turn, parent_run, register_each
-from tasks.runs import FINAL_SCORE, STARTING_SCORE, Run, Trained, save_model_folder, training_run
-from tasks.tracking import REGISTERED_MODELS, tracked
+from tasks.engines import closing_engine, engine_for
+from tasks.model_registry import REGISTERED_MODELS
+from tasks.parent_run import Summary, child_curves, parent_run
+from tasks.runs import FINAL_SCORE, STARTING_SCORE, save_model_folder, training_run, training_task
+from tasks.tracking_rank import tracked
+
+SUMMARY_KEYS = ("setting", *STARTING_SCORE, *FINAL_SCORE)
 
 
-def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | None, as_task: bool = True) -> dict:
-    """One EI run (:func:`tasks.runs.training_run`, a Prefect task unless ``as_task`` is False: a Ray
-    worker runs it inside its own task); its row adds the curve by round (step k: after k rounds) with
-    each round's kept fraction."""
+@flow(name="expert_iteration")
+def expert_iteration_flow(params: EIParams = EIParams()) -> dict:
+    """One EI run, or (``sweep``) the grid, as the children of one parent run (``expert_iteration`` or
+    ``ei_sweep``) with the comparison plot, the children's curves and each child's policy registered."""
+    name, children = ("ei_sweep", grid(params)) if params.sweep else ("expert_iteration", {"single": params})
+    plot_title = "Expert Iteration: validation accuracy by round"
+    registered = REGISTERED_MODELS["expert_iteration"]
+    summary = Summary("expert_iteration", "Expert Iteration", plot_title, SUMMARY_KEYS, registered)
+    with parent_run(params, name, summary) as parent:
+        if params.sweep and params.runner == "ray":  # at once, each child on a Ray worker, an engine each
+            parent.rows = children_on_ray(children, run_ei, params, parent.run_id)
+        else:  # one after another, on the flow's one engine
+            with closing_engine(engine_for(params)) as engine:
+                parent.rows = [tracked(run_ei)(n, child, engine, parent.run_id) for n, child in children.items()]
+        parent.curves = with_starting_points(parent.rows)
+    return parent.result
 
-    def train(run: Run) -> Trained:
+
+@training_task
+def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | None) -> dict:
+    """One EI run (:func:`tasks.runs.training_run`), a child of ``parent_run_id``: its row adds the curve by round
+    (step k: after k rounds) with each round's kept fraction."""
+    with training_run(name, f"ei-{name}", params, engine, parent_run_id) as run:
+        if run.finished:  # trained before: its row, not trained again
+            return run.row
         problems = load_problem_set(params.train_data, params.train_format, params.seed, "train")
         history = expert_iteration(
             run.model,
@@ -62,7 +85,7 @@ def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | Non
             pass_rates=run.pass_rates,
         )
         save_model_folder(run.model, run.tokenizer, run.folder / "model")
-        return Trained(
+        run.trained(
             params.n_ei_steps,
             {
                 "curve": [
@@ -73,12 +96,7 @@ def run_ei(name: str, params: EIParams, engine: Engine, parent_run_id: str | Non
             },
             final=run.final_from(history[-1]) if history else None,
         )
-
-    run = tracked(training_run.with_options(name="run_ei")) if as_task else training_run.fn
-    return run(name, f"ei-{name}", params, engine, parent_run_id, train)
-
-
-SUMMARY_KEYS = ("setting", *STARTING_SCORE, *FINAL_SCORE)
+    return run.row
 
 
 def grid(params: EIParams) -> dict[str, EIParams]:
@@ -103,23 +121,6 @@ def with_starting_points(rows: list[dict]) -> list[dict]:
         if r.get("initial_accuracy") is not None
     ]
     return starts + child_curves(rows)
-
-
-@flow(name="expert_iteration")
-def expert_iteration_flow(params: EIParams = EIParams()) -> dict:
-    """One EI run, or (``sweep``) the grid, as the children of one parent run (``expert_iteration`` or
-    ``ei_sweep``) with the comparison plot, the children's curves and each child's policy registered."""
-    children = grid(params) if params.sweep else {"single": params}
-    comparison = Comparison(
-        published_as="expert_iteration",
-        headline="Expert Iteration",
-        plot_title="Expert Iteration: validation accuracy by round",
-        columns=SUMMARY_KEYS,
-        register=register_each(REGISTERED_MODELS["expert_iteration"]),
-        curves=with_starting_points,
-    )
-    run_name, runner = ("ei_sweep", run_children) if params.sweep else ("expert_iteration", in_turn)
-    return parent_run(params, run_name, children, run_ei, comparison, runner)
 
 
 def check_inputs(params: EIParams) -> None:

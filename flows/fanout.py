@@ -1,9 +1,11 @@
-"""A sweep's or an ablation's child runs: one after another on one engine, or fanned out over Ray (a sub-flow
-on Prefect's Ray task runner, one GPU, or what is asked, per child).
+"""A sweep's or an ablation's child runs fanned out over Ray (a sub-flow on Prefect's Ray task runner, one GPU,
+or what is asked, per child), for a flow whose ``runner`` is ``ray``; with ``runner`` local a flow runs its
+children itself, one after another on one engine.
 
-``run_children(children, run_child, params, parent_run_id)`` is what the EI sweep and the GRPO ablations
-call: ``params.runner`` (:class:`flows.params.ChildRunner`) picks the way. ``run_children_on_ray(children,
-run_child, ...)`` runs ``run_child(name, params)`` for every child as a
+``children_on_ray(children, run_child, params, parent_run_id)`` is what the EI sweep and the GRPO ablations call:
+each child runs the flow's own Prefect task for one child (``run_child``: :func:`flows.grpo.run_grpo`,
+:func:`flows.expert_iteration.run_ei`) on a Ray worker, with ``params``' Ray address and per-child GPUs and CPUs.
+``run_children_on_ray(children, run_child, ...)`` runs ``run_child(name, params)`` for every child as a
 Prefect task on a Ray worker, all at once as far as the cluster's resources allow, and returns their
 results in the children's order. ``address`` None starts a local Ray instance (this machine's CPUs and
 GPUs, no dashboard, every server of it listening on 127.0.0.1 only: see :func:`tasks.fanout.loopback_only`);
@@ -25,41 +27,31 @@ from prefect import flow
 
 from tasks.engines import closing_engine, engine_for
 from tasks.fanout import check_ray_address, loopback_only, run_child_task
-from tasks.parent_run import in_turn
-from tasks.tracking import prefect_flow_run
+from tasks.prefect_run import prefect_flow_run
 
 
-def run_children(
-    children: dict[str, Any], run_child: Callable[..., dict], params: Any, parent_run_id: str
-) -> list[dict]:
-    """Every child's row, in the children's order: one after another on one engine built from ``params``
-    (``runner`` local), or (``runner`` ray) at once on Ray, each child starting its own engine in its worker
-    (an engine is a process-local object), with ``params``' Ray address and per-child GPUs and CPUs.
-    ``run_child(name, child_params, engine, parent_run_id, as_task=True)``: the flow's child runner
-    (:func:`flows.grpo.run_grpo`, :func:`flows.expert_iteration.run_ei`), a module-level function (Ray
-    pickles it by name)."""
-    if params.runner == "ray":
-        if 0 < params.ray_gpus_per_child < 1:  # Ray counts GPU shares but bounds no memory: each child bounds its own
-            children = {
-                name: child
-                if child.gpu_memory_fraction
-                else child.replace(gpu_memory_fraction=params.ray_gpus_per_child)
-                for name, child in children.items()
-            }
-        return run_children_on_ray(
-            children,
-            functools.partial(_with_own_engine, run_child, parent_run_id=parent_run_id),
-            address=params.ray_address,
-            gpus_per_child=params.ray_gpus_per_child,
-            cpus_per_child=params.ray_cpus_per_child,
-        )
-    return in_turn(children, run_child, params, parent_run_id)
+def children_on_ray(children: dict[str, Any], run_child: Any, params: Any, parent_run_id: str) -> list[dict]:
+    """Every child's row, in the children's order, run at once on Ray: ``run_child(name, child_params, engine,
+    parent_run_id)``, the flow's Prefect task for one child, whose plain function each worker runs with an engine
+    of its own."""
+    if 0 < params.ray_gpus_per_child < 1:  # Ray counts GPU shares but bounds no memory: each child bounds its own
+        children = {
+            name: child if child.gpu_memory_fraction else child.replace(gpu_memory_fraction=params.ray_gpus_per_child)
+            for name, child in children.items()
+        }
+    return run_children_on_ray(
+        children,
+        functools.partial(_with_own_engine, run_child, parent_run_id=parent_run_id),
+        address=params.ray_address,
+        gpus_per_child=params.ray_gpus_per_child,
+        cpus_per_child=params.ray_cpus_per_child,
+    )
 
 
-def _with_own_engine(run_child: Callable[..., dict], name: str, params: Any, parent_run_id: str) -> dict:
-    """One child on a Ray worker, with an engine of its own (a task there already: not another one)."""
+def _with_own_engine(run_child: Any, name: str, params: Any, parent_run_id: str) -> dict:
+    """One child on a Ray worker, with an engine of its own (a task there already: the task's plain function)."""
     with closing_engine(engine_for(params)) as engine:
-        return run_child(name, params, engine, parent_run_id, as_task=False)
+        return run_child.fn(name, params, engine, parent_run_id)
 
 
 def run_children_on_ray(

@@ -43,7 +43,7 @@ csv and a summary table (setting → final accuracy, format rate, wall seconds) 
     torchrun --nproc-per-node 4 -m flows.grpo --config params.yaml                # on 4 GPUs (FSDP2)
     python -m flows.grpo --config params.yaml --engine-device cuda:1            # the engine on a GPU of its own
 
-Under torchrun every rank trains (see :func:`flows.cli.run_flow`) and has its own engine with a full
+Under torchrun every rank trains (see :func:`flows.cli.launched_rank`) and has its own engine with a full
 copy of the weights: in its process (hf) or, with ``engine_device``, a RemoteEngine on a device of its
 own; rank 0 alone logs to MLflow and writes the outputs.
 """
@@ -60,35 +60,54 @@ from a5core.engines import Engine
 from a5core.loops.grpo import grpo
 from flows.ablations import ABLATIONS, ablation_settings
 from flows.cli import flow_main, print_paths
-from flows.fanout import run_children
+from flows.fanout import children_on_ray
 from flows.params import GRPOParams
 from tasks.checks import check_grpo_run, check_placement
-from tasks.parent_run import Comparison, in_turn, parent_run, register_each
+from tasks.engines import closing_engine, engine_for
+from tasks.model_registry import REGISTERED_MODELS
+from tasks.parent_run import Summary, parent_run
 from tasks.runs import (
     FINAL_SCORE,
     STARTING_SCORE,
-    Run,
-    Trained,
     accuracy_by_wall_clock,
     save_model_folder,
     training_run,
+    training_task,
 )
-from tasks.tracking import REGISTERED_MODELS, tag_active_run, tracked
+from tasks.tracking_rank import tracked
 
 # A setting's row in the summary (summary.json, summary.md, the report's table).
 SUMMARY_KEYS = ("setting", *STARTING_SCORE, *FINAL_SCORE, "wall_seconds")
 TREND_METRICS = ("reward_mean", "token_entropy", "response_tokens_mean", "frac_groups_all_equal")
 
 
-# ----------------------------------------------------------------------------------------- a run
+@flow(name="grpo")
+def grpo_flow(params: GRPOParams = GRPOParams()) -> dict:
+    """One GRPO run (the child ``single`` of a parent run ``grpo``), or (``ablation`` set) that ablation: a parent
+    MLflow run with a child per setting, their comparison, each child's final policy registered (``a5-grpo``)."""
+    name = params.ablation or "grpo"
+    children = ablation_settings(params.ablation, params) if params.ablation else {"single": params}
+    title = f"GRPO {ABLATIONS[name][0]} ablation" if params.ablation else "GRPO"
+    summary = Summary(name, title, f"{title}: validation accuracy", SUMMARY_KEYS, REGISTERED_MODELS["grpo"])
+    with parent_run(params, name, summary) as parent:
+        if params.ablation and params.runner == "ray":  # at once, each child on a Ray worker, an engine each
+            parent.rows = children_on_ray(children, run_grpo, params, parent.run_id)
+        else:  # one after another, on the flow's one engine
+            with closing_engine(engine_for(params)) as engine:
+                for setting, child in children.items():
+                    parent.rows.append(tracked(run_grpo)(setting, child, engine, parent.run_id))
+        if params.ablation:
+            parent.tags = {"ablation": params.ablation}
+    return parent.result
 
 
-def run_grpo(name: str, params: GRPOParams, engine: Engine, parent_run_id: str | None, as_task: bool = True) -> dict:
-    """One GRPO run (:func:`tasks.runs.training_run`, a Prefect task unless ``as_task`` is False: a Ray
-    worker runs it inside its own task); its row adds wall_seconds, the validation curve by step and
-    wall-clock, and the trends of reward, entropy and length."""
-
-    def train(run: Run) -> Trained:
+@training_task
+def run_grpo(name: str, params: GRPOParams, engine: Engine, parent_run_id: str | None) -> dict:
+    """One GRPO run (:func:`tasks.runs.training_run`), a child of ``parent_run_id``: its row adds wall_seconds,
+    the validation curve by step and wall-clock, and the trends of reward, entropy and length."""
+    with training_run(name, f"grpo-{name}", params, engine, parent_run_id) as run:
+        if run.finished:  # trained before: its row, not trained again
+            return run.row
         by_wall_clock = accuracy_by_wall_clock(run.run_id)
 
         def log(metrics: dict[str, float], step: int) -> None:
@@ -111,7 +130,7 @@ def run_grpo(name: str, params: GRPOParams, engine: Engine, parent_run_id: str |
             pass_rates=run.pass_rates,
         )
         save_model_folder(run.model, run.tokenizer, run.folder / "model")
-        return Trained(
+        run.trained(
             params.n_grpo_steps,
             {
                 "wall_seconds": history[-1]["wall_seconds"],
@@ -127,50 +146,12 @@ def run_grpo(name: str, params: GRPOParams, engine: Engine, parent_run_id: str |
             },
             final=run.final_from(history[-1]),
         )
-
-    run = tracked(training_run.with_options(name="run_grpo")) if as_task else training_run.fn
-    return run(name, f"grpo-{name}", params, engine, parent_run_id, train)
-
-
-def run_sweep(run_name: str, children: dict[str, GRPOParams], params: GRPOParams, title: str) -> dict:
-    """``children`` as the child runs of one parent MLflow run named ``run_name`` (resumable,
-    :func:`tasks.parent_run.parent_run`): one run on the flow's own engine, an ablation's settings as its
-    ``runner`` says. The parent gets the comparison titled ``title``, each child's final policy registered
-    (``a5-grpo``) and, for an ablation, the tag ``ablation``."""
-
-    def tag_ablation(rows: list[dict]) -> None:
-        if params.ablation is not None:
-            tag_active_run(ablation=params.ablation)
-
-    comparison = Comparison(
-        published_as=run_name,
-        headline=title.split(":")[0],
-        plot_title=title,
-        columns=SUMMARY_KEYS,
-        register=register_each(REGISTERED_MODELS["grpo"]),
-        annotate=tag_ablation,
-    )
-    runner = in_turn if params.ablation is None else run_children  # one run: the flow's own engine
-    return parent_run(params, run_name, children, run_grpo, comparison, runner)
-
-
-def run_ablation(name: str, params: GRPOParams) -> dict:
-    """Ablation ``name`` as a parent MLflow run with one child run per setting; resumable."""
-    title = f"GRPO {ABLATIONS[name][0]} ablation: validation accuracy"
-    return run_sweep(name, ablation_settings(name, params), params.replace(ablation=name), title)
-
-
-@flow(name="grpo")
-def grpo_flow(params: GRPOParams = GRPOParams()) -> dict:
-    """One GRPO run (the child ``single`` of a parent run ``grpo``), or (``ablation`` set) that ablation."""
-    if params.ablation is not None:
-        return run_ablation(params.ablation, params)
-    return run_sweep("grpo", {"single": params}, params, "GRPO: validation accuracy")
+    return run.row
 
 
 def _ablation_flow(name: str) -> Any:
     def run(params: GRPOParams = GRPOParams()) -> dict:
-        return run_ablation(name, params)
+        return grpo_flow.fn(params.replace(ablation=name))
 
     run.__doc__ = f"The {ABLATIONS[name][0]} ablation: a parent MLflow run with one child per setting."
     run.__name__ = run.__qualname__ = name  # the module attribute it is bound to: a valid deployment entrypoint

@@ -44,7 +44,6 @@ a new run rather than reopen the old one (MLflow refuses a parameter's second va
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 import time
@@ -67,9 +66,10 @@ from tasks.checks import check_grpo_run, check_prompts_fit
 from tasks.engines import closing_engine, engine_for
 from tasks.evaluation import validation_hook
 from tasks.flow_summary import publish
+from tasks.model_registry import REGISTERED_MODELS, register_model
 from tasks.outputs import link_model, outputs_held, write_output_file
-from tasks.runs import Run, Trained, save_model_folder, training_run
-from tasks.tracking import REGISTERED_MODELS, register_model, tracking_rank
+from tasks.runs import Run, save_model_folder, training_run
+from tasks.tracking_rank import tracking_rank
 
 # What the flow returns and writes to summary.json (the run's row holds these and the skeleton's columns).
 SUMMARY_KEYS = (
@@ -105,7 +105,10 @@ def leaderboard(params: LeaderboardParams = LeaderboardParams()) -> dict:
         if Path(params.train_data).resolve() == Path(params.validation_data).resolve():
             raise ValueError("leaderboard: train_data and validation_data are the same file; train on MATH train only")
         with closing_engine(engine_for(params)) as engine:
-            row = training_run("leaderboard", "leaderboard", params, engine, None, functools.partial(_budgeted, start))
+            with training_run("leaderboard", "leaderboard", params, engine, None) as run:
+                if not run.finished:  # else trained before: its row
+                    train_within_budget(start, run)
+            row = run.row
         summary = {k: row[k] for k in SUMMARY_KEYS}
         if tracking_rank():
             write_text_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
@@ -140,8 +143,8 @@ def leaderboard(params: LeaderboardParams = LeaderboardParams()) -> dict:
     return summary
 
 
-def _budgeted(start: float, run: Run) -> Trained:
-    """The budgeted training and the final score (see the module docstring), as a run's body."""
+def train_within_budget(start: float, run: Run) -> None:
+    """The budgeted training and the final score (see the module docstring) of the training run ``run``."""
     params, model, tokenizer, engine, template = run.params, run.model, run.tokenizer, run.engine, run.template
     budget = params.budget_hours * 3600
     validation = run.validation_problems
@@ -250,7 +253,7 @@ def _budgeted(start: float, run: Run) -> Trained:
         "within_budget": wall <= budget,
     }
     run.log({k: float(v) for k, v in summary.items() if isinstance(v, (int, float)) and v is not None}, last_step)
-    return Trained(last_step, {**summary, "best_model": str(run.folder / "best")}, final=final)
+    run.trained(last_step, {**summary, "best_model": str(run.folder / "best")}, final=final)
 
 
 def check_inputs(params: LeaderboardParams) -> None:

@@ -5,7 +5,7 @@ A setting is declared once: the training loops' own in :mod:`a5core.loops.settin
 :class:`~a5core.loops.grpo.GRPOConfig`), the pipeline's here (the engine, the problems and their validation, the
 prompt and grader, where outputs and MLflow runs go). A flow's model holds the groups it uses as fields
 (``params.grpo``, ``params.engine``, ``params.eval``, ``params.outputs`` ...), so its command-line flags
-(:func:`flows.cli.parse_params`), its Prefect UI form and the validation of its ``params.yaml`` section all come
+(:func:`flows.arguments.parse_params`), its Prefect UI form and the validation of its ``params.yaml`` section all come
 from those declarations; a flow that wants another default gives a group a subclass that redeclares the field
 with :func:`a5core.runtime.settings.inherited` (``GRPOOutputs``, ``LeaderboardGRPO``). A setting keeps its own
 name wherever its group sits (``learning_rate``, ``output_dir``). A run builds and validates the model once and
@@ -33,6 +33,7 @@ from a5core.runtime.settings import HOW_FAST_FIELDS, MAX_SEED, READS, Settings, 
 from tasks.engines import parse_engine_devices
 from tasks.evaluation import EVALUATION_FILES
 from tasks.flow_summary import RUN_FILE
+from tasks.mlflow_store import DEFAULT_TRACKING_URI, sqlite_database
 from tasks.outputs import (
     check_output_dir,
     check_output_file,
@@ -41,7 +42,6 @@ from tasks.outputs import (
     output_kind,
     source_folders_refused,
 )
-from tasks.tracking import DEFAULT_TRACKING_URI, sqlite_database
 
 Backend = Literal[BACKENDS]
 EngineDtype = Literal[DTYPES]
@@ -462,7 +462,7 @@ class GRPORunParams(Settings):
 
 
 # The GRPO ablations, the choices of ``grpo.ablation``: what each compares, and its children, in flows/ablations.py
-# (tests/test_ablations.py keeps the two lists one).
+# (tests/flows/test_ablations.py keeps the two lists one).
 AblationName = Literal[
     "grpo_lr_sweep",
     "grpo_baseline_ablation",

@@ -31,7 +31,9 @@ from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from a5core.data.files import LOADERS, DataError
-from flows.cli import argument_parser, cli_main, profile_name, read_config, section_settings
+from flows.arguments import argument_parser
+from flows.cli import cli_main
+from flows.config_file import profile_name, read_config, section_settings
 from tasks.flow_summary import publish
 from tasks.outputs import check_output_file, write_output_file
 from tasks.prefect_server import check_prefect_api

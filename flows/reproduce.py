@@ -41,12 +41,13 @@ from prefect.settings import PREFECT_TASKS_REFRESH_CACHE, temporary_settings
 from pydantic import BaseModel, Field, StrictBool, ValidationError
 
 from a5core.runtime.settings import Settings, describe
-from flows.cli import argument_parser, cli_main, run_flow
+from flows.arguments import argument_parser
+from flows.cli import cli_main, run_flow
 from flows.params import TrackingUri
+from tasks.mlflow_store import DEFAULT_TRACKING_URI, store_client
 from tasks.outputs import OUTPUT_MARKER
 from tasks.provenance import ARTIFACT, differences, read_record
 from tasks.tables import markdown_table
-from tasks.tracking import DEFAULT_TRACKING_URI, store_client
 
 # Metrics that time the run: shown, never judged.
 TIMING = re.compile(r"(^time_|seconds|_per_s$)")

@@ -85,7 +85,7 @@ def config_defaults(flow: Any, config: Path) -> dict[str, Any]:
     """Deployment parameters from ``config``'s section for this flow and its selected profile's overrides,
     as ``--config`` reads them on the command line (ablations read ``grpo``; no section: the model's defaults);
     ConfigError naming the file and place for a file or a section that is not valid settings."""
-    from flows.cli import read_config, settings_from_file
+    from flows.config_file import read_config, settings_from_file
 
     name, model = params_model(flow)
     if "config" in model.model_fields:  # a flow that reads the settings file itself (prepare_data, sft_data)

@@ -53,7 +53,9 @@ from a5core.engines.teacher import OpenAICompletionsTeacher, TeacherError, disti
 from a5core.policy.model_specs import ModelResolutionError, resolve_model
 from a5core.runtime.settings import READS, describe
 from a5core.runtime.writing import write_jsonl_atomic, write_text_atomic
-from flows.cli import argument_parser, cli_main, settings_from_file
+from flows.arguments import argument_parser
+from flows.cli import cli_main
+from flows.config_file import settings_from_file
 from flows.params import DistillParams, Prompt
 from tasks.engines import closing_engine
 from tasks.flow_summary import publish

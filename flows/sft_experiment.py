@@ -26,17 +26,15 @@ and GRPO score when they validate on the same set).
     python -m flows.sft_experiment --config params.yaml
     torchrun --nproc-per-node 4 -m flows.sft_experiment --config params.yaml --backend hf   # on 4 GPUs (FSDP2)
 
-Under torchrun every rank trains each setting (see :func:`flows.cli.run_flow`) and evaluates its share
+Under torchrun every rank trains each setting (see :func:`flows.cli.launched_rank`) and evaluates its share
 of the problems with its own hf engine (a full copy of the weights on its GPU); rank 0 alone logs to
 MLflow and writes the outputs.
 """
 
 from __future__ import annotations
 
-import functools
 import random
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from prefect import flow
@@ -51,11 +49,13 @@ from a5core.policy.model_specs import resolve_model
 from flows.cli import flow_main, print_paths
 from flows.params import SFTExperimentParams
 from tasks.checks import check_outputs, check_prompts_fit
+from tasks.engines import closing_engine, engine_for
 from tasks.evaluation import validation_hook
+from tasks.model_registry import REGISTERED_MODELS
 from tasks.outputs import link_model
-from tasks.parent_run import Comparison, parent_run
-from tasks.runs import FINAL_SCORE, STARTING_SCORE, Run, Trained, curve, run_key, save_model_folder, training_run
-from tasks.tracking import REGISTERED_MODELS, mlflow_logger, register_model, tag_active_run, tracked
+from tasks.parent_run import Parent, Summary, parent_run
+from tasks.runs import FINAL_SCORE, STARTING_SCORE, curve, run_key, save_model_folder, training_run, training_task
+from tasks.tracking_rank import tracked, tracking_rank
 
 
 def subsets(traces: list[Trace], sizes: list[int | str], seed: int) -> dict[str, list[Trace]]:
@@ -64,15 +64,17 @@ def subsets(traces: list[Trace], sizes: list[int | str], seed: int) -> dict[str,
     return {str(size): shuffled if size == "full" else shuffled[: int(size)] for size in sizes}
 
 
+@training_task
 def train_setting(
-    name: str, traces: list[Trace], engine: Engine, parent_run_id: str, *, params: SFTExperimentParams, alone: bool
+    name: str, traces: list[Trace], engine: Engine, parent_run_id: str, params: SFTExperimentParams, alone: bool
 ) -> dict:
-    """One setting (:func:`tasks.runs.training_run`, a child of the sweep's run); its row adds the number
-    of examples and steps and the validation curve, and with ``save_models`` its final model is saved.
-    ``alone``: the only setting, so nothing is chosen: the curve evaluates the score split too, and its last
-    point is the final score (evaluated once)."""
-
-    def train(run: Run) -> Trained:
+    """One setting (:func:`tasks.runs.training_run`, a child of the sweep's run); its row adds the number of
+    examples and steps and the validation curve, and with ``save_models`` its final model is saved.
+    ``alone``: the only setting, so nothing is chosen: the curve evaluates the score split too, and its last point
+    is the final score (evaluated once)."""
+    with training_run(name, f"sft-{name}", params, engine, parent_run_id, logged={"n_examples": len(traces)}) as run:
+        if run.finished:  # trained before: its row, not trained again
+            return run.row
         if alone:
             selection = score = run.validation_problems[: params.val_limit]
         else:
@@ -93,19 +95,21 @@ def train_setting(
             log=run.log,
             release_memory=run.engine.release_memory,  # the curve's engine, kept between evaluations
         )
+        row = {"n_examples": len(traces), "steps": int(trained.get("step", 0)), "curve": curve(run.run_id)}
         if params.save_models:
             save_model_folder(run.model, run.tokenizer, run.folder / "model")
-        step = int(trained.get("step", 0))
-        row = {"n_examples": len(traces), "steps": step, "curve": curve(run.run_id)}
         if alone and "val_accuracy" in trained:  # the last evaluation was on the score split, at the last step
-            return Trained(step, row, final={k: v for k, v in trained.items() if k.startswith("val_")})
-        last = (curve(run.run_id, "val_format_rate") or [{}])[-1]  # the last evaluation on the selection split
-        row |= {"selection_accuracy": last.get("val_accuracy"), "selection_format_rate": last.get("val_format_rate")}
-        return Trained(step, row, final=hook(score, None)(run.model, step))  # the score split, at the end
-
-    return tracked(training_run.with_options(name="train_setting"))(
-        name, f"sft-{name}", params, engine, parent_run_id, train, logged={"n_examples": len(traces)}
-    )
+            run.trained(row["steps"], row, final={k: v for k, v in trained.items() if k.startswith("val_")})
+        else:
+            last = (curve(run.run_id, "val_format_rate") or [{}])[-1]  # the last evaluation on the selection split
+            row |= {
+                "selection_accuracy": last.get("val_accuracy"),
+                "selection_format_rate": last.get("val_format_rate"),
+            }
+            run.trained(
+                row["steps"], row, final=hook(score, None)(run.model, row["steps"])
+            )  # the score split, at the end
+    return run.row
 
 
 # Which problems choose the best setting and which score it (the validation set split by split_validation);
@@ -128,28 +132,17 @@ def choose_best(rows: list[dict]) -> dict:
 SUMMARY_KEYS = ("setting", "n_examples", "steps", *STARTING_SCORE, "selection_accuracy", *FINAL_SCORE)
 
 
-def keep_best(params: SFTExperimentParams, alone: bool) -> Callable[[list[dict]], list[dict]]:
-    """``register(rows)``, with ``save_models``: the best setting's model (:func:`choose_best`, on the selection
-    split, never the score's) linked as ``output_dir/best_model``, named in the parent run's tags (with which
-    problems chose it and which scored it) and registered (``a5-sft``); nothing without ``save_models``."""
-
-    def register(rows: list[dict]) -> list[dict]:
-        if not params.save_models:
-            return []
-        best = choose_best(rows)
-        out = Path(params.output_dir)
-        best_model = out / f"runs-{run_key(params)}" / best["setting"] / "model"
-        link_model(best_model, out / "best_model")
-        chosen_on, scored_on = (ALONE_CHOSEN, ALONE_SCORED) if alone else (SELECTION_SPLIT, SCORE_SPLIT)
-        tag_active_run(best_setting=best["setting"], chosen_on=chosen_on, scored_on=scored_on)
-        return [register_model(best_model, REGISTERED_MODELS["sft_experiment"], best["mlflow_run_id"], best["setting"])]
-
-    return register
-
-
-def log_final_accuracies(rows: list[dict]) -> None:
-    """Each setting's final accuracy as the parent run's metric ``final_accuracy_<setting>``."""
-    mlflow_logger()({f"final_accuracy_{r['setting']}": r["final_accuracy"] for r in rows}, 0)
+def keep_best(params: SFTExperimentParams, parent: Parent, alone: bool) -> None:
+    """With ``save_models``, the best setting's model (:func:`choose_best`, on the selection split, never the
+    score's) is linked as ``output_dir/best_model`` (on the tracking rank), registered (``a5-sft``) and named in the
+    parent run's tags, with which problems chose it and which scored it."""
+    best = parent.best
+    model = Path(params.output_dir) / f"runs-{run_key(params)}" / best["setting"] / "model"
+    if tracking_rank():
+        link_model(model, Path(params.output_dir) / "best_model")
+    chosen_on, scored_on = (ALONE_CHOSEN, ALONE_SCORED) if alone else (SELECTION_SPLIT, SCORE_SPLIT)
+    parent.registered = [{**best, "model_dir": str(model)}]
+    parent.tags = {"best_setting": best["setting"], "chosen_on": chosen_on, "scored_on": scored_on}
 
 
 @flow(name="sft_experiment")
@@ -160,17 +153,20 @@ def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
     if params.filtered_data:
         settings["filtered"] = load_trace_set(params.filtered_data, template, params.seed)
     alone = len(settings) == 1
-    comparison = Comparison(
-        published_as="sft_experiment",
-        headline="SFT sweep",
-        plot_title="SFT: validation accuracy by training-set size",
-        columns=SUMMARY_KEYS,
-        register=keep_best(params, alone),
-        best=choose_best,
-        annotate=log_final_accuracies,
-    )
-    run_setting = functools.partial(train_setting, params=params, alone=alone)
-    return parent_run(params, "sft_experiment", settings, run_setting, comparison)
+    plot_title = "SFT: validation accuracy by training-set size"
+    summary = Summary("sft_experiment", "SFT sweep", plot_title, SUMMARY_KEYS, REGISTERED_MODELS["sft_experiment"])
+    with parent_run(params, "sft_experiment", summary) as parent:
+        with closing_engine(engine_for(params)) as engine:
+            parent.rows = [
+                tracked(train_setting)(name, traces, engine, parent.run_id, params, alone)
+                for name, traces in settings.items()
+            ]
+        parent.best = choose_best(parent.rows)
+        parent.registered = []
+        if params.save_models:
+            keep_best(params, parent, alone)
+        parent.metrics = {f"final_accuracy_{r['setting']}": r["final_accuracy"] for r in parent.rows}
+    return parent.result
 
 
 def check_inputs(params: SFTExperimentParams) -> None:

@@ -44,7 +44,8 @@ from a5core.runtime.settings import Settings
 from a5core.runtime.writing import write_text_atomic
 from a5core.verdicts.decide import Decision, Rule, decide
 from a5core.verdicts.expectations import DEFAULT_METRIC, Expectation, expectations_from, parse_expectation
-from flows.cli import flow_main, load_yaml, print_paths
+from flows.cli import flow_main, print_paths
+from flows.config_file import load_yaml
 from flows.params import (
     PLACEMENT_FIELDS,
     ExperimentName,
@@ -54,11 +55,12 @@ from flows.params import (
     output_folder_of_its_flow,
 )
 from tasks.flow_summary import publish
+from tasks.mlflow_runs import log_files_run
+from tasks.mlflow_store import DEFAULT_TRACKING_URI
 from tasks.outputs import outputs_held
 from tasks.plots import plot_curves
 from tasks.store_runs import StoredRuns, read_runs
 from tasks.tables import csv_text, markdown_table
-from tasks.tracking import DEFAULT_TRACKING_URI, log_files_run
 from tasks.verdict_page import (
     experiments_section,
     findings_rows,

@@ -23,9 +23,9 @@ from a5core.loops.question_sampling import load_pass_rates
 from a5core.policy.model_specs import check_context, resolve_model
 from a5core.runtime.writing import check_writable_folder
 from tasks.engines import parse_engine_devices
+from tasks.experiments import check_store
 from tasks.fanout import check_ray_address
 from tasks.outputs import claim_outputs
-from tasks.tracking import check_store
 
 
 def check_prompts_fit(params: Any, problem_sets: dict[str, list[Problem]], max_tokens: int) -> None:

@@ -28,7 +28,7 @@ from a5core.runtime.writing import write_jsonl_atomic, write_text_atomic
 from tasks.engines import closing_engine, retry_unless_deterministic, start_engine
 from tasks.fingerprints import model_fingerprint
 from tasks.outputs import write_output_file
-from tasks.tracking import tracking_rank
+from tasks.tracking_rank import tracking_rank
 
 # Cached results stay with the folder a flow runs in (beside outputs/ and mlflow.db), not in Prefect's
 # storage under the home folder, which every clone on the machine shares.
@@ -117,7 +117,7 @@ def log_evaluation_run(
     under ``<name>/``."""
     import mlflow
 
-    from tasks.tracking import log_params_flat, mlflow_run
+    from tasks.mlflow_runs import log_params_flat, mlflow_run
 
     with mlflow_run(experiment, run_name, tracking_uri) as run:
         log_params_flat(params)

@@ -3,7 +3,7 @@
 
 - Prefect: the headline in the flow run's logs, and a Markdown artifact (key ``<flow>-summary``) on the run's
   page: the headline table, the MLflow run's address, the registered model, where the outputs are.
-- MLflow: the run already carries the Prefect flow run's id and page (:func:`tasks.tracking.run_tags`).
+- MLflow: the run already carries the Prefect flow run's id and page (:func:`tasks.run_tags.run_tags`).
 - ``run.json`` in the flow's output folder: the MLflow run (id, experiment, address) and the Prefect flow
   run, for the report to link each stage's run.
 
@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from a5core.runtime.writing import write_text_atomic
+from tasks.experiments import UI_COMMAND, ui_address
+from tasks.prefect_run import prefect_flow_run
 from tasks.tables import markdown_table
-from tasks.tracking import UI_COMMAND, prefect_flow_run, tracking_rank, ui_address
+from tasks.tracking_rank import tracking_rank
 
 RUN_FILE = "run.json"
 logger = logging.getLogger(__name__)
@@ -41,7 +43,7 @@ def publish(
 ) -> dict[str, Any]:
     """Tell Prefect (logs, artifact) and the output folder (``run.json``) what flow ``flow`` did: ``rows``,
     its headline table (a row a setting), the MLflow run ``mlflow_run_id`` of ``experiment`` (if any), ``paths`` it
-    wrote and the ``models`` it registered (:func:`tasks.tracking.register_model`'s results). Returns what
+    wrote and the ``models`` it registered (:func:`tasks.model_registry.register_model`'s results). Returns what
     ``run.json`` holds. Nothing off the tracking rank."""
     if not tracking_rank():
         return {}

@@ -139,10 +139,10 @@ def log_comparison(
 def log_child_curves(rows: Sequence[dict[str, Any]], series: str, metrics: Sequence[str]) -> None:
     """Each child's curve into the active (parent) run as ``<metric>/<setting>`` by step, so the parent's
     chart view shows every setting's curve (MLflow draws a run's own metrics only). Resume-safe: a parent
-    continued by a later attempt does not get the points twice (:func:`tasks.tracking.mlflow_logger`)."""
+    continued by a later attempt does not get the points twice (:func:`tasks.resumable_runs.mlflow_logger`)."""
     import re
 
-    from tasks.tracking import mlflow_logger
+    from tasks.resumable_runs import mlflow_logger
 
     log = mlflow_logger()
     for row in rows:

@@ -33,7 +33,7 @@ def check_prefect_api(otherwise: str = "unset PREFECT_API_URL to run with a temp
     (a temporary server starts): nothing."""
     from prefect.settings import PREFECT_API_URL
 
-    from tasks.tracking import CREDENTIALS_WANTED, http_get
+    from tasks.servers import CREDENTIALS_WANTED, http_get
 
     url = PREFECT_API_URL.value()
     if not url:

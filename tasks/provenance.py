@@ -16,7 +16,7 @@ called where a run logs its parameters):
   now. No other setting is read as a path, and a folder is hashed only as a model's (it holds ``config.json``);
 - ``code``: the git commit, whether tracked files had uncommitted changes and the sha256 of that diff (logged as
   ``git_diff.patch`` when there is one);
-- ``versions`` (Python, the project, torch, transformers, vLLM and the others :func:`tasks.tracking.versions`
+- ``versions`` (Python, the project, torch, transformers, vLLM and the others :func:`tasks.run_tags.versions`
   lists) and ``device``; ``cwd``, which relative paths in the settings are relative to.
 
 :func:`differences` compares a record with the checkout, data and environment here, naming each difference;
@@ -39,17 +39,11 @@ from pydantic_core import PydanticUndefined, to_jsonable_python
 
 from a5core.runtime.settings import Settings, read_settings
 from tasks.fingerprints import file_digest, model_fingerprint
-from tasks.tracking import (
-    PROJECT_ROOT,
-    archive_top,
-    device_name,
-    git,
-    importable_module,
-    moved_artifacts,
-    prefect_flow_run,
-    sqlite_database,
-    versions,
-)
+from tasks.git_checkout import PROJECT_ROOT, git
+from tasks.mlflow_store import sqlite_database
+from tasks.moved_stores import archive_top, moved_artifacts
+from tasks.prefect_run import importable_module, prefect_flow_run
+from tasks.run_tags import device_name, versions
 
 ARTIFACT = "provenance.json"
 DIFF_ARTIFACT = "git_diff.patch"
@@ -138,7 +132,7 @@ _MADE_BY: ContextVar[dict[str, str] | None] = ContextVar("made_by", default=None
 
 @contextmanager
 def recorded_as_made_by(flow: dict[str, str]) -> Iterator[None]:
-    """While open, records name ``flow`` (:func:`tasks.tracking.prefect_flow_run` of the flow that started the
+    """While open, records name ``flow`` (:func:`tasks.prefect_run.prefect_flow_run` of the flow that started the
     work) as the flow that made their runs."""
     token = _MADE_BY.set(flow)
     try:

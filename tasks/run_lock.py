@@ -20,7 +20,7 @@ import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from tasks.tracking import tracking_rank
+from tasks.tracking_rank import tracking_rank
 
 LOCK_FILE = "run.lock"
 

@@ -1,8 +1,8 @@
 """One training run, as every training flow runs it: GRPO, Expert Iteration, a setting of the SFT sweep,
 the leaderboard run.
 
-:func:`training_run` is the skeleton they share; a flow gives it the body that trains (a sweep's children run
-inside one parent run: :func:`tasks.parent_run.parent_run`). Around the body:
+:func:`training_run` is the skeleton they share: a flow trains inside ``with training_run(...) as run:`` (a
+sweep's children inside one ``with parent_run(...)``: :func:`tasks.parent_run.parent_run`). Around the block:
 
 - the run's folder, ``output_dir/runs-<key>/<name>`` (the key a hash of the settings, so changed settings
   never pick up another run's checkpoint or MLflow run), locked while the run works there
@@ -14,13 +14,13 @@ inside one parent run: :func:`tasks.parent_run.parent_run`). Around the body:
 - the validation set, prompt template, grader and evaluation sampling (``val_samples`` a problem,
   ``temperature``, ``max_tokens``, the prompt's stop strings, ``seed``), and :meth:`Run.validation`, the
   loops' ``evaluate`` hook;
-- after the body: the final evaluation on ``val_limit`` problems, unless the body made its own
+- after the block: the final evaluation on ``val_limit`` problems, unless the block made its own
   (:attr:`Trained.final`); its metrics logged as ``final_*`` at the last step;
   and the row: ``setting``, accuracy and format rate before (``initial_*``: the starting model's
   evaluation, logged at step 0 by the loops) and after (``final_*``), the MLflow run id, and what the
-  body added; written to ``done.json`` on the tracking rank, which then deletes the run's checkpoint
+  block added; written to ``done.json`` on the tracking rank, which then deletes the run's checkpoint
   tensors (:func:`drop_resume_state`): a finished run keeps its model as a Hugging Face folder
-  (``model/``, saved by the GRPO and EI bodies, and by the SFT sweep's with ``save_models``).
+  (``model/``, saved by the GRPO and EI flows, and by the SFT sweep's with ``save_models``).
 
 Under torchrun every rank runs all of it (the loops are collective); only rank 0 tracks.
 """
@@ -33,8 +33,9 @@ import logging
 import re
 import shutil
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +57,12 @@ from a5core.runtime.settings import HOW_FAST_FIELDS
 from a5core.runtime.writing import write_text_atomic
 from tasks.evaluation import validation_hook
 from tasks.fingerprints import file_digest, model_fingerprint
+from tasks.mlflow_runs import log_params_flat
 from tasks.provenance import log_provenance
+from tasks.resumable_runs import mlflow_logger, start_resumable_run
 from tasks.run_lock import run_lock
-from tasks.tracking import artifact_paths, log_params_flat, mlflow_logger, start_resumable_run, tracking_rank
+from tasks.run_reading import artifact_paths
+from tasks.tracking_rank import tracking_rank
 
 logger = logging.getLogger(__name__)
 ARTIFACTS = "artifacts.json"  # in a finished run's folder: its MLflow run's artifacts when it finished
@@ -110,21 +114,38 @@ def run_key(params: Any) -> str:
 
 @dataclass
 class Run:
-    """What a training run's body works with (see the module docstring)."""
+    """A training run as the block of ``with training_run(...) as run:`` sees it (see the module docstring).
+
+    A run that finished before (a flow started again) holds its ``row`` from the start (``run.finished``): the block
+    returns it without training. Otherwise the policy, the validation problems, prompt template, grader and
+    evaluation sampling are loaded, and the block ends with ``run.trained(...)``; the row is set on leaving."""
 
     name: str
     folder: Path
     run_id: str | None  # the MLflow run's (None off the tracking rank)
     params: Any
     engine: Engine
-    model: torch.nn.Module
-    tokenizer: Any
-    validation_problems: list[Problem]
-    template: PromptTemplate
-    reward_fn: Callable[[str, Any], dict[str, float]]
-    sampling: SamplingSettings  # the evaluations'
-    log: Callable[[dict[str, float], int], None]
-    pass_rates: dict[str, float] | None  # the questions' difficulty table (``difficulty_table``), if any
+    row: dict[str, Any] | None = None  # a run that finished before: from the start; else set on leaving
+    model: torch.nn.Module | None = None
+    tokenizer: Any = None
+    validation_problems: list[Problem] = field(default_factory=list)
+    template: PromptTemplate | None = None
+    reward_fn: Callable[[str, Any], dict[str, float]] | None = None
+    sampling: SamplingSettings | None = None  # the evaluations'
+    log: Callable[[dict[str, float], int], None] = lambda metrics, step: None
+    pass_rates: dict[str, float] | None = None  # the questions' difficulty table (``difficulty_table``), if any
+    result: Trained | None = None  # what the block trained (:meth:`trained`)
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run finished before: its row is there, nothing to train."""
+        return self.row is not None
+
+    def trained(self, step: int, row: dict[str, Any], final: dict[str, float] | None = None) -> None:
+        """The block's last word: the step the final evaluation is logged at, the row's own fields, and the final
+        evaluation's metrics where the block made its own (None: the run's final evaluation on ``val_limit``
+        problems follows)."""
+        self.result = Trained(step, row, final)
 
     def validation(self, subset: int | None) -> Callable[[torch.nn.Module, int], dict[str, float]]:
         """``evaluate(model, step)`` on the first ``subset`` validation problems (all if None)."""
@@ -135,7 +156,7 @@ class Run:
     def final_from(self, last: dict[str, Any]) -> dict[str, float] | None:
         """The loop's last evaluation (the metrics of its last step) as the run's final one, when it scored the
         problems the final evaluation would (the first ``val_subset`` are the first ``val_limit``): the curve
-        then ends at the final score, evaluated once. None otherwise (the skeleton evaluates again)."""
+        then ends at the final score, evaluated once. None otherwise (the final evaluation follows)."""
         n = len(self.validation_problems)
         subset, limit = self.params.val_subset, self.params.val_limit
         if "val_accuracy" not in last or min(subset or n, n) != min(limit or n, n):
@@ -145,28 +166,36 @@ class Run:
 
 @dataclass
 class Trained:
-    """What a body returns: the step its final evaluation is logged at, and the row's own fields.
-    ``final``: the final evaluation's metrics (``val_accuracy``, ``val_format_rate``) when the body made
-    its own (the leaderboard scores its best checkpoint under the rules' sampling); None: the skeleton
-    evaluates the trained model on ``val_limit`` validation problems."""
+    """What a block trained: the step its final evaluation is logged at, and the row's own fields.
+    ``final``: the final evaluation's metrics (``val_accuracy``, ``val_format_rate``) when the block made
+    its own (the leaderboard scores its best checkpoint under the rules' sampling); None: the run evaluates
+    the trained model on ``val_limit`` validation problems."""
 
     step: int
     row: dict[str, Any]
     final: dict[str, float] | None = None
 
 
-@task(cache_policy=NO_CACHE)
+def training_task(train: Callable[..., dict]) -> Any:
+    """``@training_task``: a flow's function that trains one run (inside :func:`training_run`) as a Prefect task run,
+    one in the flow run's view for each setting of a sweep. Never cached: the run's folder (its ``done.json``, its
+    checkpoint) decides whether it trains again, resumes or returns its row."""
+    return task(cache_policy=NO_CACHE)(train)
+
+
+@contextmanager
 def training_run(
     name: str,
     run_name: str,
     params: Any,
     engine: Engine,
     parent_run_id: str | None,
-    body: Callable[[Run], Trained],
     logged: dict[str, Any] | None = None,
-) -> dict:
-    """Run ``body`` as run ``name`` of ``params`` (see the module docstring); returns its row.
-    ``logged``: more parameters for the MLflow run (a sweep setting's size, say)."""
+) -> Iterator[Run]:
+    """``with training_run(name, run_name, params, engine, parent_run_id) as run:`` run ``name`` of ``params``
+    (see the module docstring): its block trains ``run.model`` and ends with ``run.trained(...)``, or, where the
+    run finished before, returns ``run.row``; on leaving, ``run.row`` holds the row. ``logged``: more parameters
+    for the MLflow run (a sweep setting's size, say)."""
     folder = Path(params.output_dir) / f"runs-{run_key(params)}" / name
     done = folder / "done.json"
     with run_lock(folder):  # one process at a time trains here
@@ -175,7 +204,8 @@ def training_run(
             row = read_state(done, ("setting", "mlflow_run_id"), recovery)
             if tracking_rank():
                 warn_of_lost_artifacts(folder, row["mlflow_run_id"], params.tracking_uri)
-            return row
+            yield Run(name, folder, row["mlflow_run_id"], params, engine, row=row)
+            return
         validation = load_validation_set(params.validation_data, params.validation_format)
         template, reward_fn = load_prompt(params.prompt), REWARD_FNS[params.grader]
         sampling = SamplingSettings(
@@ -197,39 +227,49 @@ def training_run(
                 mlflow_run.info.run_id,
                 params,
                 engine,
-                model,
-                tokenizer,
-                validation,
-                template,
-                reward_fn,
-                sampling,
-                mlflow_logger(),
-                load_pass_rates(params.difficulty_table) if getattr(params, "difficulty_table", None) else None,
+                model=model,
+                tokenizer=tokenizer,
+                validation_problems=validation,
+                template=template,
+                reward_fn=reward_fn,
+                sampling=sampling,
+                log=mlflow_logger(),
+                pass_rates=load_pass_rates(params.difficulty_table)
+                if getattr(params, "difficulty_table", None)
+                else None,
             )
-            trained = body(run)
-            final = trained.final
-            if final is None:
-                model.eval()
-                final = run.validation(params.val_limit)(model, trained.step)
-            run.log({f"final_{k}": v for k, v in final.items()}, trained.step)
-            start = _starting_evaluation(mlflow_run.info.run_id)
-            row = {
-                "setting": name,
-                "initial_accuracy": start.get("val_accuracy"),
-                "initial_accuracy_se": start.get("val_accuracy_se"),
-                "initial_format_rate": start.get("val_format_rate"),
-                "final_accuracy": final["val_accuracy"],
-                "final_accuracy_se": final.get("val_accuracy_se"),
-                "final_format_rate": final["val_format_rate"],
-                **accuracy_change(mlflow_run.info.run_id),
-                **trained.row,
-                "mlflow_run_id": mlflow_run.info.run_id,
-            }
+            yield run
+            if run.result is None:  # a bug in the flow: the run would be marked done untrained
+                raise RuntimeError(f"training run {name}: its block ended without run.trained(...)")
+            run.row = _finish(run, run.result, mlflow_run.info.run_id)
         if tracking_rank():
-            write_text_atomic(folder / ARTIFACTS, json.dumps(artifact_paths(params.tracking_uri, row["mlflow_run_id"])))
-            write_text_atomic(done, json.dumps(row))
+            write_text_atomic(
+                folder / ARTIFACTS, json.dumps(artifact_paths(params.tracking_uri, run.row["mlflow_run_id"]))
+            )
+            write_text_atomic(done, json.dumps(run.row))
             drop_resume_state(folder)
-        return row
+
+
+def _finish(run: Run, trained: Trained, mlflow_run_id: str | None) -> dict[str, Any]:
+    """The final evaluation (unless the block made its own), logged as ``final_*`` at the last step, and the row."""
+    final = trained.final
+    if final is None:
+        run.model.eval()
+        final = run.validation(run.params.val_limit)(run.model, trained.step)
+    run.log({f"final_{k}": v for k, v in final.items()}, trained.step)
+    start = _starting_evaluation(mlflow_run_id)
+    return {
+        "setting": run.name,
+        "initial_accuracy": start.get("val_accuracy"),
+        "initial_accuracy_se": start.get("val_accuracy_se"),
+        "initial_format_rate": start.get("val_format_rate"),
+        "final_accuracy": final["val_accuracy"],
+        "final_accuracy_se": final.get("val_accuracy_se"),
+        "final_format_rate": final["val_format_rate"],
+        **accuracy_change(mlflow_run_id),
+        **trained.row,
+        "mlflow_run_id": mlflow_run_id,
+    }
 
 
 # The columns of a setting's row that score it (training_run writes them; each flow's summary lists them, with
@@ -283,7 +323,7 @@ def drop_resume_state(folder: Path) -> None:
 def log_run_params(params: Any, extra: dict[str, Any] | None = None) -> None:
     """A run's parameters into the active MLflow run (tracking rank only), with ``extra``, every setting a
     parameter (an attempt that resumes the run and changes one of the fields :func:`run_key` ignores, where
-    results go or how fast it runs, records the new value as a tag: :func:`tasks.tracking.log_settings`); the
+    results go or how fast it runs, records the new value as a tag: :func:`tasks.mlflow_runs.log_settings`); the
     starting model's real folder as the tag ``model_path``; the run's provenance record, ``provenance.json``
     (:func:`tasks.provenance.log_provenance`)."""
     import mlflow
@@ -320,7 +360,7 @@ def accuracy_change(run_id: str | None) -> dict[str, float]:
     import mlflow
 
     from a5core.grading.sample_metrics import paired_difference, problem_scores
-    from tasks.tracking import final_per_problem, run_records
+    from tasks.run_reading import final_per_problem, run_records
 
     if run_id is None:
         return {}

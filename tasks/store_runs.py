@@ -3,7 +3,7 @@
 A store is a tracking URI (``sqlite:///mlflow.db``, ``http://127.0.0.1:5000``), a database file, or a folder:
 every ``mlflow.db`` under it (records unpacked from archives: one store per run made side by side). A run held
 by several stores (copied) is read once: the copy with more metrics, then the later end. A local store moved from
-the machine that made it finds its runs' artifacts beside or above it (:func:`tasks.tracking.moved_artifacts`).
+the machine that made it finds its runs' artifacts beside or above it (:func:`tasks.moved_stores.moved_artifacts`).
 
 What a run ran with is its parameters, less the names ``ignore`` matches (where and how fast it ran, a sweep's
 grid: ``fnmatch`` patterns) and less its label, seed and start model, which are fields of their own; where it
@@ -21,8 +21,9 @@ from typing import Any
 
 from a5core.verdicts.pairing import RunRecord
 from tasks.fingerprints import digest_of_files
+from tasks.mlflow_store import sqlite_database
 from tasks.provenance import read_record
-from tasks.tracking import check_server, sqlite_database
+from tasks.servers import check_server
 
 STORE_FILE = "mlflow.db"
 # Not what a run ran with, as settings: fields of a RunRecord of their own.

@@ -1,4 +1,4 @@
-"""A flow's command line, frozen at a known point for tests/test_flow_resume.py to SIGKILL.
+"""A flow's command line, frozen at a known point for tests/system/test_flow_resume.py to SIGKILL.
 
     python tests/flow_kill_target.py MODULE MARKER KEY STEP [FLOW FLAGS...]
 

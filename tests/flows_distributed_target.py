@@ -1,5 +1,5 @@
 """Training flows' command lines with rollouts that do not depend on the number of ranks, for
-tests/test_flows_distributed.py: ``python -m torch.distributed.run --nproc-per-node N
+tests/system/test_flows_distributed.py: ``python -m torch.distributed.run --nproc-per-node N
 tests/flows_distributed_target.py RUNS`` (or :func:`main` in-process), RUNS a JSON list of
 ``[module, flags]`` pairs (``["flows.grpo", ["--model", ...]]``) run one after the other.
 

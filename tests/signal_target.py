@@ -1,4 +1,4 @@
-"""A flow's command line, signalled at a known point for tests/test_signals.py:
+"""A flow's command line, signalled at a known point for tests/system/test_signals.py:
 
     python tests/signal_target.py SIGNAL FILE N MODULE [FLOW FLAGS...]
 

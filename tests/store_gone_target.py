@@ -1,4 +1,4 @@
-"""A flow's command line whose MLflow database is deleted mid-run, for tests/test_waits.py:
+"""A flow's command line whose MLflow database is deleted mid-run, for tests/system/test_waits.py:
 
     python tests/store_gone_target.py DATABASE KEY STEP MODULE [FLOW FLAGS...]
 

@@ -3,8 +3,9 @@ reference setting that four comparisons share (so their errors are correlated, a
 models that move every run of a seed alike (what pairing removes), and run-to-run noise like the GPU records'
 (SD 0.02–0.04). With no effect planted anywhere, the chance of a page holding any false verdict stays at the
 stated 5% under the correction (and is far above it without one); with effects of ±margin planted, "within
-noise" is wrongly said on at most 5% of pages; effects of 0.1 are found with enough pairs (tests/test_verdicts_flow.py
-reads such a page from real MLflow stores through the flow and gets the rule's verdicts)."""
+noise" is wrongly said on at most 5% of pages; effects of 0.1 are found with enough pairs
+(tests/flows/test_verdicts_flow.py reads such a page from real MLflow stores through the flow and gets the rule's
+verdicts)."""
 
 import random
 from dataclasses import dataclass
