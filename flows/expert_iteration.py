@@ -58,7 +58,8 @@ def expert_iteration_flow(params: EIParams = EIParams()) -> dict:
             parent.rows = children_on_ray(children, run_ei, params, parent.run_id)
         else:  # one after another, on the flow's one engine
             with closing_engine(engine_for(params)) as engine:
-                parent.rows = [tracked(run_ei)(n, child, engine, parent.run_id) for n, child in children.items()]
+                for setting, child in children.items():
+                    parent.rows.append(tracked(run_ei)(setting, child, engine, parent.run_id))
         parent.curves = with_starting_points(parent.rows)
     return parent.result
 

@@ -106,9 +106,8 @@ def train_setting(
                 "selection_accuracy": last.get("val_accuracy"),
                 "selection_format_rate": last.get("val_format_rate"),
             }
-            run.trained(
-                row["steps"], row, final=hook(score, None)(run.model, row["steps"])
-            )  # the score split, at the end
+            final = hook(score, None)(run.model, row["steps"])  # the score split, at the end
+            run.trained(row["steps"], row, final=final)
     return run.row
 
 
@@ -157,10 +156,8 @@ def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
     summary = Summary("sft_experiment", "SFT sweep", plot_title, SUMMARY_KEYS, REGISTERED_MODELS["sft_experiment"])
     with parent_run(params, "sft_experiment", summary) as parent:
         with closing_engine(engine_for(params)) as engine:
-            parent.rows = [
-                tracked(train_setting)(name, traces, engine, parent.run_id, params, alone)
-                for name, traces in settings.items()
-            ]
+            for name, traces in settings.items():
+                parent.rows.append(tracked(train_setting)(name, traces, engine, parent.run_id, params, alone))
         parent.best = choose_best(parent.rows)
         parent.registered = []
         if params.save_models:
