@@ -29,7 +29,8 @@ from benchmarks._roofline import decode_step_cost  # noqa: E402
 
 KINDS = (  # a kernel's kind by the words in its name, first match wins
     ("attention", ("flash", "fmha", "attention", "sdpa")),
-    ("matmul", ("gemm", "cutlass", "xmma", "matmul", "mm_")),
+    ("matmul", ("gemm", "gemv", "nvjet", "cutlass", "xmma", "matmul", "mm_")),  # nvjet: cuBLAS's Hopper GEMMs
+    ("elementwise", ("triton_",)),  # inductor's fused kernels, named after their ops (often "_to_copy")
     ("copy", ("memcpy", "memset", "copy")),
     ("elementwise", ("elementwise", "vectorized", "reduce", "norm", "triton", "fused")),
 )
@@ -78,7 +79,7 @@ def step_inputs(batch: int, prompt: int, capacity: int, device: str):
 
 def decode_step_ms(model, batch: int, prompt: int, new: int, device: str, steps: int):
     """(median ms of the compiled decode step at ``prompt + new/2`` filled columns, its kernels' CUDA time by kind
-    per step, in ms)."""
+    per step, in ms); the five longest kernels are printed with their kind, so a misnamed kind shows."""
     from a5core.engines.static_decode import StaticKVDecoder
 
     capacity, filled = prompt + new, prompt + new // 2
@@ -98,10 +99,14 @@ def decode_step_ms(model, batch: int, prompt: int, new: int, device: str, steps:
             for _ in range(5):
                 decoder.decode(tokens, positions, slot, attend)
             _model.cuda_sync()
+        per_kernel = {}
         for event in prof.key_averages():
             us = getattr(event, "device_time_total", 0) or getattr(event, "cuda_time_total", 0)
             if us:
+                per_kernel[event.key] = us / 5 / 1e3
                 kinds[kind_of(event.key)] = kinds.get(kind_of(event.key), 0.0) + us / 5 / 1e3
+        for name, ms in sorted(per_kernel.items(), key=lambda item: -item[1])[:5]:
+            print(f"batch {batch}: {ms:.3f} ms a step, {kind_of(name)}: {name[:120]}")
     return median, kinds
 
 

@@ -7,8 +7,8 @@
 #                                    # carry .devG2 and .devA/data.tar.xz (a fresh machine's second call); on a warm
 #                                    #   machine that has them, nothing: the GGUF joined and checked, the data placed,
 #                                    #   CUDA MPS on, then lab/pool.py with the call's time left (LIMIT, default
-#                                    #   585 s of a 600 s command) over QUEUE (default lab/queues/verdicts_5.txt) and
-#                                    #   its state DONE (lab/queues/verdicts_5.done)
+#                                    #   585 s of a 600 s command) over QUEUE (default lab/queues/verdicts_6.txt) and
+#                                    #   its state DONE (lab/queues/verdicts_6.done)
 # Build the carried parts on the CPU machine: lab/device_carry.sh site; lab/device_carry.sh data;
 # GGUF_PART1_BYTES=42000000 lab/device_carry.sh gguf. The tree travels without lab/records (40 MB) and the folders
 # the device needs not, so that a call carries ~63 MB with the parts: before the calls
@@ -69,5 +69,5 @@ mkdir -p /tmp/nvidia-mps-log
 if ! echo get_server_list | nvidia-cuda-mps-control > /dev/null 2>&1; then
   nvidia-cuda-mps-control -d && echo "CUDA MPS on" || echo "CUDA MPS: could not start, runs time-slice"
 fi
-python3 lab/pool.py --queue "${QUEUE:-lab/queues/verdicts_5.txt}" --done "${DONE:-lab/queues/verdicts_5.done}" \
+python3 lab/pool.py --queue "${QUEUE:-lab/queues/verdicts_6.txt}" --done "${DONE:-lab/queues/verdicts_6.done}" \
   --tag "${TAG:?TAG: the name of this call, e.g. session15_call2}" --seconds $((LIMIT - (SECONDS - T0))) ${PLAN:+--plan}

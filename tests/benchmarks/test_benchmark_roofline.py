@@ -51,3 +51,22 @@ def test_the_floor_is_the_larger_of_traffic_and_arithmetic():
     assert cost.floor_ms(bandwidth=3e13, peak=8e14) == pytest.approx(0.5)
     kinds = cost.floors_by_kind(bandwidth=3e12, peak=8e14)
     assert kinds == pytest.approx({"matmul": 2e9 / 3e12 * 1e3, "attention": 1e9 / 3e12 * 1e3})
+
+
+@pytest.mark.parametrize(
+    "kernel, kind",
+    [
+        ("nvjet_tst_128x256_64x4_2x1_v_bz_coopA_TNN", "matmul"),  # cuBLAS's GEMMs on an H100 (CUDA 12.8+)
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "matmul"),
+        ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8>", "matmul"),
+        ("void gemv2T_kernel_val<int, int, __nv_bfloat16, float, float, 128, 16, 4, 4, false>", "matmul"),
+        ("void pytorch_flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4>>", "attention"),
+        ("Memcpy DtoD (Device -> Device)", "copy"),
+        ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", "elementwise"),
+        ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>", "other"),
+    ],
+)
+def test_a_kernel_is_counted_under_its_kind(kernel, kind):
+    from benchmarks.roofline import kind_of
+
+    assert kind_of(kernel) == kind
