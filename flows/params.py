@@ -7,9 +7,9 @@ prompt and grader, where outputs and MLflow runs go). A flow's model holds the g
 (``params.grpo``, ``params.engine``, ``params.eval``, ``params.outputs`` ...), so its command-line flags
 (:func:`flows.arguments.parse_params`), its Prefect UI form and the validation of its ``params.yaml`` section all come
 from those declarations; a flow that wants another default gives a group a subclass that redeclares the field
-with :func:`a5core.runtime.settings.inherited` (``GRPOOutputs``, ``LeaderboardGRPO``). A setting keeps its own
-name wherever its group sits (``learning_rate``, ``output_dir``). A run builds and validates the model once and
-passes each part down: the loop gets its config (``params.grpo``).
+with :func:`a5core.runtime.settings.inherited` (``LeaderboardGRPO``); each flow's outputs group follows one rule
+(:func:`flow_outputs`). A setting keeps its own name wherever its group sits (``learning_rate``, ``output_dir``). A
+run builds and validates the model once and passes each part down: the loop gets its config (``params.grpo``).
 """
 
 from __future__ import annotations
@@ -257,6 +257,21 @@ class Outputs(Settings):
     _output_folder = field_validator("output_dir")(output_folder_of_its_flow)
 
 
+def flow_outputs(flow: str, kind: str) -> type[Outputs]:
+    """The outputs group of flow ``flow``, the class ``{kind}Outputs`` (``kind``: what the marker in its output
+    folder names, :func:`tasks.outputs.output_kind`): its files under ``outputs/FLOW``, its metrics in
+    ``metrics/FLOW.json``, its MLflow experiment ``FLOW``. Made once per flow, at module level (children on Ray
+    unpickle it by name)."""
+    defaults = {"output_dir": f"outputs/{flow}", "metrics_path": f"metrics/{flow}.json", "experiment": flow}
+    namespace = {
+        "__module__": __name__,
+        "__qualname__": f"{kind}Outputs",
+        "__annotations__": {name: Outputs.model_fields[name].annotation for name in defaults},
+        **{name: inherited(value) for name, value in defaults.items()},
+    }
+    return type(f"{kind}Outputs", (Outputs,), namespace)
+
+
 # Where a run's files and MLflow records go, where its engine and children run and how fast a step runs: not
 # what a run computes. params.yaml leaves these to the flows' defaults (dvc.yaml names the outputs); a profile
 # for a machine may set them. Every other field of a flow is listed in its params.yaml section.
@@ -276,10 +291,7 @@ PLACEMENT_FIELDS = frozenset(
 # --------------------------------------------------------------------------------------- the flows
 
 
-class BaselineEvalOutputs(Outputs):
-    output_dir: str = inherited("outputs/baseline_eval")
-    metrics_path: str | None = inherited("metrics/baseline_eval.json")
-    experiment: str = inherited("baseline_eval")
+BaselineEvalOutputs = flow_outputs("baseline_eval", "BaselineEval")
 
 
 class BaselineSampling(RolloutSamplingFields):
@@ -323,10 +335,7 @@ class BaselineEvalParams(Settings):
         return sets
 
 
-class DifficultyOutputs(Outputs):
-    output_dir: str = inherited("outputs/difficulty")
-    experiment: str = inherited("difficulty")
-    metrics_path: str | None = inherited("metrics/difficulty.json")
+DifficultyOutputs = flow_outputs("difficulty", "Difficulty")
 
 
 class DifficultyGeneration(RolloutGeneration):
@@ -377,10 +386,7 @@ class DistillParams(Settings):
     problems: Annotated[str, READS] = Field("../shared/data/math/train.jsonl", description="MATH problems to distill")
 
 
-class SFTExperimentOutputs(Outputs):
-    output_dir: str = inherited("outputs/sft_experiment")
-    metrics_path: str | None = inherited("metrics/sft_experiment.json")
-    experiment: str = inherited("sft_experiment")
+SFTExperimentOutputs = flow_outputs("sft_experiment", "SFTExperiment")
 
 
 class SFTExperimentParams(Settings):
@@ -411,10 +417,7 @@ class SFTExperimentParams(Settings):
     )
 
 
-class EIOutputs(Outputs):
-    output_dir: str = inherited("outputs/expert_iteration")
-    metrics_path: str | None = inherited("metrics/expert_iteration.json")
-    experiment: str = inherited("expert_iteration")
+EIOutputs = flow_outputs("expert_iteration", "EI")
 
 
 class EIParams(Settings):
@@ -479,10 +482,7 @@ AblationName = Literal[
 ]
 
 
-class GRPOOutputs(Outputs):
-    output_dir: str = inherited("outputs/grpo")
-    metrics_path: str | None = inherited("metrics/grpo.json")
-    experiment: str = inherited("grpo")
+GRPOOutputs = flow_outputs("grpo", "GRPO")
 
 
 class GRPOValidation(Validation):
@@ -531,10 +531,7 @@ class LeaderboardValidation(Validation):
     val_subset: int = inherited(512)
 
 
-class LeaderboardOutputs(Outputs):
-    output_dir: str = inherited("outputs/leaderboard")
-    metrics_path: str | None = inherited("metrics/leaderboard.json")
-    experiment: str = inherited("leaderboard")
+LeaderboardOutputs = flow_outputs("leaderboard", "Leaderboard")
 
 
 class LeaderboardParams(GRPORunParams):

@@ -252,8 +252,18 @@ def engine_for(params: Any) -> Any:
             lora=bool(getattr(params, "lora_rank", 0)),
             reference=bool(getattr(params, "kl_coef", 0)),
         ),
-        kv_cache_tokens=rollout_tokens(params),
+        kv_cache_tokens=rollout_tokens(rollouts_at_once(params), getattr(params, "max_tokens", None)),
     )
+
+
+def rollouts_at_once(params: Any) -> int | None:
+    """The sequences a run samples at once: GRPO's ``rollout_batch_size``, Expert Iteration's questions × rollouts
+    per question; None for a run of neither."""
+    if hasattr(params, "rollout_batch_size"):
+        return params.rollout_batch_size
+    if hasattr(params, "questions_per_step"):
+        return params.questions_per_step * params.rollouts_per_question
+    return None
 
 
 @contextlib.contextmanager

@@ -8,8 +8,6 @@ takes at once (a prompt allowance plus ``max_tokens`` per sequence).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from a5core.engines.engine import ENGINE_SAMPLING
@@ -60,13 +58,8 @@ def policy_reserve_bytes(model: str, policy_dtype: str, *, lora: bool = False, r
     return count * weight + trained * (weight + 8) + (count * weight if reference else 0) + 2 * GIB
 
 
-def rollout_tokens(params: Any) -> int:
-    """Tokens of KV cache a run's rollouts take at once: its batch of sequences (GRPO's ``rollout_batch_size``,
-    EI's questions × rollouts, else 256; at most :data:`MAX_SEQUENCES`) times its ``max_tokens`` (the engines'
-    default if it has none) plus :data:`PROMPT_TOKENS`."""
-    sequences = getattr(params, "rollout_batch_size", None)
-    if sequences is None and hasattr(params, "questions_per_step"):
-        sequences = params.questions_per_step * params.rollouts_per_question
-    return min(sequences or 256, MAX_SEQUENCES) * (
-        getattr(params, "max_tokens", ENGINE_SAMPLING.max_tokens) + PROMPT_TOKENS
-    )
+def rollout_tokens(sequences: int | None, max_tokens: int | None) -> int:
+    """Tokens of KV cache a run's rollouts take at once: its batch of ``sequences`` (None: 256; at most
+    :data:`MAX_SEQUENCES`, more wait their turn) times ``max_tokens`` (None: the engines' default) plus
+    :data:`PROMPT_TOKENS`."""
+    return min(sequences or 256, MAX_SEQUENCES) * ((max_tokens or ENGINE_SAMPLING.max_tokens) + PROMPT_TOKENS)

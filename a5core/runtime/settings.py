@@ -15,7 +15,8 @@ Users name a setting by its own name, wherever its group sits: ``learning_rate``
 such names (each is routed to its group) and answers to them (``config.learning_rate`` is
 ``config.optimizer.learning_rate``); a name in two groups of one model is refused as the class is made. The
 library itself reads a setting one way, where it is declared: ``config.loss_type`` for a model's own,
-``config.optimizer.learning_rate`` for a group's, so the reader sees where to look.
+``config.optimizer.learning_rate`` for a group's, so the reader sees where to look
+(``tests/a5core/runtime/test_settings_reads.py`` holds the loops to it).
 
 Each setting has one default. A group gives it where every loop agrees (the sampling temperature); where the
 loops differ (the learning rate: 2e-5 for SFT, 1e-5 for EI and GRPO), the group gives none and each loop's

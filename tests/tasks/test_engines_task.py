@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from a5core.engines.colocate import GIB
-from tasks.engines import colocated_backend, colocated_vllm_kwargs
+from flows.params import BaselineEvalParams, EIParams, GRPOParams
+from tasks.engines import colocated_backend, colocated_vllm_kwargs, rollouts_at_once
 
 
 def test_flows_arguments_on_cuda_and_on_the_cpu(monkeypatch):
@@ -45,3 +46,9 @@ def test_auto_beside_the_policy_is_hf_on_a_gpu(monkeypatch):
     assert colocated_backend("auto") == "vllm"
     monkeypatch.setattr(tasks.engines, "vllm_available", lambda: False)
     assert colocated_backend("auto") == "hf"
+
+
+def test_the_sequences_a_run_samples_at_once_come_from_its_own_settings():
+    assert rollouts_at_once(GRPOParams(rollout_batch_size=512)) == 512
+    assert rollouts_at_once(EIParams(questions_per_step=32, rollouts_per_question=4)) == 128
+    assert rollouts_at_once(BaselineEvalParams()) is None

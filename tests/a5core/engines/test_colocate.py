@@ -6,8 +6,6 @@ The sizes come from a model's config (counted on the meta device), so a tiny Qwe
 
 from __future__ import annotations
 
-import types
-
 import pytest
 import torch
 
@@ -20,6 +18,7 @@ from a5core.engines.colocate import (
     policy_reserve_bytes,
     rollout_tokens,
 )
+from a5core.engines.engine import ENGINE_SAMPLING
 from a5core.policy.model_specs import parameter_count
 
 
@@ -69,11 +68,10 @@ def test_engine_share_is_what_is_free_less_the_policy():
 
 
 def test_rollout_tokens_follow_the_runs_batch():
-    grpo = types.SimpleNamespace(rollout_batch_size=256, max_tokens=1024)
-    assert rollout_tokens(grpo) == 256 * (1024 + PROMPT_TOKENS)
-    ei = types.SimpleNamespace(questions_per_step=512, rollouts_per_question=8, max_tokens=64)
-    assert rollout_tokens(ei) == MAX_SEQUENCES * (64 + PROMPT_TOKENS)  # 4,096 sequences wait their turn
-    assert rollout_tokens(types.SimpleNamespace(max_tokens=256)) == 256 * (256 + PROMPT_TOKENS)
+    assert rollout_tokens(256, 1024) == 256 * (1024 + PROMPT_TOKENS)
+    assert rollout_tokens(512 * 8, 64) == MAX_SEQUENCES * (64 + PROMPT_TOKENS)  # 4,096 sequences wait their turn
+    assert rollout_tokens(None, 256) == 256 * (256 + PROMPT_TOKENS)
+    assert rollout_tokens(None, None) == 256 * (ENGINE_SAMPLING.max_tokens + PROMPT_TOKENS)
 
 
 def test_vllm_on_the_cpu_refuses_to_sleep(tiny_lm_dir):
