@@ -79,6 +79,7 @@ KINDS = {
     "clip": Kind(9.0, 290),
     "e4": Kind(10.0, 400),
     "dapo": Kind(8.0, 370),
+    "recipe": Kind(8.0, 740),  # the RL recipe's candidates (lab/queues/rl_recipe.txt): dynamic sampling, 80 steps
     "async": Kind(9.0, 370, procs=2),
     "ei": Kind(11.0, 330),
     "sizes_a": Kind(18.0, 480),
@@ -94,6 +95,8 @@ def kind_of(name: str, words: list[str]) -> str:
         return "pre"
     if name == "difficulty":
         return "difficulty"
+    if name.startswith("rl_"):
+        return "recipe"
     if "flows.sft_experiment" in text:
         return "sizes_a" if "full" in text else "sizes_b"
     if "flows.expert_iteration" in text:
