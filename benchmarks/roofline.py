@@ -4,8 +4,8 @@ First the card's own limits, measured here: a device-to-device copy (bytes read 
 bf16 8192³ matmul (FLOP/s). Then, for each batch size: what a decode step must move and compute
 (``benchmarks/_roofline.py``), the time that allows, the compiled decode step's measured time (the engine's
 ``StaticKVDecoder``, one CUDA graph, median of ``--steps``), the engine's whole loop per new token (sampling, the
-host's bookkeeping and the prefill included), and the step's kernels by kind from torch.profiler (matmuls,
-attention, elementwise and norms, copies, the rest), each against its share of the floor.
+host's bookkeeping and the prefill included) with the prefill's share of it, and the step's kernels by kind from
+torch.profiler (matmuls, attention, elementwise and norms, copies, the rest), each against its share of the floor.
 
     python benchmarks/roofline.py [--model-dir DIR] [--batches 64 256] [--prompt 200] [--new 256] [--tiny]
 
@@ -110,16 +110,21 @@ def decode_step_ms(model, batch: int, prompt: int, new: int, device: str, steps:
     return median, kinds
 
 
-def engine_ms_per_token(model, tokenizer, batch: int, prompt: int, new: int) -> float:
-    """The engine's whole ``generate`` per new token (fixed length: every row ``new`` tokens), prefill included."""
+def engine_ms_per_token(model, tokenizer, batch: int, prompt: int, new: int) -> tuple[float, float]:
+    """The engine's whole ``generate`` per new token (fixed length: every row ``new`` tokens), prefill included, and
+    the prefill's part of it: a ``generate`` of one token (the prefill and one sampled token), spread over ``new``."""
     from a5core.engines import SamplingSettings
     from a5core.engines.hf import HFEngine
     from benchmarks.rollout import prompts_of
 
     engine = HFEngine(model, tokenizer, batch_size=batch)
     prompts = prompts_of(tokenizer, batch, prompt, model.config.vocab_size)
-    settings = SamplingSettings(temperature=1.0, max_tokens=new, min_tokens=new, seed=0)
-    return statistics.median(timed(lambda: engine.generate(prompts, settings), 2)) / new
+
+    def generate(tokens: int) -> float:
+        settings = SamplingSettings(temperature=1.0, max_tokens=tokens, min_tokens=tokens, seed=0)
+        return statistics.median(timed(lambda: engine.generate(prompts, settings), 2))
+
+    return generate(new) / new, generate(1) / new
 
 
 def main() -> None:
@@ -140,7 +145,7 @@ def main() -> None:
         cost = decode_step_cost(model.config, batch, args.prompt + args.new // 2, dtype_bytes=element)
         floor = cost.floor_ms(bandwidth, peak)
         step, kinds = decode_step_ms(model, batch, args.prompt, args.new, device, args.steps)
-        loop = engine_ms_per_token(model, tokenizer, batch, args.prompt, args.new)
+        loop, prefill = engine_ms_per_token(model, tokenizer, batch, args.prompt, args.new)
         floors = cost.floors_by_kind(bandwidth, peak)
         by_kind = ", ".join(
             f"{k} {ms:.2f}" + (f" (floor {floors[k]:.2f})" if k in floors else "")
@@ -154,6 +159,7 @@ def main() -> None:
                 f"{floor:.2f}",
                 f"{step:.2f} ({floor / step:.2f})",
                 f"{loop:.2f} ({floor / loop:.2f})",
+                f"{prefill:.2f}",
                 f"{batch / loop * 1e3:,.0f}",
                 by_kind,
             ]
@@ -170,6 +176,7 @@ def main() -> None:
         "floor (ms)",
         "decode step, ms (of floor)",
         "engine per token, ms (of floor)",
+        "of which the prefill, ms",
         "tok/s",
         "step's kernels by kind (ms)",
     ]
