@@ -89,6 +89,9 @@ KINDS = {
 }
 
 
+BASE_MODEL = "smollm2-135m-instruct"  # an entry that names it starts from the base model, not the SFT start model
+
+
 def kind_of(name: str, words: list[str]) -> str:
     text = " ".join(words)
     if name == "sft":
@@ -137,7 +140,8 @@ def parse_queue(path: Path) -> list[Entry]:
             refs = [r for r in rest[0][4:].split(",") if r]
             rest = rest[1:]
         kind = kind_of(name, rest)
-        needs = "base" if kind.startswith("sizes") else "table" if "--difficulty-table" in rest else "start"
+        from_base = kind.startswith("sizes") or BASE_MODEL in rest  # SFT sizes; GRPO from the base model (prompts)
+        needs = "base" if from_base else "table" if "--difficulty-table" in rest else "start"
         entries.append(Entry(name, rest, refs, kind, needs))
     return entries
 
@@ -519,8 +523,9 @@ def main() -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupted)
+    entries = parse_queue(args.queue)
     try:
-        pool.run(parse_queue(args.queue), read_done(args.done))
+        pool.run(entries, read_done(args.done))
     except KeyboardInterrupt:
         pool.log("interrupted")
     finally:
@@ -530,7 +535,7 @@ def main() -> None:
     archive = dict(pack(pool, out))
     lines = []
     for name, rc in pool.ended.items():
-        origin = "base" if name.startswith("sizes") else (pool.origin or "none")
+        origin = "base" if name in {e.name for e in entries if e.needs == "base"} else (pool.origin or "none")
         lines.append(
             f"{name} rc={rc} origin={origin} call={pool.tag} archive={archive.get(name, '-')} "
             f"wall_s={pool.walls[name]} gpu={pool.gpu.replace(' ', '_')}"
