@@ -307,7 +307,8 @@ class Pool:
             self.log("  " + "\n  ".join(line[:400] for line in tail))
 
     def kill_all(self, why: str) -> None:
-        """Every running flow's process group: SIGTERM, 8 s, then SIGKILL (all at once); rc 124."""
+        """Every running flow's process group: SIGTERM, 8 s, then SIGKILL (all at once); rc 124, or 0 for a run
+        that had published its result (:meth:`finished_its_work`)."""
         if not self.running:
             return
         self.log(f"kill {' '.join(self.running)} ({why})")
@@ -321,7 +322,16 @@ class Pool:
             while time.time() < end and any(p.poll() is None for p, *_ in self.running.values()):
                 time.sleep(0.5)
         for name, (_proc, began, _, _) in list(self.running.items()):
-            self.finish(name, 124, began)
+            self.finish(name, 0 if self.finished_its_work(name, began) else 124, began)
+
+    def finished_its_work(self, name: str, began: float) -> bool:
+        """Whether a run killed at the deadline had already published its result (its ``run.json``, written after
+        its MLflow runs ended): killed while the flow's temporary Prefect server stopped, its records are whole."""
+        published = DEVRUN / name / "out" / "run.json"
+        if published.exists() and published.stat().st_mtime >= began:
+            self.log(f"{name}: its result was published before the kill; its records are whole (rc 0)")
+            return True
+        return False
 
     # ---- the start model -------------------------------------------------------------------------------------
     def start_model_ok(self) -> bool:
