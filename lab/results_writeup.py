@@ -8,8 +8,9 @@ expectations, and list the archives.
 2. The GPU cost of the runs made side by side (each archive's ``pool.txt``, ``lab/device_run.sh pool``) is
    computed per GPU into a Markdown section: runs a GPU-minute, the GPU-minutes of a pair, how many ran at once.
 3. ``python -m flows.verdicts --stores outputs/records --expectations-file docs/expectations.yaml`` writes the
-   page, with the cost section and ``--context`` (hand-kept: how to repeat the runs) after it; the page is copied
-   to ``--out`` and its figures to ``--figures``.
+   page, with the cost section and ``--context`` (hand-kept: how to repeat the runs) after it; below the cost
+   table, what deciding each row not yet decided would cost (its pairs still needed × a pair's GPU-minutes); the
+   page is copied to ``--out`` and its figures to ``--figures``.
 4. ``--index`` (beside the archives): which archive holds each run, and what each archive holds.
 """
 
@@ -117,22 +118,36 @@ def at_once(attempts: list[tuple[str, int, int, str]]) -> int:
     return max(itertools.accumulate(change for _, change in events))
 
 
-def cost_section(pools: list[Pool]) -> str:
-    """The runs' cost, GPU by GPU (a pool whose GPU no record names stands alone as "a GPU")."""
-    by_gpu: dict[str | int, list[Pool]] = defaultdict(list)
+def by_gpu(pools: list[Pool]) -> list[tuple[str, list[Pool], list[tuple[int, int]]]]:
+    """(GPU, its pools, its runs that ended well as (start, end)) for each GPU with such runs (a pool whose GPU no
+    record names stands alone as "a GPU")."""
+    groups: dict[str | int, list[Pool]] = defaultdict(list)
     for i, pool in enumerate(pools):
-        by_gpu[pool.gpu or i].append(pool)
-    rows = []
-    for group in by_gpu.values():
+        groups[pool.gpu or i].append(pool)
+    found = []
+    for group in groups.values():
         done = [(s, e) for pool in group for _, s, e, rc in pool.attempts if rc == "0"]
-        if not done:
-            continue
+        if done:
+            found.append((group[0].gpu or "a GPU", group, done))
+    return found
+
+
+def pair_minutes(pools: list[Pool]) -> dict[str, tuple[float, float]]:
+    """For each GPU, a pair's GPU-minutes: two runs, and one (the reference's run serving several comparisons)."""
+    run_minutes = {gpu: sum(pool.minutes for pool in group) / len(done) for gpu, group, done in by_gpu(pools)}
+    return {gpu: (2 * minutes, minutes) for gpu, minutes in run_minutes.items()}
+
+
+def cost_section(pools: list[Pool]) -> str:
+    """The runs' cost, GPU by GPU."""
+    rows = []
+    for gpu, group, done in by_gpu(pools):
         minutes = sum(pool.minutes for pool in group)
         failed = sum(rc != "0" for pool in group for *_, rc in pool.attempts)
         walls = sorted((e - s) / 60 for s, e in done)
         rate = len(done) / minutes
         sft = [s for pool in group for s in pool.sft_seconds]
-        cells = [group[0].gpu or "a GPU", len(done), failed, max(at_once(p.attempts) for p in group)]
+        cells = [gpu, len(done), failed, max(at_once(p.attempts) for p in group)]
         cells += [
             f"{minutes:.1f}",
             f"{walls[len(walls) // 2]:.1f}",
@@ -157,6 +172,40 @@ def cost_section(pools: list[Pool]) -> str:
             "GPU-minutes a pair | with a shared reference | start model's SFT (min) |",
             "|---|---|---|---|---|---|---|---|---|---|",
             *rows,
+            "",
+        ]
+    )
+
+
+def deciding_cost(verdicts: list[dict], pairs: dict[str, tuple[float, float]]) -> str:
+    """What the rows not yet decided would cost to decide: the pairs that would likely decide each (the verdict
+    flow's estimate) times a pair's GPU-minutes on each GPU, one run a pair where the row's reference runs serve
+    other comparisons too."""
+    rows, totals = [], dict.fromkeys(pairs, 0.0)
+    for v in verdicts:
+        if not v.get("more_pairs"):
+            continue
+        shared = bool(v.get("shares_runs_with"))
+        cells = []
+        for gpu, (two, one) in pairs.items():
+            minutes = v["more_pairs"] * (one if shared else two)
+            totals[gpu] += minutes
+            cells.append(f"{minutes:.0f}")
+        rows.append(f"| `{v['expectation']}` | {v['more_pairs']} | {'yes' if shared else 'no'} | {' | '.join(cells)} |")
+    if not rows or not pairs:
+        return ""
+    gpus = list(pairs)
+    return "\n".join(
+        [
+            "",
+            "What deciding the rest would cost, at these rates: for each row not yet decided, the pairs that would "
+            "likely decide it (Findings) times a pair's GPU-minutes on each GPU, one run a pair where its reference "
+            "runs serve other comparisons too; the start models' SFT aside.",
+            "",
+            f"| expectation | pairs | reference shared | {' | '.join(f'GPU-minutes on the {g}' for g in gpus)} |",
+            "|---|---|---|" + "---|" * len(gpus),
+            *rows,
+            f"| all of them | | | {' | '.join(f'{totals[g]:.0f}' for g in gpus)} |",
             "",
         ]
     )
@@ -232,7 +281,8 @@ def main(argv: list[str] | None = None) -> Path:
     made = args.unpacked.parent / f"{args.unpacked.name}_page"
     shutil.rmtree(made, ignore_errors=True)
     appended = []
-    if cost := cost_section([pool for folder in folders for pool in pools_of(folder)]):
+    pools = [pool for folder in folders for pool in pools_of(folder)]
+    if cost := cost_section(pools):
         write_atomic(cost_file := args.unpacked / "cost.md", cost)
         appended.append(str(cost_file))
     if args.context.is_file():
@@ -242,6 +292,10 @@ def main(argv: list[str] | None = None) -> Path:
     command += ["--log-to-mlflow", "false"] + (["--append", ",".join(appended)] if appended else [])
     subprocess.run(command, check=True, cwd=ROOT)
     page = (made / "verdicts.md").read_text()
+    if cost:
+        verdicts = json.loads((made / "verdicts.json").read_text())["verdicts"]
+        assert cost in page, "the cost section is not in the verdict flow's page as it was appended"
+        page = page.replace(cost, cost + deciding_cost(verdicts, pair_minutes(pools)), 1)
     link = os.path.relpath(args.figures.resolve(), args.out.resolve().parent)
     write_atomic(args.out, page.replace("](figures/", f"]({link}/"))
     shutil.rmtree(args.figures, ignore_errors=True)

@@ -126,3 +126,22 @@ def test_a_pool_without_a_gpu_in_its_records_stands_alone(tmp_path):
 def test_a_pools_attempts(tmp_path, text, ended):
     (tmp_path / "pool.txt").write_text(text)
     assert writeup.read_pool(tmp_path / "pool.txt") == ended
+
+
+def test_what_deciding_the_rest_would_cost():
+    pairs = {"H200": (1.0, 0.5), "H100": (1.6, 0.8)}
+    verdicts = [
+        {"expectation": "a >= b", "more_pairs": 10, "shares_runs_with": ["c >= b"]},
+        {"expectation": "d >= e", "more_pairs": 3, "shares_runs_with": []},
+        {"expectation": "f >= g", "more_pairs": None, "shares_runs_with": []},  # decided
+    ]
+    rows = [line for line in writeup.deciding_cost(verdicts, pairs).splitlines() if line.startswith("| ")]
+    assert rows[1:] == [
+        "| `a >= b` | 10 | yes | 5 | 8 |",
+        "| `d >= e` | 3 | no | 3 | 5 |",
+        "| all of them | | | 8 | 13 |",
+    ]
+    assert writeup.deciding_cost(verdicts[2:], pairs) == ""
+    assert writeup.pair_minutes([writeup.Pool("H100", [("a", 0, 600, "0"), ("b", 0, 600, "0")], [])]) == {
+        "H100": (10.0, 5.0)
+    }
