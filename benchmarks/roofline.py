@@ -104,7 +104,9 @@ def decode_step_ms(model, batch: int, prompt: int, new: int, device: str, steps:
             us = getattr(event, "device_time_total", 0) or getattr(event, "cuda_time_total", 0)
             if us:
                 per_kernel[event.key] = us / 5 / 1e3
-                kinds[kind_of(event.key)] = kinds.get(kind_of(event.key), 0.0) + us / 5 / 1e3
+        for name, ms in per_kernel.items():
+            kind = kind_of(name)
+            kinds[kind] = kinds.get(kind, 0.0) + ms
         for name, ms in sorted(per_kernel.items(), key=lambda item: -item[1])[:5]:
             print(f"batch {batch}: {ms:.3f} ms a step, {kind_of(name)}: {name[:120]}")
     return median, kinds

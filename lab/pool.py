@@ -543,9 +543,9 @@ def main() -> None:
     if args.plan:
         return
     archive = dict(pack(pool, out))
-    lines = []
+    lines, from_base = [], {e.name for e in entries if e.needs == "base"}
     for name, rc in pool.ended.items():
-        origin = "base" if name in {e.name for e in entries if e.needs == "base"} else (pool.origin or "none")
+        origin = "base" if name in from_base else (pool.origin or "none")
         lines.append(
             f"{name} rc={rc} origin={origin} call={pool.tag} archive={archive.get(name, '-')} "
             f"wall_s={pool.walls[name]} gpu={pool.gpu.replace(' ', '_')}"

@@ -132,10 +132,19 @@ def by_gpu(pools: list[Pool]) -> list[tuple[str, list[Pool], list[tuple[int, int
     return found
 
 
+def run_minutes(group: list[Pool], done: list[tuple[int, int]]) -> float:
+    """A run's GPU-minutes on one GPU: its pools' minutes over the runs that ended well."""
+    return sum(pool.minutes for pool in group) / len(done)
+
+
 def pair_minutes(pools: list[Pool]) -> dict[str, tuple[float, float]]:
-    """For each GPU, a pair's GPU-minutes: two runs, and one (the reference's run serving several comparisons)."""
-    run_minutes = {gpu: sum(pool.minutes for pool in group) / len(done) for gpu, group, done in by_gpu(pools)}
-    return {gpu: (2 * minutes, minutes) for gpu, minutes in run_minutes.items()}
+    """For each GPU the records name, a pair's GPU-minutes: two runs, and one (the reference's run serving several
+    comparisons)."""
+    return {
+        gpu: (2 * run_minutes(group, done), run_minutes(group, done))
+        for gpu, group, done in by_gpu(pools)
+        if group[0].gpu
+    }
 
 
 def cost_section(pools: list[Pool]) -> str:
@@ -145,15 +154,14 @@ def cost_section(pools: list[Pool]) -> str:
         minutes = sum(pool.minutes for pool in group)
         failed = sum(rc != "0" for pool in group for *_, rc in pool.attempts)
         walls = sorted((e - s) / 60 for s, e in done)
-        rate = len(done) / minutes
         sft = [s for pool in group for s in pool.sft_seconds]
         cells = [gpu, len(done), failed, max(at_once(p.attempts) for p in group)]
         cells += [
             f"{minutes:.1f}",
             f"{walls[len(walls) // 2]:.1f}",
-            f"{rate:.2f}",
-            f"{2 / rate:.1f}",
-            f"{1 / rate:.1f}",
+            f"{len(done) / minutes:.2f}",
+            f"{2 * run_minutes(group, done):.1f}",
+            f"{run_minutes(group, done):.1f}",
         ]
         rows.append("| " + " | ".join(map(str, [*cells, f"{max(sft) / 60:.1f}" if sft else ""])) + " |")
     if not rows:
@@ -294,7 +302,8 @@ def main(argv: list[str] | None = None) -> Path:
     page = (made / "verdicts.md").read_text()
     if cost:
         verdicts = json.loads((made / "verdicts.json").read_text())["verdicts"]
-        assert cost in page, "the cost section is not in the verdict flow's page as it was appended"
+        if cost not in page:
+            raise RuntimeError(f"the cost section ({cost_file}) is not in {made / 'verdicts.md'} as it was appended")
         page = page.replace(cost, cost + deciding_cost(verdicts, pair_minutes(pools)), 1)
     link = os.path.relpath(args.figures.resolve(), args.out.resolve().parent)
     write_atomic(args.out, page.replace("](figures/", f"]({link}/"))
