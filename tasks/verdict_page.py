@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from a5core.verdicts.decide import Decision, Verdict
-from a5core.verdicts.pairing import Cell, RunRecord, short
+from a5core.verdicts.expectations import Expectation
+from a5core.verdicts.pairing import Cell, Pair, RunRecord, short
 from a5core.verdicts.statistics import MOST_PAIRS
 from tasks.tables import markdown_table
 
@@ -49,7 +50,7 @@ def verdict_text(v: Verdict) -> str:
     if v.word == "inconclusive":
         return f"inconclusive (±{v.decidable:.3f})"
     if v.word == "not judged":
-        return f"not judged: {v.arms.unfair}"
+        return f"not judged: {v.arms.not_judged}"
     if v.word == "not measured":
         return f"not measured: {v.arms.missing}"
     return v.word
@@ -144,10 +145,11 @@ def rule_text(decision: Decision, cells_made_again: int, largest_spread: float |
         "**agrees** / **disagrees**: a difference, on the expected side or the other (for an expectation of parity, "
         f"`~`, any difference disagrees); within noise: a difference within ±{rule.margin:g}; inconclusive: neither, "
         f"with the half-width at the correction's strictest level ({level}), beyond which a difference would have "
-        f"been decided; too few runs: under {rule.min_pairs} pairs, no verdict; not judged: the arms differ in more "
-        "than the setting under test. The pairs that would likely decide it: how many in all, beyond these, would "
-        f"decide it with probability {rule.power:.0%} at the difference seen, at that strictest level, with the "
-        "spread of its own pairs"
+        f"been decided; too few runs: under {rule.min_pairs} pairs, no verdict; not judged: no pair whose arms differ "
+        "in the setting under test alone, or every run of both arms scored alike (a pair whose start model was "
+        "trained with one arm's prompt favours that arm: it is set apart, shown under The pairs). The pairs that "
+        "would likely decide it: how many in all, beyond these, would decide it with probability "
+        f"{rule.power:.0%} at the difference seen, at that strictest level, with the spread of its own pairs"
         + (
             f" (under {rule.min_pairs} pairs: the spread pooled over the page's pairs, SD {decision.pooled_sd:.3f})."
             if decision.pooled_sd is not None
@@ -170,7 +172,7 @@ def cell_text(cell: Cell) -> str:
 def pairs_sections(decision: Decision) -> list[str]:
     lines = []
     for v in decision.verdicts:
-        if not v.arms.pairs:
+        if not v.arms.pairs and not v.arms.set_apart:
             continue
         e = v.expectation
         lines += [f"### `{e.text}`" + (f" in `{e.experiment}`" if e.experiment else ""), ""]
@@ -182,18 +184,22 @@ def pairs_sections(decision: Decision) -> list[str]:
             said.append(f"Runs shared with {others}.")
         if said:
             lines += [" ".join(said), ""]
-        rows = [
-            {
-                "start model": short(p.a.origin),
-                "seed": p.a.seed,
-                e.a: cell_text(p.a),
-                e.b: cell_text(p.b),
-                "difference": signed(p.difference),
-            }
-            for p in v.arms.pairs
-        ]
-        lines += [markdown_table(rows), ""]
+        if v.arms.pairs:
+            lines += [markdown_table([pair_row(e, p) for p in v.arms.pairs]), ""]
+        if v.arms.set_apart:
+            lines += [f"Set apart ({len(v.arms.set_apart)} pairs, not judged):", ""]
+            lines += [markdown_table([pair_row(e, p) | {"why": why} for p, why in v.arms.set_apart]), ""]
     return lines
+
+
+def pair_row(e: Expectation, p: Pair) -> dict[str, str | None]:
+    return {
+        "start model": short(p.a.origin),
+        "seed": p.a.seed,
+        e.a: cell_text(p.a),
+        e.b: cell_text(p.b),
+        "difference": signed(p.difference),
+    }
 
 
 def made_again(decision: Decision) -> list[Cell]:
@@ -288,6 +294,18 @@ def experiments_section(
     return lines
 
 
+def pair_record(p: Pair) -> dict[str, Any]:
+    return {
+        "start_model": p.a.origin,
+        "seed": p.a.seed,
+        "a_runs": [r.id for r in p.a.runs],
+        "a_values": list(p.a.values),
+        "b_runs": [r.id for r in p.b.runs],
+        "b_values": list(p.b.values),
+        "difference": p.difference,
+    }
+
+
 def records(decision: Decision) -> dict[str, Any]:
     """The decision as JSON-able data: the rule, each verdict with its pairs, and the runs left out."""
     rule = decision.rule
@@ -315,22 +333,12 @@ def records(decision: Decision) -> dict[str, Any]:
                 "verdict": v.word,
                 "decided_beyond": v.decidable,
                 "more_pairs": v.more_pairs,
-                "not_judged": v.arms.unfair or None,
+                "not_judged": v.arms.not_judged or None,
                 "not_measured": v.arms.missing or None,
                 "defining_settings": list(v.arms.keys),
                 "shares_runs_with": [decision.verdicts[j].expectation.text for j in v.shares_with],
-                "pair_list": [
-                    {
-                        "start_model": p.a.origin,
-                        "seed": p.a.seed,
-                        "a_runs": [r.id for r in p.a.runs],
-                        "a_values": list(p.a.values),
-                        "b_runs": [r.id for r in p.b.runs],
-                        "b_values": list(p.b.values),
-                        "difference": p.difference,
-                    }
-                    for p in v.arms.pairs
-                ],
+                "pair_list": [pair_record(p) for p in v.arms.pairs],
+                "set_apart": [pair_record(p) | {"why": why} for p, why in v.arms.set_apart],
             }
         )
     return {

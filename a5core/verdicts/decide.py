@@ -12,7 +12,8 @@ and the verdict is read from the corrected ones:
 - **inconclusive**: neither; differences beyond ±h (the interval's half-width at the correction's strictest level)
   would have been decided;
 - **too few runs**: under ``min_pairs`` pairs, no verdict;
-- **not judged**: the arms differ in more than the setting under test (:func:`a5core.verdicts.pairing.unfair`);
+- **not judged**: no fair pair (the arms differ in more than the setting under test), or every run of both arms
+  scored alike (:func:`a5core.verdicts.pairing.not_judged`); pairs whose start model favours an arm are set apart;
 - **not measured**: no runs of one arm.
 
 Each verdict is also read from the raw p-values (each test at α on its own), and for each one not decided the
@@ -150,7 +151,7 @@ def decide(
             v.sample = PairedSample.of([p.difference for p in v.arms.pairs])
         if v.arms.missing:
             v.raw = v.word = "not measured"
-        elif v.arms.unfair:
+        elif v.arms.not_judged:
             v.raw = v.word = "not judged"
         elif v.k < rule.min_pairs:
             v.raw = v.word = "too few runs"

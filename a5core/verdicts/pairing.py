@@ -9,8 +9,11 @@ Runs alike in start model, settings and seed form a :class:`Cell`: one run, made
 mean of its runs, and their spread is shown, never a silent pick. A :class:`Pair` is a cell of each arm with the
 same start model, the same seed and every other setting alike (so scored on the same problems).
 
-A comparison is fair only if its arms differ in the setting under test alone (:func:`unfair`): a start model
-trained with one arm's prompt favours that arm, and arms scored by different graders measure different things.
+A pair is fair only if its arms differ in the setting under test alone: a start model trained with one arm's prompt
+favours that arm, so such a pair is set apart (:func:`favours`), shown with why but not judged. A comparison is not
+judged at all (:func:`not_judged`) when no fair pair is left, when its arms are scored by graders that are not each
+its own prompt's (they measure different things), or when every run of both arms scored alike (a floor or ceiling
+of the metric: the runs cannot tell the arms apart).
 """
 
 from __future__ import annotations
@@ -89,13 +92,15 @@ class Pair:
 
 @dataclass
 class Arms:
-    """What an expectation compares: the settings that define its arms (``keys``), the pairs, how many runs of
-    each arm are in them, and why it is not a fair comparison (``unfair``, "" when it is)."""
+    """What an expectation compares: the settings that define its arms (``keys``), the fair pairs, how many runs
+    of each arm are in them, the pairs set apart with why (``set_apart``), and why the comparison cannot be judged
+    (``not_judged``, "" when it can)."""
 
     keys: tuple[str, ...]
     pairs: list[Pair]
-    unfair: str = ""
+    not_judged: str = ""
     missing: str = ""  # why nothing was compared ("" when pairs or unpaired runs were found)
+    set_apart: list[tuple[Pair, str]] = field(default_factory=list)
 
     @property
     def runs_in_pairs(self) -> tuple[int, int]:
@@ -172,8 +177,12 @@ def pair_arms(expectation: Expectation, runs: Sequence[RunRecord]) -> Arms:
     a_units = [r for r in usable if tuple(r.settings.get(k) for k in sorted(keys)) in a_values]
     b_units = [r for r in usable if tuple(r.settings.get(k) for k in sorted(keys)) in b_values]
     a_cells, b_cells = _cells(a_units, keys, metric), _cells(b_units, keys, metric)
-    pairs = [Pair(a_cells[k], b_cells[k]) for k in a_cells if k in b_cells]
-    return Arms(tuple(sorted(keys)), pairs, unfair(keys, pairs, runs))
+    makers = {r.made: r for r in runs if r.made}
+    fair, set_apart = [], []
+    for pair in (Pair(a_cells[k], b_cells[k]) for k in a_cells if k in b_cells):
+        why = favours(keys, pair, makers)
+        (set_apart.append((pair, why)) if why else fair.append(pair))
+    return Arms(tuple(sorted(keys)), fair, not_judged(keys, fair, set_apart), set_apart=set_apart)
 
 
 def _start_cells(units: Sequence[RunRecord], metric: str) -> list[tuple[Cell, Cell]]:
@@ -181,34 +190,45 @@ def _start_cells(units: Sequence[RunRecord], metric: str) -> list[tuple[Cell, Ce
     return [(finals[k], starts[k]) for k in finals]
 
 
-def unfair(keys: Iterable[str], pairs: Sequence[Pair], runs: Sequence[RunRecord]) -> str:
-    """Why arms that differ in ``keys`` are not a fair comparison, "" when they are: a start model trained with
-    one arm's value of a :data:`FORM_SETTINGS` setting (found among ``runs`` by the model it saved), or arms
-    scored by graders that are not each its own prompt's."""
+def favours(keys: Iterable[str], pair: Pair, makers: Mapping[str, RunRecord]) -> str:
+    """Why ``pair`` is not fair, "" when it is: its start model was trained (by a run among ``makers``, keyed by
+    the model it saved) with one arm's value of a :data:`FORM_SETTINGS` setting that defines the arms, or is known
+    only as a parent run's, so that what it was trained with cannot be checked."""
+    maker = makers.get(pair.a.origin)
+    forms = sorted(set(keys) & set(FORM_SETTINGS))
+    if forms and pair.a.origin.startswith("parent run"):
+        return f"its start model ({short(pair.a.origin)}) has no recorded hash: whether it favours an arm is unknown"
+    for form in forms:
+        if maker is None or form not in maker.settings:
+            continue
+        trained = maker.settings[form]
+        a_value, b_value = pair.a.runs[0].settings.get(form), pair.b.runs[0].settings.get(form)
+        if (trained == a_value) != (trained == b_value):
+            return (
+                f"the start model ({short(pair.a.origin)}, made by run {maker.id[:8]}) was trained with "
+                f"{form}={trained}, one arm's {form}: it favours that arm"
+            )
+    return ""
+
+
+def not_judged(keys: Iterable[str], pairs: Sequence[Pair], set_apart: Sequence[tuple[Pair, str]]) -> str:
+    """Why arms that differ in ``keys`` cannot be judged from their fair ``pairs``, "" when they can: every pair
+    set apart, arms scored by graders that are not each its own prompt's, or every run of both arms alike."""
     keys = set(keys)
-    makers = {r.made: r for r in runs if r.made}
-    for form in sorted(keys & set(FORM_SETTINGS)):
-        for pair in pairs:
-            maker = makers.get(pair.a.origin)
-            if maker is None or form not in maker.settings:
-                continue
-            trained = maker.settings[form]
-            a_value, b_value = pair.a.runs[0].settings.get(form), pair.b.runs[0].settings.get(form)
-            if (trained == a_value) != (trained == b_value):
-                return (
-                    f"the start model ({short(pair.a.origin)}, made by run {maker.id[:8]}) was trained with "
-                    f"{form}={trained}, one arm's {form}: it favours that arm"
-                )
-    if "reward_fn" not in keys:
-        return ""
-    if "prompt" not in keys:
+    if set_apart and not pairs:
+        return set_apart[0][1]
+    if "reward_fn" in keys and "prompt" not in keys:
         return "the arms are scored by different graders (reward_fn) of one prompt: they measure different things"
-    for pair in pairs:
-        for cell in (pair.a, pair.b):
-            settings = cell.runs[0].settings
-            grader, prompt = settings.get("reward_fn"), settings.get("prompt")
-            if grader not in (None, "None") and GRADER_PROMPTS.get(grader) != prompt:
-                return f"an arm is scored by {grader}, which is not the grader of its prompt ({prompt})"
+    if "reward_fn" in keys:
+        for pair in pairs:
+            for cell in (pair.a, pair.b):
+                settings = cell.runs[0].settings
+                grader, prompt = settings.get("reward_fn"), settings.get("prompt")
+                if grader not in (None, "None") and GRADER_PROMPTS.get(grader) != prompt:
+                    return f"an arm is scored by {grader}, which is not the grader of its prompt ({prompt})"
+    values = {x for pair in pairs for cell in (pair.a, pair.b) for x in cell.values}
+    if len(values) == 1:
+        return f"every run of both arms scored {values.pop():.3f}: the runs cannot tell the arms apart"
     return ""
 
 

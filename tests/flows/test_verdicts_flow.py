@@ -57,7 +57,8 @@ def test_a_users_grpo_ablation_gets_its_verdict_from_one_command(
             "--stores",
             uri,
             "--expect",
-            "reinforce_with_baseline >= no_baseline; no_baseline ~ reinforce_with_baseline on final_val_format_rate",
+            "reinforce_with_baseline >= no_baseline;"
+            " no_baseline ~ reinforce_with_baseline on final_val_mean_token_entropy",
             "--scope",
             "grpo_baseline_ablation",
             "--output-dir",
@@ -68,15 +69,20 @@ def test_a_users_grpo_ablation_gets_its_verdict_from_one_command(
     )
     printed = capsys.readouterr().out
     found = json.loads((tmp_path / "verdicts/verdicts.json").read_text())
-    accuracy, fmt = found["verdicts"]
+    accuracy, entropy = found["verdicts"]
     assert accuracy["pairs"] == 3 and accuracy["defining_settings"] == ["loss_type"]
     assert {p["seed"] for p in accuracy["pair_list"]} == {"0", "1", "2"}
     assert {p["start_model"][:7] for p in accuracy["pair_list"]} == {"folder:"}  # the tiny model's content hash
     assert len({p["start_model"] for p in accuracy["pair_list"]}) == 1
-    for verdict in (accuracy, fmt):
+    # a tiny model's accuracy is mostly 0 in every run: then no verdict, since the runs cannot tell the arms apart
+    values = {x for p in accuracy["pair_list"] for x in p["a_values"] + p["b_values"]}
+    judged = [entropy] if len(values) == 1 else [accuracy, entropy]
+    if len(values) == 1:
+        assert accuracy["verdict"] == "not judged" and "every run of both arms scored" in accuracy["not_judged"]
+    for verdict in judged:
         assert verdict["verdict"] in ("agrees", "disagrees", "within noise", "inconclusive")
         assert 0 <= verdict["p_difference"] <= verdict["adjusted_p_difference"] <= 1
-    assert found["rule"]["correction"] == "holm" and found["rule"]["expectations_judged"] == 2
+    assert found["rule"]["correction"] == "holm" and found["rule"]["expectations_judged"] == len(judged)
     page = (tmp_path / "verdicts/verdicts.md").read_text()
     assert "`reinforce_with_baseline >= no_baseline`" in page and "Holm's step-down" in page
     assert "### `grpo_baseline_ablation`" in page and "![grpo_baseline_ablation_val_accuracy]" in page
@@ -223,8 +229,10 @@ def test_planted_stores_give_the_verdicts_the_rule_gives(prefect_harness, tmp_pa
     assert baseline["mean"] == pytest.approx(want.sample.mean) and baseline["verdict"] == want.word
     assert baseline["adjusted_p_difference"] == pytest.approx(want.adjusted_difference)
     assert prompt["verdict"] == "not judged" and "trained with prompt=r1_zero" in prompt["not_judged"]
-    assert prompt["pairs"] == 4
+    assert prompt["pairs"] == 0 and len(prompt["set_apart"]) == 4  # each from the start model trained for r1_zero
+    assert all("trained with prompt=r1_zero" in pair["why"] for pair in prompt["set_apart"])
     page = (tmp_path / "out/verdicts.md").read_text()
+    assert "Set apart (4 pairs, not judged):" in page
     assert "## Runs left out" in page and "the flow that ran it ended FAILED" in page
     assert result["runs_read"] == 2 + 8 * 3  # every run once (parents too): not the 3 of the copied store again
 

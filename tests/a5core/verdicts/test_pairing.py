@@ -20,7 +20,7 @@ def test_arms_are_learnt_from_labels_and_pair_by_start_model_and_seed():
     arms = pair_arms(parse_expectation("dapo >= grpo", experiment="grpo_dapo_ablation"), dapo_like())
     assert arms.keys == ("dynamic_sampling",)
     assert sorted((p.a.seed, round(p.difference, 6)) for p in arms.pairs) == [("0", 0.05), ("1", 0.05), ("2", 0.05)]
-    assert not arms.unfair and not arms.missing
+    assert not arms.not_judged and not arms.missing
 
 
 def test_a_reference_run_made_elsewhere_serves_the_comparison_and_re_runs_count_once_as_their_mean():
@@ -93,20 +93,67 @@ def test_a_start_model_trained_with_one_arms_prompt_is_not_a_fair_comparison():
         for s in range(3)
     ]
     found = pair_arms(parse_expectation("question_only >= r1_zero"), [sft, *arms])
-    assert len(found.pairs) == 3
-    assert "trained with prompt=r1_zero" in found.unfair and sft.id[:8] in found.unfair
+    assert found.pairs == [] and len(found.set_apart) == 3  # every pair set apart: nothing left to judge
+    assert "trained with prompt=r1_zero" in found.not_judged and sft.id[:8] in found.not_judged
+    assert all("trained with prompt=r1_zero" in why for _, why in found.set_apart)
     # from a start model trained for neither prompt (or one whose training is not among the runs): fair
     neutral = run("1024", 0.01, origin="folder:base", made="folder:sft", group="sft_experiment", prompt="plain")
-    assert pair_arms(parse_expectation("question_only >= r1_zero"), [neutral, *arms]).unfair == ""
-    assert pair_arms(parse_expectation("question_only >= r1_zero"), arms).unfair == ""
+    assert pair_arms(parse_expectation("question_only >= r1_zero"), [neutral, *arms]).not_judged == ""
+    assert pair_arms(parse_expectation("question_only >= r1_zero"), arms).not_judged == ""
+
+
+def prompt_arms(origin, values, seeds):
+    """A run of each prompt arm per seed from ``origin``, each graded by its own prompt's arithmetic grader."""
+    return [
+        run(label, value, origin=origin, seed=s, prompt=label, reward_fn=grader)
+        for s in seeds
+        for label, grader, value in (
+            ("r1_zero", "arithmetic", values[0]),
+            ("question_only", "arithmetic_question_only", values[1]),
+        )
+    ]
+
+
+def test_pairs_from_a_start_model_that_favours_an_arm_are_set_apart_and_the_fair_ones_judged():
+    sft = run("1024", 0.01, origin="folder:base", made="folder:sft", group="sft_experiment", prompt="r1_zero")
+    runs = [sft, *prompt_arms("folder:sft", (0.40, 0.30), range(3)), *prompt_arms("folder:base", (0.2, 0.25), (7, 8))]
+    runs.append(run("r1_zero", 0.21, origin="folder:base", seed=9, prompt="r1_zero", reward_fn="arithmetic"))
+    runs.append(
+        run(
+            "question_only",
+            0.3,
+            origin="folder:base",
+            seed=9,
+            prompt="question_only",
+            reward_fn="arithmetic_question_only",
+        )
+    )
+    # a run that recorded no start model's hash (its parent run stands for it): what it was trained with is unknown
+    runs += prompt_arms("parent run 778f5e61", (0.4, 0.3), (4,))
+    found = pair_arms(parse_expectation("question_only >= r1_zero"), runs)
+    assert found.not_judged == ""
+    assert sorted(p.a.seed for p in found.pairs) == ["7", "8", "9"]  # the base model's pairs: trained for neither
+    assert sorted(p.a.seed for p, _ in found.set_apart) == ["0", "1", "2", "4"]
+    assert [why for p, why in found.set_apart if p.a.seed == "4"] == [
+        "its start model (parent 778f5e61) has no recorded hash: whether it favours an arm is unknown"
+    ]
+
+
+def test_arms_that_all_scored_alike_cannot_be_judged():
+    at_floor = prompt_arms("folder:base", (0.0, 0.0), range(3))
+    found = pair_arms(parse_expectation("question_only >= r1_zero"), at_floor)
+    assert len(found.pairs) == 3 and "every run of both arms scored 0.000" in found.not_judged
+    # one run off the floor: the arms can be told apart
+    moved = prompt_arms("folder:base", (0.0, 0.0), range(2)) + prompt_arms("folder:base", (0.0, 0.01), (2,))
+    assert pair_arms(parse_expectation("question_only >= r1_zero"), moved).not_judged == ""
 
 
 def test_arms_scored_by_different_graders_are_not_a_fair_comparison():
     runs = [run("strict", 0.3, reward_fn="r1_zero", seed=s) for s in range(3)] + [
         run("lenient", 0.6, reward_fn="arithmetic", seed=s) for s in range(3)
     ]
-    assert "different graders" in pair_arms(parse_expectation("lenient >= strict"), runs).unfair
+    assert "different graders" in pair_arms(parse_expectation("lenient >= strict"), runs).not_judged
     mismatched = [run("a", 0.3, prompt="question_only", reward_fn="arithmetic", seed=0)] + [
         run("b", 0.3, prompt="r1_zero", reward_fn="r1_zero", seed=0)
     ]
-    assert "not the grader of its prompt" in pair_arms(parse_expectation("a >= b"), mismatched).unfair
+    assert "not the grader of its prompt" in pair_arms(parse_expectation("a >= b"), mismatched).not_judged
