@@ -4,8 +4,10 @@ First the card's own limits, measured here: a device-to-device copy (bytes read 
 bf16 8192³ matmul (FLOP/s). Then, for each batch size: what a decode step must move and compute
 (``benchmarks/_roofline.py``), the time that allows, the compiled decode step's measured time (the engine's
 ``StaticKVDecoder``, one CUDA graph, median of ``--steps``), the engine's whole loop per new token (sampling, the
-host's bookkeeping and the prefill included) with the prefill's share of it, and the step's kernels by kind from
-torch.profiler (matmuls, attention, elementwise and norms, copies, the rest), each against its share of the floor.
+host's bookkeeping and the prefill included) with the prefill's share of it and, from a profile of it, what a token
+spends beyond the step (kernels the step does not run, and time with no kernel running: the GPU waiting on the
+host; the longest such kernels are printed), and the step's kernels by kind from torch.profiler (matmuls,
+attention, elementwise and norms, copies, the rest), each against its share of the floor.
 
     python benchmarks/roofline.py [--model-dir DIR] [--batches 64 256] [--prompt 200] [--new 256] [--tiny]
 
@@ -91,30 +93,49 @@ def decode_step_ms(model, batch: int, prompt: int, new: int, device: str, steps:
     positions = torch.full((batch,), filled, device=device)
     slot = torch.full((1,), filled, device=device)
     median = statistics.median(timed(lambda: decoder.decode(tokens, positions, slot, attend), steps))
+    per_kernel = kernel_ms(lambda: decoder.decode(tokens, positions, slot, attend), 5, device)
     kinds: dict[str, float] = {}
-    if device.startswith("cuda"):
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
-                decoder.decode(tokens, positions, slot, attend)
-            _model.cuda_sync()
-        per_kernel = {}
-        for event in prof.key_averages():
-            us = getattr(event, "device_time_total", 0) or getattr(event, "cuda_time_total", 0)
-            if us:
-                per_kernel[event.key] = us / 5 / 1e3
-        for name, ms in per_kernel.items():
-            kind = kind_of(name)
-            kinds[kind] = kinds.get(kind, 0.0) + ms
-        for name, ms in sorted(per_kernel.items(), key=lambda item: -item[1])[:5]:
-            print(f"batch {batch}: {ms:.3f} ms a step, {kind_of(name)}: {name[:120]}")
-    return median, kinds
+    for name, ms in per_kernel.items():
+        kinds[kind_of(name)] = kinds.get(kind_of(name), 0.0) + ms
+    for name, ms in sorted(per_kernel.items(), key=lambda item: -item[1])[:5]:
+        print(f"batch {batch}: {ms:.3f} ms a step, {kind_of(name)}: {name[:120]}")
+    return median, kinds, per_kernel
 
 
-def engine_ms_per_token(model, tokenizer, batch: int, prompt: int, new: int) -> tuple[float, float]:
-    """The engine's whole ``generate`` per new token (fixed length: every row ``new`` tokens), prefill included, and
-    the prefill's part of it: a ``generate`` of one token (the prefill and one sampled token), spread over ``new``."""
+def kernel_ms(fn, units: int, device: str) -> dict[str, float]:
+    """Each CUDA kernel's (and copy's) device time per unit, in ms, over one profiled ``fn()`` that does ``units``
+    units of work (steps, tokens); empty off CUDA."""
+    if not device.startswith("cuda"):
+        return {}
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        _model.cuda_sync()
+    found = {}
+    for event in prof.key_averages():
+        us = getattr(event, "device_time_total", 0) or getattr(event, "cuda_time_total", 0)
+        if us:
+            found[event.key] = us / units / 1e3
+    return found
+
+
+def loop_outside_step(
+    loop_ms: float, loop_kernels: dict[str, float], step_kernels: dict[str, float]
+) -> tuple[float, float, list[tuple[str, float]]]:
+    """Where a token of the engine's loop goes beyond its decode step: (ms of kernels whose names the step does not
+    run: sampling, bookkeeping, the prefill; ms with no kernel running: the GPU waiting on the host, ``loop_ms`` less
+    every kernel's time; those kernels, longest first)."""
+    outside = sorted(((k, ms) for k, ms in loop_kernels.items() if k not in step_kernels), key=lambda kv: -kv[1])
+    return sum(ms for _, ms in outside), loop_ms - sum(loop_kernels.values()), outside
+
+
+def engine_ms_per_token(
+    model, tokenizer, batch: int, prompt: int, new: int, device: str
+) -> tuple[float, float, dict[str, float]]:
+    """The engine's whole ``generate`` per new token (fixed length: every row ``new`` tokens), prefill included; the
+    prefill's part of it: a ``generate`` of one token (the prefill and one sampled token), spread over ``new``; and
+    a profiled ``generate``'s kernels, ms per new token (:func:`kernel_ms`)."""
     from a5core.engines import SamplingSettings
     from a5core.engines.hf import HFEngine
     from benchmarks.rollout import prompts_of
@@ -122,11 +143,14 @@ def engine_ms_per_token(model, tokenizer, batch: int, prompt: int, new: int) -> 
     engine = HFEngine(model, tokenizer, batch_size=batch)
     prompts = prompts_of(tokenizer, batch, prompt, model.config.vocab_size)
 
-    def generate(tokens: int) -> float:
-        settings = SamplingSettings(temperature=1.0, max_tokens=tokens, min_tokens=tokens, seed=0)
-        return statistics.median(timed(lambda: engine.generate(prompts, settings), 2))
+    def settings(tokens: int) -> SamplingSettings:
+        return SamplingSettings(temperature=1.0, max_tokens=tokens, min_tokens=tokens, seed=0)
 
-    return generate(new) / new, generate(1) / new
+    def generate(tokens: int) -> float:
+        return statistics.median(timed(lambda: engine.generate(prompts, settings(tokens)), 2))
+
+    kernels = kernel_ms(lambda: engine.generate(prompts, settings(new)), new, device)
+    return generate(new) / new, generate(1) / new, kernels
 
 
 def main() -> None:
@@ -146,8 +170,11 @@ def main() -> None:
     for batch in args.batches:
         cost = decode_step_cost(model.config, batch, args.prompt + args.new // 2, dtype_bytes=element)
         floor = cost.floor_ms(bandwidth, peak)
-        step, kinds = decode_step_ms(model, batch, args.prompt, args.new, device, args.steps)
-        loop, prefill = engine_ms_per_token(model, tokenizer, batch, args.prompt, args.new)
+        step, kinds, step_kernels = decode_step_ms(model, batch, args.prompt, args.new, device, args.steps)
+        loop, prefill, loop_kernels = engine_ms_per_token(model, tokenizer, batch, args.prompt, args.new, device)
+        outside, idle, longest = loop_outside_step(loop, loop_kernels, step_kernels)
+        for name, ms in longest[:5]:
+            print(f"batch {batch}: {ms:.3f} ms a token outside the step, {kind_of(name)}: {name[:120]}")
         floors = cost.floors_by_kind(bandwidth, peak)
         by_kind = ", ".join(
             f"{k} {ms:.2f}" + (f" (floor {floors[k]:.2f})" if k in floors else "")
@@ -162,6 +189,7 @@ def main() -> None:
                 f"{step:.2f} ({floor / step:.2f})",
                 f"{loop:.2f} ({floor / loop:.2f})",
                 f"{prefill:.2f}",
+                f"{outside:.2f}, {idle:.2f}" if loop_kernels else "n/a (no CUDA)",
                 f"{batch / loop * 1e3:,.0f}",
                 by_kind,
             ]
@@ -179,6 +207,7 @@ def main() -> None:
         "decode step, ms (of floor)",
         "engine per token, ms (of floor)",
         "of which the prefill, ms",
+        "a token's kernels outside the step, GPU idle (ms)",
         "tok/s",
         "step's kernels by kind (ms)",
     ]

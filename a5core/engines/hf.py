@@ -338,9 +338,9 @@ class HFEngine:
         for step in range(s.max_tokens):
             token = torch.where(finished, self.pad_id, self._sample(logits, s, step, eos))
             generated[live, step] = token
-            if sampled is not None:
-                picked = logits.float().gather(-1, token[:, None]).squeeze(-1)
-                sampled[live, step] = picked - torch.logsumexp(logits.float(), dim=-1)
+            if sampled is not None:  # one fp32 copy of the (B, V) logits, not one for each read
+                scores = logits.float()
+                sampled[live, step] = scores.gather(-1, token[:, None]).squeeze(-1) - torch.logsumexp(scores, dim=-1)
             finished |= torch.isin(token, eos)
             if s.stop:
                 flagged |= self._may_stop(token, candidates)

@@ -70,3 +70,14 @@ def test_a_kernel_is_counted_under_its_kind(kernel, kind):
     from benchmarks.roofline import kind_of
 
     assert kind_of(kernel) == kind
+
+
+def test_a_loop_token_beyond_its_step_is_split_into_other_kernels_and_idle_time():
+    from benchmarks.roofline import loop_outside_step
+
+    step = {"nvjet_gemm": 2.0, "triton_red_fused_rmsnorm_0": 0.5}
+    loop = {"nvjet_gemm": 2.1, "triton_red_fused_rmsnorm_0": 0.5, "gumbel_max": 0.3, "index_put": 0.1}
+    outside, idle, longest = loop_outside_step(4.0, loop, step)
+    assert outside == pytest.approx(0.4) and idle == pytest.approx(4.0 - 3.0)
+    assert [name for name, _ in longest] == ["gumbel_max", "index_put"]
+    assert loop_outside_step(4.0, {}, step) == (0, 4.0, [])  # off CUDA: no profile, every ms unexplained
