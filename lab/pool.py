@@ -24,7 +24,10 @@ Queue lines (``lab/queues/verdicts_4.txt``): ``NAME [ref=A,B] MODULE ARGS...;`` 
 ``NAME rc=R origin=HASH call=TAG archive=FILE wall_s=S`` (origin ``base`` for runs from the base model).
 
     python3 lab/pool.py --queue lab/queues/verdicts_4.txt --done lab/queues/verdicts_4.done --tag session15_call2 \
-        --seconds 560 [--plan]     # --plan: print what it would start, and exit
+        --seconds 560 [--plan] [--fill-tail]
+                                   # --plan: print what it would start, and exit; --fill-tail: in the call's last
+                                   # minutes, start GRPO runs that cannot end in time; they checkpoint, are killed
+                                   # at the deadline (rc 124) and resume in the next call on this warm machine
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ OVERHEAD_GIB = 1.0  # a process's CUDA context and non-PyTorch memory, beyond it
 MAX_AT_ONCE = 14  # 12 at once gave 2.2 runs a GPU-minute on an H200 (CPU-bound: 16 cores)
 BASE_BESIDE_PRE = 2  # base-model runs (SFT, GPU-heavy) started beside the start model's SFT: more slow it down
 PACK_SECONDS = 25  # kept at the end of the call for packing
+TAIL_SHARE = (
+    0.5  # --fill-tail starts a run with this share of its wall left: gpu-small's GRPO checkpoints every 15 of 40
+)
 SCALE = float(os.environ.get("POOL_SCALE", "1"))  # estimates × SCALE (a dry run with short fake flows)
 PART_BYTES = 15 * 1024**2  # an archive part's limit (16 MiB a file comes back)
 PRE = os.environ.get("POOL_PRE") or (  # POOL_PRE, POOL_DIFFICULTY: other commands (a dry run of the pool)
@@ -68,18 +74,20 @@ class Kind:
     wall: float  # seconds at 12 at once (records_session13/14 pool.txt; session 15's H100 walls at 6-8 at once)
     procs: int = 1  # processes that hold a CUDA context (one-step-off: trainer and engine)
     share: bool = True  # pass --gpu-memory-fraction
+    resumes: bool = False  # a flows.grpo run that checkpoints and, started again in its folder, resumes
 
 
 # GiB from the records: a GRPO run held 6.3 GiB at 0.07 of an H100 (5.5 GiB allowed) and ran out of it; 0.1 (7.9 GiB)
 # held; E4_tb128 failed at 5.5 GiB with 3.4 GiB reserved unallocated (fragments), Expert Iteration at 5.5 GiB with 5.0
 # allocated asking 0.4 more (an SFT micro-batch of 8,192 tokens). SFT (16,384 tokens a micro-batch, 49k vocabulary)
 # holds its fp32 logits and their gradient: ~3 GiB each.
+# E4's wall: session 18's H100 ran E4_tb64 in 336-405 s at 7 at once (400 estimated 297: one run killed at the end).
 KINDS = {
-    "grpo": Kind(8.0, 250),
-    "clip": Kind(9.0, 290),
-    "e4": Kind(10.0, 400),
-    "dapo": Kind(8.0, 370),
-    "recipe": Kind(8.0, 740),  # the RL recipe's candidates (lab/queues/rl_recipe.txt): dynamic sampling, 80 steps
+    "grpo": Kind(8.0, 250, resumes=True),
+    "clip": Kind(9.0, 290, resumes=True),
+    "e4": Kind(10.0, 520, resumes=True),
+    "dapo": Kind(8.0, 370, resumes=True),
+    "recipe": Kind(8.0, 740, resumes=True),  # the RL recipe's candidates (lab/queues/rl_recipe.txt): 80 steps
     "async": Kind(9.0, 370, procs=2),
     "ei": Kind(11.0, 330),
     "sizes_a": Kind(18.0, 480),
@@ -243,11 +251,16 @@ class Pool:
 
     def fits(self, entry: Entry) -> bool:
         n = len(self.running) + 1
-        return (
-            n <= self.at_once
-            and self.held() + self.need(entry.kind) <= self.budget
-            and self.estimate(entry.kind, n) <= self.left()
-        )
+        return n <= self.at_once and self.held() + self.need(entry.kind) <= self.budget and self.in_time(entry, n)
+
+    def in_time(self, entry: Entry, n: int) -> bool:
+        """Whether ``entry``, started now with ``n`` running, ends before the deadline or (``--fill-tail``) is a run
+        that resumes and has time to pass its first checkpoints: killed at the deadline, it resumes in the next call
+        on this warm machine, in a slot that would otherwise have stood idle (lost if the machine goes)."""
+        wall = self.estimate(entry.kind, n)
+        if wall <= self.left():
+            return True
+        return self.args.fill_tail and KINDS[entry.kind].resumes and self.left() >= TAIL_SHARE * wall
 
     def start(self, entry: Entry, own: bool = True) -> None:
         folder = DEVRUN / entry.name
@@ -281,9 +294,12 @@ class Pool:
         self.running[entry.name] = (proc, now, entry, self.estimate(entry.kind, len(self.running) + 1))
         with open(self.calldir / "pool.txt", "a") as f:
             f.write(f"{entry.name} start {int(now)}\n")
+        tail = (
+            "; ends after the deadline: resumes in the next call" if self.running[entry.name][3] > self.left() else ""
+        )
         self.log(
             f"start {entry.name} ({entry.kind}, {self.need(entry.kind):.0f} GiB, about "
-            f"{self.running[entry.name][3]:.0f} s; {len(self.running)} running, {self.held():.0f} GiB)"
+            f"{self.running[entry.name][3]:.0f} s; {len(self.running)} running, {self.held():.0f} GiB{tail})"
         )
 
     def reap(self) -> None:
@@ -524,6 +540,7 @@ def main() -> None:
     ap.add_argument("--tag", required=True)
     ap.add_argument("--seconds", type=float, default=560)
     ap.add_argument("--plan", action="store_true")
+    ap.add_argument("--fill-tail", action="store_true", help="start resumable runs that end after the deadline")
     args = ap.parse_args()
     out = Path(os.environ.get("OUT", "/tmp/pool_out"))
     out.mkdir(parents=True, exist_ok=True)

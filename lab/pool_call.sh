@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call of the verdict runs (issue 56), self-contained: what it starts ends inside it, and what ended is
-# packed under $OUT before it returns (lab/pool.py). The carried packages, data and GGUF, on a fresh machine two calls:
+# One device call of the verdict runs (issue 56), self-contained: what ended is packed under $OUT before it returns
+# (lab/pool.py); what it starts ends inside it, but for runs started in its last minutes to resume in the next call. The carried packages, data and GGUF, on a fresh machine two calls:
 #   bash lab/pool_call.sh setup      # call 1, carry .devA/site.tar.xz and .devG1: packages unpacked, imports checked,
 #                                    #   the GGUF's first part kept in /tmp/gguf; the tree's size
 #   TAG=session15_call2 bash lab/pool_call.sh
@@ -8,7 +8,9 @@
 #                                    #   machine that has them, nothing: the GGUF joined and checked, the data placed,
 #                                    #   CUDA MPS on, then lab/pool.py with the call's time left (LIMIT, default
 #                                    #   585 s of a 600 s command) over QUEUE (default lab/queues/verdicts_6.txt) and
-#                                    #   its state DONE (lab/queues/verdicts_6.done)
+#                                    #   its state DONE (lab/queues/verdicts_6.done); runs that cannot end in the
+#                                    #   call start in its last minutes and resume in the next (lab/pool.py
+#                                    #   --fill-tail), except with LAST=1: the session's last call
 # Build the carried parts on the CPU machine: lab/device_carry.sh site; lab/device_carry.sh data;
 # GGUF_PART1_BYTES=42000000 lab/device_carry.sh gguf. The tree travels without lab/records (40 MB) and the folders
 # the device needs not, so that a call carries ~63 MB with the parts: before the calls
@@ -70,4 +72,5 @@ if ! echo get_server_list | nvidia-cuda-mps-control > /dev/null 2>&1; then
   nvidia-cuda-mps-control -d && echo "CUDA MPS on" || echo "CUDA MPS: could not start, runs time-slice"
 fi
 python3 lab/pool.py --queue "${QUEUE:-lab/queues/verdicts_6.txt}" --done "${DONE:-lab/queues/verdicts_6.done}" \
-  --tag "${TAG:?TAG: the name of this call, e.g. session15_call2}" --seconds $((LIMIT - (SECONDS - T0))) ${PLAN:+--plan}
+  --tag "${TAG:?TAG: the name of this call, e.g. session15_call2}" --seconds $((LIMIT - (SECONDS - T0))) ${PLAN:+--plan} \
+  $([ "${LAST:-}" = 1 ] || echo --fill-tail)
