@@ -13,7 +13,8 @@ model, settings and seed count once, as their mean; each expectation's pairs are
 parity within ``--margin``, the p-values of all expectations are corrected together (``--correction holm``, or
 ``bh`` for a false-discovery rate), and each gets a verdict: agrees / disagrees / within noise / inconclusive /
 too few runs, or "not judged" where its arms differ in more than the setting under test or every run of both
-scored alike (:mod:`a5core.verdicts.decide`); a pair whose start model favours one arm is set apart. The flow writes into ``output_dir``:
+scored alike (:mod:`a5core.verdicts.decide`); a pair whose start model favours one arm is set apart. The flow
+writes into ``output_dir``:
 
 - ``verdicts.md``: the findings (each verdict before and after the correction, the differences beyond which it
   would have been decided, how many more pairs would likely decide it), how they were decided, the pairs behind
