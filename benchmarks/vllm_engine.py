@@ -6,8 +6,9 @@ to a temporary folder for vLLM to start from. Random weights never write EOS, so
 log-uniformly between 30 and the maximum, ``benchmarks/_lengths.py``; vLLM gets them as per-request
 ``min_tokens`` = ``max_tokens``, the hf engine as an EOS forced into its sampler).
 
-- ``rollouts``: batch 256 × 200-token prompts, 512 new tokens at temperature 1, both engines in this process
-  (vLLM at ``--memory-fraction``); tok/s fixed and varied, after one warm-up call each.
+- ``rollouts``: batch 256 × 200-token prompts, 512 new tokens at temperature 1 (vLLM at ``--memory-fraction``);
+  tok/s fixed and varied, after one warm-up call each; each engine in ``--processes`` processes (default 3), one
+  after another, each figure their median with their range.
 - ``push``: ``VLLMEngine.load_weights`` of the 1.5B policy, median of ``--pushes`` (after one), awake and asleep
   (``sleep_when_idle``: the push first maps the weights back).
 - ``grpo``: ``--steps`` GRPO steps, 256 rollouts (32 × 8) of 400 tokens (or 30–1,024), train batch 256, bf16
@@ -17,7 +18,7 @@ log-uniformly between 30 and the maximum, ``benchmarks/_lengths.py``; vLLM gets 
   ``gpu_memory_utilization`` (0.3, the old default); each
   setting in its own process; the GPU's used memory sampled every 10 ms (vLLM's memory included).
 
-    python benchmarks/vllm_engine.py rollouts [--lengths fixed varied] [--engines vllm hf]
+    python benchmarks/vllm_engine.py rollouts [--lengths fixed varied] [--engines vllm hf] [--processes 3]
     python benchmarks/vllm_engine.py push
     python benchmarks/vllm_engine.py grpo [--settings hf vllm vllm-awake] [--lengths fixed varied] [--steps 6]
 """
@@ -109,7 +110,9 @@ def vllm_lengths(engine, low: int, high: int, seed: int = 0):
         engine.llm.generate = generate
 
 
-def rollouts(args) -> None:
+def rollout_one(args) -> dict:
+    """One engine's (``--engine``) rollouts in this process: its first call's seconds, then fixed and (with
+    ``varied`` in ``--lengths``) varied lengths, each after a warm-up call."""
     from a5core.engines import SamplingSettings
     from a5core.engines.hf import HFEngine
     from a5core.engines.vllm import VLLMEngine
@@ -119,37 +122,70 @@ def rollouts(args) -> None:
         model, tokenizer, description = saved_model(args, Path(folder))
         prompts = prompts_of(tokenizer, args.batch, args.prompt, model.config.vocab_size)
         sampling = SamplingSettings(temperature=1.0, max_tokens=args.new, min_tokens=args.new, seed=0)
-        rows = []
-        for name in args.engines:
-            if name == "vllm":
-                engine = VLLMEngine(folder, dtype="bfloat16", gpu_memory_utilization=args.memory_fraction)
-                varied = lambda e=engine: vllm_lengths(e, SHORTEST, args.new, seed=1)  # noqa: E731
-                label = f"vLLM {engine._vllm.__version__}"
-            else:
-                engine = HFEngine(model, tokenizer, batch_size=args.batch)
-                varied = lambda e=engine: forced_lengths(e, SHORTEST, args.new, seed=1)  # noqa: E731
-                label = "a5 hf engine"
-            _, first = timed(lambda e=engine: e.generate(prompts, sampling))
-            groups, seconds = timed(lambda e=engine: e.generate(prompts, sampling))
-            assert all(len(group[0].token_ids) == args.new for group in groups)
-            fixed = len(prompts) * args.new / seconds
-            rows.append([label, "fixed", f"{first:.1f}", f"{seconds:.2f}", f"{fixed:,.0f}", "—"])
+        if args.engine == "vllm":
+            engine = VLLMEngine(folder, dtype="bfloat16", gpu_memory_utilization=args.memory_fraction)
+            varied = vllm_lengths(engine, SHORTEST, args.new, seed=1)
+            label = f"vLLM {engine._vllm.__version__}"
+        else:
+            engine = HFEngine(model, tokenizer, batch_size=args.batch)
+            varied = forced_lengths(engine, SHORTEST, args.new, seed=1)
+            label = "a5 hf engine"
+        _, first = timed(lambda: engine.generate(prompts, sampling))
+        groups, seconds = timed(lambda: engine.generate(prompts, sampling))
+        assert all(len(group[0].token_ids) == args.new for group in groups)
+        found = {"label": label, "description": description, "first": first, "seconds": seconds,
+                 "fixed": len(prompts) * args.new / seconds}  # fmt: skip
+        if "varied" in args.lengths:
+            with varied:
+                timed(lambda: engine.generate(prompts, sampling))  # the shapes they reach compile here
+                groups, seconds = timed(lambda: engine.generate(prompts, sampling))
+            generated = sum(len(group[0].token_ids) for group in groups)
+            found |= {"varied_seconds": seconds, "varied": generated / seconds, "mean": generated / len(groups)}
+    return found
+
+
+def spread(values: list[float], form: str = "{:,.0f}") -> str:
+    """``median (min–max, n processes)`` of one figure measured in several processes."""
+    median = form.format(statistics.median(values))
+    if len(values) == 1:
+        return median
+    return f"{median} ({form.format(min(values))}–{form.format(max(values))}, {len(values)} processes)"
+
+
+def rollouts(args) -> None:
+    """Each engine in ``--processes`` processes of its own, one after another: a figure is their median, with
+    their range (one process's tok/s can stray far from another's)."""
+    rows, description = [], ""
+    for name in args.engines:
+        runs = []
+        for _ in range(args.processes):
+            command = [sys.executable, __file__, "rollout-one", "--engine", name, *sys.argv[2:]]
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode:
+                print(done.stdout[-3000:], done.stderr[-6000:], flush=True)
+                continue
+            runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        if not runs:
+            rows.append([name, "failed", "", "", "", ""])
+            continue
+        description, label = runs[0]["description"], runs[0]["label"]
+        fixed = [r["fixed"] for r in runs]
+        rows.append([label, "fixed", spread([r["first"] for r in runs], "{:.1f}"),
+                     spread([r["seconds"] for r in runs], "{:.2f}"), spread(fixed), "—"])  # fmt: skip
+        print(rows[-1], flush=True)
+        if "varied" in args.lengths:
+            varied = [r["varied"] for r in runs]
+            mean = statistics.median(r["mean"] for r in runs)
+            rows.append([label, f"varied {SHORTEST}–{args.new} (mean {mean:.0f})", "—",
+                         spread([r["varied_seconds"] for r in runs], "{:.2f}"), spread(varied),
+                         f"{statistics.median(varied) / statistics.median(fixed):.0%}"])  # fmt: skip
             print(rows[-1], flush=True)
-            if "varied" in args.lengths:
-                with varied():
-                    timed(lambda e=engine: e.generate(prompts, sampling))  # the shapes they reach compile here
-                    groups, seconds = timed(lambda e=engine: e.generate(prompts, sampling))
-                generated = sum(len(group[0].token_ids) for group in groups)
-                mean = generated / len(groups)
-                speed = generated / seconds
-                rows.append([label, f"varied {SHORTEST}–{args.new} (mean {mean:.0f})", "—", f"{seconds:.2f}",
-                             f"{speed:,.0f}", f"{speed / fixed:.0%}"])  # fmt: skip
-                print(rows[-1], flush=True)
     report(
         "Rollouts: vLLM beside the hf engine",
         f"{description} · batch {args.batch} · {args.prompt}-token prompts · {args.new} new tokens · temperature 1 · "
         f"vLLM gpu_memory_utilization {args.memory_fraction}, CUDA graphs; hf: shrinking decode, Gumbel-max, sdpa · "
-        f"torch {torch.__version__} · targets: vLLM ≥ 50k tok/s, varied ≥ 80% of fixed",
+        f"each engine in {args.processes} processes: median (range) · torch {torch.__version__} · targets: vLLM "
+        "≥ 50k tok/s, varied ≥ 80% of fixed",
         ["engine", "lengths", "first call s", "seconds", "new tok/s", "of fixed"],
         rows,
         record=not args.tiny,
@@ -309,10 +345,11 @@ def grpo(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("rollouts", "push", "grpo", "grpo-one"))
+    parser.add_argument("mode", choices=("rollouts", "rollout-one", "push", "grpo", "grpo-one"))
     _model.add_arguments(parser)
     parser.add_argument("--memory-fraction", type=float, default=0.4, help="vLLM's share (rollouts, push)")
     parser.add_argument("--engines", nargs="+", choices=("vllm", "hf"), default=["vllm", "hf"])
+    parser.add_argument("--processes", type=int, default=3, help="processes an engine's rollouts run in, each anew")
     parser.add_argument("--lengths", nargs="+", choices=("fixed", "varied"), default=["fixed", "varied"])
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--prompt", type=int, default=200)
@@ -326,10 +363,11 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=1024)
     parser.add_argument("--token-budget", type=int, default=32768)
     parser.add_argument("--setting", choices=("hf", "vllm", "vllm-awake"), help=argparse.SUPPRESS)
+    parser.add_argument("--engine", choices=("vllm", "hf"), help=argparse.SUPPRESS)
     parser.add_argument("--length", choices=("fixed", "varied"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.mode == "grpo-one":
-        print(json.dumps(grpo_setting(args)))
+    if args.mode in ("grpo-one", "rollout-one"):
+        print(json.dumps(grpo_setting(args) if args.mode == "grpo-one" else rollout_one(args)))
         return
     {"rollouts": rollouts, "push": push, "grpo": grpo}[args.mode](args)
 
