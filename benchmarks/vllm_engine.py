@@ -144,6 +144,17 @@ def rollout_one(args) -> dict:
     return found
 
 
+def in_own_process(mode: str, *flags: str) -> dict | None:
+    """This script's one-process ``mode`` (``rollout-one``, ``grpo-one``) with ``flags`` and this command's own
+    arguments, in a fresh process: the JSON it prints last, or None (its output's tail printed) if it failed."""
+    command = [sys.executable, __file__, mode, *flags, *sys.argv[2:]]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        print(done.stdout[-3000:], done.stderr[-6000:], flush=True)
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def spread(values: list[float], form: str = "{:,.0f}") -> str:
     """``median (min–max, n processes)`` of one figure measured in several processes."""
     median = form.format(statistics.median(values))
@@ -159,12 +170,8 @@ def rollouts(args) -> None:
     for name in args.engines:
         runs = []
         for _ in range(args.processes):
-            command = [sys.executable, __file__, "rollout-one", "--engine", name, *sys.argv[2:]]
-            done = subprocess.run(command, capture_output=True, text=True)
-            if done.returncode:
-                print(done.stdout[-3000:], done.stderr[-6000:], flush=True)
-                continue
-            runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            if (found := in_own_process("rollout-one", "--engine", name)) is not None:
+                runs.append(found)
         if not runs:
             rows.append([name, "failed", "", "", "", ""])
             continue
@@ -305,14 +312,10 @@ def grpo(args) -> None:
     rows = []
     for length in args.lengths:
         for setting in args.settings:
-            command = [sys.executable, __file__, "grpo-one", "--setting", setting, "--length", length,
-                       *sys.argv[2:]]  # fmt: skip
-            done = subprocess.run(command, capture_output=True, text=True)
-            if done.returncode:
-                print(done.stdout[-3000:], done.stderr[-6000:], flush=True)
+            r = in_own_process("grpo-one", "--setting", setting, "--length", length)
+            if r is None:
                 rows.append([labels[setting], length, "failed", *[""] * 10])
                 continue
-            r = json.loads(done.stdout.strip().splitlines()[-1])
             fraction = "" if r["fraction"] is None else f" ({r['fraction']:.2f})"
             rows.append([labels[setting] + fraction, length, f"{r['first']:.1f}", f"{r['median']:.2f}",
                          f"{r['max']:.2f}", *[f"{r['phases'][p]:.2f}" for p in PHASES],

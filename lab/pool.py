@@ -53,9 +53,8 @@ OVERHEAD_GIB = 1.0  # a process's CUDA context and non-PyTorch memory, beyond it
 MAX_AT_ONCE = 14  # 12 at once gave 2.2 runs a GPU-minute on an H200 (CPU-bound: 16 cores)
 BASE_BESIDE_PRE = 2  # base-model runs (SFT, GPU-heavy) started beside the start model's SFT: more slow it down
 PACK_SECONDS = 25  # kept at the end of the call for packing
-TAIL_SHARE = (
-    0.5  # --fill-tail starts a run with this share of its wall left: gpu-small's GRPO checkpoints every 15 of 40
-)
+# --fill-tail starts a run with this share of its wall left: gpu-small's GRPO checkpoints every 15 of 40 steps
+TAIL_SHARE = 0.5
 SCALE = float(os.environ.get("POOL_SCALE", "1"))  # estimates × SCALE (a dry run with short fake flows)
 PART_BYTES = 15 * 1024**2  # an archive part's limit (16 MiB a file comes back)
 PRE = os.environ.get("POOL_PRE") or (  # POOL_PRE, POOL_DIFFICULTY: other commands (a dry run of the pool)
@@ -290,16 +289,14 @@ class Pool:
         proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
         )
-        now = time.time()
-        self.running[entry.name] = (proc, now, entry, self.estimate(entry.kind, len(self.running) + 1))
+        now, wall = time.time(), self.estimate(entry.kind, len(self.running) + 1)
+        self.running[entry.name] = (proc, now, entry, wall)
         with open(self.calldir / "pool.txt", "a") as f:
             f.write(f"{entry.name} start {int(now)}\n")
-        tail = (
-            "; ends after the deadline: resumes in the next call" if self.running[entry.name][3] > self.left() else ""
-        )
+        tail = "; ends after the deadline: resumes in the next call" if wall > self.left() else ""
         self.log(
-            f"start {entry.name} ({entry.kind}, {self.need(entry.kind):.0f} GiB, about "
-            f"{self.running[entry.name][3]:.0f} s; {len(self.running)} running, {self.held():.0f} GiB{tail})"
+            f"start {entry.name} ({entry.kind}, {self.need(entry.kind):.0f} GiB, about {wall:.0f} s; "
+            f"{len(self.running)} running, {self.held():.0f} GiB{tail})"
         )
 
     def reap(self) -> None:
