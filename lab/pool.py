@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -88,6 +89,9 @@ KINDS = {
     "dapo": Kind(8.0, 370, resumes=True),
     "recipe": Kind(8.0, 740, resumes=True),  # the RL recipe's candidates (lab/queues/rl_recipe.txt): 80 steps
     "async": Kind(9.0, 370, procs=2),
+    # --backend vllm: the policy (~4 GiB with its reserve) and a colocated vLLM engine that sleeps while it trains;
+    # session 8's H200 ran two in 194-269 s, few at once. It waits for vLLM to be carried (lab/carry_vllm.sh).
+    "vllm": Kind(14.0, 300),
     "ei": Kind(11.0, 330),
     "sizes_a": Kind(18.0, 480),
     "sizes_b": Kind(18.0, 420),
@@ -99,27 +103,26 @@ KINDS = {
 BASE_MODEL = "smollm2-135m-instruct"  # an entry that names it starts from the base model, not the SFT start model
 
 
+# An entry's kind: the first rule whose pattern its command matches (else "grpo"); names first (sft, difficulty, rl_*)
+KIND_RULES = [
+    (r"flows\.sft_experiment .*\bfull\b", "sizes_a"),
+    (r"flows\.sft_experiment", "sizes_b"),
+    (r"flows\.expert_iteration", "ei"),
+    (r"--backend vllm", "vllm"),
+    (r"E4_tb", "e4"),
+    (r"grpo_async_ablation", "async"),
+    (r"\[(dapo|dynamic_sampling)\]", "dapo"),
+    (r"\[(grpo_clip|grpo_no_clip|gspo|E2_tb\d+)\]", "clip"),
+]
+
+
 def kind_of(name: str, words: list[str]) -> str:
-    text = " ".join(words)
-    if name == "sft":
-        return "pre"
-    if name == "difficulty":
-        return "difficulty"
+    if name in ("sft", "difficulty"):
+        return "pre" if name == "sft" else "difficulty"
     if name.startswith("rl_"):
         return "recipe"
-    if "flows.sft_experiment" in text:
-        return "sizes_a" if "full" in text else "sizes_b"
-    if "flows.expert_iteration" in text:
-        return "ei"
-    if "E4_tb" in text:
-        return "e4"
-    if "grpo_async_ablation" in text:
-        return "async"
-    if re.search(r"\[(dapo|dynamic_sampling)\]", text):
-        return "dapo"
-    if re.search(r"\[(grpo_clip|grpo_no_clip|gspo|E2_tb\d+)\]", text):
-        return "clip"
-    return "grpo"
+    text = " ".join(words)
+    return next((kind for pattern, kind in KIND_RULES if re.search(pattern, text)), "grpo")
 
 
 @dataclass
@@ -151,6 +154,16 @@ def parse_queue(path: Path) -> list[Entry]:
         needs = "base" if from_base else "table" if "--difficulty-table" in rest else "start"
         entries.append(Entry(name, rest, refs, kind, needs))
     return entries
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def engine_here(entry: Entry) -> bool:
+    """Whether the engine ``entry`` asks for is on this machine: a ``--backend vllm`` run waits for vLLM (carried in
+    parts over calls by lab/carry_vllm.sh), while its hf references run without it."""
+    return entry.kind != "vllm" or vllm_installed()
 
 
 def read_done(path: Path) -> list[dict]:
@@ -395,6 +408,8 @@ class Pool:
         reuse = self.start_model_ok()
         todo = self.plan(entries, done)
         self.log(f"plan ({len(todo)}): {' '.join(e.name for e in todo)}")
+        if waits := [e.name for e in todo if not engine_here(e)]:
+            self.log(f"vLLM is not installed here: {' '.join(waits)} wait for it (lab/carry_vllm.sh)")
         if self.args.plan:
             return
         self.pre = self.diff = None
@@ -448,11 +463,13 @@ class Pool:
         have_start = self.origin is not None
         waiting = False
         for entry in list(todo):
-            ready = entry.needs == "base" or (have_start and (entry.needs == "start" or TABLE.exists()))
+            ready = engine_here(entry) and (
+                entry.needs == "base" or (have_start and (entry.needs == "start" or TABLE.exists()))
+            )
             if entry.needs == "base" and self.pre is not None:
                 beside = sum(e.needs == "base" and e.kind != "pre" for _, _, e, _ in self.running.values())
                 ready = ready and beside < BASE_BESIDE_PRE
-            coming = self.pre is not None or (entry.needs == "table" and self.diff is not None)
+            coming = engine_here(entry) and (self.pre is not None or (entry.needs == "table" and self.diff is not None))
             if self.estimate(entry.kind, 1) <= self.left() and (ready or coming):
                 waiting = True
             if entry.name in self.running or entry.name in self.ended or not ready:

@@ -47,6 +47,14 @@ if [ ! -s "$GGUF" ] && [ -f /tmp/gguf/gguf.xz.part1 ] && [ -f /tmp/gguf/gguf.xz.
   echo "GGUF joined and checked ($((SECONDS - T0)) s)"
 fi
 
+# vLLM, carried in parts over calls (lab/carry_vllm.sh build): each call's part kept in /tmp/vllm_parts; unpacked into
+# /tmp/vllm once the last part (the one with deps.tar.xz) is here. lab/pool.py starts --backend vllm runs only then.
+ls .devV*/* > /dev/null 2>&1 && bash lab/carry_vllm.sh stash > /dev/null
+if [ ! -d /tmp/vllm ] && [ -f /tmp/vllm_parts/deps.tar.xz ]; then
+  if bash lab/carry_vllm.sh install /tmp/vllm.new; then mv /tmp/vllm.new /tmp/vllm && echo "vLLM installed ($((SECONDS - T0)) s)"
+  else rm -rf /tmp/vllm.new; echo "pool_call: vLLM's parts did not install: the runs on it wait"; fi
+fi
+
 if [ "${1:-}" = setup ]; then
   echo "tree: $(du -sh --exclude=.devA --exclude='.devG*' . | cut -f1) without the carried parts; lab/records: $(ls lab/records 2>/dev/null | wc -l) files"
   du -sh .devA .devG* 2>/dev/null

@@ -52,3 +52,29 @@ def test_a_run_that_cannot_end_in_the_call_starts_only_to_resume_in_the_next(
     run = entry(pool_module, tmp_path, "r", kind_line)
     # about 197 s for GRPO and 250 for Expert Iteration at 7 at once (gpu-small's walls, lab/pool.py KINDS)
     assert pool.in_time(run, 7) is starts
+
+
+@pytest.mark.parametrize("vllm_here", [False, True])
+def test_a_vllm_run_waits_for_vllm_while_its_hf_reference_runs(pool_module, tmp_path, monkeypatch, vllm_here):
+    queue = tmp_path / "queue.txt"
+    queue.write_text(
+        "bph_s17 flows.grpo --config params.yaml --profile gpu-small --backend hf --seed 17;\n"
+        "bpv_s17 ref=bph_s17 flows.grpo --config params.yaml --profile gpu-small --backend vllm --seed 17;\n"
+    )
+    hf, vllm = pool_module.parse_queue(queue)
+    assert (hf.kind, vllm.kind, vllm.refs) == ("grpo", "vllm", ["bph_s17"])
+    monkeypatch.setattr(pool_module, "vllm_installed", lambda: vllm_here)
+    pool = pool_with(pool_module, 600, False)
+    pool.running, pool.ended, pool.at_once, pool.budget = {}, {}, 8, 100.0
+    pool.origin, pool.pre, pool.diff = "startmodel12", None, None
+    started = []
+
+    def start(run, own=True):  # no process: the runs it would start, in order
+        started.append(run.name)
+        pool.running[run.name] = (None, time.time(), run, 200.0)
+
+    pool.start = start
+    todo = pool.plan([hf, vllm], done=[])
+    assert [e.name for e in todo] == ["bph_s17", "bpv_s17"]
+    pool.start_ready(todo)
+    assert started == (["bph_s17", "bpv_s17"] if vllm_here else ["bph_s17"])
