@@ -3,6 +3,10 @@
 # parts small enough for one device call each.
 #
 #   lab/carry_vllm.sh build [PART_MB]   # here (PyPI reachable): .devV1/ .devV2/ ... each holding vllm.tar.xz.partN
+#   PART_BYTES="14500000 65000000" lab/carry_vllm.sh parts VLLM_TAR_XZ DEPS_TAR_XZ
+#                                       # the parts cut again (build with KEEP=1 keeps the two archives): the first
+#                                       #   of the sizes given (what the other carried files leave in calls 2 and 3
+#                                       #   of a pool's session), the rest in the last, with deps.tar.xz
 #   lab/carry_vllm.sh install DIR       # there: join the parts found under .devV*/ and unpack them into DIR
 #                                       #   (then PYTHONPATH=DIR:$PYTHONPATH); checks `import vllm` and prints versions
 #
@@ -63,13 +67,27 @@ build() {  # build [PART_MB]: .devV1/ .devV2/ ... with vllm.tar.xz.partN (vLLM a
   (cd "$build/deps" && du -sm -- * | sort -rn | head -8) || true
   XZ_OPT="-9 -T2" tar -C "$build/vllm" -cJf "$build/vllm.tar.xz" .
   XZ_OPT="-9 -T2" tar -C "$build/deps" -cJf "$build/deps.tar.xz" .
+  parts "$build/vllm.tar.xz" "$build/deps.tar.xz" "$part_mb"
+}
+
+parts() {  # parts VLLM_TAR_XZ DEPS_TAR_XZ PART_MB: .devV1/ .devV2/ ..., vllm.tar.xz cut in parts of PART_MB, or of the
+  # sizes in PART_BYTES (a list: the first parts, so as to fill what other carried files leave of each call; the rest
+  # goes in one last part), the packages' deps.tar.xz with the last part (its arrival starts the install: pool_call.sh)
+  local tar=$1 deps=$2 part_mb=$3 size offset=0 n=0 total
+  total=$(stat -c %s "$tar")
   rm -rf .devV[0-9]*
-  split -b "${part_mb}M" -d -a 1 "$build/vllm.tar.xz" "$build/part"
-  local n=0
-  for part in "$build"/part*; do
-    n=$((n + 1)) && mkdir -p ".devV$n" && mv "$part" ".devV$n/vllm.tar.xz.part$n"
+  for size in ${PART_BYTES:-}; do
+    n=$((n + 1)) && mkdir -p ".devV$n"
+    dd if="$tar" of=".devV$n/vllm.tar.xz.part$n" bs=1M iflag=skip_bytes,count_bytes skip="$offset" count="$size" status=none
+    offset=$((offset + size))
   done
-  mv "$build/deps.tar.xz" ".devV$n/"
+  while [ "$offset" -lt "$total" ]; do
+    size=$([ -n "${PART_BYTES:-}" ] && echo "$total" || echo $((part_mb * 1024 * 1024)))
+    n=$((n + 1)) && mkdir -p ".devV$n"
+    dd if="$tar" of=".devV$n/vllm.tar.xz.part$n" bs=1M iflag=skip_bytes,count_bytes skip="$offset" count="$size" status=none
+    offset=$((offset + size))
+  done
+  cp "$deps" ".devV$n/"
   ls -l .devV*/
 }
 
@@ -88,7 +106,8 @@ install() {  # install DIR: join the stashed parts and unpack them, with the pac
 
 case "${1:-}" in
   build) build "${2:-44}" ;;
+  parts) parts "${2:?parts VLLM_TAR_XZ DEPS_TAR_XZ [PART_MB]}" "${3:?deps.tar.xz}" "${4:-44}" ;;
   stash) stash ;;
   install) stash && install "${2:?install DIR}" ;;
-  *) echo "usage: $0 build [PART_MB] | stash | install DIR"; exit 2 ;;
+  *) echo "usage: $0 build [PART_MB] | parts VLLM_TAR_XZ DEPS_TAR_XZ [PART_MB] | stash | install DIR"; exit 2 ;;
 esac
