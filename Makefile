@@ -28,12 +28,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 	touch $@
 
-# The suite in TEST_WORKERS processes (pytest-xdist), a test file to a process: its module fixtures are built once.
+# The suite in TEST_WORKERS processes (pytest-xdist), a test file to a process: its module fixtures are built once;
+# files in collection order, the longest first (tests/conftest.py LONG_FILES).
 TEST_WORKERS ?= 2
 test: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The DVC pipeline with params.yaml's own profile (cpu: the small version for 2 cores), which leaves params.yaml
 # as it is (the runs record a clean commit); another PROFILE is set in it for the run (-S), which DVC rewrites.

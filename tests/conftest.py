@@ -13,6 +13,16 @@ SHARED_DATA = Path(os.environ.get("A5_SHARED_DATA", Path(__file__).resolve().par
 QWEN_DIR = SHARED_DATA / "qwen2.5-math-1.5b"
 
 
+# Test files whose tests share a module fixture of minutes (the cpu profile's three flows: 8-12 min on 2 cores): run
+# first, so that the suite never ends with one worker alone on them. `make test` passes --no-loadscope-reorder, so
+# that pytest-xdist keeps this order instead of sending files with few tests, often the long ones, last.
+LONG_FILES = ("tests/system/test_cpu_profile.py",)
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in LONG_FILES)  # stable: the rest keep their order
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
