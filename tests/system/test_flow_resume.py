@@ -40,11 +40,15 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def flow_env(prefect_harness, tmp_path) -> dict[str, str]:
     """The flow tests' environment for a child process: offline hub, the session's Prefect API (no
     ephemeral server per child), Prefect's files in tmp_path, the repository importable, and one
-    torch thread (see conftest's one_torch_thread: two threads crawl when another process holds a core)."""
+    torch thread (see conftest's one_torch_thread: two threads crawl when another process holds a core). Without
+    torchrun's launch variables: an in-process vLLM engine on the CPU sets LOCAL_WORLD_SIZE in this process
+    (vllm.platforms.cpu), which a child would read as another launch's leftover."""
     import prefect.settings
 
+    from a5core.runtime.distributed import LAUNCH_VARIABLES
+
     return {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES},
         "HF_HUB_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1",
         "OMP_NUM_THREADS": "1",
