@@ -76,13 +76,11 @@ parts() {  # parts VLLM_TAR_XZ DEPS_TAR_XZ PART_MB: .devV1/ .devV2/ ..., vllm.ta
   local tar=$1 deps=$2 part_mb=$3 size offset=0 n=0 total
   total=$(stat -c %s "$tar")
   rm -rf .devV[0-9]*
-  for size in ${PART_BYTES:-}; do
-    n=$((n + 1)) && mkdir -p ".devV$n"
-    dd if="$tar" of=".devV$n/vllm.tar.xz.part$n" bs=1M iflag=skip_bytes,count_bytes skip="$offset" count="$size" status=none
-    offset=$((offset + size))
-  done
+  set -- ${PART_BYTES:-}  # the sizes given, one a part; then the rest in one part, or in parts of PART_MB
   while [ "$offset" -lt "$total" ]; do
-    size=$([ -n "${PART_BYTES:-}" ] && echo "$total" || echo $((part_mb * 1024 * 1024)))
+    if [ $# -gt 0 ]; then size=$1 && shift
+    elif [ -n "${PART_BYTES:-}" ]; then size=$((total - offset))
+    else size=$((part_mb * 1024 * 1024)); fi
     n=$((n + 1)) && mkdir -p ".devV$n"
     dd if="$tar" of=".devV$n/vllm.tar.xz.part$n" bs=1M iflag=skip_bytes,count_bytes skip="$offset" count="$size" status=none
     offset=$((offset + size))

@@ -33,6 +33,7 @@ Queue lines (``lab/queues/verdicts_4.txt``): ``NAME [ref=A,B] MODULE ARGS...;`` 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import importlib.util
 import json
@@ -103,7 +104,9 @@ KINDS = {
 BASE_MODEL = "smollm2-135m-instruct"  # an entry that names it starts from the base model, not the SFT start model
 
 
-# An entry's kind: the first rule whose pattern its command matches (else "grpo"); names first (sft, difficulty, rl_*)
+# An entry's kind: by its name (NAME_KINDS, then rl_*: the RL recipe's), else the first rule whose pattern its command
+# matches, else "grpo"
+NAME_KINDS = {"sft": "pre", "difficulty": "difficulty"}
 KIND_RULES = [
     (r"flows\.sft_experiment .*\bfull\b", "sizes_a"),
     (r"flows\.sft_experiment", "sizes_b"),
@@ -117,8 +120,8 @@ KIND_RULES = [
 
 
 def kind_of(name: str, words: list[str]) -> str:
-    if name in ("sft", "difficulty"):
-        return "pre" if name == "sft" else "difficulty"
+    if name in NAME_KINDS:
+        return NAME_KINDS[name]
     if name.startswith("rl_"):
         return "recipe"
     text = " ".join(words)
@@ -156,7 +159,8 @@ def parse_queue(path: Path) -> list[Entry]:
     return entries
 
 
-def vllm_installed() -> bool:
+@functools.cache
+def vllm_installed() -> bool:  # once a pool: pool_call.sh installs vLLM before the pool starts, never during it
     return importlib.util.find_spec("vllm") is not None
 
 
