@@ -3,21 +3,27 @@
 # parts small enough for one device call each.
 #
 #   lab/carry_vllm.sh build [PART_MB]   # here (PyPI reachable): .devV1/ .devV2/ ... each holding vllm.tar.xz.partN
-#   PART_BYTES="14500000 65000000" lab/carry_vllm.sh parts VLLM_TAR_XZ DEPS_TAR_XZ
+#   PART_BYTES="3300000 15000000" lab/carry_vllm.sh parts VLLM_TAR_XZ DEPS_TAR_XZ
 #                                       # the parts cut again (build with KEEP=1 keeps the two archives): the first
-#                                       #   of the sizes given (what the other carried files leave in calls 2 and 3
-#                                       #   of a pool's session), the rest in the last, with deps.tar.xz
+#                                       #   of the sizes given (what the other carried files leave in calls 1 and 2
+#                                       #   of a pool's session), the rest in the last, with deps.tar.xz (call 3)
 #   lab/carry_vllm.sh install DIR       # there: join the parts found under .devV*/ and unpack them into DIR
-#                                       #   (then PYTHONPATH=DIR:$PYTHONPATH); checks `import vllm` and prints versions
+#                                       #   (then PYTHONPATH=/tmp/site:DIR); checks `import vllm` and prints versions
 #
 # What goes in (build): vLLM 0.26.0, the last release that pins the image's torch 2.11.0 (0.27 and later pin 2.13),
 # and the pure-python or small binary packages it imports for a dense model's generation, each --no-deps at the
-# versions below (resolved by pip against vLLM 0.26.0's requirements, cp312 manylinux x86_64). Left out: what the
+# versions below (resolved by pip against vLLM 0.26.0's requirements, cp312 manylinux x86_64). Left out: what
+# lab/device_carry.sh's site.tar.xz carries (/tmp/site, first on PYTHONPATH: pydantic, fastapi, jsonschema, gguf,
+# opentelemetry, ...; its cachetools 7.3.3 is the one vLLM imports), what vLLM never imports (anthropic) or loads
+# only for structured outputs (llguidance, outlines-core: lazily), what the
 # image has (numpy, torch, triton, transformers, tokenizers, safetensors, huggingface_hub, protobuf, pillow, requests,
 # aiohttp, ...), and what a dense Qwen2/Llama model's generation on Hopper never imports: FlashAttention 2 (Hopper runs
-# FA3), FlashInfer (its attention backend and sampler are off: VLLM_USE_FLASHINFER_SAMPLER=0), numba/llvmlite (n-gram
-# speculative decoding only), the SM100 FMHA and the DeepGEMM builds for other Pythons, the Rust frontend binary,
-# tilelang, cutlass-dsl, torchcodec, video codecs, mistral-common's tokenizer files and pycountry's translations. PART_MB (default 44) leaves room for the tree that travels with each call.
+# FA3), the MoE, FlashMLA and QuTLASS kernels (each imported in a try; a dense model calls none), FlashInfer (its
+# attention backend and sampler are off: VLLM_USE_FLASHINFER_SAMPLER=0), numba/llvmlite (n-gram speculative decoding
+# only), the SM100 FMHA and the DeepGEMM builds for other Pythons, the Rust frontend binary, tilelang, cutlass-dsl,
+# torchcodec, video codecs, mistral-common's tokenizer files and pycountry's translations: 81.6 MB in all (vLLM 69.2,
+# its packages 12.4), which the three calls of a pool's session carry beside the packages, data and GGUF. PART_MB
+# (default 44) leaves room for the tree that travels with each call.
 # On the device: VLLM_USE_FLASHINFER_SAMPLER=0 (its sampler compiles kernels at first use).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,21 +38,18 @@ PLATFORM=(--only-binary=:all: --platform manylinux2014_x86_64 --platform manylin
 VLLM=vllm==0.26.0
 # vLLM 0.26.0's imports for LLM.generate on CUDA, and theirs (pip's resolution, pinned). xgrammar 0.2.6: the last
 # that accepts the apache-tvm-ffi 0.1.10 vLLM pins.
-PACKAGES=(anthropic==2.16.0 annotated-doc==0.0.7 annotated-types==0.8.0 anyio==4.16.0 apache-tvm-ffi==0.1.10
-  astor==0.8.1 blake3==1.0.11 cachetools==8.0.2 cbor2==6.3.0 compressed-tensors==0.17.0 depyf==0.20.0
-  dill==0.4.1 diskcache==5.6.3 distro==1.9.0 docstring-parser==0.18.0 einops==0.8.2 fastapi==0.136.3
-  gguf==0.19.0 h11==0.16.0 httpcore==1.0.9 httpx==0.28.1 ijson==3.6.0 interegular==0.3.3
-  httpx2==2.16.2 httpcore2==2.16.2 jiter==0.19.0 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 lark==1.2.2 llguidance==1.7.6
-  lm-format-enforcer==0.11.3 loguru==0.7.3 mistral-common==1.13.1 msgspec==0.23.0 ninja==1.13.2
-  nvidia-ml-py==13.615.71 nvtx==0.2.15 openai==3.57.0 openai-harmony==0.0.8 opentelemetry-api==1.45.2
-  opentelemetry-sdk==1.45.2 opentelemetry-semantic-conventions==0.66b2 opentelemetry-semantic-conventions-ai==0.5.1
-  outlines-core==0.2.14 partial-json-parser==0.2.1.1.post7 prometheus-fastapi-instrumentator==8.1.0 py-cpuinfo==9.0.0
-  pybase64==1.5.1 pycountry==26.2.16 pydantic==2.14.4 pydantic-core==2.50.5 pydantic-extra-types==2.11.1
-  python-json-logger==4.2.0 pyzmq==27.3.0 referencing==0.37.0 rpds-py==2026.9.1 setproctitle==1.3.8 sniffio==1.3.1
-  starlette==1.10.0 tabulate==0.10.0 uvloop==0.23.0 typing-inspection==0.4.5 watchfiles==1.3.0 xgrammar==0.2.6 zipp==3.23.0
-  importlib-metadata==9.1.0)
+PACKAGES=(annotated-doc==0.0.7 anyio==4.16.0 apache-tvm-ffi==0.1.10 astor==0.8.1 blake3==1.0.11 cbor2==6.3.0
+  compressed-tensors==0.17.0 depyf==0.20.0 dill==0.4.1 diskcache==5.6.3 distro==1.9.0 docstring-parser==0.18.0
+  einops==0.8.2 h11==0.16.0 httpcore==1.0.9 httpx==0.28.1 ijson==3.6.0 interegular==0.3.3 httpx2==2.16.2
+  httpcore2==2.16.2 jiter==0.19.0 lark==1.2.2 lm-format-enforcer==0.11.3 loguru==0.7.3 mistral-common==1.13.1
+  msgspec==0.23.0 ninja==1.13.2 nvidia-ml-py==13.615.71 nvtx==0.2.15 openai==3.57.0 openai-harmony==0.0.8
+  opentelemetry-semantic-conventions-ai==0.5.1 partial-json-parser==0.2.1.1.post7
+  prometheus-fastapi-instrumentator==8.1.0 py-cpuinfo==9.0.0 pybase64==1.5.1 pycountry==26.2.16
+  python-json-logger==4.2.0 pyzmq==27.3.0 setproctitle==1.3.8 tabulate==0.10.0 uvloop==0.23.0 watchfiles==1.3.0
+  xgrammar==0.2.6 zipp==3.23.0)
 # vLLM files a dense model on Hopper does not load (each checked: imported in a try, or only by other hardware/models)
 PRUNE=(vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so vllm/vllm-rs vllm/third_party/fmha_sm100
+  vllm/_moe_C_stable_libtorch.abi3.so vllm/_flashmla_C.abi3.so vllm/_flashmla_extension_C.abi3.so vllm/_qutlass_C.abi3.so
   vllm/third_party/deep_gemm/_C.cpython-310-x86_64-linux-gnu.so vllm/third_party/deep_gemm/_C.cpython-311-x86_64-linux-gnu.so
   vllm/third_party/deep_gemm/_C.cpython-313-x86_64-linux-gnu.so vllm/third_party/deep_gemm/_C.cpython-314-x86_64-linux-gnu.so
   vllm/third_party/deep_gemm/include vllm/entrypoints/serve/instrumentator/static mistral_common/data pycountry/locales)
@@ -98,7 +101,7 @@ install() {  # install DIR: join the stashed parts and unpack them, with the pac
   parts=$(ls /tmp/vllm_parts/vllm.tar.xz.part* 2>/dev/null | sort -V)
   [ -n "$parts" ] && [ -f /tmp/vllm_parts/deps.tar.xz ] || { echo "install: parts missing in /tmp/vllm_parts"; return 1; }
   mkdir -p "$dir" && cat $parts | tar -C "$dir" -xJf - && tar -C "$dir" -xJf /tmp/vllm_parts/deps.tar.xz
-  PYTHONPATH="$dir${PYTHONPATH:+:$PYTHONPATH}" VLLM_USE_FLASHINFER_SAMPLER=0 python3 -c \
+  PYTHONPATH="/tmp/site:$dir${PYTHONPATH:+:$PYTHONPATH}" VLLM_USE_FLASHINFER_SAMPLER=0 python3 -c \
     "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
 }
 

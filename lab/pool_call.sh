@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # One device call of the verdict runs (issue 56), self-contained: what ended is packed under $OUT before it returns
-# (lab/pool.py); what it starts ends inside it, but for runs started in its last minutes to resume in the next call. The carried packages, data and GGUF, on a fresh machine two calls:
-#   bash lab/pool_call.sh setup      # call 1, carry .devA/site.tar.xz and .devG1: packages unpacked, imports checked,
-#                                    #   the GGUF's first part kept in /tmp/gguf; the tree's size
+# (lab/pool.py); what it starts ends inside it, but for runs started in its last minutes to resume in the next call.
+# The carried packages, data and GGUF, on a fresh machine two calls; vLLM, in three parts, three (lab/carry_vllm.sh):
+#   bash lab/pool_call.sh setup      # call 1, carry .devA/site.tar.xz, .devG1 and .devV1: packages unpacked, imports
+#                                    #   checked, the GGUF's first part kept in /tmp/gguf; the tree's size
 #   TAG=session15_call2 bash lab/pool_call.sh
-#                                    # carry .devG2 and .devA/data.tar.xz (a fresh machine's second call); on a warm
-#                                    #   machine that has them, nothing: the GGUF joined and checked, the data placed,
+#                                    # carry .devG2, .devA/data.tar.xz and .devV2 (a fresh machine's second call); the
+#                                    #   third carries .devV3 (and tests/: the engines' lr-0 mismatch test runs before
+#                                    #   its pool); on a warm machine that has them, nothing: the GGUF joined and
+#                                    #   checked, the data placed, vLLM installed once its parts are all here,
 #                                    #   CUDA MPS on, then lab/pool.py with the call's time left (LIMIT, default
 #                                    #   585 s of a 600 s command) over QUEUE (default lab/queues/verdicts_6.txt) and
 #                                    #   its state DONE (lab/queues/verdicts_6.done); runs that cannot end in the
@@ -78,6 +81,13 @@ mkdir -p data/sft ../shared/data/math && cp /tmp/devdata/data/sft/*.jsonl data/s
 mkdir -p /tmp/nvidia-mps-log
 if ! echo get_server_list | nvidia-cuda-mps-control > /dev/null 2>&1; then
   nvidia-cuda-mps-control -d && echo "CUDA MPS on" || echo "CUDA MPS: could not start, runs time-slice"
+fi
+# The engines' train/inference mismatch at learning rate 0, hf and vLLM (issue 57), once vLLM is here and the call
+# carries tests/: before the pool, which sizes itself to the memory free when it starts.
+if [ -d /tmp/vllm ] && [ -f tests/a5core/loops/grpo/test_stats_gpu.py ] && [ ! -f /tmp/mismatch_gpu.done ]; then
+  touch /tmp/mismatch_gpu.done
+  timeout 240 python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/a5core/loops/grpo/test_stats_gpu.py > "$OUT/mismatch_gpu.log" 2>&1
+  echo "mismatch test rc=$? in $((SECONDS - T0)) s: $OUT/mismatch_gpu.log"
 fi
 python3 lab/pool.py --queue "${QUEUE:-lab/queues/verdicts_6.txt}" --done "${DONE:-lab/queues/verdicts_6.done}" \
   --tag "${TAG:?TAG: the name of this call, e.g. session15_call2}" --seconds $((LIMIT - (SECONDS - T0))) ${PLAN:+--plan} \
