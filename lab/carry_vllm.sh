@@ -3,7 +3,7 @@
 # parts small enough for one device call each.
 #
 #   lab/carry_vllm.sh build [PART_MB]   # here (PyPI reachable): .devV1/ .devV2/ ... each holding vllm.tar.xz.partN
-#   PART_BYTES="3300000 15000000" lab/carry_vllm.sh parts VLLM_TAR_XZ DEPS_TAR_XZ
+#   PART_BYTES="3100000 14900000" lab/carry_vllm.sh parts VLLM_TAR_XZ DEPS_TAR_XZ
 #                                       # the parts cut again (build with KEEP=1 keeps the two archives): the first
 #                                       #   of the sizes given (what the other carried files leave in calls 1 and 2
 #                                       #   of a pool's session), the rest in the last, with deps.tar.xz (call 3)

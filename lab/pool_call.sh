@@ -6,8 +6,9 @@
 #                                    #   checked, the GGUF's first part kept in /tmp/gguf; the tree's size
 #   TAG=session15_call2 bash lab/pool_call.sh
 #                                    # carry .devG2, .devA/data.tar.xz and .devV2 (a fresh machine's second call); the
-#                                    #   third carries .devV3 (and tests/: the engines' lr-0 mismatch test runs before
-#                                    #   its pool); on a warm machine that has them, nothing: the GGUF joined and
+#                                    #   third carries .devV3 (and the lr-0 mismatch test's three files, which then
+#                                    #   runs before its pool: the sparse checkout for it in lab/queues/STATE.md);
+#                                    #   on a warm machine that has them, nothing: the GGUF joined and
 #                                    #   checked, the data placed, vLLM installed once its parts are all here,
 #                                    #   CUDA MPS on, then lab/pool.py with the call's time left (LIMIT, default
 #                                    #   585 s of a 600 s command) over QUEUE (default lab/queues/verdicts_6.txt) and
@@ -83,9 +84,9 @@ if ! echo get_server_list | nvidia-cuda-mps-control > /dev/null 2>&1; then
   nvidia-cuda-mps-control -d && echo "CUDA MPS on" || echo "CUDA MPS: could not start, runs time-slice"
 fi
 # The engines' train/inference mismatch at learning rate 0, hf and vLLM (issue 57), once vLLM is here and the call
-# carries tests/: before the pool, which sizes itself to the memory free when it starts.
-if [ -d /tmp/vllm ] && [ -f tests/a5core/loops/grpo/test_stats_gpu.py ] && [ ! -f /tmp/mismatch_gpu.done ]; then
-  touch /tmp/mismatch_gpu.done
+# carries the test: before the pool, which sizes itself to the memory free when it starts. Tried once a machine.
+if [ -d /tmp/vllm ] && [ -f tests/a5core/loops/grpo/test_stats_gpu.py ] && [ ! -f /tmp/mismatch_gpu.tried ]; then
+  touch /tmp/mismatch_gpu.tried
   timeout 240 python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/a5core/loops/grpo/test_stats_gpu.py > "$OUT/mismatch_gpu.log" 2>&1
   echo "mismatch test rc=$? in $((SECONDS - T0)) s: $OUT/mismatch_gpu.log"
 fi
