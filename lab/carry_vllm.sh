@@ -8,14 +8,16 @@
 #                                       #   of the sizes given (what the other carried files leave in calls 1 and 2
 #                                       #   of a pool's session), the rest in the last, with deps.tar.xz (call 3)
 #   lab/carry_vllm.sh install DIR       # there: join the parts found under .devV*/ and unpack them into DIR
-#                                       #   (then PYTHONPATH=/tmp/site:DIR); checks `import vllm` and prints versions
+#                                       #   (then PYTHONPATH=/tmp/site:DIR); checks `from vllm import LLM` (vLLM's
+#                                       #   engine and what it imports) and prints versions
 #
 # What goes in (build): vLLM 0.26.0, the last release that pins the image's torch 2.11.0 (0.27 and later pin 2.13),
 # and the pure-python or small binary packages it imports for a dense model's generation, each --no-deps at the
 # versions below (resolved by pip against vLLM 0.26.0's requirements, cp312 manylinux x86_64). Left out: what
 # lab/device_carry.sh's site.tar.xz carries (/tmp/site, first on PYTHONPATH: pydantic, fastapi, jsonschema, gguf,
 # opentelemetry, ...; its cachetools 7.3.3 is the one vLLM imports), what vLLM never imports (anthropic) or loads
-# only for structured outputs (llguidance, outlines-core: lazily), what the
+# only when a request asks for the outlines backend (outlines-core: llguidance stays, since a class of the
+# structured-output module every engine imports annotates with its types, evaluated at import), what the
 # image has (numpy, torch, triton, transformers, tokenizers, safetensors, huggingface_hub, protobuf, pillow, requests,
 # aiohttp, ...), and what a dense Qwen2/Llama model's generation on Hopper never imports: FlashAttention 2 (Hopper runs
 # FA3), the MoE, FlashMLA and QuTLASS kernels (each imported in a try; a dense model calls none), FlashInfer (its
@@ -41,8 +43,8 @@ VLLM=vllm==0.26.0
 PACKAGES=(annotated-doc==0.0.7 anyio==4.16.0 apache-tvm-ffi==0.1.10 astor==0.8.1 blake3==1.0.11 cbor2==6.3.0
   compressed-tensors==0.17.0 depyf==0.20.0 dill==0.4.1 diskcache==5.6.3 distro==1.9.0 docstring-parser==0.18.0
   einops==0.8.2 h11==0.16.0 httpcore==1.0.9 httpx==0.28.1 ijson==3.6.0 interegular==0.3.3 httpx2==2.16.2
-  httpcore2==2.16.2 jiter==0.19.0 lark==1.2.2 lm-format-enforcer==0.11.3 loguru==0.7.3 mistral-common==1.13.1
-  msgspec==0.23.0 ninja==1.13.2 nvidia-ml-py==13.615.71 nvtx==0.2.15 openai==3.57.0 openai-harmony==0.0.8
+  httpcore2==2.16.2 jiter==0.19.0 lark==1.2.2 llguidance==1.7.6 lm-format-enforcer==0.11.3 loguru==0.7.3
+  mistral-common==1.13.1 msgspec==0.23.0 ninja==1.13.2 nvidia-ml-py==13.615.71 nvtx==0.2.15 openai==3.57.0 openai-harmony==0.0.8
   opentelemetry-semantic-conventions-ai==0.5.1 partial-json-parser==0.2.1.1.post7
   prometheus-fastapi-instrumentator==8.1.0 py-cpuinfo==9.0.0 pybase64==1.5.1 pycountry==26.2.16
   python-json-logger==4.2.0 pyzmq==27.3.0 setproctitle==1.3.8 tabulate==0.10.0 uvloop==0.23.0 watchfiles==1.3.0
@@ -102,7 +104,7 @@ install() {  # install DIR: join the stashed parts and unpack them, with the pac
   [ -n "$parts" ] && [ -f /tmp/vllm_parts/deps.tar.xz ] || { echo "install: parts missing in /tmp/vllm_parts"; return 1; }
   mkdir -p "$dir" && cat $parts | tar -C "$dir" -xJf - && tar -C "$dir" -xJf /tmp/vllm_parts/deps.tar.xz
   PYTHONPATH="/tmp/site:$dir${PYTHONPATH:+:$PYTHONPATH}" VLLM_USE_FLASHINFER_SAMPLER=0 python3 -c \
-    "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
+    "import vllm, torch, transformers; from vllm import LLM; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
 }
 
 case "${1:-}" in
