@@ -7,6 +7,12 @@
 #                                       # the parts cut again (build with KEEP=1 keeps the two archives): the first
 #                                       #   of the sizes given (what the other carried files leave in calls 1 and 2
 #                                       #   of a pool's session), the rest in the last, with deps.tar.xz (call 3)
+#   KEEP=1 lab/carry_vllm.sh build && lab/carry_vllm.sh check
+#                                       # here, before any device time: the build's vLLM and packages imported as
+#                                       #   the device would (Python 3.12, its torch and transformers and the image's
+#                                       #   packages vLLM imports, site.tar.xz first): `from vllm import LLM`, the
+#                                       #   engine core, the GPU model runner, the Qwen2/Llama models (no GPU: vLLM's
+#                                       #   CUDA kernels are not loaded, so what imports them is not checked)
 #   lab/carry_vllm.sh install DIR       # there: join the parts found under .devV*/ and unpack them into DIR
 #                                       #   (then PYTHONPATH=/tmp/site:DIR); checks `from vllm import LLM` (vLLM's
 #                                       #   engine and what it imports) and prints versions
@@ -107,10 +113,23 @@ install() {  # install DIR: join the stashed parts and unpack them, with the pac
     "import vllm, torch, transformers; from vllm import LLM; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
 }
 
+check() {  # check: import the kept build (/tmp/carrybuild-vllm) as the device image would, in a Python 3.12 venv
+  local build=/tmp/carrybuild-vllm venv=/tmp/carrycheck-venv site=/tmp/carrycheck-site
+  [ -d "$build/vllm" ] && [ -d "$build/deps" ] || { echo "check: no kept build (KEEP=1 lab/carry_vllm.sh build)"; return 1; }
+  [ -x "$venv/bin/python" ] || { "$PY" -m venv "$venv" && "$venv/bin/python" -m pip install -q torch==2.11.0 \
+    transformers==5.17.0 cloudpickle psutil urllib3 aiohttp requests pillow prometheus-client tiktoken; } || return 1
+  rm -rf "$site" && mkdir -p "$site" && tar -C "$site" -xJf .devA/site.tar.xz
+  PYTHONPATH="$site:$build/vllm:$build/deps" VLLM_USE_FLASHINFER_SAMPLER=0 "$venv/bin/python" -c "
+from vllm import LLM
+import vllm, vllm.v1.engine.core, vllm.v1.worker.gpu_model_runner, vllm.model_executor.models.qwen2, vllm.model_executor.models.llama
+print('check: vllm', vllm.__version__, 'imports as on the device')"
+}
+
 case "${1:-}" in
   build) build "${2:-44}" ;;
   parts) parts "${2:?parts VLLM_TAR_XZ DEPS_TAR_XZ [PART_MB]}" "${3:?deps.tar.xz}" "${4:-44}" ;;
   stash) stash ;;
   install) stash && install "${2:?install DIR}" ;;
-  *) echo "usage: $0 build [PART_MB] | parts VLLM_TAR_XZ DEPS_TAR_XZ [PART_MB] | stash | install DIR"; exit 2 ;;
+  check) check ;;
+  *) echo "usage: $0 build [PART_MB] | parts VLLM_TAR_XZ DEPS_TAR_XZ [PART_MB] | stash | install DIR | check"; exit 2 ;;
 esac
