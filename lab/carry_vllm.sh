@@ -29,8 +29,8 @@
 # FA3), the MoE, FlashMLA and QuTLASS kernels (each imported in a try; a dense model calls none), FlashInfer (its
 # attention backend and sampler are off: VLLM_USE_FLASHINFER_SAMPLER=0), numba/llvmlite (n-gram speculative decoding
 # only), the SM100 FMHA and the DeepGEMM builds for other Pythons, the Rust frontend binary, tilelang, cutlass-dsl,
-# torchcodec, video codecs, mistral-common's tokenizer files and pycountry's translations: 81.6 MB in all (vLLM 69.2,
-# its packages 12.4), which the three calls of a pool's session carry beside the packages, data and GGUF. PART_MB
+# torchcodec, video codecs, mistral-common's tokenizer files and pycountry's translations: 83.2 MB in all (vLLM 69.2,
+# its packages 14.0), which the three calls of a pool's session carry beside the packages, data and GGUF. PART_MB
 # (default 44) leaves room for the tree that travels with each call.
 # On the device: VLLM_USE_FLASHINFER_SAMPLER=0 (its sampler compiles kernels at first use).
 set -euo pipefail
@@ -50,8 +50,8 @@ PACKAGES=(annotated-doc==0.0.7 anyio==4.16.0 apache-tvm-ffi==0.1.10 astor==0.8.1
   compressed-tensors==0.17.0 depyf==0.20.0 dill==0.4.1 diskcache==5.6.3 distro==1.9.0 docstring-parser==0.18.0
   einops==0.8.2 h11==0.16.0 httpcore==1.0.9 httpx==0.28.1 ijson==3.6.0 interegular==0.3.3 httpx2==2.16.2
   httpcore2==2.16.2 jiter==0.19.0 lark==1.2.2 llguidance==1.7.6 lm-format-enforcer==0.11.3 loguru==0.7.3
-  mistral-common==1.13.1 msgspec==0.23.0 ninja==1.13.2 nvidia-ml-py==13.615.71 nvtx==0.2.15 openai==3.57.0 openai-harmony==0.0.8
-  opentelemetry-semantic-conventions-ai==0.5.1 partial-json-parser==0.2.1.1.post7
+  mistral-common==1.13.1 msgspec==0.23.0 ninja==1.13.2 nvidia-ml-py==13.615.71 nvtx==0.2.15 openai==3.57.0
+  openai-harmony==0.0.8 opentelemetry-semantic-conventions-ai==0.5.1 partial-json-parser==0.2.1.1.post7
   prometheus-fastapi-instrumentator==8.1.0 py-cpuinfo==9.0.0 pybase64==1.5.1 pycountry==26.2.16
   python-json-logger==4.2.0 pyzmq==27.3.0 setproctitle==1.3.8 tabulate==0.10.0 uvloop==0.23.0 watchfiles==1.3.0
   xgrammar==0.2.6 zipp==3.23.0)
@@ -115,13 +115,15 @@ install() {  # install DIR: join the stashed parts and unpack them, with the pac
 
 check() {  # check: import the kept build (/tmp/carrybuild-vllm) as the device image would, in a Python 3.12 venv
   local build=/tmp/carrybuild-vllm venv=/tmp/carrycheck-venv site=/tmp/carrycheck-site
-  [ -d "$build/vllm" ] && [ -d "$build/deps" ] || { echo "check: no kept build (KEEP=1 lab/carry_vllm.sh build)"; return 1; }
+  [ -d "$build/vllm" ] && [ -d "$build/deps" ] \
+    || { echo "check: no kept build (KEEP=1 lab/carry_vllm.sh build)"; return 1; }
   [ -x "$venv/bin/python" ] || { "$PY" -m venv "$venv" && "$venv/bin/python" -m pip install -q torch==2.11.0 \
     transformers==5.17.0 cloudpickle psutil urllib3 aiohttp requests pillow prometheus-client tiktoken; } || return 1
   rm -rf "$site" && mkdir -p "$site" && tar -C "$site" -xJf .devA/site.tar.xz
   PYTHONPATH="$site:$build/vllm:$build/deps" VLLM_USE_FLASHINFER_SAMPLER=0 "$venv/bin/python" -c "
 from vllm import LLM
-import vllm, vllm.v1.engine.core, vllm.v1.worker.gpu_model_runner, vllm.model_executor.models.qwen2, vllm.model_executor.models.llama
+import vllm, vllm.v1.engine.core, vllm.v1.worker.gpu_model_runner
+import vllm.model_executor.models.qwen2, vllm.model_executor.models.llama
 print('check: vllm', vllm.__version__, 'imports as on the device')"
 }
 
