@@ -14,8 +14,8 @@
 #                                       #   engine core, the GPU model runner, the Qwen2/Llama models (no GPU: vLLM's
 #                                       #   CUDA kernels are not loaded, so what imports them is not checked)
 #   lab/carry_vllm.sh install DIR       # there: join the parts found under .devV*/ and unpack them into DIR
-#                                       #   (then PYTHONPATH=/tmp/site:DIR); checks `from vllm import LLM` (vLLM's
-#                                       #   engine and what it imports) and prints versions
+#                                       #   (then PYTHONPATH=/tmp/site:DIR); imports what an engine's start imports,
+#                                       #   as check does, and prints versions
 #
 # What goes in (build): vLLM 0.26.0, the last release that pins the image's torch 2.11.0 (0.27 and later pin 2.13),
 # and the pure-python or small binary packages it imports for a dense model's generation, each --no-deps at the
@@ -109,8 +109,16 @@ install() {  # install DIR: join the stashed parts and unpack them, with the pac
   parts=$(ls /tmp/vllm_parts/vllm.tar.xz.part* 2>/dev/null | sort -V)
   [ -n "$parts" ] && [ -f /tmp/vllm_parts/deps.tar.xz ] || { echo "install: parts missing in /tmp/vllm_parts"; return 1; }
   mkdir -p "$dir" && cat $parts | tar -C "$dir" -xJf - && tar -C "$dir" -xJf /tmp/vllm_parts/deps.tar.xz
-  PYTHONPATH="/tmp/site:$dir${PYTHONPATH:+:$PYTHONPATH}" VLLM_USE_FLASHINFER_SAMPLER=0 python3 -c \
-    "import vllm, torch, transformers; from vllm import LLM; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
+  imports python3 "/tmp/site:$dir${PYTHONPATH:+:$PYTHONPATH}"
+}
+
+imports() {  # imports PYTHON PYTHONPATH: what an engine's start imports (vLLM's LLM, engine core, GPU model runner,
+  # the Qwen2/Llama models), then the versions
+  PYTHONPATH="$2" VLLM_USE_FLASHINFER_SAMPLER=0 "$1" -c "
+from vllm import LLM
+import vllm, vllm.v1.engine.core, vllm.v1.worker.gpu_model_runner, torch, transformers
+import vllm.model_executor.models.qwen2, vllm.model_executor.models.llama
+print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__, ': an engine start imports')"
 }
 
 check() {  # check: import the kept build (/tmp/carrybuild-vllm) as the device image would, in a Python 3.12 venv
@@ -120,11 +128,7 @@ check() {  # check: import the kept build (/tmp/carrybuild-vllm) as the device i
   [ -x "$venv/bin/python" ] || { "$PY" -m venv "$venv" && "$venv/bin/python" -m pip install -q torch==2.11.0 \
     transformers==5.17.0 cloudpickle psutil urllib3 aiohttp requests pillow prometheus-client tiktoken; } || return 1
   rm -rf "$site" && mkdir -p "$site" && tar -C "$site" -xJf .devA/site.tar.xz
-  PYTHONPATH="$site:$build/vllm:$build/deps" VLLM_USE_FLASHINFER_SAMPLER=0 "$venv/bin/python" -c "
-from vllm import LLM
-import vllm, vllm.v1.engine.core, vllm.v1.worker.gpu_model_runner
-import vllm.model_executor.models.qwen2, vllm.model_executor.models.llama
-print('check: vllm', vllm.__version__, 'imports as on the device')"
+  imports "$venv/bin/python" "$site:$build/vllm:$build/deps"
 }
 
 case "${1:-}" in
