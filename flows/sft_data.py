@@ -1,6 +1,7 @@
 """Stages ``sft_data``, ``sft_distill``, ``sft_filter``: the SFT trace sets, raw and filtered.
 
     python -m flows.sft_data math     --config params.yaml   # data/sft/math_solutions.jsonl
+    python -m flows.sft_data math     --config params.yaml --math-prompts [r1_zero,question_only] --out X.jsonl
     python -m flows.sft_data traces   --config params.yaml   # data/sft/teacher_raw.jsonl
     python -m flows.sft_data distill  --config params.yaml   # data/sft/distilled_raw.jsonl
     python -m flows.sft_data filter   --config params.yaml   # data/sft/<set>_filtered.jsonl, sizes.json + metrics
@@ -8,8 +9,12 @@
 Settings come from params.yaml's ``sft_data`` section, deep-merged with
 ``profiles.<profile>.sft_data`` (so a profile may override one key of ``distill``).
 
-- ``math``: MATH train solutions as r1_zero traces (a5core.data.sft_data.math_solution_traces); the 2
-  problems with an empty ``\\boxed{}`` are skipped and named.
+- ``math``: MATH train solutions as traces (a5core.data.sft_data.math_solution_traces); the 2
+  problems with an empty ``\\boxed{}`` are skipped and named. Written with ``prompt`` (r1_zero), or with each
+  template of ``math_prompts`` in turn, each trace's response in its template's form: ``[r1_zero,
+  question_only]`` makes a set for a start model trained for both prompts alike, so that neither arm of the
+  prompt ablation is favoured. ``--math-prompts VALUE`` (read as YAML, ``null`` included) replaces the params
+  file's. (``filter`` grades every set with r1_zero: it keeps only the r1_zero traces of such a set.)
 - ``traces``: a prompt/response/ground_truth file (``sft_data.traces``, the teacher sample by
   default), its prompts re-rendered with ``sft_data.prompt`` when ``reprompt_traces`` is on.
 - ``distill``: teacher samples for MATH problems. **Opt-in** (``sft_data.distill.enabled``), because
@@ -42,6 +47,7 @@ import time
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import yaml
 from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -55,7 +61,7 @@ from a5core.runtime.settings import READS, describe
 from a5core.runtime.writing import write_jsonl_atomic, write_text_atomic
 from flows.arguments import argument_parser
 from flows.cli import cli_main
-from flows.config_file import settings_from_file
+from flows.config_file import load_yaml, settings_from_file
 from flows.params import DistillParams, Prompt
 from tasks.engines import closing_engine
 from tasks.flow_summary import publish
@@ -73,7 +79,8 @@ SIZES = "sizes.json"  # beside the filtered sets: each set's raw, duplicate and 
 
 
 class SftDataParams(Prompt):
-    """The trace sets' settings; every set's prompts are written with ``prompt``."""
+    """The trace sets' settings; every set's prompts are written with ``prompt`` (the MATH set's with
+    ``math_prompts`` when it is set)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -83,14 +90,23 @@ class SftDataParams(Prompt):
     traces: Annotated[str, READS] = Field(
         "../shared/data/sft/teacher_traces_sample.jsonl", description="prompt/response/ground_truth file"
     )
+    math_prompts: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="the MATH set's templates (names or files), problem i written with the (i mod n)-th, each "
+        "response in its template's form (None: `prompt`); [r1_zero, question_only] trains a start model for "
+        "both prompts alike",
+    )
     reprompt_traces: bool = Field(True, description="re-render the trace file's prompts with `prompt`")
     dedup: bool = Field(True, description="drop exact duplicate traces before filtering")
     distill: DistillParams = DistillParams()
 
 
-def load_params(config: str | os.PathLike | None) -> SftDataParams:
-    """``sft_data`` of a params file, with its selected profile's ``sft_data`` deep-merged on top."""
-    return SftDataParams() if config is None else settings_from_file(SftDataParams, "sft_data", config)
+def load_params(config: str | os.PathLike | None, changes: dict[str, Any] | None = None) -> SftDataParams:
+    """``sft_data`` of a params file, with its selected profile's ``sft_data`` deep-merged on top, and ``changes``
+    (settings by name) replacing its values."""
+    params = SftDataParams() if config is None else settings_from_file(SftDataParams, "sft_data", config)
+    return params.replace(**changes) if changes else params
 
 
 def _records(traces) -> list[dict[str, str]]:
@@ -107,9 +123,11 @@ def write_set(out: str | os.PathLike, traces: list) -> None:
 
 
 def write_math(params: SftDataParams, out: str | os.PathLike) -> dict[str, Any]:
-    traces, skipped = math_solution_traces(load_math(params.math), load_prompt(params.prompt))
+    """The MATH set, written with ``math_prompts`` in turn (None: ``prompt``)."""
+    prompts = params.math_prompts or [params.prompt]
+    traces, skipped = math_solution_traces(load_math(params.math), *map(load_prompt, prompts))
     write_set(out, traces)
-    return {"traces": len(traces), "skipped": skipped, "out": str(out)}
+    return {"traces": len(traces), "skipped": skipped, "prompts": prompts, "out": str(out)}
 
 
 def write_traces(params: SftDataParams, out: str | os.PathLike) -> dict[str, Any]:
@@ -184,6 +202,16 @@ def write_filtered(
 # ------------------------------------------------------------------------------------------- CLI
 
 
+def _yaml_arg(value: str) -> Any:
+    try:
+        return load_yaml(value)
+    except (yaml.YAMLError, RecursionError) as error:
+        raise argparse.ArgumentTypeError(f"not a YAML value ({getattr(error, 'problem', None) or error})") from None
+
+
+SETTING_FLAGS = ("math_prompts",)  # the `sft_data` settings a command line may give
+
+
 def _set_arg(value: str) -> tuple[str, str]:
     name, sep, path = value.partition("=")
     if not sep or not path:
@@ -207,6 +235,11 @@ class SftDataRun(BaseModel):
 
     command: Command = Field(..., description="math | traces | distill: write a raw set; filter: the filtered sets")
     config: str | None = Field("params.yaml", description="params file with an `sft_data` section (None: defaults)")
+    settings: dict[str, Any] = Field(
+        {},
+        description="`sft_data` settings that replace the params file's, by name (e.g. "
+        "{math_prompts: [r1_zero, question_only]})",
+    )
     out: str | None = Field(None, description="math, traces, distill: the file written (default: data/sft/…)")
     sets: dict[str, str] | None = Field(
         None,
@@ -222,6 +255,12 @@ class SftDataRun(BaseModel):
             if not name.isidentifier():  # it names a file in out_dir
                 raise ValueError(f"set name {name!r}: letters, digits and '_' (it names out_dir/NAME_filtered.jsonl)")
         return sets
+
+    @field_validator("settings")
+    @classmethod
+    def _known_settings(cls, settings: dict[str, Any]) -> dict[str, Any]:
+        SftDataParams(**settings)  # a name no setting has, or a bad value, is refused before anything runs
+        return settings
 
     @model_validator(mode="after")
     def _outputs_are_its_own(self) -> SftDataRun:
@@ -248,14 +287,14 @@ class SftDataRun(BaseModel):
 @flow(name="sft_data")
 def sft_data(params: SftDataRun) -> dict[str, Any]:
     """Run one trace-set command; returns its result and the lines that tell what it wrote."""
-    settings = load_params(params.config)
+    settings = load_params(params.config, params.settings)
     out = "" if params.command == "filter" else params.written()
     if params.command == "math":
         result = write_math(settings, out)
         rows = [{"set": "math_solutions", "traces": result["traces"], "skipped": len(result["skipped"]), "out": out}]
         lines = [
-            f"math_solutions: {result['traces']} traces → {out}; skipped (no or empty box): "
-            f"{len(result['skipped'])} {result['skipped']}"
+            f"math_solutions: {result['traces']} traces ({', '.join(result['prompts'])}) → {out}; skipped (no or "
+            f"empty box): {len(result['skipped'])} {result['skipped']}"
         ]
     elif params.command == "traces":
         result = write_traces(settings, out)
@@ -293,6 +332,15 @@ def main(argv: list[str] | None = None) -> None:
         sub = commands.add_parser(name, help=what, allow_abbrev=False)
         sub.add_argument("--config", help="params file with an `sft_data` section (default: built-in defaults)")
         sub.add_argument("--out", default=str(DEFAULT_OUTS[name]))
+        if name == "math":
+            field = SftDataParams.model_fields["math_prompts"]
+            sub.add_argument(
+                "--math-prompts",
+                type=_yaml_arg,
+                default=argparse.SUPPRESS,  # absent: the params file's (a given null replaces it)
+                metavar="VALUE",
+                help=f"{field.description} (YAML; replaces the params file's)",
+            )
     sub = commands.add_parser(
         "filter", help="dedup + keep correct traces; sizes to the metrics file", allow_abbrev=False
     )
@@ -316,6 +364,7 @@ def main(argv: list[str] | None = None) -> None:
         run = SftDataRun(
             command=args.command,
             config=args.config,
+            settings={name: getattr(args, name) for name in SETTING_FLAGS if hasattr(args, name)},
             out=getattr(args, "out", None),
             sets=dict(args.sets) if getattr(args, "sets", None) else None,
             out_dir=getattr(args, "out_dir", str(OUT_DIR)),

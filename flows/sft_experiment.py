@@ -6,7 +6,8 @@ a fresh copy of the base model with the SFT loop, evaluates on the selection spl
 The parent gets the comparison plot (validation accuracy against step, one line per setting), a table
 (setting → final accuracy, format rate) and the curves as csv; the same files are DVC plots/metrics.
 A killed run resumes: each child continues its checkpoint and its MLflow run; finished children are
-not trained again.
+not trained again. Each child's run records ``trace_prompts``, the prompt templates its traces were written with
+(``question_only,r1_zero`` for a set rendered with both), so verdicts can tell which prompts its model favours.
 
 The curves start at step 0, the base model, so each setting's row holds its accuracy and format rate
 before and after (``initial_*``, ``final_*``). ``train_data`` may be ``arithmetic:N:DIGITS``: N
@@ -42,7 +43,7 @@ from transformers import AutoTokenizer
 
 from a5core.data.files import Trace
 from a5core.data.problem_sets import load_trace_set, load_validation_set, split_validation
-from a5core.data.prompts import load_prompt
+from a5core.data.prompts import load_prompt, prompt_forms
 from a5core.engines import Engine
 from a5core.loops.sft import check_cut, token_lengths, train_sft
 from a5core.policy.model_specs import resolve_model
@@ -69,10 +70,13 @@ def train_setting(
     name: str, traces: list[Trace], engine: Engine, parent_run_id: str, params: SFTExperimentParams, alone: bool
 ) -> dict:
     """One setting (:func:`tasks.runs.training_run`, a child of the sweep's run); its row adds the number of
-    examples and steps and the validation curve, and with ``save_models`` its final model is saved.
-    ``alone``: the only setting, so nothing is chosen: the curve evaluates the score split too, and its last point
-    is the final score (evaluated once)."""
-    with training_run(name, f"sft-{name}", params, engine, parent_run_id, logged={"n_examples": len(traces)}) as run:
+    examples and steps and the validation curve, and with ``save_models`` its final model is saved. Its MLflow run
+    records, beside the settings, ``n_examples`` and ``trace_prompts``: the built-in templates its traces' prompts
+    were written with (:func:`a5core.data.prompts.prompt_forms`, joined by ``,``), which verdicts read to tell the
+    prompts its model was trained for. ``alone``: the only setting, so nothing is chosen: the curve evaluates the
+    score split too, and its last point is the final score (evaluated once)."""
+    logged = {"n_examples": len(traces), "trace_prompts": ",".join(prompt_forms(t.prompt for t in traces))}
+    with training_run(name, f"sft-{name}", params, engine, parent_run_id, logged=logged) as run:
         if run.finished:  # trained before: its row, not trained again
             return run.row
         if alone:
@@ -178,7 +182,7 @@ def check_inputs(params: SFTExperimentParams) -> None:
             traces = load_trace_set(source, template, params.seed)
             if tokenizer is not None:
                 try:
-                    check_cut(*token_lengths(traces, tokenizer), params.max_seq_len, warn=False)
+                    check_cut(*token_lengths(traces, tokenizer, params.append_eos), params.max_seq_len, warn=False)
                 except ValueError as error:
                     raise ValueError(f"{source}: {error}") from None
     validation = load_validation_set(params.validation_data, params.validation_format)

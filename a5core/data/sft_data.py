@@ -1,21 +1,22 @@
-"""SFT trace sets for MATH in the r1_zero format: from MATH's worked solutions, from a trace file, or
-distilled from a teacher model; then deduplicated and filtered to the traces the grader accepts.
+"""SFT trace sets for MATH: from MATH's worked solutions, from a trace file, or distilled from a teacher model;
+then deduplicated and filtered to the traces the grader accepts.
 
-Every set is a list of ``Trace(prompt, response, ground_truth)``: ``prompt`` is a template (r1_zero)
-filled with the problem, ending in ``Assistant: <think>``; ``response`` is what the model should
-write after it, in the shape the r1_zero grader accepts::
+Every set is a list of ``Trace(prompt, response, ground_truth)``: ``prompt`` is a template filled with the
+problem; ``response`` is what the model should write after it. With r1_zero the prompt ends in ``Assistant:
+<think>`` and the response has the shape the r1_zero grader accepts::
 
     " {reasoning} </think> <answer> {answer} </answer>"
 
 The leading space follows the teacher traces (their responses start right after ``<think>``, with
 a space); the grader needs exactly ``</think> <answer>`` (one space, no newline) and a later
-``</answer>``.
+``</answer>``. A template that asks for no answer tags (question_only) gets the worked solution itself, whose
+last ``\\boxed{}`` its grader reads.
 
 Sources:
 
 - :func:`math_solution_traces` — MATH train solutions as reasoning, the last ``\\boxed{}`` of the
-  solution as the answer. All 7,500 train problems but the 2 with an empty box become traces that
-  grade format 1 / answer 1.
+  solution as the answer; under several templates, alternately. All 7,500 train problems but the 2 with an
+  empty box become traces that grade format 1 / answer 1 (by their prompt's grader).
 - :func:`import_traces` — a prompt/response/ground_truth jsonl (the teacher sample is one); its
   prompts can be re-rendered with the project's template (the sample's use ``\\n\\nUser:`` where
   ``r1_zero.prompt`` has ``\\nUser:``).
@@ -42,7 +43,7 @@ from dataclasses import replace
 from typing import Any
 
 from a5core.data.files import DataError, Problem, Trace, load_sft_traces
-from a5core.data.prompts import PromptTemplate
+from a5core.data.prompts import ANSWER_CLOSE, PromptTemplate
 from a5core.grading.grader import extract_boxed, r1_zero_reward_fn
 
 __all__ = ["dedup_traces", "filter_correct", "import_traces", "math_solution_traces", "r1_zero_response"]
@@ -56,22 +57,31 @@ def r1_zero_response(reasoning: str, answer: str) -> str:
 # ------------------------------------------------------------------------------------------ sources
 
 
-def math_solution_traces(problems: Sequence[Problem], template: PromptTemplate) -> tuple[list[Trace], list[str]]:
-    """MATH worked solutions as r1_zero traces: ``(traces, skipped unique_ids)``.
+def math_solution_traces(problems: Sequence[Problem], *templates: PromptTemplate) -> tuple[list[Trace], list[str]]:
+    """MATH worked solutions as traces: ``(traces, skipped unique_ids)``. Problem ``i`` is rendered with
+    ``templates[i % len(templates)]`` (one template: every problem with it), its response in that template's form:
 
-    reasoning = the whole solution (its ``\\boxed{}`` included), answer = the content of its last
-    ``\\boxed{}`` (see ``extract_boxed``), ground_truth = the problem's ``answer``. A problem whose
-    solution has no closed box, or an empty one, is skipped and its unique_id returned.
+    - a template that asks for the answer in ``<answer>`` tags (its ``stop`` is ``</answer>``: r1_zero):
+      ``" {solution} </think> <answer> {boxed} </answer>"`` (:func:`r1_zero_response`);
+    - any other (question_only): ``"{solution}"``, the solution itself (stripped), whose last ``\\boxed{}`` is
+      the answer.
+
+    boxed = the content of the solution's last ``\\boxed{}`` (see ``extract_boxed``), ground_truth = the
+    problem's ``answer``. A problem whose solution has no closed box, or an empty one, is skipped (it still takes
+    its template's turn) and its unique_id returned.
     """
+    if not templates:
+        raise ValueError("math_solution_traces needs at least one template")
     traces, skipped = [], []
-    for problem in problems:
+    for index, problem in enumerate(problems):
         boxed = extract_boxed(problem.solution)
         if boxed is None or not boxed.strip():
             skipped.append(problem.unique_id)
             continue
-        traces.append(
-            Trace(template.format(problem.problem), r1_zero_response(problem.solution, boxed), problem.answer)
-        )
+        template = templates[index % len(templates)]
+        tagged = ANSWER_CLOSE in template.stop
+        response = r1_zero_response(problem.solution, boxed) if tagged else problem.solution.strip()
+        traces.append(Trace(template.format(problem.problem), response, problem.answer))
     return traces, skipped
 
 

@@ -6,7 +6,8 @@ the caller's ``evaluate(model, step)``. :func:`sft_step` is one optimizer step, 
 
 The objective is the handout's: for each sequence, the summed log-probability of its response tokens
 divided by ``normalize_constant``; the loss of a step is minus its mean over the step's sequences. Prompt
-and padding tokens carry no loss.
+and padding tokens carry no loss. With ``append_eos`` each response is followed by the tokenizer's EOS token,
+which carries loss like the response's own (the model learns to stop there).
 
 Data order: epoch ``e`` walks the examples in the permutation drawn by a ``torch.Generator`` seeded with
 ``seed + e``, ``batch_size`` at a time. The last batch of an epoch keeps the remainder when
@@ -64,13 +65,14 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, StrictBool
 
 from a5core.data.files import Trace
 from a5core.loops.settings import OptimizerSettings, PeriodicSettings, SeedSettings, SFTBatchSettings
 from a5core.loops.training import TrainedPolicy, prepare
 from a5core.policy.causal_lm import (
     get_response_log_probs,
+    output_ids,
     pad_id_of,
     pad_positions,
     sft_microbatch_train_step,
@@ -118,6 +120,8 @@ class SFTConfig(Settings):
     (the default): a token budget sized to the GPU (:mod:`a5core.runtime.token_budget`), by count on the CPU.
     ``fsdp_reshard_after_forward`` False (several ranks): weights stay gathered
     from forward to backward (faster, more memory; see :func:`a5core.runtime.distributed.shard`).
+    ``append_eos``: each response ends with the tokenizer's EOS token, in the loss and in every length the run
+    counts (:func:`token_lengths`).
     """
 
     optimizer: SFTOptimizer = group(SFTOptimizer, "AdamW and gradient clipping")
@@ -134,6 +138,11 @@ class SFTConfig(Settings):
     max_steps: int | None = Field(None, ge=1, description="cap on optimizer steps (None: epochs decide)")
     normalize_constant: float = Field(
         1.0, gt=0, allow_inf_nan=False, description="the summed response log-prob of a sequence is divided by it"
+    )
+    append_eos: StrictBool = Field(
+        False,
+        description="each response is followed by the tokenizer's EOS token in the loss, so the model learns to "
+        "stop where a response ends (what a prompt that stops only at EOS, question_only, needs)",
     )
 
 
@@ -305,7 +314,8 @@ def _microbatch(run: _Run, micro: list[Trace], live: bool) -> tuple[torch.Tensor
     """A micro-batch's input_ids, labels, response_mask (b, T) on the device, cut to ``max_seq_len`` tokens
     (under a token budget padded to a multiple of 64 positions, so compiled layers see few shapes), and how
     many sequences the cut shortened. Not ``live`` (an empty share's stand-in): no response token."""
-    encoded = tokenize_prompt_and_output([t.prompt for t in micro], [t.response for t in micro], run.tokenizer)
+    prompts, responses = [t.prompt for t in micro], [t.response for t in micro]
+    encoded = tokenize_prompt_and_output(prompts, responses, run.tokenizer, run.config.append_eos)
     if not live:
         encoded["response_mask"].zero_()
     keep = run.config.batch.max_seq_len - 1  # positions of (input, label) pairs within max_seq_len tokens
@@ -331,7 +341,7 @@ def _setup(
         lr_multiplier, warmup_steps=config.warmup_steps, total_steps=total_steps, schedule=config.lr_schedule
     )
     policy = prepare(model, config, DivergenceGuard(fixed_scale=True), schedule)
-    prompt_lengths, response_lengths = token_lengths(examples, tokenizer)
+    prompt_lengths, response_lengths = token_lengths(examples, tokenizer, config.append_eos)
     check_cut(prompt_lengths, response_lengths, config.batch.max_seq_len)
     positions = None
     if policy.budget.value is not None:  # each example's trained positions: prompt + response tokens − 1, cut
@@ -378,10 +388,11 @@ def _start(run: _Run, fingerprint: dict[str, Any], steps_per_epoch: int) -> dict
     return state
 
 
-def token_lengths(examples: Sequence[Trace], tokenizer: Any) -> tuple[list[int], list[int]]:
-    """Each example's prompt and response lengths in tokens, tokenised as a step tokenises them."""
+def token_lengths(examples: Sequence[Trace], tokenizer: Any, append_eos: bool = False) -> tuple[list[int], list[int]]:
+    """Each example's prompt and response lengths in tokens, tokenised as a step tokenises them (``append_eos``:
+    each response with its EOS token)."""
     prompts = tokenizer([t.prompt for t in examples], add_special_tokens=False)["input_ids"]
-    responses = tokenizer([t.response for t in examples], add_special_tokens=False)["input_ids"]
+    responses = output_ids([t.response for t in examples], tokenizer, append_eos)
     return [len(p) for p in prompts], [len(r) for r in responses]
 
 

@@ -89,19 +89,33 @@ def compile_decoder_layers(model: Any, activation_memory_budget: float | None = 
 
 
 def tokenize_prompt_and_output(
-    prompt_strs: list[str], output_strs: list[str], tokenizer: Any
+    prompt_strs: list[str], output_strs: list[str], tokenizer: Any, append_eos: bool = False
 ) -> dict[str, torch.Tensor]:
     """Tokenise each prompt and output separately (no special tokens), concatenate, right-pad.
 
     Returns input_ids (B, L−1) = ids[:, :-1], labels (B, L−1) = ids[:, 1:], and response_mask
     (B, L−1) bool, true where the label is an output token. L is the longest prompt+output length;
-    padding uses the tokenizer's pad id (its eos id if it has no pad token).
+    padding uses the tokenizer's pad id (its eos id if it has no pad token). With ``append_eos`` each output
+    is followed by the tokenizer's EOS token, a label in the response mask (:func:`output_ids`).
     """
     if len(prompt_strs) != len(output_strs):
         raise ValueError(f"{len(prompt_strs)} prompts but {len(output_strs)} outputs")
     prompts = tokenizer(list(prompt_strs), add_special_tokens=False)["input_ids"]
+    return pack_prompt_and_output_ids(prompts, output_ids(output_strs, tokenizer, append_eos), pad_id_of(tokenizer))
+
+
+def output_ids(output_strs: Sequence[str], tokenizer: Any, append_eos: bool = False) -> list[list[int]]:
+    """Each output's token ids (no special tokens), followed by the tokenizer's EOS id with ``append_eos`` (so a
+    model trained on them learns to stop where an output ends); ValueError for a tokenizer without one."""
     outputs = tokenizer(list(output_strs), add_special_tokens=False)["input_ids"]
-    return pack_prompt_and_output_ids(prompts, outputs, pad_id_of(tokenizer))
+    if not append_eos:
+        return outputs
+    if tokenizer.eos_token_id is None:
+        raise ValueError(
+            "append_eos: the tokenizer has no EOS token (eos_token_id is None) to end each response with; "
+            "set append_eos false, or use a tokenizer that has one"
+        )
+    return [[*ids, tokenizer.eos_token_id] for ids in outputs]
 
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / torch.compile wrappers around a policy

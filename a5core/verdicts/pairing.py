@@ -10,10 +10,12 @@ mean of its runs, and their spread is shown, never a silent pick. A :class:`Pair
 same start model, the same seed and every other setting alike (so scored on the same problems).
 
 A pair is fair only if its arms differ in the setting under test alone: a start model trained with one arm's prompt
-favours that arm, so such a pair is set apart (:func:`favours`), shown with why but not judged. A comparison is not
-judged at all (:func:`not_judged`) when no fair pair is left, when its arms are scored by graders that are not each
-its own prompt's (they measure different things), or when every run of both arms scored alike (a floor or ceiling
-of the metric: the runs cannot tell the arms apart).
+and not the other's favours that arm, so such a pair is set apart (:func:`favours`), shown with why but not judged.
+The prompts a model was trained with are those of its SFT traces where the run that made it recorded them
+(``trace_prompts``: a model trained on traces of both prompts favours neither), else that run's ``prompt``. A
+comparison is not judged at all (:func:`not_judged`) when no fair pair is left, when its arms are scored by graders
+that are not each its own prompt's (they measure different things), or when every run of both arms scored alike (a
+floor or ceiling of the metric: the runs cannot tell the arms apart).
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from dataclasses import dataclass, field
 from a5core.grading.rewards import GRADER_PROMPTS
 from a5core.verdicts.expectations import START, Expectation
 
-# Settings whose value shapes the form of a model's answers: a start model trained with one arm's value favours
-# that arm in a comparison of them.
-FORM_SETTINGS = ("prompt",)
+# Settings whose value shapes the form of a model's answers: a start model trained with one arm's value (and not the
+# other's) favours that arm in a comparison of them. Each maps to the setting in which a training run records the
+# values its training data was written with (comma-separated), which, where recorded, says what its model was
+# trained with better than the run's own setting: an SFT run's trace_prompts, the templates of its traces.
+FORM_SETTINGS = {"prompt": "trace_prompts"}
 
 
 @dataclass(frozen=True)
@@ -192,23 +196,32 @@ def _start_cells(units: Sequence[RunRecord], metric: str) -> list[tuple[Cell, Ce
 
 def favours(keys: Iterable[str], pair: Pair, makers: Mapping[str, RunRecord]) -> str:
     """Why ``pair`` is not fair, "" when it is: its start model was trained (by a run among ``makers``, keyed by
-    the model it saved) with one arm's value of a :data:`FORM_SETTINGS` setting that defines the arms, or is known
-    only as a parent run's, so that what it was trained with cannot be checked."""
+    the model it saved) with one arm's value of a :data:`FORM_SETTINGS` setting that defines the arms and not the
+    other's (:func:`trained_with`), or is known only as a parent run's, so that what it was trained with cannot be
+    checked."""
     maker = makers.get(pair.a.origin)
     forms = sorted(set(keys) & set(FORM_SETTINGS))
     if forms and pair.a.origin.startswith("parent run"):
         return f"its start model ({short(pair.a.origin)}) has no recorded hash: whether it favours an arm is unknown"
     for form in forms:
-        if maker is None or form not in maker.settings:
-            continue
-        trained = maker.settings[form]
+        trained = trained_with(maker, form) if maker is not None else set()
         a_value, b_value = pair.a.runs[0].settings.get(form), pair.b.runs[0].settings.get(form)
-        if (trained == a_value) != (trained == b_value):
+        if trained and (a_value in trained) != (b_value in trained):
             return (
                 f"the start model ({short(pair.a.origin)}, made by run {maker.id[:8]}) was trained with "
-                f"{form}={trained}, one arm's {form}: it favours that arm"
+                f"{form}={','.join(sorted(trained))}, one arm's {form}: it favours that arm"
             )
     return ""
+
+
+def trained_with(maker: RunRecord, form: str) -> set[str]:
+    """The values of :data:`FORM_SETTINGS` setting ``form`` that the model ``maker`` made was trained with: those
+    its training data was written with where it recorded them (``trace_prompts=question_only,r1_zero``), else its
+    own value of ``form``; empty where it records neither."""
+    recorded = maker.settings.get(FORM_SETTINGS[form])
+    if recorded is not None:
+        return set(recorded.split(","))
+    return {maker.settings[form]} if form in maker.settings else set()
 
 
 def not_judged(keys: Iterable[str], pairs: Sequence[Pair], set_apart: Sequence[tuple[Pair, str]]) -> str:

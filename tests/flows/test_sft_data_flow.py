@@ -197,6 +197,35 @@ def test_cli_writes_every_set_and_the_metrics(tmp_path, shared_data, server, cap
     )
 
 
+def test_cli_math_writes_with_the_math_prompts_in_turn(tmp_path, shared_data, capsys):
+    config = _config(tmp_path, shared_data, math_prompts=["question_only"])
+    out = tmp_path / "m.jsonl"
+    problems = load_math(shared_data / "math/train.jsonl")[:4]
+    flow.main(["math", "--config", str(config), "--math-prompts", "[r1_zero,question_only]", "--out", str(out)])
+    assert "7498 traces (r1_zero, question_only)" in capsys.readouterr().out  # the flag replaces the file's
+    traces = load_sft_traces(out)
+    assert [t.prompt for t in traces[:4]] == [
+        R1.format(problems[0].problem),
+        problems[1].problem,
+        R1.format(problems[2].problem),
+        problems[3].problem,
+    ]
+    assert traces[0].response.endswith(" </answer>") and traces[1].response == problems[1].solution.strip()
+    flow.main(["math", "--config", str(config), "--out", str(out)])  # the file's
+    assert "7498 traces (question_only)" in capsys.readouterr().out
+    flow.main(["math", "--config", str(config), "--math-prompts", "null", "--out", str(out)])  # null: `prompt`
+    assert "7498 traces (r1_zero)" in capsys.readouterr().out
+    assert load_sft_traces(out)[1].prompt == R1.format(problems[1].problem)
+    for value, message in (
+        ("[r2_zero]", "sft_data math: no prompt template 'r2_zero'"),
+        ("[]", "math_prompts"),
+        ("[a", "argument --math-prompts: not a YAML value"),
+    ):
+        with pytest.raises(SystemExit) as refused:
+            flow.main(["math", "--config", str(config), "--math-prompts", value, "--out", str(out)])
+        assert message in f"{refused.value.code} {capsys.readouterr().err}"  # sys.exit's message, or argparse's
+
+
 def test_cli_distill_disabled_writes_an_empty_set(tmp_path, shared_data):
     config = _config(tmp_path, shared_data)  # distill.enabled defaults to false
     raw, out = tmp_path / "d.jsonl", tmp_path / "out"

@@ -171,7 +171,8 @@ def test_sft_on_generated_arithmetic_hands_its_best_model_to_the_next_stage(
 ):
     """The cpu profile's chain: SFT on arithmetic:N:D traces, validated with the arithmetic grader, saves its
     best setting's model as output_dir/best_model; a stage starting from it is keyed by its files, so a
-    retrained model is not mistaken for the one an earlier run finished with."""
+    retrained model is not mistaken for the one an earlier run finished with. Its run records the prompts its
+    traces were written with, and its settings (append_eos among them)."""
     from flows.params import GRPOParams
     from flows.sft_experiment import SFTExperimentParams, sft_experiment
     from tasks.runs import run_key
@@ -192,6 +193,7 @@ def test_sft_on_generated_arithmetic_hands_its_best_model_to_the_next_stage(
         max_steps=1,
         eval_every=1,
         max_tokens=12,
+        append_eos=True,
         save_models=True,
         output_dir="out",
         metrics_path=None,
@@ -216,6 +218,8 @@ def test_sft_on_generated_arithmetic_hands_its_best_model_to_the_next_stage(
     assert result["models"] == [
         {"name": "a5-sft", "setting": "full", "run_id": child, "model_dir": str(best.resolve()), "version": "1"}
     ]
+    logged = client.get_run(child).data.params
+    assert logged["trace_prompts"] == "r1_zero" and logged["append_eos"] == "True" and logged["n_examples"] == "12"
     version = client.get_model_version("a5-sft", "1")
     assert version.run_id == child and version.tags["setting"] == "full"
     final = client.get_run(child).data.metrics["final_val_accuracy"]
@@ -236,6 +240,18 @@ def test_sft_on_generated_arithmetic_hands_its_best_model_to_the_next_stage(
         f.write("\n")
     with pytest.raises(ValueError, match=r"config\.json changed since this model version was registered"):
         mlflow.pyfunc.load_model("models:/a5-sft/1")
+
+
+def test_append_eos_is_set_from_the_sft_flows_command_line(tmp_path, monkeypatch):
+    from flows.arguments import parse_params
+    from flows.params import SFTExperimentParams
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    flags = ["--config", "params.yaml", "--profile", "gpu-small", "--sizes", "[1024]", "--filtered-data", "null"]
+    flags += ["--train-data", str(tmp_path / "both.jsonl"), "--append-eos", "true"]
+    params = parse_params(SFTExperimentParams, "sft_experiment", flags)
+    assert params.sft.append_eos is True and params.sizes == [1024] and params.filtered_data is None
+    assert parse_params(SFTExperimentParams, "sft_experiment", flags[:-2]).sft.append_eos is False
 
 
 def test_the_best_sft_setting_is_chosen_on_the_selection_split_alone():

@@ -237,6 +237,36 @@ def test_planted_stores_give_the_verdicts_the_rule_gives(prefect_harness, tmp_pa
     assert result["runs_read"] == 2 + 8 * 3  # every run once (parents too): not the 3 of the copied store again
 
 
+def test_a_start_model_trained_on_traces_of_both_prompts_read_from_a_store_is_fair(tmp_path):
+    """The SFT run's trace_prompts reaches its record's settings, and its model, trained for both prompts alike,
+    favours neither arm of the prompt ablation: every pair is judged."""
+    import mlflow
+
+    from a5core.verdicts.pairing import pair_arms
+    from tasks.store_runs import read_runs
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("a5", artifact_location=str(tmp_path / "mlruns"))
+    files = {"model.safetensors": "ab" * 32}
+    made = f"folder:{digest_of_files(files)}"
+    sft = {"setting": "1024", "prompt": "r1_zero", "trace_prompts": "question_only,r1_zero", "seed": "0"}
+    sft_id = log_run(
+        client, experiment, "sft-1024", sft, {"final_val_accuracy": 0.01}, origin="folder:base", files=files
+    )
+    question_only = {"prompt": "question_only", "reward_fn": "arithmetic_question_only"}
+    for seed in range(3):
+        for setting, changes in (("r1_zero", {}), ("question_only", question_only)):
+            params = {**BASE, **changes, "setting": setting, "seed": str(seed)}
+            log_run(
+                client, experiment, f"grpo-{setting}", params, {"final_val_accuracy": 0.4 + seed / 100}, origin=made
+            )
+    runs = read_runs([str(tmp_path / "mlflow.db")], NOT_WHAT_RAN).records
+    (maker,) = [r for r in runs if r.id == sft_id]
+    assert maker.made == made and maker.settings["trace_prompts"] == "question_only,r1_zero"
+    found = pair_arms(parse_expectation("question_only >= r1_zero"), runs)
+    assert len(found.pairs) == 3 and found.set_apart == [] and found.not_judged == ""
+
+
 @pytest.mark.parametrize(
     ("params", "message"),
     [

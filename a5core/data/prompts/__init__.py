@@ -4,17 +4,20 @@ A template is plain text with one ``{question}`` placeholder. It is filled by pl
 ``str.format``, because questions and templates are full of LaTeX braces. A template carries the stop
 strings of its responses (:attr:`PromptTemplate.stop`): a template that asks for the answer in
 ``<answer> </answer>`` tags (r1_zero) stops at ``</answer>``; one that does not (question_only) at EOS.
+:func:`prompt_forms` tells which template a finished prompt was written with (an SFT trace's, say).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 PROMPTS_DIR = Path(__file__).parent
 PLACEHOLDER = "{question}"
 ANSWER_CLOSE = "</answer>"
+UNKNOWN_FORM = "unknown"  # the form of a prompt no template fits (prompt_forms)
 
 
 class PromptTemplateError(ValueError):
@@ -65,3 +68,34 @@ def load_prompt(name_or_path: str | os.PathLike) -> PromptTemplate:
             f"prompt template {path}: not UTF-8 text (byte {e.start + 1} is {e.object[e.start : e.start + 1]!r})"
         ) from None
     return PromptTemplate(name=path.stem if path == builtin else str(path), text=text)
+
+
+def prompt_forms(prompts: Iterable[str], templates: Sequence[PromptTemplate] | None = None) -> list[str]:
+    """The sorted names of the templates ``prompts`` were written with (the built-ins unless ``templates`` are
+    given), :data:`UNKNOWN_FORM` among them when a prompt fits none.
+
+    A prompt fits a template when it begins with the template's text before ``{question}`` and ends with its
+    text after it (the two not overlapping), runs of whitespace compared as one space (the teacher sample writes
+    a blank line where r1_zero has a line break). A prompt that fits several is counted as the most specific:
+    the one with the most fixed text. question_only's template is the question alone, so it fits every prompt:
+    a prompt counts as question_only when no template with fixed text fits it.
+    """
+    fixed = []
+    for template in templates if templates is not None else map(load_prompt, builtin_prompt_names()):
+        before, _, after = template.text.partition(PLACEHOLDER)
+        fixed.append((_spaced(before), _spaced(after), template.name))
+    fixed.sort(key=lambda f: len(f[0]) + len(f[1]), reverse=True)  # the most specific first (a stable sort)
+    found = set()
+    for prompt in map(_spaced, prompts):
+        fits = (
+            name
+            for before, after, name in fixed
+            if len(prompt) >= len(before) + len(after) and prompt.startswith(before) and prompt.endswith(after)
+        )
+        found.add(next(fits, UNKNOWN_FORM))
+    return sorted(found)
+
+
+def _spaced(text: str) -> str:
+    """``text`` with each run of whitespace one space, none at either end."""
+    return " ".join(text.split())

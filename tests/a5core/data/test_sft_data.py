@@ -8,9 +8,10 @@ import pytest
 from a5core.data.files import DataError, Problem, Trace, load_math, load_sft_traces
 from a5core.data.prompts import load_prompt
 from a5core.data.sft_data import dedup_traces, filter_correct, import_traces, math_solution_traces, r1_zero_response
-from a5core.grading.grader import extract_r1_zero_answer, r1_zero_reward_fn
+from a5core.grading.grader import extract_r1_zero_answer, question_only_reward_fn, r1_zero_reward_fn
 
 R1 = load_prompt("r1_zero")
+QUESTION_ONLY = load_prompt("question_only")
 EMPTY_BOX_IDS = ["train/number_theory/7115.json", "train/number_theory/7117.json"]
 
 
@@ -40,6 +41,10 @@ def test_every_math_train_solution_becomes_a_trace_that_grades_one(math_train):
         )
     rewards = r1_zero_reward_fn.batch([t.response for t in traces], [t.ground_truth for t in traces])
     assert all(r == {"format_reward": 1.0, "answer_reward": 1.0, "reward": 1.0} for r in rewards)
+    # as question_only traces (the solution itself), each grades 1 by question_only's grader
+    bare, _ = math_solution_traces(math_train, QUESTION_ONLY)
+    rewards = question_only_reward_fn.batch([t.response for t in bare], [t.ground_truth for t in bare])
+    assert len(bare) == 7498 and all(r["reward"] == 1.0 for r in rewards)
 
 
 def test_the_response_convention_matches_the_teacher_traces(teacher_file):
@@ -81,6 +86,41 @@ def test_solutions_without_a_usable_box_are_skipped_and_named():
         "7 </answer>",
         "\\frac{1}{2} </answer>",
     ]
+
+
+def test_several_templates_take_turns_each_with_a_response_in_its_own_form():
+    problems = [
+        Problem(str(i), f"What is {i} + 1?", str(i + 1), solution)
+        for i, solution in enumerate(
+            [
+                "So 0 + 1 = \\boxed{1}.",
+                "Adding, we get \\boxed{2}.",
+                "no box",  # skipped: it still takes its turn (r1_zero's)
+                "Thus \\boxed{4}. ",
+                "Adding one gives $\\boxed{5}$.\n",
+            ]
+        )
+    ]
+    traces, skipped = math_solution_traces(problems, R1, QUESTION_ONLY)
+    assert skipped == ["2"]
+    assert [t.prompt for t in traces] == [
+        R1.format("What is 0 + 1?"),
+        QUESTION_ONLY.format("What is 1 + 1?"),
+        QUESTION_ONLY.format("What is 3 + 1?"),
+        R1.format("What is 4 + 1?"),
+    ]
+    assert [t.response for t in traces] == [
+        " So 0 + 1 = \\boxed{1}. </think> <answer> 1 </answer>",  # r1_zero asks for answer tags
+        "Adding, we get \\boxed{2}.",  # question_only: the solution itself, its last box the answer
+        "Thus \\boxed{4}.",
+        " Adding one gives $\\boxed{5}$. </think> <answer> 5 </answer>",
+    ]
+    assert [t.ground_truth for t in traces] == ["1", "2", "4", "5"]
+    graders = [r1_zero_reward_fn, question_only_reward_fn, question_only_reward_fn, r1_zero_reward_fn]
+    assert all(grade(t.response, t.ground_truth)["reward"] == 1.0 for grade, t in zip(graders, traces, strict=True))
+    assert math_solution_traces(problems, R1) == math_solution_traces(problems, R1, R1)  # one template: every problem
+    with pytest.raises(ValueError, match="at least one template"):
+        math_solution_traces(problems)
 
 
 # ----------------------------------------------------------------------- imported traces, filter

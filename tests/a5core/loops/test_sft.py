@@ -25,7 +25,7 @@ from a5core.data.prompts import load_prompt
 from a5core.engines import SamplingSettings
 from a5core.engines.hf import HFEngine
 from a5core.grading.grader import r1_zero_reward_fn
-from a5core.loops.sft import SFTConfig, lr_multiplier, train_sft
+from a5core.loops.sft import SFTConfig, lr_multiplier, token_lengths, train_sft
 from a5core.policy.causal_lm import get_response_log_probs, tokenize_prompt_and_output
 from a5core.runtime.checkpoint import CheckpointMismatchError, NonFiniteLossError
 
@@ -154,6 +154,23 @@ def test_max_seq_len_cuts_the_response_end(tokenizer):
     ((_, metrics),) = log.calls
     assert metrics["tokens"] == sum(kept) < sum(response_lens)
     assert metrics["truncated"] == sum(k < r for k, r in zip(kept, response_lens, strict=True)) > 0
+
+
+def test_append_eos_trains_each_response_to_end_with_eos(tokenizer):
+    """One more response token an example (its EOS), counted alike by the lengths that decide cuts and budgets
+    and by the step; off by default."""
+    examples = short_examples(8)
+    prompts, responses = token_lengths(examples, tokenizer)
+    assert token_lengths(examples, tokenizer, append_eos=True) == (prompts, [r + 1 for r in responses])
+    tokens = {}
+    for append_eos in (False, True):
+        log = Recorder()
+        config = SFTConfig(batch_size=8, microbatch_size=4, epochs=1, append_eos=append_eos)
+        train_sft(make_model(tokenizer), tokenizer, examples, config, log=log)
+        ((_, metrics),) = log.calls
+        tokens[append_eos] = metrics["tokens"]
+    assert tokens[False] == sum(responses) and tokens[True] == sum(responses) + len(examples)
+    assert SFTConfig().append_eos is False
 
 
 # --------------------------------------------------------------------------- schedule and data order

@@ -10,7 +10,7 @@ from a5core import (
     sft_microbatch_train_step,
     tokenize_prompt_and_output,
 )
-from a5core.policy.causal_lm import token_entropy, token_log_probs
+from a5core.policy.causal_lm import output_ids, token_entropy, token_log_probs
 
 
 def test_tokenize_prompt_and_output_with_the_qwen_tokenizer(qwen_tokenizer):
@@ -36,6 +36,35 @@ def test_tokenize_prompt_and_output_with_the_qwen_tokenizer(qwen_tokenizer):
         batch["labels"][0][batch["response_mask"][0]].tolist()
         == qwen_tokenizer(outputs[0], add_special_tokens=False)["input_ids"]
     )
+
+
+def test_append_eos_ends_each_output_with_eos_in_the_loss(qwen_tokenizer):
+    prompts, outputs = ["Hello", "What is 1+1?"], [" world </answer>", " 2"]
+    plain = tokenize_prompt_and_output(prompts, outputs, qwen_tokenizer)
+    ended = tokenize_prompt_and_output(prompts, outputs, qwen_tokenizer, append_eos=True)
+    eos = qwen_tokenizer.eos_token_id
+    for row, output in enumerate(outputs):
+        ids = qwen_tokenizer(output, add_special_tokens=False)["input_ids"]
+        assert plain["labels"][row][plain["response_mask"][row]].tolist() == ids  # the default: no EOS
+        assert ended["labels"][row][ended["response_mask"][row]].tolist() == [*ids, eos]
+        last = int(ended["response_mask"][row].nonzero().max())  # the last response label is EOS, in the mask
+        assert ended["labels"][row][last] == eos and ended["response_mask"][row][last]
+    assert ended["input_ids"].shape[1] == plain["input_ids"].shape[1] + 1
+    assert output_ids(outputs, qwen_tokenizer, append_eos=True) == [
+        [*qwen_tokenizer(o, add_special_tokens=False)["input_ids"], eos] for o in outputs
+    ]
+
+
+def test_append_eos_with_a_tokenizer_without_eos_is_refused(qwen_tokenizer):
+    class NoEos:  # a tokenizer with a pad token but no EOS token
+        pad_token_id, eos_token_id = 0, None
+
+        def __call__(self, texts, add_special_tokens):
+            return qwen_tokenizer(texts, add_special_tokens=add_special_tokens)
+
+    assert tokenize_prompt_and_output(["a"], [" b"], NoEos())["response_mask"].sum() == 1
+    with pytest.raises(ValueError, match="append_eos: the tokenizer has no EOS token"):
+        tokenize_prompt_and_output(["a"], [" b"], NoEos(), append_eos=True)
 
 
 def reference_log_probs(logits, labels):

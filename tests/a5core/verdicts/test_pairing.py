@@ -139,6 +139,29 @@ def test_pairs_from_a_start_model_that_favours_an_arm_are_set_apart_and_the_fair
     ]
 
 
+@pytest.mark.parametrize(
+    ("recorded", "favoured"),
+    [
+        ({"trace_prompts": "question_only,r1_zero"}, ""),  # trained for both prompts alike: fair, judged
+        ({"trace_prompts": "r1_zero"}, "prompt=r1_zero"),
+        ({"trace_prompts": "question_only"}, "prompt=question_only"),
+        ({}, "prompt=r1_zero"),  # a record from before trace_prompts: its prompt setting, as ever
+    ],
+)
+def test_the_prompts_a_start_model_was_trained_for_are_those_of_its_traces_where_recorded(recorded, favoured):
+    sft = run(
+        "1024", 0.01, origin="folder:base", made="folder:sft", group="sft_experiment", prompt="r1_zero", **recorded
+    )
+    found = pair_arms(
+        parse_expectation("question_only >= r1_zero"), [sft, *prompt_arms("folder:sft", (0.4, 0.3), range(3))]
+    )
+    if favoured:
+        assert found.pairs == [] and len(found.set_apart) == 3
+        assert all(f"trained with {favoured}, one arm's prompt" in why for _, why in found.set_apart)
+    else:
+        assert found.set_apart == [] and len(found.pairs) == 3 and found.not_judged == ""
+
+
 def test_arms_that_all_scored_alike_cannot_be_judged():
     at_floor = prompt_arms("folder:base", (0.0, 0.0), range(3))
     found = pair_arms(parse_expectation("question_only >= r1_zero"), at_floor)
