@@ -20,8 +20,11 @@ GGUF are in place. Within one call, and nothing outliving it:
    under ``outputs/.devrun/<TAG>/``, and writes ``$OUT/done.txt`` (a line per entry tried: rc, start model, call,
    archive) and ``$OUT/pool.log``.
 
-Queue lines (``lab/queues/verdicts_4.txt``): ``NAME [ref=A,B] MODULE ARGS...;`` ('#' lines left out). A done line:
-``NAME rc=R origin=HASH call=TAG archive=FILE wall_s=S`` (origin ``base`` for runs from the base model).
+Queue lines (``lab/queues/verdicts_4.txt``): ``NAME [ref=A,B] [from=S] MODULE ARGS...;`` ('#' lines left out).
+``from=S``: the run starts from the model entry S saved (``--model outputs/.devrun/S/out/best_model``: a second start
+model, such as one trained for both prompts), made on this machine by S first where it is not here yet (its content
+hash in ``outputs/.devrun/S/made.json``). A done line: ``NAME rc=R origin=HASH call=TAG archive=FILE wall_s=S``
+(origin ``base`` for runs from the base model, S's model's hash for runs from it).
 
     python3 lab/pool.py --queue lab/queues/verdicts_4.txt --done lab/queues/verdicts_4.done --tag session15_call2 \
         --seconds 560 [--plan] [--fill-tail]
@@ -134,7 +137,8 @@ class Entry:
     words: list[str]  # MODULE ARGS...
     refs: list[str]
     kind: str
-    needs: str  # base | start | table
+    needs: str  # base | start | table | entry (the model of entry ``source``)
+    source: str | None = None  # from=S: the entry whose saved model it starts from
 
     @property
     def module(self) -> str:
@@ -148,14 +152,17 @@ def parse_queue(path: Path) -> list[Entry]:
         words = chunk.split()
         if not words:
             continue
-        name, rest, refs = words[0], words[1:], []
-        if rest and rest[0].startswith("ref="):
-            refs = [r for r in rest[0][4:].split(",") if r]
-            rest = rest[1:]
+        name, rest, refs, source = words[0], words[1:], [], None
+        while rest and rest[0].startswith(("ref=", "from=")):
+            key, _, value = rest.pop(0).partition("=")
+            if key == "ref":
+                refs = [r for r in value.split(",") if r]
+            else:
+                source = value
         kind = kind_of(name, rest)
         from_base = kind.startswith("sizes") or BASE_MODEL in rest  # SFT sizes; GRPO from the base model (prompts)
-        needs = "base" if from_base else "table" if "--difficulty-table" in rest else "start"
-        entries.append(Entry(name, rest, refs, kind, needs))
+        needs = "entry" if source else "base" if from_base else "table" if "--difficulty-table" in rest else "start"
+        entries.append(Entry(name, rest, refs, kind, needs, source))
     return entries
 
 
@@ -187,6 +194,11 @@ def complete(entry: Entry, done: list[dict]) -> bool:
     for ref in entry.refs:
         origins &= {r["origin"] for r in done if r["name"] == ref and r.get("rc") == "0"}
     return bool(origins)
+
+
+def saved_model(name: str) -> Path:
+    """Where entry ``name``'s flow saves its model (its ``--output-dir``'s best_model)."""
+    return DEVRUN / name / "out" / "best_model"
 
 
 def card() -> tuple[str, float, float]:
@@ -224,6 +236,7 @@ class Pool:
         self.ended: dict[str, int] = {}
         self.walls: dict[str, int] = {}
         self.origin: str | None = None
+        self.made: dict[str, str] = {}  # entry → the hash of the model it saved on this machine (from=ENTRY runs)
         self.gpu, self.total, used = card()
         self.cores = int(os.environ.get("POOL_CORES") or os.cpu_count() or 16)
         self.at_once = max(1, min(MAX_AT_ONCE, self.cores - 2))
@@ -287,6 +300,8 @@ class Pool:
             for i, w in enumerate(words)
             if not (w == "--gpu-memory-fraction" or (i and words[i - 1] == "--gpu-memory-fraction"))
         ]
+        if entry.source:
+            words += ["--model", str(saved_model(entry.source))]
         if KINDS[entry.kind].share:
             words += ["--gpu-memory-fraction", self.fraction(entry.kind)]
         if own:
@@ -385,6 +400,34 @@ class Pool:
         self.origin = digest[:12]
         self.log(f"start model made, sha256 {digest[:12]}")
 
+    def model_of(self, name: str) -> str | None:
+        """The hash (12 digits) of the model entry ``name`` saved on this machine, None while there is none: made
+        in this call (recorded once it ended with rc 0) or an earlier one on this warm machine (its record and
+        the folder's hash agree)."""
+        if name in self.made:
+            return self.made[name]
+        folder, record = saved_model(name), DEVRUN / name / "made.json"
+        if self.ended.get(name) == 0 and folder.is_dir():
+            digest = folder_hash(folder)
+            record.write_text(json.dumps({"sha256": digest, "call": self.tag}))
+            self.log(f"{name}'s model made, sha256 {digest[:12]}")
+        elif name not in self.ended and folder.is_dir() and record.exists():
+            digest = json.loads(record.read_text())["sha256"]
+            if folder_hash(folder) != digest:
+                return None
+            self.log(f"{name}'s model found, sha256 {digest[:12]} (unchanged)")
+        else:
+            return None
+        self.made[name] = digest[:12]
+        return self.made[name]
+
+    def origin_of(self, entry: Entry) -> str | None:
+        """The model ``entry`` starts from, as done lines name it: base, a from=ENTRY model's hash, or the start
+        model's."""
+        if entry.needs == "base":
+            return "base"
+        return self.model_of(entry.source) if entry.source else self.origin
+
     # ---- the loop --------------------------------------------------------------------------------------------
     def plan(self, entries: list[Entry], done: list[dict]) -> list[Entry]:
         """The entries to try, in order: each incomplete one, after its references not yet ended from this start
@@ -392,9 +435,9 @@ class Pool:
         by_name = {e.name: e for e in entries}
         picked: list[str] = []
 
-        def here(name: str) -> bool:  # ended with rc 0 from this call's start model (the base model: any)
+        def here(name: str) -> bool:  # ended with rc 0 from the model it starts from here (the base model: any)
             ok = {r["origin"] for r in done if r["name"] == name and r.get("rc") == "0"}
-            return bool(ok) if by_name[name].needs == "base" else self.origin in ok
+            return bool(ok) if by_name[name].needs == "base" else self.origin_of(by_name[name]) in ok
 
         for entry in entries:
             if complete(entry, done):
@@ -403,6 +446,10 @@ class Pool:
             if len(failed) >= 2:  # twice failed (not stopped at a deadline): left for a person to look at
                 self.log(f"skip {entry.name}: failed {len(failed)} times ({', '.join(r['call'] for r in failed)})")
                 continue
+            sources = [by_name[n].source for n in [*entry.refs, entry.name] if by_name[n].source]
+            for source in sources:  # a model another call made is not on this machine: made again first
+                if self.model_of(source) is None and source not in picked:
+                    picked.append(source)
             for name in [*entry.refs, entry.name]:
                 if not here(name) and name not in picked:
                     picked.append(name)
@@ -468,12 +515,18 @@ class Pool:
         waiting = False
         for entry in list(todo):
             ready = engine_here(entry) and (
-                entry.needs == "base" or (have_start and (entry.needs == "start" or TABLE.exists()))
+                entry.needs == "base"
+                or (entry.needs == "entry" and self.model_of(entry.source) is not None)
+                or (have_start and (entry.needs == "start" or (entry.needs == "table" and TABLE.exists())))
             )
             if entry.needs == "base" and self.pre is not None:
                 beside = sum(e.needs == "base" and e.kind != "pre" for _, _, e, _ in self.running.values())
                 ready = ready and beside < BASE_BESIDE_PRE
-            coming = engine_here(entry) and (self.pre is not None or (entry.needs == "table" and self.diff is not None))
+            coming = engine_here(entry) and (
+                self.pre is not None
+                or (entry.needs == "table" and self.diff is not None)
+                or (entry.needs == "entry" and entry.source in self.running)
+            )
             if self.estimate(entry.kind, 1) <= self.left() and (ready or coming):
                 waiting = True
             if entry.name in self.running or entry.name in self.ended or not ready:
@@ -578,9 +631,10 @@ def main() -> None:
     if args.plan:
         return
     archive = dict(pack(pool, out))
-    lines, from_base = [], {e.name for e in entries if e.needs == "base"}
+    lines, by_name = [], {e.name: e for e in entries}
     for name, rc in pool.ended.items():
-        origin = "base" if name in from_base else (pool.origin or "none")
+        origin = (pool.origin_of(by_name[name]) if name in by_name else pool.origin) or "none"
+
         lines.append(
             f"{name} rc={rc} origin={origin} call={pool.tag} archive={archive.get(name, '-')} "
             f"wall_s={pool.walls[name]} gpu={pool.gpu.replace(' ', '_')}"

@@ -63,8 +63,8 @@ def math_solution_traces(problems: Sequence[Problem], *templates: PromptTemplate
 
     - a template that asks for the answer in ``<answer>`` tags (its ``stop`` is ``</answer>``: r1_zero):
       ``" {solution} </think> <answer> {boxed} </answer>"`` (:func:`r1_zero_response`);
-    - any other (question_only): ``"{solution}"``, the solution itself (stripped), whose last ``\\boxed{}`` is
-      the answer.
+    - any other (question_only): ``" {solution}"``, the solution itself (stripped; a space after the question, as
+      r1_zero's response has after ``<think>``), whose last ``\\boxed{}`` is the answer.
 
     boxed = the content of the solution's last ``\\boxed{}`` (see ``extract_boxed``), ground_truth = the
     problem's ``answer``. A problem whose solution has no closed box, or an empty one, is skipped (it still takes
@@ -80,7 +80,7 @@ def math_solution_traces(problems: Sequence[Problem], *templates: PromptTemplate
             continue
         template = templates[index % len(templates)]
         tagged = ANSWER_CLOSE in template.stop
-        response = r1_zero_response(problem.solution, boxed) if tagged else problem.solution.strip()
+        response = r1_zero_response(problem.solution, boxed) if tagged else f" {problem.solution.strip()}"
         traces.append(Trace(template.format(problem.problem), response, problem.answer))
     return traces, skipped
 

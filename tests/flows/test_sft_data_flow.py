@@ -210,7 +210,7 @@ def test_cli_math_writes_with_the_math_prompts_in_turn(tmp_path, shared_data, ca
         R1.format(problems[2].problem),
         problems[3].problem,
     ]
-    assert traces[0].response.endswith(" </answer>") and traces[1].response == problems[1].solution.strip()
+    assert traces[0].response.endswith(" </answer>") and traces[1].response == " " + problems[1].solution.strip()
     flow.main(["math", "--config", str(config), "--out", str(out)])  # the file's
     assert "7498 traces (question_only)" in capsys.readouterr().out
     flow.main(["math", "--config", str(config), "--math-prompts", "null", "--out", str(out)])  # null: `prompt`

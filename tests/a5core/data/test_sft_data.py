@@ -111,8 +111,8 @@ def test_several_templates_take_turns_each_with_a_response_in_its_own_form():
     ]
     assert [t.response for t in traces] == [
         " So 0 + 1 = \\boxed{1}. </think> <answer> 1 </answer>",  # r1_zero asks for answer tags
-        "Adding, we get \\boxed{2}.",  # question_only: the solution itself, its last box the answer
-        "Thus \\boxed{4}.",
+        " Adding, we get \\boxed{2}.",  # question_only: the solution itself, its last box the answer
+        " Thus \\boxed{4}.",
         " Adding one gives $\\boxed{5}$. </think> <answer> 5 </answer>",
     ]
     assert [t.ground_truth for t in traces] == ["1", "2", "4", "5"]
