@@ -107,12 +107,13 @@ data() {  # flows.sft_data as lab/context.md runs it (written outside the tree, 
   local venv=.venv/bin/python stage=/tmp/carrybuild-data
   rm -rf "$stage" && mkdir -p "$stage/data/sft" "$stage/shared/data/math" .devA
   $venv -m flows.sft_data math --config params.yaml --out "$stage/data/sft/math_solutions.jsonl"
-  $venv -m flows.sft_data math --config params.yaml --math-prompts '[r1_zero,question_only]' \
-    --out "$stage/data/sft/math_solutions_both_prompts.jsonl"  # the fair prompt row's start model (xz -9: +14 kB)
   $venv -m flows.sft_data traces --config params.yaml --out "$stage/data/sft/teacher_raw.jsonl"
   $venv -m flows.sft_data filter --config params.yaml --out-dir "$stage/data/sft" --metrics "$stage/sft_data.json" \
     --set teacher="$stage/data/sft/teacher_raw.jsonl"
   cp ../shared/data/math/validation.jsonl "$stage/shared/data/math/"
+  # the fair prompt row's start model (after filter, whose folder holds only its own sets; xz -9: +14 kB)
+  $venv -m flows.sft_data math --config params.yaml --math-prompts '[r1_zero,question_only]' \
+    --out "$stage/data/sft/math_solutions_both_prompts.jsonl"
   tar -C "$stage" -cf - data shared | xz -9 -T2 > .devA/data.tar.xz && rm -rf "$stage" && ls -l .devA/data.tar.xz
 }
 
