@@ -147,8 +147,9 @@ def rule_text(decision: Decision, cells_made_again: int, largest_spread: float |
         f"with the half-width at the correction's strictest level ({level}), beyond which a difference would have "
         f"been decided; too few runs: under {rule.min_pairs} pairs, no verdict; not judged: no pair whose arms differ "
         "in the setting under test alone, or every run of both arms scored alike (a pair whose start model was "
-        "trained with one arm's prompt favours that arm, one whose start model has no recorded hash may: it is set "
-        "apart, shown under The pairs). The pairs that "
+        "trained with one arm's prompt favours that arm, one whose start model has no recorded hash may, and the "
+        "pairs of a start model whose every run scored 0 or 1 tell nothing of the difference while another's can: "
+        "they are set apart, shown under The pairs). The pairs that "
         "would likely decide it: how many in all, beyond these, would decide it with probability "
         f"{rule.power:.0%} at the difference seen, at that strictest level, with the spread of its own pairs"
         + (

@@ -12,7 +12,9 @@ same start model, the same seed and every other setting alike (so scored on the 
 A pair is fair only if its arms differ in the setting under test alone: a start model trained with one arm's prompt
 and not the other's favours that arm, so such a pair is set apart (:func:`favours`), shown with why but not judged.
 The prompts a model was trained with are those of its SFT traces where the run that made it recorded them
-(``trace_prompts``: a model trained on traces of both prompts favours neither), else that run's ``prompt``. A
+(``trace_prompts``: a model trained on traces of both prompts favours neither), else that run's ``prompt``. The
+pairs of a start model whose every run scored 0 (or 1) are set apart too while another's can tell the arms apart
+(:func:`apart_at_a_bound`): at a bound of the metric they carry no information about the difference. A
 comparison is not judged at all (:func:`not_judged`) when no fair pair is left, when its arms are scored by graders
 that are not each its own prompt's (they measure different things), or when every run of both arms scored alike (a
 floor or ceiling of the metric: the runs cannot tell the arms apart).
@@ -186,6 +188,8 @@ def pair_arms(expectation: Expectation, runs: Sequence[RunRecord]) -> Arms:
     for pair in (Pair(a_cells[k], b_cells[k]) for k in a_cells if k in b_cells):
         why = favours(keys, pair, makers)
         (set_apart.append((pair, why)) if why else fair.append(pair))
+    fair, at_bound = apart_at_a_bound(fair)
+    set_apart += at_bound
     return Arms(tuple(sorted(keys)), fair, not_judged(keys, fair, set_apart), set_apart=set_apart)
 
 
@@ -222,6 +226,23 @@ def trained_with(maker: RunRecord, form: str) -> set[str]:
     if recorded is not None:
         return set(recorded.split(","))
     return {maker.settings[form]} if form in maker.settings else set()
+
+
+def apart_at_a_bound(pairs: Sequence[Pair]) -> tuple[list[Pair], list[tuple[Pair, str]]]:
+    """``(kept, set apart with why)``: the pairs of a start model every run of whose (both arms, every seed) scored
+    one value at the metric's floor or ceiling (0 or 1) are set apart while another start model's pairs can tell
+    the arms apart: they carry no information about the difference, and counted as differences of 0 they would
+    pull it toward 0. Where no start model can (every run alike), all stay, for :func:`not_judged` to say so."""
+    scores: dict[str, set[float]] = defaultdict(set)
+    for pair in pairs:
+        scores[pair.a.origin].update(x for cell in (pair.a, pair.b) for x in cell.values)
+    bound = {o: v.pop() for o, v in scores.items() if len(v) == 1 and next(iter(v)) in (0.0, 1.0)}
+    if not bound or len(bound) == len(scores):
+        return list(pairs), []
+    why = "every run of both arms from this start model scored {:.3f} (a bound of the metric): its pairs cannot tell "
+    why += "the arms apart"
+    kept = [p for p in pairs if p.a.origin not in bound]
+    return kept, [(p, why.format(bound[p.a.origin])) for p in pairs if p.a.origin in bound]
 
 
 def not_judged(keys: Iterable[str], pairs: Sequence[Pair], set_apart: Sequence[tuple[Pair, str]]) -> str:

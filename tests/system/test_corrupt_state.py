@@ -75,7 +75,7 @@ def files(folder: Path) -> set[str]:
 @pytest.mark.parametrize(
     "damage, name, problem",
     [
-        ("truncate", "latest/state.json", "unreadable (Unterminated string"),
+        ("truncate", "latest/state.json", "unreadable ("),  # the JSON error depends on where the cut falls
         ("replace", "latest/state.json", "not a run's state (no 'finished', 'fingerprint')"),
         ("nest", "latest/state.json", "unreadable (JSON nested too deeply)"),
         ("truncate", "latest/model.pt", "unreadable (PytorchStreamReader failed"),

@@ -171,6 +171,22 @@ def test_arms_that_all_scored_alike_cannot_be_judged():
     assert pair_arms(parse_expectation("question_only >= r1_zero"), moved).not_judged == ""
 
 
+def test_a_start_model_whose_runs_all_sit_at_the_floor_is_set_apart_while_another_can_tell_the_arms_apart():
+    """Pairs from a model that scores 0 under both arms carry no information about the difference: counted, they
+    would pull it toward 0. Set apart, with why; the other start model's pairs are judged alone."""
+    informative = prompt_arms("folder:sft", (0.40, 0.34), range(4))
+    found = pair_arms(
+        parse_expectation("question_only >= r1_zero"), [*prompt_arms("folder:base", (0.0, 0.0), range(3)), *informative]
+    )
+    assert [p.a.origin for p in found.pairs] == ["folder:sft"] * 4 and found.not_judged == ""
+    assert [p.a.origin for p, _ in found.set_apart] == ["folder:base"] * 3
+    assert all("from this start model scored 0.000" in why for _, why in found.set_apart)
+    # a tie off the floor and ceiling is a measurement, not a floor: it stays (one pair of 0.35 and 0.35)
+    tie = prompt_arms("folder:other", (0.35, 0.35), (5,))
+    found = pair_arms(parse_expectation("question_only >= r1_zero"), [*tie, *informative])
+    assert len(found.pairs) == 5 and found.set_apart == []
+
+
 def test_arms_scored_by_different_graders_are_not_a_fair_comparison():
     runs = [run("strict", 0.3, reward_fn="r1_zero", seed=s) for s in range(3)] + [
         run("lenient", 0.6, reward_fn="arithmetic", seed=s) for s in range(3)
