@@ -14,7 +14,8 @@ Settings come from params.yaml's ``sft_data`` section, deep-merged with
   template of ``math_prompts`` in turn, each trace's response in its template's form: ``[r1_zero,
   question_only]`` makes a set for a start model trained for both prompts alike, so that neither arm of the
   prompt ablation is favoured. ``--math-prompts VALUE`` (read as YAML, ``null`` included) replaces the params
-  file's. (``filter`` grades every set with r1_zero: it keeps only the r1_zero traces of such a set.)
+  file's. ``filter`` grades each trace by the grader of the prompt it was written with (``prompt`` and
+  ``math_prompts``), so such a set keeps both prompts' correct traces.
 - ``traces``: a prompt/response/ground_truth file (``sft_data.traces``, the teacher sample by
   default), its prompts re-rendered with ``sft_data.prompt`` when ``reprompt_traces`` is on.
 - ``distill``: teacher samples for MATH problems. **Opt-in** (``sft_data.distill.enabled``), because
@@ -44,6 +45,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -52,7 +54,7 @@ from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from a5core.data.files import DataError, load_math, load_sft_traces
-from a5core.data.prompts import load_prompt
+from a5core.data.prompts import PromptTemplate, load_prompt
 from a5core.data.sft_data import dedup_traces, filter_correct, import_traces, math_solution_traces
 from a5core.engines import make_engine
 from a5core.engines.teacher import OpenAICompletionsTeacher, TeacherError, distill
@@ -176,14 +178,17 @@ def write_filtered(
     out_dir: str | os.PathLike,
     metrics_path: str | os.PathLike | None,
     dedup: bool = True,
+    templates: Sequence[PromptTemplate] = (),
 ) -> dict[str, dict[str, Any]]:
-    """For each ``name → raw file``: dedup (optional), keep correct traces, write ``<name>_filtered.jsonl``; each
-    set's sizes to ``sizes.json`` beside them, and the traces kept in all (``traces``) to the metrics file."""
+    """For each ``name → raw file``: dedup (optional), keep correct traces (each graded by the grader of the
+    template among ``templates`` its prompt was written with: :func:`a5core.data.sft_data.filter_correct`), write
+    ``<name>_filtered.jsonl``; each set's sizes to ``sizes.json`` beside them, and the traces kept in all
+    (``traces``) to the metrics file."""
     metrics = {}
     for name, raw_path in sets.items():
         raw = read_set(raw_path)
         unique, duplicates = dedup_traces(raw) if dedup else (list(raw), 0)
-        kept, stats = filter_correct(unique)
+        kept, stats = filter_correct(unique, *templates)
         write_jsonl_atomic(Path(out_dir) / f"{name}_filtered.jsonl", _records(kept))
         metrics[name] = {
             "raw": len(raw),
@@ -309,7 +314,8 @@ def sft_data(params: SftDataRun) -> dict[str, Any]:
             else f"distilled: disabled (sft_data.distill.enabled: false) → empty {out}"
         ]
     else:
-        result = write_filtered(params.raw_sets(), params.out_dir, params.metrics, settings.dedup)
+        templates = [load_prompt(name) for name in dict.fromkeys([settings.prompt, *(settings.math_prompts or [])])]
+        result = write_filtered(params.raw_sets(), params.out_dir, params.metrics, settings.dedup, templates)
         rows = [{"set": name, **m} for name, m in result.items()]
         lines = [
             f"{name:16} raw {m['raw']:>6}  duplicates {m['duplicates']:>4}  filtered {m['filtered']:>6}  kept "

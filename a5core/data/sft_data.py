@@ -30,8 +30,9 @@ Then:
   occurrences in order. The pipeline dedups before filtering (``sft_data.dedup``): a teacher that
   samples the same short answer twice would otherwise weight that example double, and SFT runs
   that take "the first N examples" would get fewer distinct ones. (The teacher sample has 57.)
-- :func:`filter_correct` keeps the traces whose response grades reward 1 with ``r1_zero_reward_fn``
-  (batch grader, all cores) and reports sizes, kept fraction and format rate.
+- :func:`filter_correct` keeps the traces whose response grades reward 1 by their prompt's grader
+  (``r1_zero_reward_fn``, or ``question_only_reward_fn`` for a trace written with question_only; batch
+  graders, all cores) and reports sizes, kept fraction and format rate.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ from dataclasses import replace
 from typing import Any
 
 from a5core.data.files import DataError, Problem, Trace, load_sft_traces
-from a5core.data.prompts import ANSWER_CLOSE, PromptTemplate
-from a5core.grading.grader import extract_boxed, r1_zero_reward_fn
+from a5core.data.prompts import ANSWER_CLOSE, PromptTemplate, prompt_forms
+from a5core.grading.grader import extract_boxed, question_only_reward_fn, r1_zero_reward_fn
 
 __all__ = ["dedup_traces", "filter_correct", "import_traces", "math_solution_traces", "r1_zero_response"]
 
@@ -122,14 +123,28 @@ def dedup_traces(traces: Sequence[Trace]) -> tuple[list[Trace], int]:
     return unique, len(traces) - len(unique)
 
 
-def filter_correct(traces: Sequence[Trace]) -> tuple[list[Trace], dict[str, Any]]:
-    """Keep the traces whose response r1_zero grades reward 1 against their ground truth; order kept.
+def filter_correct(traces: Sequence[Trace], *templates: PromptTemplate) -> tuple[list[Trace], dict[str, Any]]:
+    """Keep the traces whose response grades reward 1 against their ground truth by their prompt's grader; order
+    kept. A trace's prompt is matched to the ``templates`` it may have been written with (:func:`prompt_forms`):
+    one that asks for answer tags (r1_zero) is graded by ``r1_zero_reward_fn``, any other (question_only) by
+    ``question_only_reward_fn``; with no templates, or a prompt that fits none, by ``r1_zero_reward_fn``.
 
     Returns ``(kept, stats)`` with stats ``raw`` and ``filtered`` (sizes), ``kept_fraction``
-    (filtered / raw) and ``format_rate`` (fraction with format reward 1); the two rates are None for
-    an empty input.
+    (filtered / raw) and ``format_rate`` (fraction with format reward 1, by each trace's grader); the two rates are
+    None for an empty input.
     """
-    rewards = r1_zero_reward_fn.batch([t.response for t in traces], [t.ground_truth for t in traces])
+    by_name = {template.name: template for template in templates}
+    graders = []
+    for trace in traces:
+        template = by_name.get(prompt_forms([trace.prompt], templates)[0]) if templates else None
+        tagged = template is None or ANSWER_CLOSE in template.stop
+        graders.append(r1_zero_reward_fn if tagged else question_only_reward_fn)
+    rewards: list[dict[str, float]] = [{}] * len(traces)
+    for grader in dict.fromkeys(graders):  # each grader once, over its traces (a batch uses every core)
+        indices = [i for i, g in enumerate(graders) if g is grader]
+        graded = grader.batch([traces[i].response for i in indices], [traces[i].ground_truth for i in indices])
+        for i, reward in zip(indices, graded, strict=True):
+            rewards[i] = reward
     kept = [t for t, r in zip(traces, rewards, strict=True) if r["reward"] == 1.0]
     n = len(traces)
     return kept, {

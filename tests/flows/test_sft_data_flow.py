@@ -226,6 +226,21 @@ def test_cli_math_writes_with_the_math_prompts_in_turn(tmp_path, shared_data, ca
         assert message in f"{refused.value.code} {capsys.readouterr().err}"  # sys.exit's message, or argparse's
 
 
+def test_cli_filter_keeps_the_correct_traces_of_both_prompts(tmp_path, shared_data):
+    """A set written with both prompts: each trace graded by its own prompt's grader, so both halves stay."""
+    config = _config(tmp_path, shared_data, math_prompts=["r1_zero", "question_only"])
+    raw, out = tmp_path / "m.jsonl", tmp_path / "out"
+    flow.main(["math", "--config", str(config), "--out", str(raw)])
+    raw.write_text("".join(raw.read_text().splitlines(keepends=True)[:40]))
+    metrics = tmp_path / "sft_data.json"
+    flow.main(
+        ["filter", "--config", str(config), "--out-dir", str(out), "--metrics", str(metrics)]
+        + ["--set", f"math_solutions={raw}"]
+    )
+    kept = load_sft_traces(out / "math_solutions_filtered.jsonl")
+    assert len(kept) == 40 and sum(t.prompt.startswith(R1.format("")[:40]) for t in kept) == 20
+
+
 def test_cli_distill_disabled_writes_an_empty_set(tmp_path, shared_data):
     config = _config(tmp_path, shared_data)  # distill.enabled defaults to false
     raw, out = tmp_path / "d.jsonl", tmp_path / "out"

@@ -1,6 +1,7 @@
 """SFT trace sets (a5core.data.sft_data): MATH solutions as traces, imported traces, dedup and the grader's filter."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,18 @@ def test_filter_keeps_exactly_the_teacher_traces_the_grader_accepts(teacher_file
     newline = next(t for t in traces if "\n</think>\n<answer>" in t.response)
     assert wrong not in kept and newline not in kept
     assert filter_correct([]) == ([], {"raw": 0, "filtered": 0, "kept_fraction": None, "format_rate": None})
+
+
+def test_filter_grades_each_trace_by_the_grader_of_the_template_its_prompt_was_written_with():
+    """A set written with both prompts keeps both halves' correct traces: r1_zero's tagged responses by r1_zero's
+    grader, question_only's solutions by question_only's; without the templates, r1_zero grades every trace."""
+    problems = [Problem(str(i), f"What is {i} + 1?", str(i + 1), f"It is \\boxed{{{i + 1}}}.") for i in range(4)]
+    traces, _ = math_solution_traces(problems, R1, QUESTION_ONLY)
+    wrong = [replace(t, ground_truth="99") for t in traces[:2]]  # one wrong answer in each form
+    kept, stats = filter_correct([*traces, *wrong], R1, QUESTION_ONLY)
+    assert kept == traces and stats["filtered"] == 4 and stats["format_rate"] == 1.0
+    kept, stats = filter_correct([*traces, *wrong])
+    assert kept == traces[0::2] and stats["format_rate"] == 3 / 6  # question_only's solutions lack r1_zero's tags
 
 
 def test_import_can_rerender_prompts_with_the_project_template(teacher_file, math_train, tmp_path):
