@@ -108,6 +108,15 @@ def _config_layers(
     return layers
 
 
+def yaml_value(raw: str) -> Any:
+    """A flag's value read as YAML (an argparse ``type=``); ``argparse.ArgumentTypeError`` saying why when it is not
+    YAML."""
+    try:
+        return load_yaml(raw)
+    except (yaml.YAMLError, RecursionError) as error:
+        raise argparse.ArgumentTypeError(f"not a YAML value ({getattr(error, 'problem', None) or error})") from None
+
+
 def _flag_values(parser: argparse.ArgumentParser, args: dict[str, Any], sources: dict[str, str]) -> dict[str, Any]:
     """The flags given, each value read as YAML (a value that is not YAML exits), recorded in ``sources``."""
     values = {}
@@ -116,9 +125,9 @@ def _flag_values(parser: argparse.ArgumentParser, args: dict[str, Any], sources:
             continue
         flag = f"--{name.replace('_', '-')}"
         try:
-            values[name] = load_yaml(raw)
-        except (yaml.YAMLError, RecursionError) as error:
-            _refuse(parser, f"{flag} {raw!r}: not a YAML value ({getattr(error, 'problem', None) or error})")
+            values[name] = yaml_value(raw)
+        except argparse.ArgumentTypeError as error:
+            _refuse(parser, f"{flag} {raw!r}: {error}")
         sources[name] = flag
     return values
 

@@ -49,7 +49,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -61,9 +60,9 @@ from a5core.engines.teacher import OpenAICompletionsTeacher, TeacherError, disti
 from a5core.policy.model_specs import ModelResolutionError, resolve_model
 from a5core.runtime.settings import READS, describe
 from a5core.runtime.writing import write_jsonl_atomic, write_text_atomic
-from flows.arguments import argument_parser
+from flows.arguments import argument_parser, yaml_value
 from flows.cli import cli_main
-from flows.config_file import load_yaml, settings_from_file
+from flows.config_file import settings_from_file
 from flows.params import DistillParams, Prompt
 from tasks.engines import closing_engine
 from tasks.flow_summary import publish
@@ -207,13 +206,6 @@ def write_filtered(
 # ------------------------------------------------------------------------------------------- CLI
 
 
-def _yaml_arg(value: str) -> Any:
-    try:
-        return load_yaml(value)
-    except (yaml.YAMLError, RecursionError) as error:
-        raise argparse.ArgumentTypeError(f"not a YAML value ({getattr(error, 'problem', None) or error})") from None
-
-
 SETTING_FLAGS = ("math_prompts",)  # the `sft_data` settings a command line may give
 
 
@@ -342,7 +334,7 @@ def main(argv: list[str] | None = None) -> None:
             field = SftDataParams.model_fields["math_prompts"]
             sub.add_argument(
                 "--math-prompts",
-                type=_yaml_arg,
+                type=yaml_value,
                 default=argparse.SUPPRESS,  # absent: the params file's (a given null replaces it)
                 metavar="VALUE",
                 help=f"{field.description} (YAML; replaces the params file's)",
