@@ -44,7 +44,7 @@ from dataclasses import replace
 from typing import Any
 
 from a5core.data.files import DataError, Problem, Trace, load_sft_traces
-from a5core.data.prompts import ANSWER_CLOSE, PromptTemplate, prompt_forms
+from a5core.data.prompts import PromptTemplate, prompt_form_of_each
 from a5core.grading.grader import extract_boxed, question_only_reward_fn, r1_zero_reward_fn
 
 __all__ = ["dedup_traces", "filter_correct", "import_traces", "math_solution_traces", "r1_zero_response"]
@@ -80,8 +80,7 @@ def math_solution_traces(problems: Sequence[Problem], *templates: PromptTemplate
             skipped.append(problem.unique_id)
             continue
         template = templates[index % len(templates)]
-        tagged = ANSWER_CLOSE in template.stop
-        response = r1_zero_response(problem.solution, boxed) if tagged else f" {problem.solution.strip()}"
+        response = r1_zero_response(problem.solution, boxed) if template.tagged else f" {problem.solution.strip()}"
         traces.append(Trace(template.format(problem.problem), response, problem.answer))
     return traces, skipped
 
@@ -125,20 +124,18 @@ def dedup_traces(traces: Sequence[Trace]) -> tuple[list[Trace], int]:
 
 def filter_correct(traces: Sequence[Trace], *templates: PromptTemplate) -> tuple[list[Trace], dict[str, Any]]:
     """Keep the traces whose response grades reward 1 against their ground truth by their prompt's grader; order
-    kept. A trace's prompt is matched to the ``templates`` it may have been written with (:func:`prompt_forms`):
-    one that asks for answer tags (r1_zero) is graded by ``r1_zero_reward_fn``, any other (question_only) by
-    ``question_only_reward_fn``; with no templates, or a prompt that fits none, by ``r1_zero_reward_fn``.
+    kept. A trace's prompt is matched to the ``templates`` it may have been written with
+    (:func:`a5core.data.prompts.prompt_form_of_each`): one that asks for answer tags (r1_zero) is graded by
+    ``r1_zero_reward_fn``, any other (question_only) by ``question_only_reward_fn``; with no templates, or a prompt
+    that fits none, by ``r1_zero_reward_fn``.
 
     Returns ``(kept, stats)`` with stats ``raw`` and ``filtered`` (sizes), ``kept_fraction``
     (filtered / raw) and ``format_rate`` (fraction with format reward 1, by each trace's grader); the two rates are
     None for an empty input.
     """
-    by_name = {template.name: template for template in templates}
-    graders = []
-    for trace in traces:
-        template = by_name.get(prompt_forms([trace.prompt], templates)[0]) if templates else None
-        tagged = template is None or ANSWER_CLOSE in template.stop
-        graders.append(r1_zero_reward_fn if tagged else question_only_reward_fn)
+    untagged = {template.name for template in templates if not template.tagged}
+    forms = prompt_form_of_each((t.prompt for t in traces), templates)  # no templates: each UNKNOWN_FORM
+    graders = [question_only_reward_fn if form in untagged else r1_zero_reward_fn for form in forms]
     rewards: list[dict[str, float]] = [{}] * len(traces)
     for grader in dict.fromkeys(graders):  # each grader once, over its traces (a batch uses every core)
         indices = [i for i, g in enumerate(graders) if g is grader]

@@ -4,7 +4,7 @@ A template is plain text with one ``{question}`` placeholder. It is filled by pl
 ``str.format``, because questions and templates are full of LaTeX braces. A template carries the stop
 strings of its responses (:attr:`PromptTemplate.stop`): a template that asks for the answer in
 ``<answer> </answer>`` tags (r1_zero) stops at ``</answer>``; one that does not (question_only) at EOS.
-:func:`prompt_forms` tells which template a finished prompt was written with (an SFT trace's, say).
+:func:`prompt_form_of_each` tells which template a finished prompt was written with (an SFT trace's, say).
 """
 
 from __future__ import annotations
@@ -42,10 +42,15 @@ class PromptTemplate:
         return self.text.replace(PLACEHOLDER, question)
 
     @property
+    def tagged(self) -> bool:
+        """Whether it asks for the answer in ``<answer> </answer>`` tags (r1_zero; question_only does not)."""
+        return ANSWER_CLOSE in self.text
+
+    @property
     def stop(self) -> tuple[str, ...]:
         """Where a response to this template ends: ``("</answer>",)`` when it asks for the answer in
         ``<answer>`` tags, else none (generation ends at EOS or max_tokens)."""
-        return (ANSWER_CLOSE,) if ANSWER_CLOSE in self.text else ()
+        return (ANSWER_CLOSE,) if self.tagged else ()
 
 
 def builtin_prompt_names() -> list[str]:
@@ -71,8 +76,13 @@ def load_prompt(name_or_path: str | os.PathLike) -> PromptTemplate:
 
 
 def prompt_forms(prompts: Iterable[str], templates: Sequence[PromptTemplate] | None = None) -> list[str]:
-    """The sorted names of the templates ``prompts`` were written with (the built-ins unless ``templates`` are
-    given), :data:`UNKNOWN_FORM` among them when a prompt fits none.
+    """The sorted names of the templates ``prompts`` were written with (:func:`prompt_form_of_each`)."""
+    return sorted(set(prompt_form_of_each(prompts, templates)))
+
+
+def prompt_form_of_each(prompts: Iterable[str], templates: Sequence[PromptTemplate] | None = None) -> list[str]:
+    """For each prompt, the name of the template it was written with (among the built-ins unless ``templates``
+    are given), :data:`UNKNOWN_FORM` for one that fits none.
 
     A prompt fits a template when it begins with the template's text before ``{question}`` and ends with its
     text after it (the two not overlapping), runs of whitespace compared as one space (the teacher sample writes
@@ -85,15 +95,15 @@ def prompt_forms(prompts: Iterable[str], templates: Sequence[PromptTemplate] | N
         before, _, after = template.text.partition(PLACEHOLDER)
         fixed.append((_spaced(before), _spaced(after), template.name))
     fixed.sort(key=lambda f: len(f[0]) + len(f[1]), reverse=True)  # the most specific first (a stable sort)
-    found = set()
+    forms = []
     for prompt in map(_spaced, prompts):
         fits = (
             name
             for before, after, name in fixed
             if len(prompt) >= len(before) + len(after) and prompt.startswith(before) and prompt.endswith(after)
         )
-        found.add(next(fits, UNKNOWN_FORM))
-    return sorted(found)
+        forms.append(next(fits, UNKNOWN_FORM))
+    return forms
 
 
 def _spaced(text: str) -> str:
