@@ -236,7 +236,7 @@ class Pool:
         self.ended: dict[str, int] = {}
         self.walls: dict[str, int] = {}
         self.origin: str | None = None
-        self.made: dict[str, str] = {}  # entry → the hash of the model it saved on this machine (from=ENTRY runs)
+        self.made: dict[str, str | None] = {}  # entry → the hash of its saved model here (from=ENTRY runs)
         self.gpu, self.total, used = card()
         self.cores = int(os.environ.get("POOL_CORES") or os.cpu_count() or 16)
         self.at_once = max(1, min(MAX_AT_ONCE, self.cores - 2))
@@ -402,24 +402,29 @@ class Pool:
 
     def model_of(self, name: str) -> str | None:
         """The hash (12 digits) of the model entry ``name`` saved on this machine, None while there is none: made
-        in this call (recorded once it ended with rc 0) or an earlier one on this warm machine (its record and
-        the folder's hash agree)."""
-        if name in self.made:
-            return self.made[name]
-        folder, record = saved_model(name), DEVRUN / name / "made.json"
-        if self.ended.get(name) == 0 and folder.is_dir():
-            digest = folder_hash(folder)
-            record.write_text(json.dumps({"sha256": digest, "call": self.tag}))
+        in an earlier call on this warm machine (its record and the folder's hash agree; checked once a call) or in
+        this one (recorded once it ended with rc 0)."""
+        if name not in self.made:
+            self.made[name] = self.found_model(name)
+        if self.made[name] is None and self.ended.get(name) == 0 and saved_model(name).is_dir():
+            digest = folder_hash(saved_model(name))
+            (DEVRUN / name / "made.json").write_text(json.dumps({"sha256": digest, "call": self.tag}))
             self.log(f"{name}'s model made, sha256 {digest[:12]}")
-        elif name not in self.ended and folder.is_dir() and record.exists():
-            digest = json.loads(record.read_text())["sha256"]
-            if folder_hash(folder) != digest:
-                return None
-            self.log(f"{name}'s model found, sha256 {digest[:12]} (unchanged)")
-        else:
-            return None
-        self.made[name] = digest[:12]
+            self.made[name] = digest[:12]
         return self.made[name]
+
+    def found_model(self, name: str) -> str | None:
+        """The hash of the model an earlier call on this machine recorded for entry ``name``, if it is unchanged."""
+        folder, record = saved_model(name), DEVRUN / name / "made.json"
+        if not (folder.is_dir() and record.exists()):
+            return None
+        made = json.loads(record.read_text())
+        digest = made["sha256"]
+        if folder_hash(folder) != digest:
+            self.log(f"{name}'s model changed since {made['call']}: made again")
+            return None
+        self.log(f"{name}'s model found, sha256 {digest[:12]} (unchanged)")
+        return digest[:12]
 
     def origin_of(self, entry: Entry) -> str | None:
         """The model ``entry`` starts from, as done lines name it: base, a from=ENTRY model's hash, or the start
