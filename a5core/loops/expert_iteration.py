@@ -7,7 +7,8 @@ Each of ``n_ei_steps`` rounds:
    question (temperature 1.0, min_tokens 4, max_tokens 1024, stop ``</answer>`` by default);
 3. grade them and keep the correct ones — the round's SFT set (saved, so a resumed round trains on
    exactly the same data);
-4. run the SFT loop on the kept traces for ``sft.epochs`` epochs (its own checkpoints);
+4. run the SFT loop on the kept traces for ``sft.epochs`` epochs (its own checkpoints; under a template that
+   stops at EOS, each response followed by EOS);
 5. call ``evaluate(model, round + 1)`` and log the round: kept fraction, rollout reward and format rate,
    mean response entropy and lengths, plus whatever evaluate returned.
 
@@ -95,9 +96,11 @@ class EIConfig(Settings):
     speed: SpeedSettings = group(SpeedSettings, "how a step runs: memory against speed")
     seeding: SeedSettings = group(SeedSettings, "the run's seed")
 
-    def round_sft(self, round_: int) -> SFTConfig:
+    def round_sft(self, round_: int, template: PromptTemplate) -> SFTConfig:
         """Round ``round_``'s SFT settings: this config's optimizer, batch and speed settings, E epochs at a
-        constant learning rate, seeded per round, one checkpoint at its end."""
+        constant learning rate, seeded per round, one checkpoint at its end. A template whose responses end at
+        EOS (no stop string: question_only) trains each kept response followed by EOS, which the rollout's text
+        lacks: without it the model would never learn where to stop."""
         return SFTConfig(
             **{
                 **self.values_of(SFTConfig),
@@ -105,6 +108,7 @@ class EIConfig(Settings):
                 "seed": self.seeding.seed + round_,
                 "eval_every": 0,
                 "checkpoint_every": 0,
+                "append_eos": not template.stop,
             }
         )
 
@@ -165,7 +169,7 @@ def expert_iteration(
                 model,
                 tokenizer,
                 kept,
-                config.round_sft(round_),
+                config.round_sft(round_, template),
                 checkpoint_dir=round_dir / "sft" if round_dir else None,
                 log=lambda m, s, step=step: log({f"sft/{k}": v for k, v in m.items()}, step),
                 release_memory=engine.release_memory,

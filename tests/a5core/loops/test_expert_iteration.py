@@ -8,10 +8,13 @@ from tiny_loops import TEMPLATE, TRAIN, make_model, warm_start
 
 from a5core.data.arithmetic import arithmetic_problems
 from a5core.data.files import Problem
+from a5core.data.prompts import load_prompt
 from a5core.engines import SamplingSettings
 from a5core.engines.hf import HFEngine
 from a5core.grading.grader import r1_zero_reward_fn
+from a5core.loops import expert_iteration as expert_iteration_module
 from a5core.loops.expert_iteration import EIConfig, expert_iteration
+from a5core.loops.sft import train_sft
 from a5core.runtime.checkpoint import CorruptStateError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -179,10 +182,36 @@ def test_a_round_checkpoint_is_loaded_as_tensors_only(tokenizer, tmp_path, capsy
 def test_bad_settings():
     with pytest.raises(ValueError, match="rollouts_per_question"):
         EIConfig(rollouts_per_question=0)
-    round_sft = EIConfig(learning_rate=3e-4, epochs=2, seed=5).round_sft(3)  # E epochs, constant rate, seeded per round
+    round_sft = EIConfig(learning_rate=3e-4, epochs=2, seed=5).round_sft(3, TEMPLATE)  # E epochs, constant, per round
     assert (round_sft.learning_rate, round_sft.epochs, round_sft.lr_schedule, round_sft.seed) == (
         3e-4,
         2,
         "constant",
         8,
     )
+
+
+def test_a_template_that_stops_at_eos_trains_each_kept_response_followed_by_eos(tokenizer, tmp_path, monkeypatch):
+    """r1_zero's responses end in their stop string, kept in the text; question_only's end at EOS, which the text
+    lacks: its rounds append EOS, so the model learns to stop."""
+    assert not EIConfig().round_sft(0, TEMPLATE).append_eos
+    assert EIConfig().round_sft(0, load_prompt("question_only")).append_eos
+    seen = []
+
+    def recording_train_sft(model, tokenizer, traces, config, **kwargs):
+        seen.append(config.append_eos)
+        return train_sft(model, tokenizer, traces, config, **kwargs)
+
+    monkeypatch.setattr(expert_iteration_module, "train_sft", recording_train_sft)
+    model = warm_start(tokenizer)
+    always_right = lambda response, answer: {"reward": 1.0, "format_reward": 1.0, "answer_reward": 1.0}  # noqa: E731
+    expert_iteration(
+        model,
+        tokenizer,
+        HFEngine(model, tokenizer),
+        MAKE_TEN,
+        load_prompt("question_only"),
+        always_right,
+        ei_config(n_ei_steps=1, rollouts_per_question=2, max_tokens=8, epochs=1),
+    )
+    assert seen == [True]

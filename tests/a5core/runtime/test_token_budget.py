@@ -125,8 +125,8 @@ def test_sft_update_does_not_depend_on_how_the_batch_is_cut(tokenizer, sgd_updat
 
 
 def test_expert_iteration_passes_the_budget_to_its_sft_rounds():
-    assert EIConfig(max_tokens_per_microbatch=512).round_sft(0).max_tokens_per_microbatch == 512
-    assert EIConfig().round_sft(1).max_tokens_per_microbatch == "auto"
+    assert EIConfig(max_tokens_per_microbatch=512).round_sft(0, TEMPLATE).max_tokens_per_microbatch == 512
+    assert EIConfig().round_sft(1, TEMPLATE).max_tokens_per_microbatch == "auto"
 
 
 # ------------------------------------------------------------------------------------------ out of memory
