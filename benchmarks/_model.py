@@ -24,13 +24,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 TINY = dict(
-    hidden_size=64,
-    intermediate_size=128,
+    hidden_size=128,
+    intermediate_size=256,
     num_hidden_layers=2,
     num_attention_heads=4,
     num_key_value_heads=2,
     max_window_layers=2,
-)  # the same family, small enough for a CPU check
+)  # the same family, small enough for a CPU check; head_dim 32 (vLLM's CPU attention has no kernel for 16)
 
 
 def random_model(config_path: Path, dtype: torch.dtype, device: str, overrides: dict | None = None):
