@@ -132,8 +132,8 @@ check() {  # check: import the kept build (/tmp/carrybuild-vllm) as the device i
 }
 
 case "${1:-}" in
-  build) build "${2:-44}" ;;
-  parts) parts "${2:?parts VLLM_TAR_XZ DEPS_TAR_XZ [PART_MB]}" "${3:?deps.tar.xz}" "${4:-44}" ;;
+  build) bash lab/ignore_carry.sh && build "${2:-44}" ;;  # the parts' folders out of every call first
+  parts) bash lab/ignore_carry.sh && parts "${2:?parts VLLM_TAR_XZ DEPS_TAR_XZ [PART_MB]}" "${3:?deps.tar.xz}" "${4:-44}" ;;
   stash) stash ;;
   install) stash && install "${2:?install DIR}" ;;
   check) check ;;

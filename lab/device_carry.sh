@@ -148,6 +148,7 @@ q() {  # the benchmarks' architectures (config + tokenizer, no weights): Qwen2.5
   rm -rf "$stage"; return $rc
 }
 
+bash lab/ignore_carry.sh  # what the parts are built into stays out of every call
 case "${1:-}" in
   site) site ;;
   ray) ray ;;
