@@ -17,7 +17,7 @@ from pathlib import Path
 PROMPTS_DIR = Path(__file__).parent
 PLACEHOLDER = "{question}"
 ANSWER_CLOSE = "</answer>"
-UNKNOWN_FORM = "unknown"  # the form of a prompt no template fits (prompt_forms)
+UNKNOWN_FORM = "unknown"  # the form of a prompt no template fits (prompt_form_of_each)
 
 
 class PromptTemplateError(ValueError):

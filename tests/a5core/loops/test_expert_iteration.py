@@ -191,7 +191,7 @@ def test_bad_settings():
     )
 
 
-def test_a_template_that_stops_at_eos_trains_each_kept_response_followed_by_eos(tokenizer, tmp_path, monkeypatch):
+def test_a_template_that_stops_at_eos_trains_each_kept_response_followed_by_eos(tokenizer, monkeypatch):
     """r1_zero's responses end in their stop string, kept in the text; question_only's end at EOS, which the text
     lacks: its rounds append EOS, so the model learns to stop."""
     assert not EIConfig().round_sft(0, TEMPLATE).append_eos
@@ -202,9 +202,11 @@ def test_a_template_that_stops_at_eos_trains_each_kept_response_followed_by_eos(
         seen.append(config.append_eos)
         return train_sft(model, tokenizer, traces, config, **kwargs)
 
+    def always_right(response, answer):  # every rollout kept, so the round trains
+        return {"reward": 1.0, "format_reward": 1.0, "answer_reward": 1.0}
+
     monkeypatch.setattr(expert_iteration_module, "train_sft", recording_train_sft)
     model = warm_start(tokenizer)
-    always_right = lambda response, answer: {"reward": 1.0, "format_reward": 1.0, "answer_reward": 1.0}  # noqa: E731
     expert_iteration(
         model,
         tokenizer,
