@@ -9,17 +9,24 @@ Give the stores that hold the runs (``--stores``: tracking URIs, database files,
     python -m flows.verdicts --expect "1024 >= 128 on final_val_format_rate" --correction bh
 
 Runs are paired by start model (its weights' content hash) and seed on the same problems; runs alike in start
-model, settings and seed count once, as their mean; each expectation's pairs are tested for a difference and for
-parity within ``--margin``, the p-values of all expectations are corrected together (``--correction holm``, or
-``bh`` for a false-discovery rate), and each gets a verdict: agrees / disagrees / within noise / inconclusive /
-too few runs, or "not judged" where its arms differ in more than the setting under test or every run of both
-scored alike (:mod:`a5core.verdicts.decide`); a pair whose start model favours one arm is set apart. The flow
-writes into ``output_dir``:
+model, settings and seed count once, as their mean. The rule (``--method anytime``, the default) tests each
+expectation's pairs, and its start models' means, by confidence sequences that stay valid however many pairs were
+made and however often the page was made again: pairs may be added until a row is decided (``--until-decided``
+works this way). A verdict is general where the start models' test decides it, else it holds for its start models
+only. Every test the page asks is read at α over their number (``--correction bonferroni``; ``bh``: e-BH, a
+false-discovery rate). ``--method fixed`` is Student's t with Holm's correction, valid only for a number of pairs
+fixed before the runs were looked at. Each expectation gets a verdict: agrees / disagrees / within noise /
+inconclusive / too few runs, or "not judged" where its arms differ in more than the setting under test or every run
+of both scored alike (:mod:`a5core.verdicts.decide`); a pair whose start model favours one arm is set apart. Beside
+each: the start models and their spread, and each arm's compute (rollouts, response tokens, seconds); ``A >= B at
+equal rollouts`` compares the runs where both had generated as many rollouts. An arm label that no run carries is
+resolved, for an ablation's child, to the settings the ablation gives it. The flow writes into ``output_dir``:
 
 - ``verdicts.md``: the findings (each verdict before and after the correction, the differences beyond which it
-  would have been decided, how many more pairs would likely decide it), how they were decided, the pairs behind
-  each, the runs made more than once, the runs left out, and each experiment's runs with their curves
-  (``figures/``); ``--append`` adds Markdown files of your own after them;
+  would have been decided, how many more pairs would likely decide it), how they were decided, the rules with the
+  day each was adopted and the verdicts each changes, the pairs behind each, the runs made more than once, the
+  runs left out, and each experiment's runs with their curves (``figures/``); ``--append`` adds Markdown files of
+  your own after them;
 - ``verdicts.json`` (everything, pairs included) and ``verdicts.csv`` (the findings);
 
 and logs them as a run in MLflow experiment ``verdicts`` (``--tracking-uri``) and as the flow run's Prefect
@@ -33,6 +40,7 @@ import re
 import shlex
 import sys
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
@@ -43,13 +51,17 @@ from pydantic import Field, field_validator, model_validator
 
 from a5core.runtime.settings import Settings
 from a5core.runtime.writing import write_text_atomic
-from a5core.verdicts.decide import Decision, Rule, decide
-from a5core.verdicts.expectations import DEFAULT_METRIC, Expectation, expectations_from, parse_expectation
+from a5core.verdicts.anytime import MIXTURE_G
+from a5core.verdicts.decide import Decision, Rule, decide, rule_changes
+from a5core.verdicts.expectations import DEFAULT_METRIC, FINAL, Expectation, expectations_from, parse_expectation
+from a5core.verdicts.pairing import RunRecord
+from flows.ablations import ABLATIONS, ablation_overrides
 from flows.cli import flow_main, print_paths
 from flows.config_file import load_yaml
 from flows.params import (
     PLACEMENT_FIELDS,
     ExperimentName,
+    GRPOParams,
     LogToMLflow,
     OutputFolder,
     TrackingUri,
@@ -71,6 +83,7 @@ from tasks.verdict_page import (
     records,
     reruns_section,
     rule_text,
+    rules_section,
     summary_rows,
 )
 
@@ -97,10 +110,23 @@ class VerdictParams(Settings):
         None, description="--expect's arms are labels of runs of this ablation, sweep or MLflow experiment"
     )
     metric: str = Field(DEFAULT_METRIC, description="--expect's metric unless one says `on METRIC`")
+    endpoint: str = Field(FINAL, description="--expect's endpoint: final, or mean_last_K (the curve's last K points)")
     confidence: float = Field(0.95, gt=0.5, lt=1, description="the family's level: 1 − α")
     margin: float = Field(0.05, gt=0, description="within noise: a difference within ±margin")
-    correction: Literal["holm", "bh", "none"] = Field(
-        "holm", description="for the expectations asked together: holm (any false verdict), bh (false-discovery rate)"
+    method: Literal["anytime", "fixed"] = Field(
+        "anytime",
+        description="anytime: confidence sequences, valid when pairs are added until decided; fixed: Student's t, "
+        "valid only for a number of pairs fixed in advance",
+    )
+    correction: Literal["bonferroni", "holm", "bh", "none"] | None = Field(
+        None,
+        description="for the tests asked together: bonferroni (anytime's default) or holm (fixed's default) bound "
+        "the chance of any false verdict, bh a false-discovery rate (default: the method's own)",
+    )
+    mixture_g: float = Field(MIXTURE_G, gt=0, description="anytime: the confidence sequence's mixture variance")
+    start_model_level: bool = Field(
+        True,
+        description="anytime: a general verdict needs the start models' means to decide (else: for its start models)",
     )
     min_pairs: int = Field(3, ge=2, description="pairs a verdict needs")
     power: float = Field(0.8, gt=0, lt=1, description="'would likely decide': with this probability")
@@ -159,10 +185,22 @@ class VerdictParams(Settings):
     def _something_asked(self) -> VerdictParams:
         if not self.expect and not self.expectations_file:
             raise ValueError("give expect (dapo >= grpo) or expectations_file")
+        self.rule()  # a correction the method does not take, in one line
+        for text in self.expect:
+            parse_expectation(text, endpoint=self.endpoint)
         return self
 
     def rule(self) -> Rule:
-        return Rule(self.confidence, self.margin, self.correction, self.min_pairs, self.power)
+        return Rule(
+            self.confidence,
+            self.margin,
+            self.method,
+            self.correction,
+            self.min_pairs,
+            self.power,
+            self.mixture_g,
+            self.start_model_level,
+        )
 
 
 def read_expectations(path: str) -> tuple[list[Expectation], dict[str, str]]:
@@ -181,8 +219,36 @@ def read_expectations(path: str) -> tuple[list[Expectation], dict[str, str]]:
 def asked(params: VerdictParams) -> tuple[list[Expectation], dict[str, str]]:
     """The expectations asked, the file's first, and the runs the file excludes (id prefix → why)."""
     found, exclude = read_expectations(params.expectations_file) if params.expectations_file else ([], {})
-    found += [parse_expectation(t, metric=params.metric, experiment=params.scope) for t in params.expect]
+    found += [
+        parse_expectation(t, metric=params.metric, experiment=params.scope, endpoint=params.endpoint)
+        for t in params.expect
+    ]
     return found, exclude
+
+
+def arm_settings(arm: str, scope: str | None, runs: Sequence[RunRecord]) -> dict[str, str] | None:
+    """The settings that make ``arm`` a child of GRPO ablation ``scope``, from the ablation's table with the
+    settings of one of its runs in the stores (its reference values): so that a label no run carries is found in
+    the runs another experiment made with those settings (on_policy in the off-policy sweep is the DAPO ablation's
+    grpo). None where ``scope`` is not an ablation, none of its runs is here, or it has no such child."""
+    if scope not in ABLATIONS:
+        return None
+    base = next((r for r in runs if scope in (r.group, r.experiment)), None)
+    if base is None:
+        return None
+    values = {}
+    for key, text in base.settings.items():
+        if key in GRPOParams.model_fields:
+            try:
+                values[key] = yaml.safe_load(text)
+            except yaml.YAMLError:
+                continue
+    params = GRPOParams.model_construct(**{**values, "ablation_only": None})
+    try:
+        overrides = ablation_overrides(scope, params).get(arm)
+    except (TypeError, ValueError, ArithmeticError):
+        return None
+    return None if overrides is None else {key: str(value) for key, value in overrides.items()}
 
 
 def figures(stored: StoredRuns, folder: Path) -> dict[str, list[Path]]:
@@ -190,7 +256,7 @@ def figures(stored: StoredRuns, folder: Path) -> dict[str, list[Path]]:
     step, their number in the legend): ``figures/<experiment>_val_accuracy.png``."""
     points: dict[str, dict[str, dict[int, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for run in stored.records:
-        for step, value in stored.curves.get(run.id, {}).get("val_accuracy", {}).items():
+        for step, value in run.curves.get("val_accuracy", {}).items():
             points[run.group][run.setting][step].append(value)
     made = {}
     for group, settings in points.items():
@@ -206,7 +272,9 @@ def figures(stored: StoredRuns, folder: Path) -> dict[str, list[Path]]:
     return made
 
 
-def page(params: VerdictParams, stored: StoredRuns, decision: Decision, plots: dict[str, list[Path]]) -> str:
+def page(
+    params: VerdictParams, stored: StoredRuns, decision: Decision, changes: list, plots: dict[str, list[Path]]
+) -> str:
     """The page: title, what it was made from, the findings, how they were decided, and the detail."""
     again = made_again(decision)
     lines = [
@@ -220,6 +288,7 @@ def page(params: VerdictParams, stored: StoredRuns, decision: Decision, plots: d
         markdown_table(findings_rows(decision)),
         rule_text(decision, len(again), max((c.spread for c in again), default=None)),
         "",
+        *rules_section(changes),
         "## The pairs",
         "",
         *pairs_sections(decision),
@@ -256,12 +325,14 @@ def verdicts(params: VerdictParams) -> dict:
     stored = read_runs(params.stores, params.ignore_settings)
     if not stored.records:
         raise ValueError(f"stores: no runs in {', '.join(stored.stores)}")
-    decision = decide(expectations, stored.records, params.rule(), exclude)
+    rule = params.rule()
+    decision = decide(expectations, stored.records, rule, exclude, arm_settings)
+    changes = rule_changes(expectations, stored.records, rule, exclude, arm_settings, decision)
     out = Path(params.output_dir)
     with outputs_held(params):  # claimed, and no other flow writes there meanwhile
         plots = figures(stored, out / FIGURES)
         paths = {
-            "page": write_text_atomic(out / PAGE, page(params, stored, decision, plots)),
+            "page": write_text_atomic(out / PAGE, page(params, stored, decision, changes, plots)),
             "json": write_text_atomic(out / "verdicts.json", json.dumps(records(decision), indent=2) + "\n"),
             "csv": write_text_atomic(out / "verdicts.csv", csv_text(findings_rows(decision))),
         }
@@ -276,7 +347,7 @@ def verdicts(params: VerdictParams) -> dict:
             params.tracking_uri,
             list(paths.values()),
             tags={"stores": ",".join(stored.stores)[:5000], "runs_read": len(stored.records)},
-            params={**asdict(params.rule()), "expectations": [e.text for e in expectations]},
+            params={**asdict(rule), "correction": rule.corrected_by, "expectations": [e.text for e in expectations]},
             metrics={f"verdicts_{w.replace(' ', '_')}": float(n) for w, n in counts.items()},
         )
     publish(
@@ -300,7 +371,13 @@ def verdicts(params: VerdictParams) -> dict:
 
 def show(params: VerdictParams, result: dict) -> None:
     rows = [
-        {"expectation": v["expectation"], "pairs": v["pairs"], "mean": v["mean"], "verdict": v["verdict"]}
+        {
+            "expectation": v["expectation"],
+            "pairs": v["pairs"],
+            "start models": v["start_models"],
+            "mean": v["mean"],
+            "verdict": v["verdict"] + (f" ({v['scope']})" if v["scope"] not in (None, "general") else ""),
+        }
         for v in result["verdicts"]
     ]
     print(markdown_table(rows, number=lambda x: f"{x:+.3f}"))

@@ -8,7 +8,9 @@ the machine that made it finds its runs' artifacts beside or above it (:func:`ta
 What a run ran with is its parameters, less the names ``ignore`` matches (where and how fast it ran, a sweep's
 grid: ``fnmatch`` patterns) and less its label, seed and start model, which are fields of their own; where it
 started is its provenance record's model hash (:mod:`tasks.provenance`); the model it made is the folder digest
-of the files it registered (``file_sha256/*`` parameters, :func:`tasks.fingerprints.digest_of_files`).
+of the files it registered (``file_sha256/*`` parameters, :func:`tasks.fingerprints.digest_of_files`); what it
+generated, from a GRPO run's step metrics (rollouts: ``rollout_batch_size`` × ``sampling_draws`` a step; response
+tokens: their mean × the rollouts; seconds: ``time_step``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from a5core.verdicts.pairing import RunRecord
+from a5core.verdicts.pairing import Compute, RunRecord
 from tasks.fingerprints import digest_of_files
 from tasks.mlflow_store import sqlite_database
 from tasks.provenance import read_record
@@ -31,15 +33,15 @@ OWN_FIELDS = ("setting", "seed", "model", "model_path")
 # Settings that runs made before they were parameters logged as tags.
 SETTINGS_ONCE_TAGS = ("compile_layers", "fsdp_reshard_after_forward", "max_tokens_per_microbatch", "engine_device")
 REGISTERED_FILES = "file_sha256/"
-CURVES = ("val_accuracy", "val_format_rate")  # by step: for plots, and a final metric's value at step 0
+CURVES = ("val_accuracy", "val_format_rate")  # by step: for plots, endpoints, and a final metric's value at step 0
+STEP_COST = ("time_step", "response_tokens_mean", "sampling_draws")  # by step: what a GRPO step generated
 
 
 @dataclass
 class StoredRuns:
-    """The runs read (``records``) and their validation curves by run id (``curves``: metric → step → value)."""
+    """The runs read (``records``, each with its validation curves) and the stores they came from."""
 
     records: list[RunRecord]
-    curves: dict[str, dict[str, dict[int, float]]]
     stores: list[str]
 
 
@@ -67,16 +69,16 @@ def store_uris(entries: Sequence[str]) -> list[str]:
 def read_runs(entries: Sequence[str], ignore: Sequence[str]) -> StoredRuns:
     """Every active run of every store ``entries`` names (:func:`store_uris`), each once."""
     uris = store_uris(entries)
-    chosen: dict[str, tuple[tuple, RunRecord, dict]] = {}
+    chosen: dict[str, tuple[tuple, RunRecord]] = {}
     for uri in uris:
-        for rank, record, curves in _store_runs(uri, ignore):
+        for rank, record in _store_runs(uri, ignore):
             if record.id not in chosen or rank > chosen[record.id][0]:
-                chosen[record.id] = (rank, record, curves)
-    records = sorted((r for _, r, _ in chosen.values()), key=lambda r: (r.start_time, r.id))
-    return StoredRuns(records, {rid: c for rid, (_, _, c) in chosen.items()}, uris)
+                chosen[record.id] = (rank, record)
+    records = sorted((r for _, r in chosen.values()), key=lambda r: (r.start_time, r.id))
+    return StoredRuns(records, uris)
 
 
-def _store_runs(uri: str, ignore: Sequence[str]) -> list[tuple[tuple, RunRecord, dict]]:
+def _store_runs(uri: str, ignore: Sequence[str]) -> list[tuple[tuple, RunRecord]]:
     import mlflow
     from mlflow.entities import ViewType
 
@@ -100,8 +102,30 @@ def _store_runs(uri: str, ignore: Sequence[str]) -> list[tuple[tuple, RunRecord,
         parent = by_id.get(run.data.tags.get("mlflow.parentRunId", ""))
         curves = {m: _history(client, run.info.run_id, m) for m in CURVES if m in run.data.metrics}
         record = _record(run, parent, experiments.get(run.info.experiment_id, ""), ignore, curves, client, uri)
-        found.append(((len(run.data.metrics), run.info.end_time or 0), record, curves))
+        found.append(((len(run.data.metrics), run.info.end_time or 0), record))
     return found
+
+
+def _compute(client: Any, run: Any) -> Compute | None:
+    """What a GRPO run generated, from its step metrics (the module docstring); None for a run without them."""
+    metrics, params = run.data.metrics, run.data.params
+    if "time_step" not in metrics or "rollout_batch_size" not in params:
+        return None
+    try:
+        batch = float(params["rollout_batch_size"])
+    except ValueError:
+        return None
+    history = {m: _history(client, run.info.run_id, m) for m in STEP_COST if m in metrics}
+    steps = sorted(history["time_step"])
+    draws = history.get("sampling_draws", {})
+    tokens = history.get("response_tokens_mean", {})
+    rollouts, spent, made = 0.0, {}, 0.0
+    for step in steps:
+        step_rollouts = batch * draws.get(step, 1.0)
+        rollouts += step_rollouts
+        made += step_rollouts * tokens.get(step, 0.0)
+        spent[step] = rollouts
+    return Compute(rollouts, made, sum(history["time_step"].values()), spent)
 
 
 def _history(client: Any, run_id: str, metric: str) -> dict[int, float]:
@@ -141,6 +165,8 @@ def _record(
         made=f"folder:{digest_of_files(registered)}" if registered else None,
         experiment=experiment,
         start_time=run.info.start_time or 0,
+        curves=curves,
+        compute=_compute(client, run),
     )
 
 

@@ -2,20 +2,24 @@
 with one seed):
 
 - a difference: Student's two-sided t test of "no difference", its (1 − α) interval mean ± h;
-- equivalence within ±margin: two one-sided t tests against −margin and +margin, each at α/2, so that it
-  passes exactly when the same (1 − α) interval lies inside ±margin (:func:`p_equivalence`);
+- equivalence within ±margin: the two one-sided t tests (TOST) against −margin and +margin, each at α, so that it
+  passes exactly when the (1 − 2α) interval lies inside ±margin (:func:`p_equivalence`);
 - a correction for the p-values of expectations asked together (:func:`adjust`): Holm's step-down, which bounds
   the chance of any false verdict at α under any dependence between the tests (comparisons that share a
   reference run are correlated), or Benjamini–Hochberg, which bounds the expected share of false verdicts;
 - how many pairs would likely decide a question at the effect seen (:func:`pairs_to_decide`), from the power of
-  the same tests (the noncentral t).
+  a test that decides when |t| passes a critical value (the noncentral t): these tests', or the anytime-valid
+  confidence sequence's (:mod:`a5core.verdicts.anytime`).
+
+They hold for a number of pairs fixed before the runs are looked at; pairs added until a question is decided
+need the anytime-valid rule.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -91,14 +95,14 @@ def p_difference(sample: PairedSample) -> float:
 
 
 def p_equivalence(sample: PairedSample, margin: float) -> float:
-    """p-value of "the mean difference lies outside ±margin": twice the larger of the two one-sided tests'
-    p-values (against −margin and +margin), capped at 1, so that p ≤ α exactly when the (1 − α) interval of
-    :func:`half_width` lies inside ±margin (k ≥ 2)."""
+    """p-value of "the mean difference lies outside ±margin": the larger of the two one-sided tests' p-values
+    (against −margin and +margin), so that p ≤ α exactly when the (1 − 2α) interval of :func:`half_width` lies
+    inside ±margin (k ≥ 2)."""
     if sample.se == 0:
         return 0.0 if abs(sample.mean) < margin else 1.0
     above_low = _t_sf((sample.mean + margin) / sample.se, sample.df)  # "d ≤ −margin"
     below_high = _t_sf((margin - sample.mean) / sample.se, sample.df)  # "d ≥ +margin"
-    return min(1.0, 2 * max(above_low, below_high))
+    return max(above_low, below_high)
 
 
 def adjust(pvalues: Sequence[float], groups: Sequence[int], correction: Correction) -> list[float]:
@@ -139,38 +143,54 @@ def adjust(pvalues: Sequence[float], groups: Sequence[int], correction: Correcti
     raise ValueError(f"correction {correction!r}: one of holm, bh, none")
 
 
-def _power_difference(n: int, effect: float, sd: float, alpha: float) -> float:
-    """Power of the two-sided paired t test at level α with n pairs, when the true mean difference is
-    ``effect`` and the differences' standard deviation ``sd``."""
+Critical = Callable[[int], float]  # k → the |t| beyond which a test decides at k pairs (inf: it cannot)
+
+
+def t_critical(alpha: float) -> tuple[Critical, Critical]:
+    """The critical values of the fixed-sample tests at level α: the two-sided t test's and the TOST's."""
+    return (lambda k: t_quantile(1 - alpha / 2, k - 1)), (lambda k: t_quantile(1 - alpha, k - 1))
+
+
+def power_difference(n: int, effect: float, sd: float, critical: float) -> float:
+    """P(|T| > critical) at n pairs, T the t statistic when the true mean difference is ``effect`` and the
+    differences' standard deviation ``sd`` (the noncentral t)."""
+    if math.isinf(critical):
+        return 0.0
     df, shift = n - 1, effect * math.sqrt(n) / sd
-    critical = t_quantile(1 - alpha / 2, df)
     return 1 - _nct_cdf(critical, df, shift) + _nct_cdf(-critical, df, shift)
 
 
-def _power_equivalence(n: int, effect: float, sd: float, alpha: float, margin: float) -> float:
-    """Power of :func:`p_equivalence`'s test at level α with n pairs (both one-sided tests at α/2 passing; the
+def power_within(n: int, effect: float, sd: float, critical: float, margin: float) -> float:
+    """P(mean ± critical · se lies inside ±margin) at n pairs: both one-sided statistics past ``critical`` (the
     sum-minus-one bound, exact as the standard error becomes known)."""
+    if math.isinf(critical):
+        return 0.0
     df, root = n - 1, math.sqrt(n)
-    critical = t_quantile(1 - alpha / 2, df)
     above_low = 1 - _nct_cdf(critical, df, (effect + margin) * root / sd)
     below_high = _nct_cdf(-critical, df, (effect - margin) * root / sd)
     return max(0.0, above_low + below_high - 1)
 
 
 def pairs_to_decide(
-    effect: float, sd: float, alpha: float, margin: float, power: float = 0.8, most: int = MOST_PAIRS
+    effect: float,
+    sd: float,
+    margin: float,
+    critical: tuple[Critical, Critical],
+    power: float = 0.8,
+    most: int = MOST_PAIRS,
 ) -> int | None:
     """The fewest pairs (at least 3) with which a difference of ``effect`` (pairs' standard deviation ``sd``)
-    would be decided with probability ``power`` at level α: as a difference, or as lying within ±margin where
-    it does; None when more than ``most`` would be needed or ``sd`` is not known. (Both powers grow with the
-    pairs: found by doubling, then halving.)"""
+    would be decided with probability ``power`` by tests of ``critical`` values (a difference's, within ±margin's;
+    :func:`t_critical`): as a difference, or as lying within ±margin where it does; None when more than ``most``
+    would be needed or ``sd`` is not known. (Both powers grow with the pairs: found by doubling, then halving.)"""
     if not sd > 0 or math.isnan(sd) or math.isnan(effect):
         return None
+    difference, within = critical
 
     def enough(n: int) -> bool:
-        if _power_difference(n, effect, sd, alpha) >= power:
+        if power_difference(n, effect, sd, difference(n)) >= power:
             return True
-        return abs(effect) < margin and _power_equivalence(n, effect, sd, alpha, margin) >= power
+        return abs(effect) < margin and power_within(n, effect, sd, within(n), margin) >= power
 
     low, high = 2, 3  # not enough at low (a verdict needs 3), try high
     while not enough(high):

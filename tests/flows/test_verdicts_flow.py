@@ -1,7 +1,9 @@
 """flows.verdicts: a user's own store (a real, tiny GRPO ablation made here, three seeds) gets its verdict from one
 command; stores with planted results, spread over folders as unpacked archives leave them, give the verdicts the
 rule gives on the same runs (a run copied into two stores read once, a failed flow's run shown apart, a start
-model trained for one arm's prompt refused); and parameters that cannot be answered are refused in one line."""
+model trained for one arm's prompt refused); an ablation's child no run is labelled with is found by its settings,
+an unknown label answered with the labels there are; and parameters that cannot be answered are refused in one
+line."""
 
 import json
 import math
@@ -10,7 +12,7 @@ import random
 import pytest
 from verdict_runs import BASE
 
-from a5core.verdicts.decide import Rule, decide
+from a5core.verdicts.decide import PAIRS, Rule, decide
 from a5core.verdicts.expectations import parse_expectation
 from a5core.verdicts.pairing import RunRecord
 from flows.verdicts import NOT_WHAT_RAN, VerdictParams, main, verdicts
@@ -81,10 +83,14 @@ def test_a_users_grpo_ablation_gets_its_verdict_from_one_command(
         assert accuracy["verdict"] == "not judged" and "every run of both arms scored" in accuracy["not_judged"]
     for verdict in judged:
         assert verdict["verdict"] in ("agrees", "disagrees", "within noise", "inconclusive")
-        assert 0 <= verdict["p_difference"] <= verdict["adjusted_p_difference"] <= 1
-    assert found["rule"]["correction"] == "holm" and found["rule"]["expectations_judged"] == len(judged)
+        test = verdict["tests"]["pairs"]
+        assert 0 <= test["p_difference"] <= test["adjusted_p_difference"] <= 1
+        assert verdict["start_models"] == 1 and "start models" not in verdict["tests"]  # one start model
+    assert found["rule"]["method"] == "anytime" and found["rule"]["correction"] == "bonferroni"
+    assert found["rule"]["family"] == 4  # two expectations, each on its pairs and its start models
     page = (tmp_path / "verdicts/verdicts.md").read_text()
-    assert "`reinforce_with_baseline >= no_baseline`" in page and "Holm's step-down" in page
+    assert "`reinforce_with_baseline >= no_baseline`" in page and "Bonferroni's level" in page
+    assert "## The rules and what each changed" in page and "2026-12-07" in page
     assert "### `grpo_baseline_ablation`" in page and "![grpo_baseline_ablation_val_accuracy]" in page
     assert (tmp_path / "verdicts/figures/grpo_baseline_ablation_val_accuracy.png").stat().st_size > 1000
     assert "reinforce_with_baseline >= no_baseline" in printed and "mlflow run" in printed
@@ -95,7 +101,7 @@ def test_a_users_grpo_ablation_gets_its_verdict_from_one_command(
         "verdicts.json",
         "verdicts.csv",
     }
-    assert logged.data.params["correction"] == "holm"
+    assert logged.data.params["correction"] == "bonferroni" and logged.data.params["method"] == "anytime"
 
 
 # ----------------------------------------------------------------------------------------------- planted stores
@@ -227,7 +233,7 @@ def test_planted_stores_give_the_verdicts_the_rule_gives(prefect_harness, tmp_pa
     want = rule_says.verdicts[0]
     assert baseline["pairs"] == want.k == 3  # seed 3's flow failed: shown apart, not paired
     assert baseline["mean"] == pytest.approx(want.sample.mean) and baseline["verdict"] == want.word
-    assert baseline["adjusted_p_difference"] == pytest.approx(want.adjusted_difference)
+    assert baseline["tests"]["pairs"]["adjusted_p_difference"] == pytest.approx(want.tests[PAIRS].adjusted_difference)
     assert prompt["verdict"] == "not judged" and "trained with prompt=r1_zero" in prompt["not_judged"]
     assert prompt["pairs"] == 0 and len(prompt["set_apart"]) == 4  # each from the start model trained for r1_zero
     assert all("trained with prompt=r1_zero" in pair["why"] for pair in prompt["set_apart"])
@@ -274,7 +280,9 @@ def test_a_start_model_trained_on_traces_of_both_prompts_read_from_a_store_is_fa
         ({"expect": "a > b"}, "write A >= B"),
         ({"expect": "a >= b", "append": ["nowhere.md"]}, "nowhere.md: no such file"),
         ({"expectations_file": "missing.yaml"}, "expectations_file missing.yaml: no such file"),
-        ({"expect": "a >= b", "correction": "bonferroni"}, "correction"),
+        ({"expect": "a >= b", "correction": "holm"}, "correction 'holm' with the anytime method"),
+        ({"expect": "a >= b", "method": "fixed", "correction": "bonferroni"}, "with the fixed method"),
+        ({"expect": "a >= b", "endpoint": "last"}, "endpoint 'last': final or mean_last_K"),
         ({"expect": "a >= b", "confidence": 1.5}, "confidence"),
     ],
 )
@@ -304,3 +312,45 @@ def test_what_a_run_ran_with_leaves_out_where_and_how_fast_it_ran():
     assert {"output_dir", "tracking_uri", "max_tokens_per_microbatch", "gpu_memory_fraction"} <= set(NOT_WHAT_RAN)
     assert not {"learning_rate", "loss_type", "prompt", "reward_fn"} & set(NOT_WHAT_RAN)
     assert math.isclose(VerdictParams(expect="a >= b").confidence, 0.95)
+
+
+def test_an_ablations_child_no_run_is_labelled_with_is_found_by_its_settings(tmp_path, monkeypatch):
+    """E4_tb64 >= on_policy on a store whose on-policy runs were made by the DAPO ablation (labelled grpo): the
+    off-policy sweep's table says what on_policy sets, and the grpo runs have those settings."""
+    import mlflow
+
+    from flows.ablations import ablation_overrides
+    from flows.params import GRPOParams
+
+    monkeypatch.chdir(tmp_path)
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("grpo", artifact_location=str(tmp_path / "mlruns"))
+    defaults = GRPOParams()
+    base = {k: str(getattr(defaults, k)) for k in ("loss_type", "epochs_per_rollout_batch", "train_batch_size")}
+    base |= {"gradient_accumulation_steps": str(defaults.gradient_accumulation_steps)}
+    e4 = {k: str(v) for k, v in ablation_overrides("grpo_off_policy_sweep", defaults)["E4_tb64"].items()}
+    for ablation, setting, changes in (("grpo_off_policy_sweep", "E4_tb64", e4), ("grpo_dapo_ablation", "grpo", {})):
+        parent = log_run(client, experiment, ablation, {"ablation": ablation}, {})
+        for seed in range(8):
+            value = 0.3 + seed / 100 + (0.0 if setting == "grpo" else -0.1 + (seed % 2) / 100)
+            params = {**base, **changes, "setting": setting, "seed": str(seed)}
+            log_run(client, experiment, setting, params, {"final_val_accuracy": value}, parent=parent, origin="m1")
+    result = verdicts(
+        VerdictParams(
+            expect="E4_tb64 >= on_policy; E4_tb64 >= on_polcy",
+            scope="grpo_off_policy_sweep",
+            stores=[str(tmp_path / "mlflow.db")],
+            output_dir=str(tmp_path / "out"),
+            log_to_mlflow=False,
+        )
+    )
+    found, typo = result["verdicts"]
+    assert found["pairs"] == 8 and found["verdict"] == "disagrees" and found["scope"] == "for this start model"
+    assert set(found["defining_settings"]) == {
+        "epochs_per_rollout_batch",
+        "train_batch_size",
+        "loss_type",
+        "gradient_accumulation_steps",
+    }
+    assert typo["verdict"] == "not measured"
+    assert typo["not_measured"].endswith("the labels in grpo_off_policy_sweep: E4_tb64")
