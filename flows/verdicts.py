@@ -8,19 +8,19 @@ Give the stores that hold the runs (``--stores``: tracking URIs, database files,
     python -m flows.verdicts --expectations-file docs/expectations.yaml --stores sqlite:///mlflow.db
     python -m flows.verdicts --expect "1024 >= 128 on final_val_format_rate" --correction bh
 
-Runs are paired by start model (its weights' content hash) and seed on the same problems; runs alike in start
-model, settings and seed count once, as their mean. The rule (``--method anytime``, the default) tests each
-expectation's pairs, and its start models' means, by confidence sequences that stay valid however many pairs were
-made and however often the page was made again: pairs may be added until a row is decided (``--until-decided``
-works this way). A verdict is general where the start models' test decides it, else it holds for its start models
-only. Every test the page asks is read at α over their number (``--correction bonferroni``; ``bh``: e-BH, a
-false-discovery rate). ``--method fixed`` is Student's t with Holm's correction, valid only for a number of pairs
-fixed before the runs were looked at. Each expectation gets a verdict: agrees / disagrees / within noise /
-inconclusive / too few runs, or "not judged" where its arms differ in more than the setting under test or every run
-of both scored alike (:mod:`a5core.verdicts.decide`); a pair whose start model favours one arm is set apart. Beside
-each: the start models and their spread, and each arm's compute (rollouts, response tokens, seconds); ``A >= B at
-equal rollouts`` compares the runs where both had generated as many rollouts. An arm label that no run carries is
-resolved, for an ablation's child, to the settings the ablation gives it. The flow writes into ``output_dir``:
+Runs are paired by start model (its weights' content hash) and seed on the same problems; runs alike in start model,
+settings and seed count once, as their mean. The rule (``--method anytime``, the default) tests each expectation's
+pairs, and its start models' means, by confidence sequences that stay valid however many pairs were made and however
+often the page was made again: pairs may be added until a row is decided. A verdict is general where the start
+models' test decides it, else it holds for its start models only. Every test the page asks is read at α over their
+number (``--correction bonferroni``; ``bh``: e-BH, a false-discovery rate). ``--method fixed`` is Student's t with
+Holm's correction, valid only for a number of pairs fixed before the runs were looked at. Each expectation gets a
+verdict: agrees / disagrees / within noise / inconclusive / too few runs, or "not judged" where its arms differ in
+more than the setting under test or every run of both scored alike (:mod:`a5core.verdicts.decide`); a pair whose
+start model favours one arm is set apart. Beside each: the start models and their spread, and each arm's compute
+(rollouts, response tokens, seconds); ``A >= B at equal rollouts`` compares the runs where both had generated as
+many rollouts. An arm label that no run carries is resolved, for an ablation's child, to the settings the ablation
+gives it. The flow writes into ``output_dir``:
 
 - ``verdicts.md``: the findings (each verdict before and after the correction, the differences beyond which it
   would have been decided, how many more pairs would likely decide it), how they were decided, the rules with the

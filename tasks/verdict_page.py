@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from a5core.verdicts.decide import DECIDED, GENERAL, PAIRS, START_MODELS, Decision, Test, Verdict
-from a5core.verdicts.expectations import FINAL, Expectation
+from a5core.verdicts.expectations import Expectation
 from a5core.verdicts.pairing import Cell, Pair, RunRecord, short
 from a5core.verdicts.statistics import MOST_PAIRS
 from tasks.tables import markdown_table
@@ -39,8 +39,7 @@ def width(half: float) -> str:
 
 
 def label_of(e: Expectation) -> str:
-    label = f"{e.a} − {e.b}" + ("" if e.metric == "final_val_accuracy" else f" ({e.metric})")
-    return label + ("" if e.endpoint == FINAL else f" [{e.endpoint}]")
+    return f"{e.a} − {e.b}" + ("" if e.metric == "final_val_accuracy" else f" ({e.metric})")
 
 
 def difference_text(v: Verdict) -> str:
@@ -114,6 +113,7 @@ def findings_rows(decision: Decision) -> list[dict[str, Any]]:
             {
                 "experiment": f"`{e.experiment}`" if e.experiment else "",
                 "expectation": f"`{e.text}`" + (f": {e.why}" if e.why else ""),
+                "endpoint": e.endpoint,
                 f"difference ± {rule.confidence:.0%} {interval}": difference_text(v),
                 "pairs": v.k,
                 "start models (SD within, between)": start_models_text(v),
@@ -177,8 +177,8 @@ def rule_text(decision: Decision, cells_made_again: int, largest_spread: float |
         )
     text[-1] += "."
     text.append(
-        "Each row's endpoint, declared before its runs, is the final evaluation unless the row names another "
-        "([mean_last_K]: the mean of the last K points of the validation curve); a row asked at equal rollouts reads "
+        "Each row's endpoint, declared before its runs, is in its column: final (the final evaluation) or "
+        "mean_last_K (the mean of the last K points of the validation curve); a row asked at equal rollouts reads "
         "each pair's runs where both had generated as many rollouts."
     )
     text += _method_text(decision)

@@ -14,6 +14,7 @@ Each expectation's endpoint, declared before its runs: ``final`` (the final eval
 In a YAML file (``flows.verdicts --expectations-file``)::
 
     metric: final_val_accuracy            # the default metric of every entry
+    endpoint: final                       # the default endpoint of every entry (final, or mean_last_K)
     expectations:
       - expect: dapo >= grpo
         experiment: grpo_dapo_ablation    # where A's and B's labels are learnt (optional)
@@ -127,6 +128,7 @@ class ExpectationsFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     metric: str = DEFAULT_METRIC
+    endpoint: str = FINAL
     expectations: list[str | dict[str, Any]] = Field(min_length=1)
     exclude: dict[str, str] = {}
 
@@ -142,7 +144,7 @@ def expectations_from(document: Any, where: str) -> tuple[list[Expectation], dic
     for i, entry in enumerate(parsed.expectations, 1):
         try:
             if isinstance(entry, str):
-                found.append(parse_expectation(entry, metric=parsed.metric))
+                found.append(parse_expectation(entry, metric=parsed.metric, endpoint=parsed.endpoint))
                 continue
             entry = dict(entry)
             text = entry.pop("expect", None)
@@ -153,7 +155,7 @@ def expectations_from(document: Any, where: str) -> tuple[list[Expectation], dic
                 raise ValueError(
                     f"unknown keys {', '.join(sorted(unknown))} (expect, experiment, why, metric, endpoint)"
                 )
-            found.append(parse_expectation(text, **{"metric": parsed.metric, **entry}))
+            found.append(parse_expectation(text, **{"metric": parsed.metric, "endpoint": parsed.endpoint, **entry}))
         except ValueError as error:
             raise ValueError(f"{where}: expectations[{i}]: {error}") from None
     return found, parsed.exclude
