@@ -354,3 +354,26 @@ def test_an_ablations_child_no_run_is_labelled_with_is_found_by_its_settings(tmp
     }
     assert typo["verdict"] == "not measured"
     assert typo["not_measured"].endswith("the labels in grpo_off_policy_sweep: E4_tb64")
+
+
+def test_what_a_grpo_run_generated_is_read_from_its_step_metrics(tmp_path):
+    """Rollouts: rollout_batch_size × sampling_draws a step (1 without dynamic sampling); tokens: their mean × the
+    rollouts; seconds: time_step; and the rollouts by each step, for comparisons at equal rollouts."""
+    import mlflow
+
+    from tasks.store_runs import read_runs
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("grpo", artifact_location=str(tmp_path / "mlruns"))
+    rid = log_run(client, experiment, "ds", {"rollout_batch_size": "8", "seed": "0"}, {"final_val_accuracy": 0.5})
+    for step, (draws, tokens, seconds) in enumerate([(1, 10.0, 2.0), (3, 20.0, 5.0), (2, 10.0, 3.0)], start=1):
+        client.log_metric(rid, "sampling_draws", draws, step=step)
+        client.log_metric(rid, "response_tokens_mean", tokens, step=step)
+        client.log_metric(rid, "time_step", seconds, step=step)
+    plain = log_run(client, experiment, "sft", {"seed": "0"}, {"final_val_accuracy": 0.1})
+    runs = {r.id: r for r in read_runs([str(tmp_path / "mlflow.db")], NOT_WHAT_RAN).records}
+    compute = runs[rid].compute
+    assert compute.rollouts == 8 * (1 + 3 + 2) and compute.seconds == 10.0
+    assert compute.tokens == 8 * (1 * 10 + 3 * 20 + 2 * 10)
+    assert dict(compute.rollouts_by_step) == {1: 8.0, 2: 32.0, 3: 48.0}
+    assert runs[plain].compute is None and runs[rid].curves["val_accuracy"] == {0: 0.05}
