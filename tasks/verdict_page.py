@@ -181,7 +181,7 @@ def rule_text(decision: Decision, cells_made_again: int, largest_spread: float |
         "mean_last_K (the mean of the last K points of the validation curve); a row asked at equal rollouts reads "
         "each pair's runs where both had generated as many rollouts."
     )
-    text += _method_text(decision)
+    text += [*_method_text(decision), correction_text(decision)]
     shared = sum(bool(v.shares_with) for v in decision.verdicts if v.k)
     if shared:
         text.append(
@@ -223,20 +223,6 @@ def _method_text(decision: Decision) -> list[str]:
             "are valid only for a number of pairs fixed before the runs were looked at: pairs added until a row is "
             "decided make a false verdict likelier than stated (use the anytime rule for that)."
         ]
-        m = decision.family
-        if rule.corrected_by == "holm":
-            text.append(
-                f"The {2 * m} p-values of the {m} expectations judged together are corrected by Holm's step-down, an "
-                "expectation's two questions counted once (they cannot both be true), so that the chance of any "
-                f"false verdict on the page is at most {alpha:.0%}, however the comparisons are correlated."
-            )
-        elif rule.corrected_by == "bh":
-            text.append(
-                f"The {2 * m} p-values of the {m} expectations judged together are corrected by Benjamini–Hochberg's "
-                f"step-up: of the verdicts decided, at most {alpha:.0%} are expected to be false."
-            )
-        else:
-            text.append(f"Each test is read at {alpha:.0%} on its own, with no correction for the {m} asked together.")
         return text
     levels = " and its start models" if START_MODELS in rule.levels else ""
     text = [
@@ -255,21 +241,30 @@ def _method_text(decision: Decision) -> list[str]:
             "model's mean difference a unit) what holds in general. A verdict is general where the start models' "
             "test decides it, else it is said for its start models only."
         )
-    family = decision.family
-    if rule.corrected_by == "bonferroni":
-        text.append(
-            f"Every test the page asks ({family}: each expectation's, on every level, fixed before any run) is read "
-            f"at {alpha:.0%}/{family}, an e-value reaching {family}/{alpha:g}, so that the chance of any false "
-            f"verdict on the page, at any time it is made, is at most {alpha:.0%}."
-        )
-    elif rule.corrected_by == "bh":
-        text.append(
-            f"The e-values of the {2 * family} questions are combined by e-BH (Benjamini–Hochberg on 1/e): of the "
-            f"verdicts decided, at most {alpha:.0%} are expected to be false, whatever the dependence."
-        )
-    else:
-        text.append(f"Each test is read at {alpha:.0%} on its own, with no correction for the {family} asked.")
     return text
+
+
+# How the correction bounds the page's errors, by method and correction: {m} tests (each of two questions), α.
+CORRECTION_TEXT = {
+    ("fixed", "holm"): "The {q} p-values of the {m} expectations judged together are corrected by Holm's step-down, an "
+    "expectation's two questions counted once (they cannot both be true), so that the chance of any false verdict on "
+    "the page is at most {a}, however the comparisons are correlated.",
+    ("fixed", "bh"): "The {q} p-values of the {m} expectations judged together are corrected by Benjamini–Hochberg's "
+    "step-up: of the verdicts decided, at most {a} are expected to be false.",
+    ("anytime", "bonferroni"): "Every test the page asks ({m}: each expectation's, on every level, fixed before any "
+    "run) is read at {a}/{m}, an e-value reaching {m}/α, so that the chance of any false verdict on the page, at any "
+    "time it is made, is at most {a}.",
+    ("anytime", "bh"): "The e-values of the {q} questions are combined by e-BH (Benjamini–Hochberg on 1/e): of the "
+    "verdicts decided, at most {a} are expected to be false, whatever the dependence.",
+}
+
+
+def correction_text(decision: Decision) -> str:
+    rule, m = decision.rule, decision.family
+    template = CORRECTION_TEXT.get(
+        (rule.method, rule.corrected_by), "Each test is read at {a} on its own, with no correction for the {m} asked."
+    )
+    return template.format(q=2 * m, m=m, a=f"{rule.alpha:.0%}")
 
 
 def rules_section(changes: Sequence[tuple[str, str, list[str]]]) -> list[str]:
