@@ -9,6 +9,7 @@ started from the command line reads what its user names.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,14 @@ SETTINGS_FILE = Path("params.yaml")
 
 
 def started_from_a_deployment() -> bool:
-    """Whether this flow run was started from a deployment (not from a command line)."""
-    from prefect.runtime import deployment
+    """Whether this flow run was started from a deployment (not from a command line): its flow run names one
+    (``PREFECT__RUNTIME__DEPLOYMENT__ID``, Prefect's own way to say so, too)."""
+    from prefect.context import FlowRunContext
 
-    return deployment.id is not None
+    if os.environ.get("PREFECT__RUNTIME__DEPLOYMENT__ID"):
+        return True
+    context = FlowRunContext.get()
+    return bool(context and context.flow_run and context.flow_run.deployment_id)
 
 
 def _read_names() -> set[str]:
