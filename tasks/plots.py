@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import math
 import numbers
 import re
 from collections.abc import Sequence
@@ -17,7 +16,7 @@ from typing import Any
 import mlflow
 
 from a5core.runtime.writing import write_bytes_atomic, write_text_atomic
-from tasks.tables import csv_text, markdown_table
+from tasks.tables import csv_text, is_finite, markdown_table
 
 
 def write_curves(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
@@ -44,7 +43,7 @@ def plot_curves(path: Path, rows: Sequence[dict[str, Any]], x: str, y: str, seri
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    rows = [r for r in rows if _finite(r.get(x)) and _finite(r.get(y))]  # a NaN or ±inf point cannot be drawn
+    rows = [r for r in rows if is_finite(r.get(x)) and is_finite(r.get(y))]  # a NaN or ±inf point cannot be drawn
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for name in dict.fromkeys(str(r[series]) for r in rows):
         points = sorted((r[x], r[y]) for r in rows if str(r[series]) == name)
@@ -68,10 +67,6 @@ def plot_curves(path: Path, rows: Sequence[dict[str, Any]], x: str, y: str, seri
 def _plain(text: str) -> str:
     """A label shown as written: matplotlib reads text between ``$`` as TeX (and fails on a malformed one)."""
     return str(text).replace("$", r"\$")
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and math.isfinite(value)
 
 
 def _save(figure: Any, path: Path) -> Path:

@@ -25,6 +25,7 @@ from a5core.verdicts.pairing import RunRecord
 from tasks.fingerprints import digest_of_files
 from tasks.mlflow_store import read_only_uri
 from tasks.provenance import ARTIFACT, DamagedRecordError, read_record
+from tasks.tables import is_finite
 
 STORE_FILE = "mlflow.db"
 # Not what a run ran with, as settings: fields of a RunRecord of their own.
@@ -96,14 +97,15 @@ def finite_runs(
 ) -> tuple[list[RunRecord], list[tuple[RunRecord, str]]]:
     """The runs whose values of ``metrics`` (final, and at the start where recorded) are numbers a verdict can use,
     and the others with why: a NaN or an infinity (a diverged run, a metric logged as such) turns every mean and
-    test over it into NaN, so such a run is left out and named rather than counted."""
+    test over it into NaN, so such a run is left out and named rather than counted (MLflow keeps an infinity as the
+    largest float: :func:`tasks.tables.is_finite`)."""
     kept, apart = [], []
     for run in records:
         bad = [
-            f"{metric}{where} is {value}"
+            f"{metric}{where} is {value if math.isnan(value) else '+inf' if value > 0 else '-inf'}"
             for metric in metrics
             for where, value in ((" at the start", run.starts.get(metric)), ("", run.finals.get(metric)))
-            if isinstance(value, float) and not math.isfinite(value)
+            if value is not None and not is_finite(value)
         ]
         if bad:
             apart.append((run, f"{'; '.join(bad)}: not a number a verdict can use"))

@@ -7,7 +7,9 @@ import csv
 import io
 import json
 import math
+import numbers
 import re
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -56,6 +58,12 @@ def _closing_backticks(text: str, start: int, length: int) -> int | None:
         if len(run.group()) == length:
             return start + run.start()
     return None
+
+
+def is_finite(value: Any) -> bool:
+    """Whether ``value`` is a finite number, as MLflow keeps them: it stores an infinity as the largest float
+    (±1.8e308), which is no measurement either."""
+    return isinstance(value, numbers.Real) and math.isfinite(value) and abs(value) < sys.float_info.max
 
 
 def finite_or_none(value: Any) -> Any:
