@@ -44,13 +44,7 @@ def init_from_env() -> tuple[int, int]:
     if "RANK" not in os.environ:
         return 0, 1
     if not dist.is_initialized():
-        if not started_by_torchrun():  # these are left from another launch
-            leftovers = [*LAUNCH_VARIABLES, *sorted(k for k in os.environ if k.startswith(TORCHRUN_PREFIXES))]
-            named = ", ".join(f"{k}={os.environ[k]}" for k in leftovers if k in os.environ)
-            raise ValueError(
-                f"{named} in the environment, but this process was not started by torchrun: it would wait for ranks "
-                f"that never come. Unset them (unset {' '.join(leftovers)}), or start it with torchrun"
-            )
+        check_launch_variables()
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -89,6 +83,20 @@ def started_by_torchrun() -> bool:
             return True
         pid = int(stat[stat.rindex(b")") + 2 :].split()[1])  # the parent's: the field after the state
     return False
+
+
+def check_launch_variables() -> None:
+    """ValueError naming torchrun's variables (``RANK``, ``MASTER_PORT``, ``TORCHELASTIC_RUN_ID`` ...) set in a
+    process torchrun did not start (:func:`started_by_torchrun`): left from another launch, they would make it wait
+    for ranks that never come. A command checks this first, before it writes anything."""
+    if "RANK" not in os.environ or dist.is_initialized() or started_by_torchrun():
+        return
+    leftovers = [*LAUNCH_VARIABLES, *sorted(k for k in os.environ if k.startswith(TORCHRUN_PREFIXES))]
+    named = ", ".join(f"{k}={os.environ[k]}" for k in leftovers if k in os.environ)
+    raise ValueError(
+        f"{named} in the environment, but this process was not started by torchrun: it would wait for ranks "
+        f"that never come. Unset them (unset {' '.join(leftovers)}), or start it with torchrun"
+    )
 
 
 def rank_and_world() -> tuple[int, int]:

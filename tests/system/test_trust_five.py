@@ -474,23 +474,27 @@ def test_a_misspelt_section_is_refused_with_the_nearest_name(text, said, tmp_pat
     assert said in line, line
 
 
-def test_torchrun_leftovers_with_its_run_id_are_named_and_refused(tmp_path, monkeypatch, capsys):
+def test_torchrun_leftovers_with_its_run_id_are_named_and_refused(inputs, tmp_path, monkeypatch):  # noqa: F811
     """TORCHELASTIC_RUN_ID among the variables another launch left in a shell: the run waited 30 minutes for ranks
-    that never came, deaf to Ctrl-C. This process was started by no torchrun: one line naming them."""
+    that never came, deaf to Ctrl-C. This process was started by no torchrun: one line naming them, before the
+    command writes anything."""
     from servers import free_port
 
     port = str(free_port())
     leftovers = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
     for name, value in {**leftovers, "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "0"}.items():
         monkeypatch.setenv(name, value)
-    line = command_error("compare", ["--experiment", "g", "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}"], capsys)
+    before = sorted(os.listdir(tmp_path))
+    line = user_error("baseline_eval", flags("baseline_eval", inputs, tmp_path))
     assert (
         f"RANK=0, WORLD_SIZE=2, MASTER_ADDR=127.0.0.1, MASTER_PORT={port}, TORCHELASTIC_RESTART_COUNT=0, "
         "TORCHELASTIC_RUN_ID=none in the environment, but this process was not started by torchrun" in line
     )
     assert (
-        "unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT TORCHELASTIC_RESTART_COUNT " in line
+        "(unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT TORCHELASTIC_RESTART_COUNT "
+        "TORCHELASTIC_RUN_ID)" in line
     )
+    assert sorted(os.listdir(tmp_path)) == before  # no out/, metrics.json or mlflow.db
 
 
 # ----------------------------------------------------------------------------------------------- deployments
