@@ -60,6 +60,7 @@ from tasks.mlflow_runs import log_files_run
 from tasks.mlflow_store import DEFAULT_TRACKING_URI
 from tasks.outputs import outputs_held, own_subfolder
 from tasks.plots import file_stem, plot_curves
+from tasks.servers import check_server
 from tasks.store_runs import StoredRuns, finite_runs, read_runs
 from tasks.tables import csv_text, json_text, markdown_table, markdown_text
 from tasks.verdict_page import (
@@ -266,6 +267,8 @@ def verdicts(params: VerdictParams) -> dict:
             "stores": [s for s in params.stores if "://" not in s] + served_databases(params.stores),
         }
     )
+    if params.log_to_mlflow:
+        check_server(params.tracking_uri)  # where the verdicts are logged answers, before the stores are read
     expectations, exclude = asked(params)
     stored = read_runs(params.stores, params.ignore_settings)
     if not stored.records and not stored.left_out:

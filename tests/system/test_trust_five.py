@@ -415,8 +415,12 @@ def test_what_gave_tracebacks_ends_in_one_line(prefect_harness, tmp_path, monkey
             line = command_error(module, argv, capsys)
             assert said in line, line
     with health_only_server(api_answers=False) as hung:
-        line = command_error("compare", ["--experiment", "g", "--tracking-uri", hung], capsys)
-    assert f"MLflow tracking server {hung}: /health answers, but its API gives no answer within 10 s" in line
+        for module, argv in (
+            ("compare", ["--experiment", "g", "--tracking-uri", hung]),
+            ("verdicts", ["--expect", EXPECT, "--tracking-uri", hung]),  # where it logs: checked before it reads
+        ):
+            line = command_error(module, argv, capsys)
+            assert f"MLflow tracking server {hung}: /health answers, but its API gives no answer within 10 s" in line
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
     mlflow.set_experiment("records")
     record = build_record(BaselineEvalParams(model="no-such-model-folder/", output_dir="out"))
