@@ -22,6 +22,7 @@ from a5core.data.prompts import load_prompt
 from a5core.evaluation.records import CATEGORIES
 from flows.cli import flow_main, print_paths
 from flows.params import BaselineEvalParams
+from flows.served import check_served_inputs
 from tasks.checks import check_outputs, check_prompts_fit
 from tasks.evaluation import generate, grade, load_problems, log_evaluation_run, write_outputs
 from tasks.experiments import UI_COMMAND, ui_address
@@ -35,6 +36,7 @@ from tasks.provenance import log_provenance
 def baseline_eval(params: BaselineEvalParams = BaselineEvalParams()) -> dict:
     """Zero-shot evaluation; returns the summary, output paths and the MLflow run id (and each extra set's
     summary and paths under ``sets``). Its MLflow run spans the whole evaluation (generation included)."""
+    check_served_inputs(params)  # started from a deployment: it reads inside the project and its data folders
     with outputs_held(params):  # claimed, and no other flow writes there meanwhile
         template = load_prompt(params.prompt)
         sampling = params.sampling_for(template)

@@ -31,6 +31,7 @@ from a5core.data.files import DataError
 from a5core.data.prompts import PromptTemplateError
 from a5core.policy.model_specs import ModelResolutionError
 from a5core.runtime.checkpoint import CheckpointMismatchError, NonFiniteLossError
+from a5core.runtime.distributed import check_launch_variables
 from a5core.runtime.guards import DivergenceError
 from a5core.runtime.out_of_memory import MicrobatchOutOfMemoryError
 from a5core.runtime.settings import describe
@@ -172,6 +173,7 @@ def flow_main(
     def main(argv: list[str] | None = None) -> None:
         with command_line(f"flows.{section}", lambda: getattr(sys.modules.get("__main__"), "main", None) is main):
             params = parse_params(params_model, section, argv, doc or "")
+            check_launch_variables()  # torchrun's variables left from another launch: refused before any check writes
             if check is not None:
                 check(params)
             with launched_rank() as rank:

@@ -25,8 +25,6 @@ model and seed: ``flows.verdicts``.
 
 from __future__ import annotations
 
-import json
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,14 +37,15 @@ from a5core.runtime.settings import Settings
 from a5core.runtime.writing import write_text_atomic
 from flows.cli import flow_main, print_paths
 from flows.params import ExperimentName, LogToMLflow, OutputFolder, TrackingUri, output_folder_of_its_flow
+from flows.served import check_served_reads, served_databases
 from tasks.flow_summary import publish
 from tasks.mlflow_runs import log_files_run
-from tasks.mlflow_store import DEFAULT_TRACKING_URI, store_client
+from tasks.mlflow_store import DEFAULT_TRACKING_URI, reading_client
 from tasks.outputs import outputs_held
-from tasks.plots import plot_curves
-from tasks.provenance import read_record, record_rows
+from tasks.plots import file_stem, plot_curves
+from tasks.provenance import DamagedRecordError, read_record, record_rows
 from tasks.run_reading import final_per_problem, find_runs, metric_points, run_labels, run_records
-from tasks.tables import csv_text, markdown_table
+from tasks.tables import csv_text, json_text, markdown_table, markdown_text
 
 # Final values shown when no metrics are named (those that some run holds), and metrics plotted by step.
 DEFAULT_METRICS = (
@@ -178,6 +177,8 @@ def run_provenance(client: Any, runs: list[Any]) -> list[dict[str, str]]:
     for run in runs:
         try:
             records.append(read_record(client, run.info.run_id, ""))
+        except DamagedRecordError:
+            records.append("damaged")  # shown as such (record_rows)
         except ValueError:  # made before runs recorded their provenance, or by a flow that records none
             records.append(None)
     if all(r is None for r in records):
@@ -189,7 +190,7 @@ def run_provenance(client: Any, runs: list[Any]) -> list[dict[str, str]]:
 
 
 def plot_file_name(metric: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", metric) + "_vs_step.png"
+    return file_stem(metric) + "_vs_step.png"  # a file of its own for each metric (a/b and a_b: two files)
 
 
 def write_comparison(
@@ -203,7 +204,7 @@ def write_comparison(
     rows, params = comparison_rows(runs, columns)
     held = {k for r in runs for k in r.data.metrics}
     records = run_provenance(client, runs)
-    md = [f"# {title or 'Run comparison'}", ""]
+    md = [f"# {markdown_text(title or 'Run comparison')}", ""]
     if records:
         md += [
             "## What differs in their records",
@@ -228,11 +229,11 @@ def write_comparison(
             plots[metric] = plot_curves(
                 output_dir / plot_file_name(metric), points, "step", metric, "run", f"{metric} by step"
             )
-            md += [f"![{metric} by step]({plots[metric].name})", ""]
+            md += [f"![{markdown_text(metric)} by step]({plots[metric].name})", ""]
     paired = paired_rows(client, runs)
     if paired:
         md += [
-            f"## Paired differences against {paired[0]['against']}",
+            f"## Paired differences against {markdown_text(paired[0]['against'])}",
             "",
             "Per-problem accuracy (mean over a problem's samples) on the problems both runs evaluated; the "
             "standard error is of the paired differences.",
@@ -242,17 +243,17 @@ def write_comparison(
         ]
     missing = [m for m in [*columns, *plot_metrics] if m not in held]
     if missing:
-        md += [f"No run holds: {', '.join(dict.fromkeys(missing))}.", ""]
+        md += [markdown_text(f"No run holds: {', '.join(dict.fromkeys(missing))}."), ""]
     paths = {
         "table_md": write_text_atomic(output_dir / "comparison.md", "\n".join(md)),
         "table_csv": write_text_atomic(output_dir / "comparison.csv", csv_text(rows)),
-        "table_json": write_text_atomic(output_dir / "comparison.json", json.dumps(rows, indent=2) + "\n"),
+        "table_json": write_text_atomic(output_dir / "comparison.json", json_text(rows)),
         **{f"plot_{m}": p for m, p in plots.items()},
     }
     if paired:
-        paths["paired_json"] = write_text_atomic(output_dir / "paired.json", json.dumps(paired, indent=2) + "\n")
+        paths["paired_json"] = write_text_atomic(output_dir / "paired.json", json_text(paired))
     if records:
-        paths["records_json"] = write_text_atomic(output_dir / "records.json", json.dumps(records, indent=2) + "\n")
+        paths["records_json"] = write_text_atomic(output_dir / "records.json", json_text(records))
     return {
         "rows": rows,
         "records": records,
@@ -293,7 +294,8 @@ def log_comparison_run(params: CompareParams, runs: list[Any], result: dict[str,
 @flow(name="compare")
 def compare(params: CompareParams) -> dict:
     """Compare MLflow runs: table (md/csv/json) and plots into output_dir, logged as a comparison run."""
-    reader = store_client(params.tracking_uri)
+    check_served_reads({"tracking_uri": served_databases([params.tracking_uri])})
+    reader = reading_client(params.tracking_uri)  # read-only: a file that is not an MLflow store is left untouched
     runs = find_runs(reader, params)
     if not runs:
         raise ValueError(
@@ -320,7 +322,7 @@ def compare(params: CompareParams) -> dict:
 
 
 def show(params: CompareParams, result: dict) -> None:
-    print(markdown_table(result["rows"], [c for c in result["rows"][0] if c != "run_id"], width=48))
+    print(markdown_table(result["rows"], [c for c in result["rows"][0] if c != "run_id"], width=48, escape=False))
     if result["missing"]:
         print(f"no run holds: {', '.join(result['missing'])}")
     print_paths(result["paths"])

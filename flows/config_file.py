@@ -8,6 +8,7 @@ the file and place named (:class:`ConfigError`).
 
 from __future__ import annotations
 
+import difflib
 import os
 from pathlib import Path
 from typing import Any, TypeVar
@@ -142,7 +143,44 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
             f"--config {path}: expected a mapping of sections (baseline_eval:, grpo:, ...), "
             f"got a {type(document).__name__}"
         )
+    check_sections(document, path)
     return document
+
+
+# The sections a settings file may hold: each flow's (the section its command line's --config reads), params.yaml's
+# data files (flows.prepare_data), and the profile chosen and the profiles. A profile holds sections only.
+FLOW_SECTIONS = (
+    "baseline_eval",
+    "compare",
+    "data",
+    "difficulty",
+    "expert_iteration",
+    "grpo",
+    "leaderboard",
+    "report",
+    "sft_data",
+    "sft_experiment",
+    "verdicts",
+)
+TOP_LEVEL = (*FLOW_SECTIONS, "profile", "profiles")
+
+
+def check_sections(document: dict[str, Any], path: str | os.PathLike) -> None:
+    """ConfigError naming the first key of ``document`` that is no section (:data:`TOP_LEVEL`), or of one of its
+    profiles that is no flow's section (:data:`FLOW_SECTIONS`), with the nearest name: a misspelt section was
+    read by nothing, and the settings in it (``dvc exp run -S profiles.cpu.baseline_evl.limit=4``) changed
+    nothing."""
+    profiles = document.get("profiles")
+    places = [("", key, TOP_LEVEL) for key in document]
+    if isinstance(profiles, dict):
+        for name, profile in profiles.items():
+            if isinstance(profile, dict):
+                places += [(f"profiles.{name}.", key, FLOW_SECTIONS) for key in profile]
+    for prefix, key, known in places:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean {prefix}{close[0]}?" if close else f"the sections are {', '.join(known)}"
+            raise ConfigError(f"--config {path}: unknown section `{prefix}{str(key)[:80]}`, read by no flow ({hint})")
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from a5core.loops.question_sampling import pass_rate_table
 from a5core.runtime.writing import write_text_atomic
 from flows.cli import flow_main, print_paths
 from flows.params import DifficultyParams
+from flows.served import check_served_inputs
 from tasks.checks import check_outputs, check_prompts_fit
 from tasks.evaluation import generate, grade
 from tasks.flow_summary import publish
@@ -42,6 +43,7 @@ BINS = (0.0, 0.25, 0.5, 0.75, 1.0)  # histogram edges; 0 and 1 get bins of their
 def difficulty(params: DifficultyParams = DifficultyParams()) -> dict:
     """Estimate the pass rates; returns the summary, the paths and the MLflow run id. Its MLflow run spans the
     whole estimate (generation included)."""
+    check_served_inputs(params)  # started from a deployment: it reads inside the project and its data folders
     with outputs_held(params):  # claimed, and no other flow writes there meanwhile
         with flow_run(
             params.experiment, f"{params.model.rstrip('/').split('/')[-1]}-difficulty", params.tracking_uri

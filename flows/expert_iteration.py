@@ -35,6 +35,7 @@ from a5core.runtime.settings import describe
 from flows.cli import flow_main, print_paths
 from flows.fanout import children_on_ray
 from flows.params import EIParams
+from flows.served import check_served_inputs
 from tasks.checks import check_difficulty, check_outputs, check_placement, check_prompts_fit
 from tasks.engines import closing_engine, engine_for
 from tasks.model_registry import REGISTERED_MODELS
@@ -49,6 +50,7 @@ SUMMARY_KEYS = ("setting", *STARTING_SCORE, *FINAL_SCORE)
 def expert_iteration_flow(params: EIParams = EIParams()) -> dict:
     """One EI run, or (``sweep``) the grid, as the children of one parent run (``expert_iteration`` or
     ``ei_sweep``) with the comparison plot, the children's curves and each child's policy registered."""
+    check_served_inputs(params)  # started from a deployment: it reads inside the project and its data folders
     name, children = ("ei_sweep", grid(params)) if params.sweep else ("expert_iteration", {"single": params})
     plot_title = "Expert Iteration: validation accuracy by round"
     registered = REGISTERED_MODELS["expert_iteration"]

@@ -62,6 +62,7 @@ from flows.ablations import ABLATIONS, ablation_settings
 from flows.cli import flow_main, print_paths
 from flows.fanout import children_on_ray
 from flows.params import GRPOParams
+from flows.served import check_served_inputs
 from tasks.checks import check_grpo_run, check_placement
 from tasks.engines import closing_engine, engine_for
 from tasks.model_registry import REGISTERED_MODELS
@@ -85,6 +86,7 @@ TREND_METRICS = ("reward_mean", "token_entropy", "response_tokens_mean", "frac_g
 def grpo_flow(params: GRPOParams = GRPOParams()) -> dict:
     """One GRPO run (the child ``single`` of a parent run ``grpo``), or (``ablation`` set) that ablation: a parent
     MLflow run with a child per setting, their comparison, each child's final policy registered (``a5-grpo``)."""
+    check_served_inputs(params)  # started from a deployment: it reads inside the project and its data folders
     name = params.ablation or "grpo"
     children = ablation_settings(params.ablation, params) if params.ablation else {"single": params}
     title = f"GRPO {ABLATIONS[name][0]} ablation" if params.ablation else "GRPO"

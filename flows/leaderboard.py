@@ -62,6 +62,7 @@ from a5core.policy.causal_lm import load_policy
 from a5core.runtime.writing import write_text_atomic
 from flows.cli import flow_main
 from flows.params import LeaderboardParams
+from flows.served import check_served_inputs
 from tasks.checks import check_grpo_run, check_prompts_fit
 from tasks.engines import closing_engine, engine_for
 from tasks.evaluation import validation_hook
@@ -99,6 +100,7 @@ CHOSEN_FILE = "selection.json"
 @flow(name="leaderboard")
 def leaderboard(params: LeaderboardParams = LeaderboardParams()) -> dict:
     """Train within the budget, keep the best checkpoint, score it on the validation set."""
+    check_served_inputs(params)  # started from a deployment: it reads inside the project and its data folders
     start = time.monotonic()
     with outputs_held(params):  # claimed, and no other flow writes there meanwhile
         out = Path(params.output_dir)

@@ -33,7 +33,7 @@ from a5core.runtime.settings import HOW_FAST_FIELDS, MAX_SEED, READS, Settings, 
 from tasks.engines import parse_engine_devices
 from tasks.evaluation import EVALUATION_FILES
 from tasks.flow_summary import RUN_FILE
-from tasks.mlflow_store import DEFAULT_TRACKING_URI, sqlite_database
+from tasks.mlflow_store import DEFAULT_TRACKING_URI, address_problem, foreign_database, sqlite_database
 from tasks.outputs import (
     check_output_dir,
     check_output_file,
@@ -194,12 +194,21 @@ def _a_metrics_file(value: str | None) -> str | None:
 
 
 def _a_store(value: str) -> str:
+    problem = address_problem(value)
+    if problem is not None:
+        raise ValueError(f"tracking_uri {value}: {problem}")
     database = sqlite_database(value)
+    foreign = foreign_database(database) if database is not None else None
+    if foreign is not None:
+        raise ValueError(f"tracking_uri {value}: {foreign}")
     if database is not None and database.is_file() and git_tracked(database):
         raise ValueError(f"tracking_uri {value}: {database} is a file git tracks, not an MLflow store")
     if database is not None and not database.exists():  # a new store: made where outputs may go
         check_place(database.parent, "tracking_uri", shown=database)
     return value
+
+
+MAX_EXPERIMENT_NAME_BYTES = 200  # a folder's name (mlruns/<name>): file systems take 255 bytes
 
 
 def _a_name(value: str) -> str:
@@ -209,6 +218,11 @@ def _a_name(value: str) -> str:
         raise ValueError(
             "an experiment's name, not a path: no '/', '\\' or control characters, and not '.' or '..' "
             "(its runs' files go in mlruns/<name>)"
+        )
+    if len(value.encode()) > MAX_EXPERIMENT_NAME_BYTES:
+        raise ValueError(
+            f"an experiment's name of at most {MAX_EXPERIMENT_NAME_BYTES} bytes ({len(value.encode())} given): its "
+            "runs' files go in the folder mlruns/<name>, and a file system takes no longer name"
         )
     return value
 

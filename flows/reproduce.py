@@ -27,7 +27,6 @@ is named) or a metric differs beyond its noise.
 from __future__ import annotations
 
 import importlib
-import json
 import math
 import re
 import sys
@@ -44,9 +43,10 @@ from a5core.runtime.settings import Settings, describe
 from flows.arguments import argument_parser
 from flows.cli import cli_main, run_flow
 from flows.params import TrackingUri
-from tasks.mlflow_store import DEFAULT_TRACKING_URI, store_client
+from flows.served import check_served_reads, served_databases
+from tasks.mlflow_store import DEFAULT_TRACKING_URI, reading_client, store_client
 from tasks.outputs import OUTPUT_MARKER
-from tasks.provenance import ARTIFACT, differences, read_record
+from tasks.provenance import ARTIFACT, DamagedRecordError, differences, read_record
 from tasks.tables import markdown_table
 
 # Metrics that time the run: shown, never judged.
@@ -147,10 +147,8 @@ def checked_record(client: Any, run_id: str, tracking_uri: str) -> dict[str, Any
     damaged = f"run {run_id}: its {ARTIFACT} is damaged"
     try:
         record = read_record(client, run_id, tracking_uri)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{damaged} (not a JSON document: {error}); it cannot be re-run from it") from None
-    except RecursionError:
-        raise ValueError(f"{damaged} (JSON nested too deeply to read); it cannot be re-run from it") from None
+    except DamagedRecordError as error:
+        raise ValueError(f"{error}; it cannot be re-run from it") from None
     try:
         Record.model_validate(record)
     except ValidationError as error:
@@ -264,6 +262,11 @@ def recorded_output_dir(settings: dict[str, Any]) -> Path:
     a5 made (its marker: the run's own folder); ValueError saying to give ``--output-dir`` otherwise."""
     recorded = settings.get("output_dir")
     folder = Path(str(recorded)).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(
+            f"the run's record puts its outputs in {str(recorded)[:200]!r}, a file, not a folder; give the re-run's "
+            "folder with --output-dir"
+        )
     inside = isinstance(recorded, str) and Path.cwd() in (folder.resolve(), *folder.resolve().parents)
     if not (inside or (folder / OUTPUT_MARKER).is_file()):
         raise ValueError(
@@ -327,7 +330,8 @@ def metric_rows(client: Any, name: str, original: Any, new: Any, new_client: Any
 def reproduce(params: ReproduceParams) -> dict:
     """Check the present against a run's provenance record, run its flow again with the recorded settings as a
     new MLflow run tagged ``reproduces``, and compare the metrics."""
-    client = store_client(params.tracking_uri)
+    check_served_reads({"tracking_uri": served_databases([params.tracking_uri])})
+    client = reading_client(params.tracking_uri)  # read-only: the record's store is never written to
     record = checked_record(client, params.run_id, params.tracking_uri)
     original = client.get_run(params.run_id)
     child = "mlflow.parentRunId" in original.data.tags
@@ -373,7 +377,7 @@ def show(result: dict) -> None:
     if result["differences"]:
         print("re-run despite these differences:\n  " + "\n  ".join(result["differences"]))
     columns = ["run", "metric", "original", "reproduced", "difference", "curve", "verdict"]
-    print(markdown_table(result["rows"], columns, number=lambda value: f"{value:.6g}", width=40))
+    print(markdown_table(result["rows"], columns, number=lambda value: f"{value:.6g}", width=40, escape=False))
     outcome = "exactly" if result["exact"] else "within noise" if result["reproduced"] else "NOT"
     print(f"reproduced {outcome}: run {result['mlflow_run_id']} (tag reproduces={result['reproduces']})")
     print(f"outputs  {result['output_dir']}")

@@ -49,6 +49,7 @@ from a5core.loops.sft import check_cut, token_lengths, train_sft
 from a5core.policy.model_specs import resolve_model
 from flows.cli import flow_main, print_paths
 from flows.params import SFTExperimentParams
+from flows.served import check_served_inputs
 from tasks.checks import check_outputs, check_prompts_fit
 from tasks.engines import closing_engine, engine_for
 from tasks.evaluation import validation_hook
@@ -151,6 +152,7 @@ def keep_best(params: SFTExperimentParams, parent: Parent, alone: bool) -> None:
 @flow(name="sft_experiment")
 def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
     """Run every setting as a child of one parent run; returns the summary rows and output paths."""
+    check_served_inputs(params)  # started from a deployment: it reads inside the project and its data folders
     template = load_prompt(params.prompt)
     settings = subsets(load_trace_set(params.train_data, template, params.seed), params.sizes, params.seed)
     if params.filtered_data:

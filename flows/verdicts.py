@@ -35,13 +35,11 @@ artifact.
 
 from __future__ import annotations
 
-import json
-import re
 import shlex
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,6 +47,7 @@ import yaml
 from prefect import flow
 from pydantic import Field, field_validator, model_validator
 
+from a5core.runtime.reading import check_file_to_read, read_text_capped
 from a5core.runtime.settings import Settings
 from a5core.runtime.writing import write_text_atomic
 from a5core.verdicts.anytime import MIXTURE_G
@@ -67,13 +66,15 @@ from flows.params import (
     TrackingUri,
     output_folder_of_its_flow,
 )
+from flows.served import check_served_reads, served_databases
 from tasks.flow_summary import publish
 from tasks.mlflow_runs import log_files_run
 from tasks.mlflow_store import DEFAULT_TRACKING_URI
-from tasks.outputs import outputs_held
-from tasks.plots import plot_curves
-from tasks.store_runs import StoredRuns, read_runs
-from tasks.tables import csv_text, markdown_table
+from tasks.outputs import outputs_held, own_subfolder
+from tasks.plots import file_stem, plot_curves
+from tasks.servers import check_server
+from tasks.store_runs import StoredRuns, finite_runs, read_runs
+from tasks.tables import csv_text, json_text, markdown_table, markdown_text
 from tasks.verdict_page import (
     experiments_section,
     findings_rows,
@@ -92,6 +93,7 @@ NOT_WHAT_RAN = sorted(
     {*PLACEMENT_FIELDS, "ablation", "ablation_only", "sweep", "sweep_*", "clip_*", "model_dir", "file_sha256/*"}
 )
 PAGE, FIGURES = "verdicts.md", "figures"
+MAX_READ_BYTES = 10_000_000  # an expectations file, a Markdown file appended: a few kB
 
 
 class VerdictParams(Settings):
@@ -170,6 +172,7 @@ class VerdictParams(Settings):
     @classmethod
     def _files(cls, value: list[str]) -> list[str]:
         for path in value:
+            check_file_to_read(path, "append")
             if not Path(path).expanduser().is_file():
                 raise ValueError(f"{path}: no such file")
         return value
@@ -206,12 +209,13 @@ class VerdictParams(Settings):
 def read_expectations(path: str) -> tuple[list[Expectation], dict[str, str]]:
     """The expectations and exclusions of a YAML file; ValueError naming the file and what is wrong."""
     where = f"expectations_file {path}"
+    check_file_to_read(path, "expectations_file")
     file = Path(path).expanduser()
     if not file.is_file():
         raise ValueError(f"{where}: no such file")
     try:
-        document = load_yaml(file.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as error:
+        document = load_yaml(read_text_capped(file, "expectations_file", MAX_READ_BYTES))
+    except (yaml.YAMLError, RecursionError) as error:
         raise ValueError(f"{where}: not a YAML file ({getattr(error, 'problem', None) or error})") from None
     return expectations_from(document, where)
 
@@ -253,7 +257,8 @@ def arm_settings(arm: str, scope: str | None, runs: Sequence[RunRecord]) -> dict
 
 def figures(stored: StoredRuns, folder: Path) -> dict[str, list[Path]]:
     """Each experiment's validation accuracy by step, a line a setting (the mean over its runs that reached the
-    step, their number in the legend): ``figures/<experiment>_val_accuracy.png``."""
+    step, their number in the legend): ``figures/<experiment>_val_accuracy.png`` (the experiment's name as a file
+    name of its own: :func:`tasks.plots.file_stem`)."""
     points: dict[str, dict[str, dict[int, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for run in stored.records:
         for step, value in run.curves.get("val_accuracy", {}).items():
@@ -266,7 +271,7 @@ def figures(stored: StoredRuns, folder: Path) -> dict[str, list[Path]]:
             for setting, steps in settings.items()
             for step, values in steps.items()
         ]
-        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", group) + "_val_accuracy.png"
+        name = file_stem(group) + "_val_accuracy.png"
         title = f"{group}: val_accuracy, mean over runs"
         made[group] = [plot_curves(folder / name, rows, "step", "val_accuracy", "setting", title)]
     return made
@@ -278,10 +283,13 @@ def page(
     """The page: title, what it was made from, the findings, how they were decided, and the detail."""
     again = made_again(decision)
     lines = [
-        f"# {params.title}",
+        f"# {markdown_text(params.title)}",
         "",
-        f"> Made by `{command(params)}` from {len(stored.records)} runs in {len(stored.stores)} MLflow "
-        f"store{'s' * (len(stored.stores) != 1)}: do not edit by hand.",
+        "> "
+        + markdown_text(
+            f"Made by `{command(params)}` from {len(stored.records)} runs in {len(stored.stores)} MLflow "
+            f"store{'s' * (len(stored.stores) != 1)}: do not edit by hand."
+        ),
         "",
         "## Findings",
         "",
@@ -296,8 +304,8 @@ def page(
         *left_out_section(decision),
         *experiments_section(stored.records, plots, Path(params.output_dir), metrics_shown(decision)),
     ]
-    for path in params.append:
-        lines += [Path(path).expanduser().read_text().rstrip(), ""]
+    for path in params.append:  # the user's own Markdown, as written
+        lines += [read_text_capped(path, "append", MAX_READ_BYTES).rstrip(), ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -321,19 +329,31 @@ def metrics_shown(decision: Decision) -> list[str]:
 def verdicts(params: VerdictParams) -> dict:
     """Decide the expectations asked of the runs in ``params.stores``: page, JSON and CSV into output_dir, logged
     as a run of ``params.verdict_experiment`` and as the flow run's artifact."""
+    check_served_reads(
+        {
+            "append": params.append,
+            "expectations_file": [params.expectations_file],
+            "stores": [s for s in params.stores if "://" not in s] + served_databases(params.stores),
+        }
+    )
+    if params.log_to_mlflow:
+        check_server(params.tracking_uri)  # where the verdicts are logged answers, before the stores are read
     expectations, exclude = asked(params)
     stored = read_runs(params.stores, params.ignore_settings)
-    if not stored.records:
+    if not stored.records and not stored.left_out:
         raise ValueError(f"stores: no runs in {', '.join(stored.stores)}")
+    usable, not_finite = finite_runs(stored.records, [e.metric for e in expectations])
     rule = params.rule()
-    decision = decide(expectations, stored.records, rule, exclude, arm_settings)
-    changes = rule_changes(expectations, stored.records, rule, exclude, arm_settings, decision)
+    decision = decide(expectations, usable, rule, exclude, arm_settings)
+    changes = rule_changes(expectations, usable, rule, exclude, arm_settings, decision)
+    decision = replace(decision, left_out=[*decision.left_out, *stored.left_out, *not_finite])
     out = Path(params.output_dir)
+    figures_folder = own_subfolder(out, FIGURES)
     with outputs_held(params):  # claimed, and no other flow writes there meanwhile
-        plots = figures(stored, out / FIGURES)
+        plots = figures(stored, figures_folder)
         paths = {
             "page": write_text_atomic(out / PAGE, page(params, stored, decision, changes, plots)),
-            "json": write_text_atomic(out / "verdicts.json", json.dumps(records(decision), indent=2) + "\n"),
+            "json": write_text_atomic(out / "verdicts.json", json_text(records(decision))),
             "csv": write_text_atomic(out / "verdicts.csv", csv_text(findings_rows(decision))),
         }
     if plots:
@@ -380,7 +400,7 @@ def show(params: VerdictParams, result: dict) -> None:
         }
         for v in result["verdicts"]
     ]
-    print(markdown_table(rows, number=lambda x: f"{x:+.3f}"))
+    print(markdown_table(rows, number=lambda x: f"{x:+.3f}", escape=False))
     print_paths(result["paths"])
     if result["mlflow_run_id"]:
         print(f"mlflow run {result['mlflow_run_id']} (experiment {params.verdict_experiment})")

@@ -58,6 +58,7 @@ def ensure_experiment(
     """Point MLflow at the store and return the experiment's id, creating it (artifacts under mlruns/,
     tagged as a training experiment) if needed. The store's creation and the lookup-or-create hold
     :func:`store_lock`, so concurrent first runs on a new store all succeed."""
+    check_server(tracking_uri)  # a server that does not answer: one line in seconds, not minutes of MLflow's retries
     mlflow.set_tracking_uri(tracking_uri)
     with store_lock(tracking_uri):
         client = mlflow.MlflowClient(tracking_uri)

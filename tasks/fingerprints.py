@@ -22,13 +22,17 @@ import json
 import os
 from pathlib import Path, PurePosixPath
 
+from a5core.runtime.reading import check_file_to_read
 from a5core.runtime.writing import write_text_atomic
 
 DIGEST_MEMO = Path("~/.cache/a5/digests")
 
 
 def file_digest(path: str | os.PathLike) -> str:
-    """The sha256 (hex) of a file's bytes, remembered under the file's identity and change time."""
+    """The sha256 (hex) of a file's bytes, remembered under the file's identity and change time; ValueError for
+    no file to read (a FIFO, a device, the system's ``/proc``: :func:`a5core.runtime.reading.check_file_to_read`),
+    which would be read for ever."""
+    check_file_to_read(path, "hashing")
     path = Path(path).expanduser().resolve()
     stat = path.stat()
     identity = [str(path), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]

@@ -175,6 +175,9 @@ def check_place(folder: Path, what: str, shown: Path | None = None) -> None:
         where = "a system folder" if shown == folder else "in a system folder"
         raise ValueError(f"{what} {shown}: {where}; outputs go in a folder of your own (e.g. under outputs/)")
     existing = next(p for p in (resolved, *resolved.parents) if p.exists())
+    if not existing.is_dir():  # the folder, or one above it (FILE/sub), is a file: nothing can be made there
+        where = "a file, not a folder" if existing == resolved and shown == folder else f"{existing} is a file"
+        raise ValueError(f"{what} {shown}: {where}; give a path under a folder")
     if not existing.stat().st_mode & 0o222:
         raise ValueError(
             f"{what} {shown}: {existing} is read-only (no one may write there: data others read, such as the "
@@ -272,6 +275,22 @@ def outputs_held(params: Any) -> Iterator[None]:
 
     with lock_file(folder / OUTPUT_LOCK, in_use):
         yield
+
+
+def own_subfolder(folder: str | os.PathLike, name: str, what: str = "output_dir") -> Path:
+    """``folder/name``, a folder of a flow's own inside its output folder (a page's ``figures/``): ValueError when it
+    is a link (what the flow writes there would land wherever the link points) or a file. Nothing is removed: the
+    user moves it."""
+    sub = Path(folder).expanduser() / name
+    if sub.is_symlink():
+        raise ValueError(
+            f"{what} {folder}: {name} is a link (to {os.readlink(sub)}), where this flow writes a folder of its own; "
+            "it writes nothing through a link: remove the link (what it points at stays as it is), or give another "
+            f"{what}"
+        )
+    if sub.exists() and not sub.is_dir():
+        raise ValueError(f"{what} {folder}: {name} is a file, where this flow writes a folder of its own; move it away")
+    return sub
 
 
 def link_model(model: Path, link: Path) -> None:

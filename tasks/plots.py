@@ -4,15 +4,19 @@ holds."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
+import numbers
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import mlflow
 
-from a5core.runtime.writing import write_text_atomic
-from tasks.tables import csv_text, markdown_table
+from a5core.runtime.writing import write_bytes_atomic, write_text_atomic
+from tasks.tables import csv_text, is_finite, markdown_table
 
 
 def write_curves(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
@@ -33,20 +37,18 @@ def plot_curves(path: Path, rows: Sequence[dict[str, Any]], x: str, y: str, seri
     - x gets integer ticks when it is ``step`` or ``round`` or every value is an integer (steps, rounds):
       no tick at step 0.25.
     """
-    import numbers
-    import re
-
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
+    rows = [r for r in rows if is_finite(r.get(x)) and is_finite(r.get(y))]  # a NaN or ±inf point cannot be drawn
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for name in dict.fromkeys(str(r[series]) for r in rows):
-        points = sorted((r[x], r[y]) for r in rows if str(r[series]) == name and r[y] is not None)
-        axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
-    axes.set(xlabel=x, ylabel=y, title=title)
+        points = sorted((r[x], r[y]) for r in rows if str(r[series]) == name)
+        axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=_plain(name))
+    axes.set(xlabel=_plain(x), ylabel=_plain(y), title=_plain(title))
     ys = [r[y] for r in rows if isinstance(r[y], numbers.Real)]
     words = re.split(r"[^a-z0-9]+", y.lower())
     unit_metric = bool({"accuracy", "rate", "reward", "fraction"} & set(words)) and "learning_rate" not in y.lower()
@@ -56,12 +58,35 @@ def plot_curves(path: Path, rows: Sequence[dict[str, Any]], x: str, y: str, seri
     if x in ("step", "round") or integer_x:
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.grid(alpha=0.3)
-    axes.legend(title=series)
+    if rows:
+        axes.legend(title=series)
     figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
+    return _save(figure, path)
+
+
+def _plain(text: str) -> str:
+    """A label shown as written: matplotlib reads text between ``$`` as TeX (and fails on a malformed one)."""
+    return str(text).replace("$", r"\$")
+
+
+def _save(figure: Any, path: Path) -> Path:
+    """The figure as a PNG at ``path``, written atomically: a link there is replaced, never written through."""
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=120)
     plt.close(figure)
-    return path
+    return write_bytes_atomic(path, buffer.getvalue())
+
+
+def file_stem(name: str, most: int = 100) -> str:
+    """``name`` as a file name's stem of its own: letters, digits and ``_.-`` kept, anything else ``_``, at most
+    ``most`` characters; where that changed the name, a short hash of it after, so that names that differ (``g/1``,
+    ``g_1``) never share a file."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).lstrip(".") or "_"
+    if safe == name and len(name) <= most:
+        return name
+    return f"{safe[:most]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
 def plot_histogram(path: Path, values: Sequence[float], edges: Sequence[float], x: str, title: str) -> Path:
@@ -85,10 +110,7 @@ def plot_histogram(path: Path, values: Sequence[float], edges: Sequence[float], 
     axes.set_ylabel("questions")
     axes.set_title(title)
     figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return _save(figure, path)
 
 
 def log_comparison(

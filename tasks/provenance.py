@@ -37,6 +37,7 @@ from typing import Any
 
 from pydantic_core import PydanticUndefined, to_jsonable_python
 
+from a5core.runtime.reading import check_file_to_read, read_text_capped
 from a5core.runtime.settings import Settings, read_settings
 from tasks.fingerprints import file_digest, model_fingerprint
 from tasks.git_checkout import PROJECT_ROOT, git
@@ -86,8 +87,11 @@ def _dvc_md5s() -> dict[str, str]:
 def content_hash(setting: str, value: str) -> str | None:
     """The content hash of what input setting ``setting`` names: a file's bytes; for the model, a model folder's
     files (one holding ``config.json``: any other folder, ``/`` say, is no model and is not read) or a hub id's
-    revision. None when it names neither here."""
+    revision. None when it names neither here; ValueError for no file to read (a FIFO, a device, the system's
+    ``/proc``), which is never hashed."""
     path = Path(value).expanduser()
+    if not path.is_dir():
+        check_file_to_read(path, setting)
     if setting == "model":
         return None if path.is_dir() and not (path / "config.json").is_file() else model_fingerprint(value)
     return f"sha256:{file_digest(path)}" if path.is_file() else None
@@ -181,9 +185,40 @@ def _no_record(run_id: str, tracking_uri: str) -> str:
     )
 
 
+# The largest record read (a record is a few kB: every setting of a flow, a few hashes and versions).
+MAX_RECORD_BYTES = 10_000_000
+
+
+class DamagedRecordError(ValueError):
+    """A run's provenance record that cannot be read as one: not a file to read, too large, not UTF-8 JSON, nested
+    too deeply, or not a JSON object. The message names the run and what is wrong."""
+
+
+def parsed_record(text: str, run_id: str) -> dict[str, Any]:
+    """A record's text as its JSON object; :class:`DamagedRecordError` naming the run otherwise."""
+    damaged = f"run {run_id}: its {ARTIFACT} is damaged"
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise DamagedRecordError(f"{damaged} (not a JSON document: {error})") from None
+    except RecursionError:
+        raise DamagedRecordError(f"{damaged} (JSON nested too deeply to read)") from None
+    if not isinstance(record, dict):
+        raise DamagedRecordError(f"{damaged} (a JSON {type(record).__name__}, not an object)")
+    return record
+
+
+def _record_text(path: Path, run_id: str) -> str:
+    try:
+        return read_text_capped(path, "the file", MAX_RECORD_BYTES)
+    except ValueError as error:
+        raise DamagedRecordError(f"run {run_id}: its {ARTIFACT} is damaged ({error})") from None
+
+
 def read_record(client: Any, run_id: str, tracking_uri: str) -> dict[str, Any]:
     """The provenance record run ``run_id`` holds; ValueError naming the run when the store has no such run
-    or the run holds no record."""
+    or the run holds no record, :class:`DamagedRecordError` when it holds one that cannot be read as a record (a
+    FIFO or a link into ``/proc`` is never opened, a file of more than :data:`MAX_RECORD_BYTES` never read)."""
     import tempfile
 
     from mlflow.exceptions import MlflowException
@@ -202,13 +237,13 @@ def read_record(client: Any, run_id: str, tracking_uri: str) -> dict[str, Any]:
                 "project that records nothing), or its store was moved or packed without the run's files: bring the "
                 "mlruns/ folder that holds them beside the store"
             )
-        if not (folder / ARTIFACT).is_file():
+        if not (folder / ARTIFACT).exists():
             raise ValueError(_no_record(run_id, tracking_uri))
-        return json.loads((folder / ARTIFACT).read_text())
+        return parsed_record(_record_text(folder / ARTIFACT, run_id), run_id)
     if ARTIFACT not in {a.path for a in client.list_artifacts(run_id)}:
         raise ValueError(_no_record(run_id, tracking_uri))
     with tempfile.TemporaryDirectory() as folder:
-        return json.loads(Path(client.download_artifacts(run_id, ARTIFACT, folder)).read_text())
+        return parsed_record(_record_text(Path(client.download_artifacts(run_id, ARTIFACT, folder)), run_id), run_id)
 
 
 # ------------------------------------------------------------------------------- checking the present

@@ -36,22 +36,36 @@ def http_get(url: str, deadline_s: float) -> tuple[int, bytes] | str:
 CREDENTIALS_WANTED = (401, 403)
 
 
-def check_server(tracking_uri: str) -> None:
+def check_server(tracking_uri: str, what: str = "--tracking-uri") -> None:
     """For a tracking server (``http(s)://``): ValueError naming it unless it answers within
-    :data:`SERVER_DEADLINE_S` seconds (MLflow's own client would retry for minutes), and answers as MLflow does
-    (``/health``: ``OK``; a server that answers otherwise, a web page say, gave tracebacks). Other stores:
-    nothing."""
+    :data:`SERVER_DEADLINE_S` seconds (MLflow's own client would retry for minutes), and answers as MLflow does:
+    ``/health`` with ``OK`` and its REST API with JSON (a server that answers otherwise, a web page say, gave
+    tracebacks). ``what``: the setting that names it, in the advice. Other stores: nothing."""
     if not tracking_uri.startswith(("http://", "https://")):
         return
-    reply = http_get(tracking_uri.rstrip("/") + "/health", SERVER_DEADLINE_S)
+    base = tracking_uri.rstrip("/")
+    reply = http_get(base + "/health", SERVER_DEADLINE_S)
     if isinstance(reply, str):
         raise ValueError(
             f"MLflow tracking server {shown_uri(tracking_uri)}: no answer within {SERVER_DEADLINE_S} s ({reply}); "
-            "start it, or pass another --tracking-uri"
+            f"start it, or pass another {what}"
         )
     status, body = reply
-    if status not in CREDENTIALS_WANTED and (status, body.strip()) != (200, b"OK"):
-        raise ValueError(
-            f"MLflow tracking server {shown_uri(tracking_uri)}: a server answers there, but not as MLflow does (GET "
-            f"/health: status {status}, {body.strip()[:40]!r}); check the address, or pass another --tracking-uri"
-        )
+    if status in CREDENTIALS_WANTED:
+        return
+    api = None
+    if (status, body.strip()) == (200, b"OK"):
+        api = http_get(base + "/api/2.0/mlflow/experiments/search?max_results=1", SERVER_DEADLINE_S)
+        if isinstance(api, str):
+            raise ValueError(
+                f"MLflow tracking server {shown_uri(tracking_uri)}: /health answers, but its API gives no answer "
+                f"within {SERVER_DEADLINE_S} s ({api}); check the server, or pass another {what}"
+            )
+        if api[0] in CREDENTIALS_WANTED or (api[0] == 200 and api[1].lstrip().startswith(b"{")):
+            return
+        status, body = api
+    where = "/health" if api is None else "its API (/api/2.0/mlflow/experiments/search)"
+    raise ValueError(
+        f"MLflow tracking server {shown_uri(tracking_uri)}: a server answers there, but not as MLflow does (GET "
+        f"{where}: status {status}, {body.strip()[:40]!r}); check the address, or pass another {what}"
+    )

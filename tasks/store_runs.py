@@ -16,16 +16,18 @@ tokens: their mean × the rollouts; seconds: ``time_step``).
 from __future__ import annotations
 
 import fnmatch
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from a5core.runtime.reading import not_a_file_to_read
 from a5core.verdicts.pairing import Compute, RunRecord
 from tasks.fingerprints import digest_of_files
-from tasks.mlflow_store import sqlite_database
-from tasks.provenance import read_record
-from tasks.servers import check_server
+from tasks.mlflow_store import read_only_uri
+from tasks.provenance import ARTIFACT, DamagedRecordError, read_record
+from tasks.tables import is_finite
 
 STORE_FILE = "mlflow.db"
 # Not what a run ran with, as settings: fields of a RunRecord of their own.
@@ -39,21 +41,27 @@ STEP_COST = ("time_step", "response_tokens_mean", "sampling_draws")  # by step: 
 
 @dataclass
 class StoredRuns:
-    """The runs read (``records``, each with its validation curves) and the stores they came from."""
+    """The runs read (``records``, each with its validation curves), the stores they came from, and the runs that
+    could not be read as records, each with why (``left_out``: a damaged provenance record, say)."""
 
     records: list[RunRecord]
     stores: list[str]
+    left_out: list[tuple[RunRecord, str]] = field(default_factory=list)
 
 
 def store_uris(entries: Sequence[str]) -> list[str]:
     """Tracking URIs for ``entries``: a URI as given, a database file as ``sqlite:///``, a folder as every
-    ``mlflow.db`` under it; ValueError naming an entry that is none of these."""
+    ``mlflow.db`` under it; ValueError naming an entry that is none of these, or no file to read (a FIFO, a
+    device, ``/proc``: never opened)."""
     uris = []
     for entry in entries:
         if "://" in entry:
             uris.append(entry)
             continue
         path = Path(entry).expanduser()
+        problem = not_a_file_to_read(path) if not path.is_dir() else None
+        if problem is not None:
+            raise ValueError(f"stores: {entry}: {problem}")
         if path.is_file():
             uris.append(f"sqlite:///{path.resolve()}")
         elif path.is_dir():
@@ -67,24 +75,52 @@ def store_uris(entries: Sequence[str]) -> list[str]:
 
 
 def read_runs(entries: Sequence[str], ignore: Sequence[str]) -> StoredRuns:
-    """Every active run of every store ``entries`` names (:func:`store_uris`), each once."""
+    """Every active run of every store ``entries`` names (:func:`store_uris`), each once; each store read
+    read-only (:func:`tasks.mlflow_store.read_only_uri`: a file that is not an MLflow store is refused untouched). A
+    run that cannot be read as a record (a damaged provenance record) is left out with why, not fatal to its
+    store."""
     uris = store_uris(entries)
+    readers = {uri: read_only_uri(uri, "stores") for uri in uris}  # every store checked before any is read
     chosen: dict[str, tuple[tuple, RunRecord]] = {}
+    damaged: dict[str, tuple[RunRecord, str]] = {}
     for uri in uris:
-        for rank, record in _store_runs(uri, ignore):
-            if record.id not in chosen or rank > chosen[record.id][0]:
+        for rank, record, why in _store_runs(uri, readers[uri], ignore):
+            if why is not None:
+                damaged.setdefault(record.id, (record, why))
+            elif record.id not in chosen or rank > chosen[record.id][0]:
                 chosen[record.id] = (rank, record)
     records = sorted((r for _, r in chosen.values()), key=lambda r: (r.start_time, r.id))
-    return StoredRuns(records, uris)
+    left_out = [damaged[rid] for rid in damaged if rid not in chosen]  # a good copy elsewhere is read instead
+    return StoredRuns(records, uris, left_out)
 
 
-def _store_runs(uri: str, ignore: Sequence[str]) -> list[tuple[tuple, RunRecord]]:
+def finite_runs(
+    records: Sequence[RunRecord], metrics: Sequence[str]
+) -> tuple[list[RunRecord], list[tuple[RunRecord, str]]]:
+    """The runs whose values of ``metrics`` (final, and at the start where recorded) are numbers a verdict can use,
+    and the others with why: a NaN or an infinity (a diverged run, a metric logged as such) turns every mean and
+    test over it into NaN, so such a run is left out and named rather than counted (MLflow keeps an infinity as the
+    largest float: :func:`tasks.tables.is_finite`)."""
+    kept, apart = [], []
+    for run in records:
+        bad = [
+            f"{metric}{where} is {value if math.isnan(value) else '+inf' if value > 0 else '-inf'}"
+            for metric in metrics
+            for where, value in ((" at the start", run.starts.get(metric)), ("", run.finals.get(metric)))
+            if value is not None and not is_finite(value)
+        ]
+        if bad:
+            apart.append((run, f"{'; '.join(bad)}: not a number a verdict can use"))
+        else:
+            kept.append(run)
+    return kept, apart
+
+
+def _store_runs(uri: str, reader_uri: str, ignore: Sequence[str]) -> list[tuple[tuple, RunRecord, str | None]]:
     import mlflow
     from mlflow.entities import ViewType
 
-    if sqlite_database(uri) is None:
-        check_server(uri)
-    client = mlflow.MlflowClient(tracking_uri=uri)
+    client = mlflow.MlflowClient(tracking_uri=reader_uri)
     experiments = {e.experiment_id: e.name for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)}
     runs: list[Any] = []
     token = None
@@ -100,10 +136,34 @@ def _store_runs(uri: str, ignore: Sequence[str]) -> list[tuple[tuple, RunRecord]
     found = []
     for run in runs:
         parent = by_id.get(run.data.tags.get("mlflow.parentRunId", ""))
-        curves = {m: _history(client, run.info.run_id, m) for m in CURVES if m in run.data.metrics}
-        record = _record(run, parent, experiments.get(run.info.experiment_id, ""), ignore, curves, client, uri)
-        found.append(((len(run.data.metrics), run.info.end_time or 0), record))
+        experiment = experiments.get(run.info.experiment_id, "")
+        try:
+            curves = {m: _history(client, run.info.run_id, m) for m in CURVES if m in run.data.metrics}
+            record = _record(run, parent, experiment, ignore, curves, client, uri)
+        except (DamagedRecordError, OSError, RecursionError) as error:  # this run's, not the store's: left out
+            why = str(error) if isinstance(error, DamagedRecordError) else f"its files cannot be read ({error})"
+            found.append(((), _unread(run, parent, experiment), why))
+            continue
+        found.append(((len(run.data.metrics), run.info.end_time or 0), record, None))
     return found
+
+
+def _unread(run: Any, parent: Any, experiment: str) -> RunRecord:
+    """A run that could not be read, as the list of runs left out shows it."""
+    head = parent or run
+    group = head.data.tags.get("ablation") or head.info.run_name or head.info.run_id
+    return RunRecord(
+        id=run.info.run_id,
+        name=run.info.run_name or run.info.run_id[:8],
+        group=str(group),
+        setting=run.data.params.get("setting") or run.info.run_name or run.info.run_id[:8],
+        settings={},
+        seed=run.data.params.get("seed"),
+        origin="",
+        finals={},
+        experiment=experiment,
+        start_time=run.info.start_time or 0,
+    )
 
 
 def _compute(client: Any, run: Any) -> Compute | None:
@@ -173,9 +233,14 @@ def _record(
 def _origin(client: Any, run: Any, parent: Any, uri: str) -> str:
     """The content hash of the model the run started from (its provenance record's), else its parent run."""
     try:
-        model = (read_record(client, run.info.run_id, uri).get("inputs") or {}).get("model") or {}
-    except ValueError:
-        model = {}
+        inputs = read_record(client, run.info.run_id, uri).get("inputs") or {}
+    except DamagedRecordError:
+        raise
+    except ValueError:  # no record: made before runs recorded their provenance
+        inputs = {}
+    model = (inputs.get("model") or {}) if isinstance(inputs, dict) else None
+    if not isinstance(model, dict):
+        raise DamagedRecordError(f"run {run.info.run_id}: its {ARTIFACT} is damaged (its inputs' model is no mapping)")
     if model.get("hash"):
         return str(model["hash"])
     return f"parent run {(parent or run).info.run_id}"

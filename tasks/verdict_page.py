@@ -14,7 +14,7 @@ from a5core.verdicts.decide import DECIDED, GENERAL, PAIRS, START_MODELS, Decisi
 from a5core.verdicts.expectations import Expectation
 from a5core.verdicts.pairing import Cell, Pair, RunRecord, short
 from a5core.verdicts.statistics import MOST_PAIRS
-from tasks.tables import markdown_table
+from tasks.tables import markdown_table, markdown_text
 
 CORRECTIONS = {
     "bonferroni": "Bonferroni's level over the page's tests",
@@ -292,7 +292,7 @@ def pairs_sections(decision: Decision) -> list[str]:
         if not v.arms.pairs and not v.arms.set_apart:
             continue
         e = v.expectation
-        lines += [f"### `{e.text}`" + (f" in `{e.experiment}`" if e.experiment else ""), ""]
+        lines += [markdown_text(f"### `{e.text}`" + (f" in `{e.experiment}`" if e.experiment else "")), ""]
         said = []
         if v.arms.keys:
             said.append(f"The arms differ in {', '.join(f'`{k}`' for k in v.arms.keys)}.")
@@ -300,7 +300,7 @@ def pairs_sections(decision: Decision) -> list[str]:
             others = ", ".join(f"`{decision.verdicts[j].expectation.text}`" for j in v.shares_with)
             said.append(f"Runs shared with {others}.")
         if said:
-            lines += [" ".join(said), ""]
+            lines += [markdown_text(" ".join(said)), ""]
         if v.arms.pairs:
             lines += [markdown_table([pair_row(e, p) for p in v.arms.pairs]), ""]
         if v.arms.set_apart:
@@ -408,7 +408,7 @@ def experiments_section(
             }
             for r in members
         ]
-        lines += [f"### `{group}`", "", markdown_table(rows), ""]
+        lines += [markdown_text(f"### `{group}`"), "", markdown_table(rows), ""]
         for path in figures.get(group, []):
             lines += [f"![{path.stem}]({path.relative_to(link_base).as_posix()})", ""]
     return lines

@@ -15,6 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from a5core.runtime.reading import not_a_file_to_read
+
+# The longest line a jsonl file may hold: a record is a few kB (a MATH solution, an SFT trace); a file without line
+# breaks (a binary file, an image) would otherwise be read whole into memory as one line.
+MAX_LINE_BYTES = 64 * 2**20
+
 
 class DataError(ValueError):
     """A data file or dataset is missing, malformed, empty, or lacks a required key."""
@@ -57,15 +63,19 @@ def _is_hub_id(source: str) -> bool:
 def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(line_number, record)`` for each non-blank line of a jsonl file.
 
-    Raises DataError for a missing file, an empty file, a line that is not UTF-8, malformed JSON, or a line
-    that is not an object.
+    Raises DataError for a missing file, one that is no file to read (a FIFO, a device, the system's
+    ``/proc``: :func:`a5core.runtime.reading.not_a_file_to_read`), an empty file, a line longer than
+    :data:`MAX_LINE_BYTES`, a line that is not UTF-8, malformed JSON, or a line that is not an object.
     """
     path = Path(path).expanduser()
-    if not path.is_file():
-        raise DataError(f"{path}: " + ("not a regular file" if path.exists() else "no such data file"))
+    problem = not_a_file_to_read(path)
+    if problem is not None or not path.is_file():
+        raise DataError(f"{path}: " + (problem or ("not a regular file" if path.exists() else "no such data file")))
     seen = False
     with path.open("rb") as f:
-        for lineno, raw in enumerate(f, start=1):
+        for lineno, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), start=1):
+            if len(raw) > MAX_LINE_BYTES:
+                raise DataError(f"{path}:{lineno}: a line of more than {MAX_LINE_BYTES:,} bytes (not a data record)")
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:

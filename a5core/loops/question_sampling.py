@@ -33,7 +33,10 @@ from typing import Any, Literal
 from pydantic import Field
 
 from a5core.data.files import DataError, Problem
+from a5core.runtime.reading import read_text_capped
 from a5core.runtime.settings import Settings
+
+MAX_TABLE_BYTES = 500_000_000  # a pass-rate table holds a row a training question (MATH's 12,000: under 1 MB)
 
 QuestionSampling = Literal["uniform", "learnable", "weighted", "curriculum"]
 
@@ -160,7 +163,11 @@ def load_pass_rates(path: str | os.PathLike) -> dict[str, float]:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such pass-rate table (make one with python -m flows.difficulty)")
-    rows = list(csv.DictReader(path.read_text(encoding="utf-8").splitlines()))
+    try:
+        text = read_text_capped(path, "pass-rate table", MAX_TABLE_BYTES)
+    except ValueError as error:
+        raise DataError(str(error)) from None
+    rows = list(csv.DictReader(text.splitlines()))
     if rows and not {"unique_id", "pass_rate"} <= set(rows[0]):
         raise DataError(f"{path}: a pass-rate table has the columns {', '.join(TABLE_COLUMNS)}")
     rates = {}

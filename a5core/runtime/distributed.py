@@ -44,12 +44,7 @@ def init_from_env() -> tuple[int, int]:
     if "RANK" not in os.environ:
         return 0, 1
     if not dist.is_initialized():
-        if "TORCHELASTIC_RUN_ID" not in os.environ:  # torchrun sets it: these are left from another launch
-            named = ", ".join(f"{k}={os.environ[k]}" for k in LAUNCH_VARIABLES if k in os.environ)
-            raise ValueError(
-                f"{named} in the environment, but this process was not started by torchrun: it would wait for ranks "
-                f"that never come. Unset them (unset {' '.join(LAUNCH_VARIABLES)}), or start it with torchrun"
-            )
+        check_launch_variables()
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -57,6 +52,51 @@ def init_from_env() -> tuple[int, int]:
     if dist.get_rank() != 0:
         os.environ["A5_PROGRESS"] = "0"
     return dist.get_rank(), dist.get_world_size()
+
+
+# The variables only torchrun's agent sets (TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT, ...), and the agent as
+# its processes show it: the torchrun script, or `python -m torch.distributed.run` (or the older .launch).
+TORCHRUN_PREFIXES = ("TORCHELASTIC_",)
+TORCHRUN_PROGRAMS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
+
+
+def started_by_torchrun() -> bool:
+    """Whether torchrun started this process: its variables (``TORCHELASTIC_RUN_ID``) are set and, where the
+    system shows the processes (``/proc``), its agent is among the processes that started this one. Variables left
+    in a shell by another launch, ``TORCHELASTIC_RUN_ID`` among them, are not a launch: joining would wait for ranks
+    that never come (half an hour, deaf to Ctrl-C and SIGTERM)."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return False
+    if not os.path.isdir("/proc/self"):  # no /proc to tell (not Linux): the variables alone say
+        return True
+    pid, seen = os.getppid(), set()
+    while pid > 1 and pid not in seen:
+        seen.add(pid)
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                words = f.read().split(b"\0")[:4]
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # the process is gone: no agent waits for this one
+            return False
+        if any(os.path.basename(w.decode(errors="replace")) in TORCHRUN_PROGRAMS for w in words):
+            return True
+        pid = int(stat[stat.rindex(b")") + 2 :].split()[1])  # the parent's: the field after the state
+    return False
+
+
+def check_launch_variables() -> None:
+    """ValueError naming torchrun's variables (``RANK``, ``MASTER_PORT``, ``TORCHELASTIC_RUN_ID`` ...) set in a
+    process torchrun did not start (:func:`started_by_torchrun`): left from another launch, they would make it wait
+    for ranks that never come. A command checks this first, before it writes anything."""
+    if "RANK" not in os.environ or dist.is_initialized() or started_by_torchrun():
+        return
+    leftovers = [*LAUNCH_VARIABLES, *sorted(k for k in os.environ if k.startswith(TORCHRUN_PREFIXES))]
+    named = ", ".join(f"{k}={os.environ[k]}" for k in leftovers if k in os.environ)
+    raise ValueError(
+        f"{named} in the environment, but this process was not started by torchrun: it would wait for ranks "
+        f"that never come. Unset them (unset {' '.join(leftovers)}), or start it with torchrun"
+    )
 
 
 def rank_and_world() -> tuple[int, int]:

@@ -35,6 +35,25 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     return path
 
 
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
+    """:func:`write_text_atomic` for bytes (a figure). A link at ``path`` is replaced by the file, never written
+    through."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o666 & ~_UMASK)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
 def check_writable_folder(path: str | os.PathLike, what: str) -> None:
     """Create folder ``path`` if needed and check a file can be written in it; ValueError naming ``what``
     and the path otherwise (before a run spends its time, not at its end)."""

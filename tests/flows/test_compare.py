@@ -175,17 +175,22 @@ def test_params_take_comma_lists_and_one_selection():
 
 
 def test_cli_says_what_is_wrong(tmp_path, prefect_harness, capsys):
+    import mlflow
+
+    argv = [
+        "--experiment",
+        "missing",
+        "--tracking-uri",
+        f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "--log-to-mlflow",
+        "false",
+    ]
+    with pytest.raises(SystemExit, match=r"tracking_uri sqlite:///.*/mlflow.db: no such database file \("):
+        main(argv)
+    assert not (tmp_path / "mlflow.db").exists()  # a store read is never created
+    mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").search_experiments()  # a store, without it
     with pytest.raises(SystemExit, match="no MLflow experiment named 'missing'"):
-        main(
-            [
-                "--experiment",
-                "missing",
-                "--tracking-uri",
-                f"sqlite:///{tmp_path / 'mlflow.db'}",
-                "--log-to-mlflow",
-                "false",
-            ]
-        )
+        main(argv)
     with pytest.raises(SystemExit):
         main(["--runs", "a", "--parent", "b"])
     assert "give exactly one of runs, experiment or parent" in capsys.readouterr().err

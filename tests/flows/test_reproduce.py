@@ -418,7 +418,7 @@ def test_a_run_whose_files_are_not_in_its_archive_is_named_so(recorded, tmp_path
     "damage, named",
     [
         ('{"flow": {"name": "baseline_eval", "entrypoint": "flows.bas', "not a JSON document"),
-        ('["a", "list"]', "the record: Input should be a valid dictionary"),
+        ('["a", "list"]', "a JSON list, not an object"),
         ("[" * 100_000 + "]" * 100_000, "JSON nested too deeply to read"),
         ("{}", "flow: Field required"),
         (lambda r: r.update(settings="out"), "settings: Input should be a valid dictionary"),

@@ -829,13 +829,14 @@ def test_a_problem_too_long_for_the_context_is_named(flow, inputs, tmp_path):
 
 
 @pytest.mark.parametrize("flow", list(MAINS))
-def test_outputs_that_cannot_be_written_are_found_before_an_engine_starts(flow, inputs, tmp_path, monkeypatch):
+def test_outputs_that_cannot_be_written_are_found_before_an_engine_starts(flow, inputs, tmp_path, monkeypatch, capsys):
     for where in ("tasks.engines", "tasks.evaluation"):  # where the flows' engine starts look it up
         monkeypatch.setattr(f"{where}.make_engine", lambda *a, **k: pytest.fail("an engine started"))
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
-    message = user_error(flow, flags(flow, inputs, tmp_path, output_dir=str(blocker / "out")))
-    assert f"output_dir {blocker / 'out'}: cannot write there" in message
+    err = parameter_error(flow, flags(flow, inputs, tmp_path, output_dir=str(blocker / "out")), capsys)
+    assert f"output_dir {blocker / 'out'}: {blocker} is a file; give a path under a folder" in err
+    assert blocker.read_text() == "not a folder"
 
 
 def test_a_read_only_mlflow_store_is_found_before_an_engine_starts(inputs, tmp_path, monkeypatch):

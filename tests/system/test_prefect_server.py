@@ -87,10 +87,12 @@ def test_a_served_deployment_runs_from_the_api(prefect_api, tiny_lm_dir, shared_
     (tmp_path / "README.md").write_text("# the project\n")  # a file git tracks, where the flows run
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
     subprocess.run(["git", "add", "README.md"], cwd=tmp_path, check=True)
-    config = tmp_path / "params.yaml"  # the forms' defaults: a section, overridden by the selected profile's
+    # The forms' defaults: a section, overridden by the selected profile's. The model and data it names are where a
+    # deployment's runs may read (besides the project): a form's path elsewhere is refused.
+    config = tmp_path / "params.yaml"
     config.write_text(
-        "profile: small\nbaseline_eval: {limit: 3, max_tokens: 64}\n"
-        "profiles: {small: {baseline_eval: {max_tokens: 5}}}\n"
+        f"profile: small\nbaseline_eval: {{limit: 3, max_tokens: 64, model: {tiny_lm_dir}, "
+        f"data: {shared_data / 'math/validation.jsonl'}}}\nprofiles: {{small: {{baseline_eval: {{max_tokens: 5}}}}}}\n"
     )
     from flows.serve import deployment_name, discover_flows
 
@@ -164,6 +166,17 @@ def test_a_served_deployment_runs_from_the_api(prefect_api, tiny_lm_dir, shared_
             assert refused.state is not None and refused.state.is_failed(), f"{refused.state}\n{log_tail(serve_log)}"
             assert "out README.md: a file git tracks" in str(refused.state.message), refused.state.message
             assert (tmp_path / "README.md").read_text() == "# the project\n"
+            # What a deployment's run reads lies in the project or a data folder its settings name: not a server's
+            # own files (a page's append: [/proc/self/environ] wrote the server's environment into it).
+            (tmp_path.parent / "elsewhere.jsonl").write_text("a file of the machine's, outside the project\n")
+            outside = run_deployment(
+                f"baseline_eval/{titles['baseline_eval']}",
+                parameters={"params": {**params, "data": str(tmp_path.parent / "elsewhere.jsonl")}},
+                timeout=300,
+                poll_interval=1,
+            )
+            assert outside.state is not None and outside.state.is_failed(), f"{outside.state}\n{log_tail(serve_log)}"
+            assert "outside this project and the data folders its settings name" in str(outside.state.message)
             # Settings given by their own names, as on the command line, are taken too (and checked as the run
             # starts). A guard against a hung run, not a timing assertion: a loaded machine took over 150 s for this
             # tiny flow.

@@ -14,7 +14,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from a5core.runtime.reading import not_a_file_to_read
+
 PROMPTS_DIR = Path(__file__).parent
+MAX_TEMPLATE_BYTES = 1_000_000  # a template is a few hundred bytes
 PLACEHOLDER = "{question}"
 ANSWER_CLOSE = "</answer>"
 UNKNOWN_FORM = "unknown"  # the form of a prompt no template fits (prompt_form_of_each)
@@ -66,6 +69,11 @@ def load_prompt(name_or_path: str | os.PathLike) -> PromptTemplate:
             f"no prompt template {str(name_or_path)!r}: not a built-in "
             f"({', '.join(builtin_prompt_names())}) and no such file"
         )
+    problem = not_a_file_to_read(path)
+    if problem is None and path.stat().st_size > MAX_TEMPLATE_BYTES:
+        problem = f"larger than {MAX_TEMPLATE_BYTES:,} bytes, not a prompt template; not read"
+    if problem is not None:
+        raise PromptTemplateError(f"prompt template {path}: {problem}")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:

@@ -94,9 +94,28 @@ def test_missing_local_file(tmp_path):
 
 
 def test_a_data_path_that_is_not_a_regular_file_is_refused_unread(tmp_path):
-    for path in ("/dev/zero", tmp_path):  # an endless device, a folder
-        with pytest.raises(DataError, match=rf"^{path}: not a regular file$"):
+    import os
+
+    os.mkfifo(tmp_path / "fifo")  # opened, it would wait for a writer for ever
+    for path, why in (
+        ("/dev/zero", r"a file of the operating system \(/dev\), not an input; not read"),  # endless
+        ("/proc/self/pagemap", r"a file of the operating system \(/proc\), not an input; not read"),  # 'regular'
+        (tmp_path / "fifo", r"a FIFO \(a named pipe: reading it waits for a writer\), not a regular file; not read"),
+        (tmp_path, r"a folder, not a regular file; not read"),
+    ):
+        with pytest.raises(DataError, match=rf"^{path}: {why}$"):
             load_math(path)
+
+
+def test_a_data_file_without_line_breaks_is_not_read_whole(tmp_path, monkeypatch):
+    """A binary file of gigabytes and no line break is refused at the longest line a record may have, not read
+    into memory as one line."""
+    import a5core.data.files
+
+    monkeypatch.setattr(a5core.data.files, "MAX_LINE_BYTES", 1000)
+    (tmp_path / "blob.jsonl").write_bytes(b"x" * 5000)
+    with pytest.raises(DataError, match=r"blob.jsonl:1: a line of more than 1,000 bytes \(not a data record\)$"):
+        load_math(tmp_path / "blob.jsonl")
 
 
 def test_hub_source_error_is_clear():
