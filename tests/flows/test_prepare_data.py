@@ -78,7 +78,7 @@ def test_dvc_repro_without_the_shared_data_stops_at_the_first_stage_with_the_mes
 
     repo = tmp_path / "a5"
     repo.mkdir()
-    for name in ("dvc.yaml", "params.yaml", ".dvcignore", "flows", "a5core", "tasks", ".dvc"):
+    for name in ("dvc.yaml", "params.yaml", ".dvcignore", "bin", "flows", "a5core", "tasks", ".dvc"):
         source = ROOT / name
         (
             shutil.copytree(source, repo / name, ignore=shutil.ignore_patterns("__pycache__", "cache", "tmp"))

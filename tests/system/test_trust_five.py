@@ -485,6 +485,10 @@ def test_torchrun_leftovers_with_its_run_id_are_named_and_refused(inputs, tmp_pa
     command writes anything."""
     from servers import free_port
 
+    from a5core.runtime.distributed import LAUNCH_VARIABLES
+
+    for name in LAUNCH_VARIABLES:  # an in-process vLLM engine on the CPU sets LOCAL_WORLD_SIZE in this process
+        monkeypatch.delenv(name, raising=False)
     port = str(free_port())
     leftovers = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
     for name, value in {**leftovers, "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "0"}.items():
