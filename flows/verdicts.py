@@ -102,6 +102,9 @@ class VerdictParams(Settings):
         [DEFAULT_TRACKING_URI],
         description="where the runs are: tracking URIs, database files, or folders (every mlflow.db under them)",
     )
+    runs: list[str] = Field(
+        [], description="only these runs of the stores (MLflow run ids; none: every run), such as a command's children"
+    )
     expect: list[str] = Field(
         [], description='expectations, separated by ";": "dapo >= grpo; kl_0 ~ kl_0.001; 1024 >= 128 on METRIC"'
     )
@@ -139,7 +142,7 @@ class VerdictParams(Settings):
 
     _output_folder = field_validator("output_dir")(output_folder_of_its_flow)
 
-    @field_validator("stores", "ignore_settings", "append", mode="before")
+    @field_validator("stores", "runs", "ignore_settings", "append", mode="before")
     @classmethod
     def _split(cls, value: Any) -> Any:
         return [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
@@ -323,6 +326,8 @@ def verdicts(params: VerdictParams) -> dict:
     as a run of ``params.verdict_experiment`` and as the flow run's artifact."""
     expectations, exclude = asked(params)
     stored = read_runs(params.stores, params.ignore_settings)
+    if params.runs:
+        stored = StoredRuns([r for r in stored.records if r.id in set(params.runs)], stored.stores)
     if not stored.records:
         raise ValueError(f"stores: no runs in {', '.join(stored.stores)}")
     rule = params.rule()
