@@ -134,5 +134,6 @@ def size_children(children: int, machine: Machine, need: int | None, at_most: in
         place = f"{machine.cores} cores, {machine.gpu_name} ({gib}){share}; {mps}"
         if at_once == 1 and need is not None and machine.gpu_free - GPU_RESERVE < need + CONTEXT_BYTES:
             place += "; its free memory holds less than one child's need: one at a time"
-    why = f"{children} children, {at_once} at once (bound: {bound}), {threads} thread{'s' * (threads > 1)} each: {place}"
+    each = f"{threads} thread{'s' * (threads > 1)} each"
+    why = f"{children} children, {at_once} at once (bound: {bound}), {each}: {place}"
     return Sizing(at_once, threads, fraction if at_once > 1 else None, why)
