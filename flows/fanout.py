@@ -186,7 +186,7 @@ def _start_child(
         "made_by": made_by,
     }
     write_text_atomic(folder / SPEC, json.dumps(spec, indent=2) + "\n")
-    command = [sys.executable, "-m", "flows.fanout", str(folder / SPEC)]
+    command = child_command(folder / SPEC)
     with open(folder / LOG, "a") as log:
         log.write(f"== {time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(command)}\n")
         log.flush()
@@ -196,6 +196,11 @@ def _start_child(
     stop_with_this_process(process.pid)
     logger.info("child %s started (process %d; its output: %s)", name, process.pid, folder / LOG)
     return process
+
+
+def child_command(spec: Path) -> list[str]:
+    """The command of the child that ``spec`` describes: ``python -m flows.fanout SPEC``."""
+    return [sys.executable, "-m", "flows.fanout", str(spec)]
 
 
 def _ended(name: str, params: Any, status: int) -> None:
