@@ -150,11 +150,15 @@ def saved_model(name: str) -> Path:
 
 
 def card() -> str:
-    out = subprocess.run(
-        ["nvidia-smi", "--query-gpu=name,memory.total,memory.used", "--format=csv,noheader"],
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    """The card as nvidia-smi names it, with its memory (for the records); "no GPU" without one (a dry run)."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,memory.used", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "no GPU"
     return out.splitlines()[0] if out else "no GPU"
 
 
