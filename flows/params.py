@@ -250,7 +250,7 @@ class ChildRunner(Settings):
         None,
         min_length=1,
         description="run each setting once per seed, the children side by side (runner local: a process each, "
-        "as many at once as the GPU's free memory and the cores allow); None: once, with seed",
+        "as many at once as the GPU's free memory, this machine's memory and the cores allow); None: once, with seed",
     )
     decide: list[str] = Field(
         [],

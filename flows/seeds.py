@@ -6,8 +6,8 @@ run a single-seed command makes (``--seed S``, the one setting): the same folder
 so a finished child is never run again whichever command made it, and a child cut by a deadline, a crash or a kill
 resumes from its checkpoint when the command is run again. The children run at once, as far as the machine allows:
 ``runner: local``, each a process here (:func:`flows.fanout.children_in_processes`), as many at once as the GPU's free
-memory and the cores allow (:mod:`tasks.side_by_side`), each with its ``gpu_memory_fraction``; ``runner: ray``, on
-Ray's workers (:func:`flows.fanout.children_on_ray`), on one node or a cluster.
+memory, this machine's memory and the cores allow (:mod:`tasks.side_by_side`), each with its ``gpu_memory_fraction``;
+``runner: ray``, on Ray's workers (:func:`flows.fanout.children_on_ray`), on one node or a cluster.
 
 ``decide`` asks expectations of the children (``dapo >= grpo``): once they finish, the verdicts flow decides them over
 the parent's children alone (:func:`judge`) and the command prints each verdict with its confidence sequence.
@@ -30,7 +30,7 @@ from a5core.verdicts.expectations import parse_expectation
 from flows.fanout import LOG, children_in_processes, children_on_ray, label, setting_of
 from tasks.parent_run import Parent
 from tasks.runs import finished_row, run_folder
-from tasks.side_by_side import Sizing, child_bytes, size_children, this_machine
+from tasks.side_by_side import Sizing, child_need, size_children, this_machine
 
 logger = logging.getLogger(__name__)
 # The settings of a command over seeds, which its children, each one seed's run, do not carry.
@@ -87,7 +87,7 @@ def run_seeded(children: dict[str, Any], run_child: Any, params: Any, parent: Pa
     sizing = None
     if params.runner == "local":
         machine = this_machine()
-        need = child_bytes(next(iter(children.values())), machine)
+        need = child_need(next(iter(children.values())), machine)
         sizing = size_children(len(children) * len(seeds), machine, need, params.at_once)
         logger.info("side by side: %s", sizing.why)
     for wave in waves(params, seeds, len(children), sizing):
