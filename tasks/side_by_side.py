@@ -10,6 +10,9 @@ into a :class:`Sizing`: children at once, each child's torch threads and its ``g
 - the GPU's free memory, less :data:`GPU_RESERVE`, at what a child needs there plus :data:`CONTEXT_BYTES`;
 - this machine's available memory, less :data:`HOST_RESERVE`, at what a child needs here: on the CPU its whole run,
   beside a GPU its process and its model's weights as they are loaded.
+
+The needs are estimates from the model's size (the records' runs bear them out); a child's own
+``gpu_memory_fraction`` replaces the GPU's, and ``at_once`` caps the children at once.
 """
 
 from __future__ import annotations
@@ -27,10 +30,12 @@ GPU_RESERVE = 2 * GIB  # left free on the card: the MPS server, allocations that
 CONTEXT_BYTES = GIB  # a process's CUDA context and what it holds beyond its allocator's share
 HOST_RESERVE = 2 * GIB  # left free on this machine: this process, the Prefect and MLflow clients
 PROCESS_BYTES = 2 * GIB  # a child's process: torch and the libraries, an engine's process-wide state
-# What a child needs beyond its policy's weights, gradients and optimizer state (policy_reserve_bytes): activations,
-# logits and the engine's KV cache take about as much again (a 135M-parameter GRPO run held 6.3 GiB of a GPU, its
-# policy 4; on the CPU, with vLLM's CPU engine, 8-10 GB).
+# What a child needs of a GPU beyond what its policy holds there (policy_reserve_bytes): activations, logits and the
+# engine's KV cache take about as much again (a 135M-parameter GRPO run held 6.3 GiB of a GPU, its policy 4).
 ACTIVATIONS_FACTOR = 2
+# On the CPU, a run's fp32 logits and activations take about twice its policy's states (weights, gradients, AdamW's
+# moments) again: a cpu-profile GRPO run of SmolLM2-135M (2.2 GB of states) held 8-10 GB beside vLLM's CPU engine.
+CPU_ACTIVATIONS_FACTOR = 3
 MPS_PIPE = "/tmp/nvidia-mps"  # nvidia-cuda-mps-control's pipe folder unless CUDA_MPS_PIPE_DIRECTORY says otherwise
 
 
@@ -117,11 +122,11 @@ def _first_gpu() -> tuple[str, int, int] | None:
 
 def child_need(params: Any, machine: Machine) -> Need:
     """What one child of ``params`` needs. Of the GPU: its ``gpu_memory_fraction`` of the card where set, else
-    :data:`ACTIVATIONS_FACTOR` times what its policy holds with gradients and optimizer state
-    (:func:`a5core.engines.colocate.policy_reserve_bytes`). Here: on the CPU, that and :data:`PROCESS_BYTES`; beside
-    a GPU, :data:`PROCESS_BYTES` and the model's weights. None where the model's size cannot be read (then one child
+    :data:`ACTIVATIONS_FACTOR` times what its policy holds there (:func:`a5core.engines.colocate.policy_reserve_bytes`).
+    Here: on the CPU, :data:`CPU_ACTIVATIONS_FACTOR` times its policy's states and :data:`PROCESS_BYTES`; beside a
+    GPU, :data:`PROCESS_BYTES` and the model's weights. None where the model's size cannot be read (then one child
     runs at a time)."""
-    from a5core.engines.colocate import policy_reserve_bytes
+    from a5core.engines.colocate import POLICY_MARGIN, policy_reserve_bytes
     from a5core.policy.model_specs import parameter_count, resolve_model
 
     try:
@@ -136,7 +141,7 @@ def child_need(params: Any, machine: Machine) -> Need:
     except (OSError, ValueError):
         return Need()
     if machine.gpu_total is None:
-        return Need(host=ACTIVATIONS_FACTOR * held + PROCESS_BYTES)
+        return Need(host=CPU_ACTIVATIONS_FACTOR * (held - POLICY_MARGIN) + PROCESS_BYTES)
     if params.gpu_memory_fraction is not None:
         return Need(int(params.gpu_memory_fraction * machine.gpu_total), PROCESS_BYTES + weights)
     return Need(ACTIVATIONS_FACTOR * held, PROCESS_BYTES + weights)

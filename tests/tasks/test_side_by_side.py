@@ -68,12 +68,13 @@ def test_on_the_cpu_the_cores_and_the_memory_decide():
 
 
 def test_what_a_child_needs(tiny_lm_dir):
-    from a5core.engines.colocate import policy_reserve_bytes
+    from a5core.engines.colocate import POLICY_MARGIN, policy_reserve_bytes
     from a5core.policy.model_specs import parameter_count
 
     held = policy_reserve_bytes(str(tiny_lm_dir), "float32")
     cpu = Machine(cores=2, memory_free=16 * GIB)
-    assert child_need(GRPOParams(model=str(tiny_lm_dir)), cpu) == Need(host=2 * held + PROCESS_BYTES)
+    states = held - POLICY_MARGIN  # weights, gradients, AdamW's moments
+    assert child_need(GRPOParams(model=str(tiny_lm_dir)), cpu) == Need(host=3 * states + PROCESS_BYTES)
     weights = 4 * parameter_count(str(tiny_lm_dir))
     shared = child_need(GRPOParams(model=str(tiny_lm_dir), gpu_memory_fraction=0.25), H100)
     assert shared == Need(20 * GIB, PROCESS_BYTES + weights)  # its own share of the card
