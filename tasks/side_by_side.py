@@ -33,9 +33,10 @@ PROCESS_BYTES = 2 * GIB  # a child's process: torch and the libraries, an engine
 # What a child needs of a GPU beyond what its policy holds there (policy_reserve_bytes): activations, logits and the
 # engine's KV cache take about as much again (a 135M-parameter GRPO run held 6.3 GiB of a GPU, its policy 4).
 ACTIVATIONS_FACTOR = 2
-# On the CPU, a run's fp32 logits and activations take about twice its policy's states (weights, gradients, AdamW's
-# moments) again: a cpu-profile GRPO run of SmolLM2-135M (2.2 GB of states) held 8-10 GB beside vLLM's CPU engine.
-CPU_ACTIVATIONS_FACTOR = 3
+# On the CPU, a run's fp32 logits and activations take about three times its policy's states (weights, gradients,
+# AdamW's moments) again: a cpu-profile GRPO run of SmolLM2-135M (2.2 GB of states) held 8-10 GB beside vLLM's CPU
+# engine.
+CPU_ACTIVATIONS_FACTOR = 4
 MPS_PIPE = "/tmp/nvidia-mps"  # nvidia-cuda-mps-control's pipe folder unless CUDA_MPS_PIPE_DIRECTORY says otherwise
 
 

@@ -74,7 +74,7 @@ def test_what_a_child_needs(tiny_lm_dir):
     held = policy_reserve_bytes(str(tiny_lm_dir), "float32")
     cpu = Machine(cores=2, memory_free=16 * GIB)
     states = held - POLICY_MARGIN  # weights, gradients, AdamW's moments
-    assert child_need(GRPOParams(model=str(tiny_lm_dir)), cpu) == Need(host=3 * states + PROCESS_BYTES)
+    assert child_need(GRPOParams(model=str(tiny_lm_dir)), cpu) == Need(host=4 * states + PROCESS_BYTES)
     weights = 4 * parameter_count(str(tiny_lm_dir))
     shared = child_need(GRPOParams(model=str(tiny_lm_dir), gpu_memory_fraction=0.25), H100)
     assert shared == Need(20 * GIB, PROCESS_BYTES + weights)  # its own share of the card
