@@ -23,8 +23,8 @@ here is what a borrowed machine needs, within one call and nothing outliving it:
    ``outputs/.devrun/<TAG>/``; ``$OUT/done.txt`` (a line per entry tried: rc, start model, call, archive, the seeds
    whose children all finished) and ``$OUT/pool.log``.
 
-Queue lines (``lab/queues/verdicts_7.txt``): ``NAME [ref=A,B] [from=S] MODULE ARGS...;`` ('#' lines left out; a
-``--seeds`` list is written without spaces). ``from=S``: the run starts from the model entry S saved (``--model
+Queue lines (``lab/queues/verdicts_7.txt``): ``NAME [ref=A,B] [from=S] MODULE ARGS...;`` ('#' lines left out; words
+as a shell splits them, a ``--seeds`` list without spaces; no ';' inside an argument). ``from=S``: the run starts from the model entry S saved (``--model
 outputs/.devrun/S/out/best_model``), made on this machine by S first where it is not here yet (its content hash in
 ``outputs/.devrun/S/made.json``). A done line: ``NAME rc=R origin=HASH call=TAG archive=FILE wall_s=S gpu=CARD
 seeds=A,B`` (origin ``base`` for runs from the base model, S's model's hash for runs from it).
@@ -91,7 +91,7 @@ def parse_queue(path: Path) -> list[Entry]:
     text = "\n".join(line for line in path.read_text().splitlines() if not line.lstrip().startswith("#"))
     entries = []
     for chunk in text.replace("\n", " ").split(";"):
-        words = chunk.split()
+        words = shlex.split(chunk)  # a quoted argument (--decide "A >= B") is one word
         if not words:
             continue
         name, rest, refs, source = words[0], words[1:], [], None
