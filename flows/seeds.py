@@ -20,6 +20,7 @@ is anytime-valid (confidence sequences: :mod:`a5core.verdicts.anytime`).
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -138,13 +139,23 @@ def side_by_side(
         failed = [name for name in todo if rows[name] is None]
         if failed:
             logs = ", ".join(
-                f"{n} (exit status {ended.get(n, 'none')}, {run_folder(todo[n], setting_of(n)) / LOG})" for n in failed
+                f"{n} ({ended_how(ended.get(n))}, {run_folder(todo[n], setting_of(n)) / LOG})" for n in failed
             )
             raise ChildrenFailedError(
                 f"children that did not finish: {logs}; what the others finished is kept: run the command again to "
                 "resume them from their checkpoints"
             )
     return [{**rows[name], "setting": name} for name in batch]
+
+
+def ended_how(status: int | None) -> str:
+    """How a child's process ended, in words: its exit status, or the signal that killed it."""
+    if status is None:
+        return "never ended: stopped"
+    if status < 0:
+        name = signal.Signals(-status).name
+        return f"killed by {name}" + (" (out of memory?)" if -status == signal.SIGKILL else "")
+    return f"exit status {status}"
 
 
 def judge(params: Any, scope: str, rows: list[dict], log_to_mlflow: bool = True) -> dict:

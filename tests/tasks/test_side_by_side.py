@@ -122,7 +122,7 @@ def test_the_children_a_command_starts_get_the_share_of_the_card(monkeypatch, tm
     children = ablation_settings(params.ablation, params)
     with pytest.raises(
         flows.seeds.ChildrenFailedError,
-        match=r"children that did not finish: grpo/seed0 \(exit status none, .*/grpo/child.log\)",
+        match=r"children that did not finish: grpo/seed0 \(never ended: stopped, .*/grpo/child.log\)",
     ):
         flows.seeds.run_seeded(children, None, params, flows.seeds.Parent("parent"), "grpo_dapo_ablation")
     ((handed, sizing),) = started
