@@ -195,7 +195,10 @@ def show_verdicts(result: dict) -> None:
 
 
 def verdict_line(v: dict) -> str:
-    """``agrees (for this start model): dapo − grpo = +0.120 ± 0.041 over 4 pairs (95% confidence sequence)``."""
+    """``agrees (for this start model): dapo − grpo = +0.120 ± 0.041 over 4 pairs (95% confidence sequence)``, and
+    for a verdict not decided yet the pairs that would likely decide it."""
+    from flows.verdicts import VerdictParams
+
     words = v["verdict"] + (f" ({v['scope']})" if v["scope"] not in (None, "general") else "")
     if v["verdict"] == "not judged":
         return f"{words}: {v['not_judged']}"
@@ -206,4 +209,8 @@ def verdict_line(v: dict) -> str:
     pairs = v["tests"].get("pairs") or {}
     half = pairs.get("half_width")
     interval = "" if not pairs else f" ± {'∞' if half is None else f'{half:.3f}'}"
-    return f"{words}: {v['a']} − {v['b']} = {v['mean']:+.3f}{interval} over {v['pairs']} pairs (confidence sequence)"
+    level = f"{VerdictParams.model_fields['confidence'].default:.0%} confidence sequence"
+    line = f"{words}: {v['a']} − {v['b']} = {v['mean']:+.3f}{interval} over {v['pairs']} pairs ({level})"
+    if v["verdict"] not in DECIDED and v.get("more_pairs"):
+        line += f"; about {v['more_pairs']} more pairs would likely decide it"
+    return line
