@@ -12,7 +12,8 @@ here is what a borrowed machine needs, within one call and nothing outliving it:
    an entry needs it;
 2. the queue's entries, one after another in its order, each with its own output folder and MLflow store under
    ``outputs/.devrun/NAME`` (its records, packed apart): an entry not yet complete (the ``--done`` file, kept in the
-   repository, is the queue's state across calls and machines) runs with the seeds no earlier call finished, after
+   repository, is the queue's state across calls and machines) runs with its seeds less those an earlier call
+   finished on another machine (those finished here are read back, not run again), after
    the references it names (``ref=A,B``) that have not ended with rc 0 from this call's start model; one starts only
    with ``MIN_START_S`` of the call left;
 3. the call's deadline: the running command is stopped (SIGTERM: it stops its children, which keep their checkpoints
@@ -225,10 +226,12 @@ class Pool:
         return self.deadline - time.time()
 
     def command(self, entry: Entry, done: list[dict], own: bool) -> list[str]:
-        """The entry's command: its seeds less those finished before, its start model, its own outputs."""
+        """The entry's command: its seeds less those finished on another machine (those finished here are read back:
+        one parent run over them all), its start model, its own outputs."""
         words = list(entry.words)
         if entry.seeds:
-            left = [s for s in entry.seeds if s not in seeds_done(entry, done)]
+            elsewhere = seeds_done(entry, done) - set(finished_seeds(entry.name))
+            left = [s for s in entry.seeds if s not in elsewhere]
             words[words.index("--seeds") + 1] = "[" + ",".join(map(str, left)) + "]"
         if entry.source:
             words += ["--model", str(saved_model(entry.source))]
