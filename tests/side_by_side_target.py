@@ -1,11 +1,11 @@
-"""A command over seeds whose children of one seed freeze at a known point, for tests/system/test_side_by_side.py
-to kill:
+"""A command over seeds one of whose children freezes at a known point, for tests/system/test_side_by_side.py to
+kill:
 
-    python tests/side_by_side_target.py SEED MARKERS MODULE [FLAGS...]
+    python tests/side_by_side_target.py CHILD MARKER MODULE [FLAGS...]
 
-runs ``python -m MODULE FLAGS...`` unchanged, except that each child of seed SEED runs through
+runs ``python -m MODULE FLAGS...`` unchanged, except that the child labelled CHILD (``dapo/seed2``) runs through
 tests/flow_kill_target.py: once it has logged ``reward_mean`` at step 2 (its step-1 checkpoint written), it writes
-``MARKERS/<child>`` (``dapo-seed2``) and sleeps until killed. The other children run as they always do.
+MARKER and sleeps until killed. The other children run as they always do.
 """
 
 from __future__ import annotations
@@ -18,17 +18,15 @@ from pathlib import Path
 KILL_TARGET = Path(__file__).with_name("flow_kill_target.py")
 
 
-def main(seed: str, markers: str, module: str, *argv: str) -> None:
+def main(child: str, marker: str, module: str, *argv: str) -> None:
     import flows.fanout
 
     real = flows.fanout.child_command
 
     def child_command(spec: Path) -> list[str]:
-        name = json.loads(spec.read_text())["name"]
-        if not name.endswith(f"/seed{seed}"):
+        if json.loads(spec.read_text())["name"] != child:
             return real(spec)
-        marker = Path(markers) / name.replace("/", "-")
-        return [sys.executable, str(KILL_TARGET), "flows.fanout", str(marker), "reward_mean", "2", str(spec)]
+        return [sys.executable, str(KILL_TARGET), "flows.fanout", marker, "reward_mean", "2", str(spec)]
 
     flows.fanout.child_command = child_command
     sys.argv = [module, *argv]
