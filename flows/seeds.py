@@ -27,7 +27,7 @@ from typing import Any
 
 from a5core.runtime import distributed
 from a5core.verdicts.decide import DECIDED, Rule
-from a5core.verdicts.expectations import parse_expectation
+from a5core.verdicts.expectations import START, parse_expectation
 from flows.fanout import LOG, children_in_processes, children_on_ray, label, setting_of
 from tasks.parent_run import Parent
 from tasks.runs import finished_row, run_folder
@@ -63,15 +63,18 @@ def with_seed(child: Any, seed: int) -> Any:
 
 
 def check_seeds(params: Any, settings: Iterable[str]) -> None:
-    """ValueError naming the expectation when ``decide`` asks of an arm that is none of the command's ``settings``,
-    and when a command over seeds is launched on several ranks (its children are processes of their own)."""
+    """ValueError naming the expectation when ``decide`` asks of a label that is none of the command's ``settings``
+    (an arm by its settings, ``backend=vllm``, and a label's start, ``dapo@start``, are asked as they are), and when
+    a command over seeds is launched on several ranks (its children are processes of their own)."""
     settings = list(settings)
     for text in params.decide:
         expectation = parse_expectation(text)
-        unknown = [arm for arm in (expectation.a, expectation.b) if arm not in settings]
+        arms = (expectation.a, expectation.b)
+        unknown = [arm for arm in arms if "=" not in arm and arm.removesuffix(START) not in settings]  # a label
         if unknown:
             raise ValueError(
-                f"decide {text!r}: {' and '.join(unknown)} is not a setting this command runs "
+                f"decide {text!r}: {' and '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not a setting "
+                "this command runs "
                 f"({', '.join(settings)}); ask of its settings, or run flows.verdicts over the store"
             )
     if seeded(params) and distributed.rank_and_world()[1] > 1:

@@ -74,6 +74,15 @@ def test_a_command_over_seeds_refuses_what_it_cannot_do_in_one_line(argv, messag
     assert message in text and "\n" not in text.strip(), text
 
 
+def test_decide_takes_the_commands_labels_their_start_and_settings():
+    from flows.seeds import check_seeds
+
+    params = GRPOParams(seeds=[0, 1, 2], decide="dapo >= dapo@start; backend=vllm ~ backend=hf")
+    check_seeds(params, ["grpo", "dapo"])
+    with pytest.raises(ValueError, match="decide 'gspo >= ppo': gspo and ppo are not a setting this command runs"):
+        check_seeds(params.replace(decide="gspo >= ppo"), ["grpo", "dapo"])
+
+
 def test_the_help_says_why_stopping_when_decided_is_valid(capsys):
     from flows.grpo import main
 
