@@ -209,7 +209,17 @@ def _ended(name: str, params: Any, status: int) -> None:
         logger.info("child %s finished", name)
         return
     tail = log.read_text(errors="replace").splitlines()[-12:] if log.is_file() else []
-    logger.warning("child %s ended with exit status %d; the end of %s:\n  %s", name, status, log, "\n  ".join(tail))
+    logger.warning("child %s ended, %s; the end of %s:\n  %s", name, ended_how(status), log, "\n  ".join(tail))
+
+
+def ended_how(status: int | None) -> str:
+    """How a child's process ended, in words: its exit status, or the signal that killed it."""
+    if status is None:
+        return "never ended: stopped"
+    if status < 0:
+        name = signal.Signals(-status).name
+        return f"killed by {name}" + (" (out of memory?)" if -status == signal.SIGKILL else "")
+    return f"exit status {status}"
 
 
 def stop_children(running: dict[str, subprocess.Popen]) -> None:

@@ -20,7 +20,6 @@ is anytime-valid (confidence sequences: :mod:`a5core.verdicts.anytime`).
 from __future__ import annotations
 
 import logging
-import signal
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from typing import Any
 from a5core.runtime import distributed
 from a5core.verdicts.decide import DECIDED, Rule
 from a5core.verdicts.expectations import START, parse_expectation
-from flows.fanout import LOG, children_in_processes, children_on_ray, label, setting_of
+from flows.fanout import LOG, children_in_processes, children_on_ray, ended_how, label, setting_of
 from tasks.parent_run import Parent
 from tasks.runs import finished_row, run_folder
 from tasks.side_by_side import Sizing, child_need, size_children, this_machine
@@ -149,16 +148,6 @@ def side_by_side(
                 "resume them from their checkpoints"
             )
     return [{**rows[name], "setting": name} for name in batch]
-
-
-def ended_how(status: int | None) -> str:
-    """How a child's process ended, in words: its exit status, or the signal that killed it."""
-    if status is None:
-        return "never ended: stopped"
-    if status < 0:
-        name = signal.Signals(-status).name
-        return f"killed by {name}" + (" (out of memory?)" if -status == signal.SIGKILL else "")
-    return f"exit status {status}"
 
 
 def judge(params: Any, scope: str, rows: list[dict], log_to_mlflow: bool = True) -> dict:
