@@ -184,7 +184,8 @@ def size_children(children: int, machine: Machine, need: Need, at_most: int | No
         place += f", {machine.gpu_name} ({gib}){share}; {mps}"
     short = [name for name in ("GPU memory", "memory") if limits.get(name) == 1 and _under_one(name, machine, need)]
     if short:
-        place += f"; the {' and '.join(short)} available hold less than one child's need: one at a time"
+        holds = "holds" if len(short) == 1 else "hold"
+        place += f"; the {' and '.join(short)} available {holds} less than one child's need: one at a time"
     each = f"{threads} thread{'s' * (threads > 1)} each"
     why = f"{children} children, {at_once} at once (bound: {bound}), {each}: {place}"
     return Sizing(at_once, threads, fraction if at_once > 1 else None, why)

@@ -52,7 +52,7 @@ def test_a_card_in_use_holds_fewer_and_one_that_holds_none_runs_one_with_all_of_
     full = Machine(16, 120 * GIB, "NVIDIA H100", 80 * GIB, gpu_free=5 * GIB)
     sizing = size_children(12, full, Need(8 * GIB, 3 * GIB))
     assert (sizing.at_once, sizing.gpu_memory_fraction) == (1, None)  # alone: the whole card, no share
-    assert "the GPU memory available hold less than one child's need" in sizing.why
+    assert "the GPU memory available holds less than one child's need" in sizing.why
     unknown = size_children(12, H100, Need())
     assert (unknown.at_once, unknown.gpu_memory_fraction) == (1, None)
 
