@@ -35,6 +35,7 @@ from a5core.runtime.settings import describe
 from flows.cli import flow_main, print_paths
 from flows.fanout import children_on_ray
 from flows.params import EIParams
+from flows.seeds import check_seeds, run_seeded, seeded, show_verdicts, with_verdicts
 from flows.served import check_served_inputs
 from tasks.checks import check_difficulty, check_outputs, check_placement, check_prompts_fit
 from tasks.engines import closing_engine, engine_for
@@ -56,14 +57,16 @@ def expert_iteration_flow(params: EIParams = EIParams()) -> dict:
     registered = REGISTERED_MODELS["expert_iteration"]
     summary = Summary("expert_iteration", "Expert Iteration", plot_title, SUMMARY_KEYS, registered)
     with parent_run(params, name, summary) as parent:
-        if params.sweep and params.runner == "ray":  # at once, each child on a Ray worker, an engine each
+        if seeded(params):  # each setting once per seed, side by side (a process or a Ray worker each)
+            run_seeded(children, run_ei, params, parent, name)
+        elif params.sweep and params.runner == "ray":  # at once, each child on a Ray worker, an engine each
             parent.rows = children_on_ray(children, run_ei, params, parent.run_id)
         else:  # one after another, on the flow's one engine
             with closing_engine(engine_for(params)) as engine:
                 for setting, child in children.items():
                     parent.rows.append(tracked(run_ei)(setting, child, engine, parent.run_id))
         parent.curves = with_starting_points(parent.rows)
-    return parent.result
+    return with_verdicts(params, parent, name)
 
 
 @training_task
@@ -135,6 +138,7 @@ def check_inputs(params: EIParams) -> None:
     except ValueError as error:
         raise ValueError(f"invalid Expert Iteration settings: {error}") from None
     check_placement(params)
+    check_seeds(params, grid(params) if params.sweep else ["single"])
     train = load_problem_set(params.train_data, params.train_format, params.seed, "train")
     for setting, child in (grid(params) if params.sweep else {"": params}).items():
         try:
@@ -154,6 +158,7 @@ def show(params: EIParams, result: dict) -> None:
         print(f"{row['setting']:>14}: accuracy {row['final_accuracy']:.3f}, format {row['final_format_rate']:.3f}")
     print_paths(result["paths"])
     print(f"mlflow run {result['mlflow_run_id']}")
+    show_verdicts(result)
 
 
 main = flow_main(expert_iteration_flow, EIParams, "expert_iteration", __doc__, check_inputs, show)

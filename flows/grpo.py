@@ -62,6 +62,7 @@ from flows.ablations import ABLATIONS, ablation_settings
 from flows.cli import flow_main, print_paths
 from flows.fanout import children_on_ray
 from flows.params import GRPOParams
+from flows.seeds import check_seeds, run_seeded, seeded, show_verdicts, with_verdicts
 from flows.served import check_served_inputs
 from tasks.checks import check_grpo_run, check_placement
 from tasks.engines import closing_engine, engine_for
@@ -92,7 +93,9 @@ def grpo_flow(params: GRPOParams = GRPOParams()) -> dict:
     title = f"GRPO {ABLATIONS[name][0]} ablation" if params.ablation else "GRPO"
     summary = Summary(name, title, f"{title}: validation accuracy", SUMMARY_KEYS, REGISTERED_MODELS["grpo"])
     with parent_run(params, name, summary) as parent:
-        if params.ablation and params.runner == "ray":  # at once, each child on a Ray worker, an engine each
+        if seeded(params):  # each setting once per seed, side by side (a process or a Ray worker each)
+            run_seeded(children, run_grpo, params, parent, name)
+        elif params.ablation and params.runner == "ray":  # at once, each child on a Ray worker, an engine each
             parent.rows = children_on_ray(children, run_grpo, params, parent.run_id)
         else:  # one after another, on the flow's one engine
             with closing_engine(engine_for(params)) as engine:
@@ -100,7 +103,7 @@ def grpo_flow(params: GRPOParams = GRPOParams()) -> dict:
                     parent.rows.append(tracked(run_grpo)(setting, child, engine, parent.run_id))
         if params.ablation:
             parent.tags = {"ablation": params.ablation}
-    return parent.result
+    return with_verdicts(params, parent, name)
 
 
 @training_task
@@ -186,6 +189,7 @@ def check_inputs(params: GRPOParams) -> None:
             check_placement(child)
         except ValueError as error:
             raise ValueError(f"{params.ablation}, setting {setting}: {error}") from None
+    check_seeds(params, children or ["single"])
     check_grpo_run(params)
 
 
@@ -197,6 +201,7 @@ def show(params: GRPOParams, result: dict) -> None:
         )
     print_paths(result["paths"])
     print(f"mlflow run {result['mlflow_run_id']}")
+    show_verdicts(result)
 
 
 main = flow_main(grpo_flow, GRPOParams, "grpo", __doc__, check_inputs, show)

@@ -15,7 +15,7 @@ run builds and validates the model once and passes each part down: the loop gets
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field, PositiveFloat, StrictBool, field_validator, model_validator
 
@@ -30,6 +30,8 @@ from a5core.loops.grpo.config import GRPOOptimizer
 from a5core.loops.sft import SFTConfig
 from a5core.policy.losses import LengthNormalization
 from a5core.runtime.settings import HOW_FAST_FIELDS, MAX_SEED, READS, Settings, group, inherited
+from a5core.verdicts.decide import Rule
+from a5core.verdicts.expectations import parse_expectation
 from tasks.engines import parse_engine_devices
 from tasks.evaluation import EVALUATION_FILES
 from tasks.flow_summary import RUN_FILE
@@ -258,6 +260,53 @@ class ChildRunner(Settings):
     ray_address: str | None = Field(None, description="runner ray: None starts a local Ray; or ray://host:10001")
     ray_gpus_per_child: float = Field(1.0, ge=0, description="runner ray: GPUs each child reserves (0.25: a quarter)")
     ray_cpus_per_child: float = Field(1.0, ge=0, description="runner ray: CPUs each child reserves")
+    seeds: list[Annotated[int, Field(ge=0, le=MAX_SEED)]] | None = Field(
+        None,
+        min_length=1,
+        description="run each setting once per seed, the children side by side (runner local: a process each, "
+        "as many at once as the GPU's free memory, this machine's memory and the cores allow); None: once, with seed",
+    )
+    decide: list[str] = Field(
+        [],
+        description='expectations decided over the children once they finish, e.g. "dapo >= grpo" (several: '
+        'separated by ";"; see flows.verdicts): the verdict is printed with its confidence sequence',
+    )
+    until_decided: int | None = Field(
+        None,
+        ge=1,
+        description="with decide: run the seeds in waves (the first the pairs a verdict needs, then as many seeds "
+        "as run at once) and stop once every expectation is decided or this many pairs were made: valid because "
+        "the verdicts are anytime-valid (looking after every wave does not raise their error rate)",
+    )
+    at_once: int | None = Field(
+        None, ge=1, description="side by side: at most this many children at once (None: as many as fit)"
+    )
+
+    @field_validator("decide", mode="before")
+    @classmethod
+    def _split_expectations(cls, value: Any) -> Any:
+        return [v.strip() for v in value.split(";") if v.strip()] if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _seeds_and_verdicts(self) -> ChildRunner:
+        for text in self.decide:
+            parse_expectation(text)
+        if self.seeds is not None and len(set(self.seeds)) < len(self.seeds):
+            twice = sorted({s for s in self.seeds if self.seeds.count(s) > 1})
+            raise ValueError(f"seeds: {', '.join(map(str, twice))} given more than once")
+        if self.until_decided is not None:
+            if not self.decide:
+                raise ValueError('until_decided: give the expectations it decides (decide: "dapo >= grpo")')
+            if self.until_decided < Rule.min_pairs:
+                raise ValueError(f"until_decided {self.until_decided}: a verdict needs {Rule.min_pairs} pairs at least")
+            if self.seeds is not None and len(self.seeds) < self.until_decided:
+                raise ValueError(
+                    f"until_decided {self.until_decided}: seeds names {len(self.seeds)} seeds; name as many as the "
+                    "pairs it may make, or leave seeds unset (seed, seed + 1, ...)"
+                )
+        elif self.decide and self.seeds is None:
+            raise ValueError("decide: a verdict pairs runs of several seeds: give seeds ([0, 1, 2]) or until_decided")
+        return self
 
 
 class Outputs(Settings):
@@ -413,6 +462,7 @@ class SFTExperimentParams(Settings):
     eval: Validation = group(Validation, "the validation problems and how many")
     grading: PromptSettings = group(PromptSettings, "the prompt template and the grader")
     outputs: SFTExperimentOutputs = group(SFTExperimentOutputs, "where the run's files, metrics and MLflow runs go")
+    children: ChildRunner = group(ChildRunner, "where the sweep's settings run, and with which seeds")
 
     train_data: Annotated[str, READS] = Field(
         "data/sft/math_solutions.jsonl",

@@ -48,7 +48,9 @@ from a5core.engines import Engine
 from a5core.loops.sft import check_cut, token_lengths, train_sft
 from a5core.policy.model_specs import resolve_model
 from flows.cli import flow_main, print_paths
+from flows.fanout import children_on_ray
 from flows.params import SFTExperimentParams
+from flows.seeds import check_seeds, run_seeded, seeded, show_verdicts, with_verdicts
 from flows.served import check_served_inputs
 from tasks.checks import check_outputs, check_prompts_fit
 from tasks.engines import closing_engine, engine_for
@@ -103,6 +105,7 @@ def train_setting(
         row = {"n_examples": len(traces), "steps": int(trained.get("step", 0)), "curve": curve(run.run_id)}
         if params.save_models:
             save_model_folder(run.model, run.tokenizer, run.folder / "model")
+            row["model_dir"] = str(run.folder / "model")
         if alone and "val_accuracy" in trained:  # the last evaluation was on the score split, at the last step
             run.trained(row["steps"], row, final={k: v for k, v in trained.items() if k.startswith("val_")})
         else:
@@ -114,6 +117,23 @@ def train_setting(
             final = hook(score, None)(run.model, row["steps"])  # the score split, at the end
             run.trained(row["steps"], row, final=final)
     return run.row
+
+
+@training_task
+def run_setting(name: str, params: SFTExperimentParams, engine: Engine, parent_run_id: str | None) -> dict:
+    """Setting ``name`` of the sweep alone (a child run side by side, :mod:`flows.seeds`): its traces drawn as the
+    whole sweep draws them (:func:`training_sets`), trained by :func:`train_setting`."""
+    settings = training_sets(params)
+    return train_setting.fn(name, settings[name], engine, parent_run_id, params, len(settings) == 1)
+
+
+def training_sets(params: SFTExperimentParams) -> dict[str, list[Trace]]:
+    """The sweep's settings, each its traces: a seeded subset per size, and the filtered set where given."""
+    template = load_prompt(params.prompt)
+    settings = subsets(load_trace_set(params.train_data, template, params.seed), params.sizes, params.seed)
+    if params.filtered_data:
+        settings["filtered"] = load_trace_set(params.filtered_data, template, params.seed)
+    return settings
 
 
 # Which problems choose the best setting and which score it (the validation set split by split_validation);
@@ -141,7 +161,8 @@ def keep_best(params: SFTExperimentParams, parent: Parent, alone: bool) -> None:
     score's) is linked as ``output_dir/best_model`` (on the tracking rank), registered (``a5-sft``) and named in the
     parent run's tags, with which problems chose it and which scored it."""
     best = parent.best
-    model = Path(params.output_dir) / f"runs-{run_key(params)}" / best["setting"] / "model"
+    folder = Path(params.output_dir) / f"runs-{run_key(params)}" / best["setting"]
+    model = Path(best.get("model_dir") or folder / "model")  # a child over seeds: its own run's folder
     if tracking_rank():
         link_model(model, Path(params.output_dir) / "best_model")
     chosen_on, scored_on = (ALONE_CHOSEN, ALONE_SCORED) if alone else (SELECTION_SPLIT, SCORE_SPLIT)
@@ -151,25 +172,28 @@ def keep_best(params: SFTExperimentParams, parent: Parent, alone: bool) -> None:
 
 @flow(name="sft_experiment")
 def sft_experiment(params: SFTExperimentParams = SFTExperimentParams()) -> dict:
-    """Run every setting as a child of one parent run; returns the summary rows and output paths."""
+    """Run every setting as a child of one parent run (with ``seeds``, once per seed, side by side); returns the
+    summary rows and output paths."""
     check_served_inputs(params)  # started from a deployment: it reads inside the project and its data folders
-    template = load_prompt(params.prompt)
-    settings = subsets(load_trace_set(params.train_data, template, params.seed), params.sizes, params.seed)
-    if params.filtered_data:
-        settings["filtered"] = load_trace_set(params.filtered_data, template, params.seed)
+    settings = training_sets(params)
     alone = len(settings) == 1
     plot_title = "SFT: validation accuracy by training-set size"
     summary = Summary("sft_experiment", "SFT sweep", plot_title, SUMMARY_KEYS, REGISTERED_MODELS["sft_experiment"])
     with parent_run(params, "sft_experiment", summary) as parent:
-        with closing_engine(engine_for(params)) as engine:
-            for name, traces in settings.items():
-                parent.rows.append(tracked(train_setting)(name, traces, engine, parent.run_id, params, alone))
+        if seeded(params):  # each setting once per seed, side by side (a process or a Ray worker each)
+            run_seeded(dict.fromkeys(settings, params), run_setting, params, parent, "sft_experiment")
+        elif params.runner == "ray":  # at once, each setting on a Ray worker, an engine each
+            parent.rows = children_on_ray(dict.fromkeys(settings, params), run_setting, params, parent.run_id)
+        else:  # one after another, on the flow's one engine
+            with closing_engine(engine_for(params)) as engine:
+                for name, traces in settings.items():
+                    parent.rows.append(tracked(train_setting)(name, traces, engine, parent.run_id, params, alone))
         parent.best = choose_best(parent.rows)
         parent.registered = []
         if params.save_models:
             keep_best(params, parent, alone)
         parent.metrics = {f"final_accuracy_{r['setting']}": r["final_accuracy"] for r in parent.rows}
-    return parent.result
+    return with_verdicts(params, parent, "sft_experiment")
 
 
 def check_inputs(params: SFTExperimentParams) -> None:
@@ -187,6 +211,7 @@ def check_inputs(params: SFTExperimentParams) -> None:
                     check_cut(*token_lengths(traces, tokenizer, params.append_eos), params.max_seq_len, warn=False)
                 except ValueError as error:
                     raise ValueError(f"{source}: {error}") from None
+    check_seeds(params, [*map(str, params.sizes), *(["filtered"] if params.filtered_data else [])])
     validation = load_validation_set(params.validation_data, params.validation_format)
     if len(params.sizes) + bool(params.filtered_data) > 1:  # settings to choose from: two splits
         split_validation(validation, params.val_subset, params.val_limit)  # two problems at least
@@ -203,6 +228,7 @@ def show(params: SFTExperimentParams, result: dict) -> None:
         )
     print_paths(result["paths"])
     print(f"mlflow parent run {result['mlflow_run_id']}")
+    show_verdicts(result)
 
 
 main = flow_main(sft_experiment, SFTExperimentParams, "sft_experiment", __doc__, check_inputs, show)

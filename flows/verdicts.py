@@ -104,6 +104,9 @@ class VerdictParams(Settings):
         [DEFAULT_TRACKING_URI],
         description="where the runs are: tracking URIs, database files, or folders (every mlflow.db under them)",
     )
+    runs: list[str] = Field(
+        [], description="only these runs of the stores (MLflow run ids; none: every run), such as a command's children"
+    )
     expect: list[str] = Field(
         [], description='expectations, separated by ";": "dapo >= grpo; kl_0 ~ kl_0.001; 1024 >= 128 on METRIC"'
     )
@@ -141,7 +144,7 @@ class VerdictParams(Settings):
 
     _output_folder = field_validator("output_dir")(output_folder_of_its_flow)
 
-    @field_validator("stores", "ignore_settings", "append", mode="before")
+    @field_validator("stores", "runs", "ignore_settings", "append", mode="before")
     @classmethod
     def _split(cls, value: Any) -> Any:
         return [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
@@ -340,6 +343,9 @@ def verdicts(params: VerdictParams) -> dict:
         check_server(params.tracking_uri)  # where the verdicts are logged answers, before the stores are read
     expectations, exclude = asked(params)
     stored = read_runs(params.stores, params.ignore_settings)
+    if params.runs:
+        chosen = set(params.runs)
+        stored = replace(stored, records=[r for r in stored.records if r.id in chosen])
     if not stored.records and not stored.left_out:
         raise ValueError(f"stores: no runs in {', '.join(stored.stores)}")
     usable, not_finite = finite_runs(stored.records, [e.metric for e in expectations])

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of the verdict runs (issue 56), self-contained: what ended is packed under $OUT before it returns
-# (lab/pool.py); what it starts ends inside it, but for runs started in its last minutes to resume in the next call.
+# (lab/pool.py); what it starts ends inside it, but for children stopped at its deadline, which resume in the next call.
 # The carried packages, data and GGUF, on a fresh machine two calls; vLLM, in three parts, three (lab/carry_vllm.sh):
 #   bash lab/pool_call.sh setup      # call 1, carry .devA/site.tar.xz, .devG1 and .devV1: packages unpacked, imports
 #                                    #   checked, the GGUF's first part kept in /tmp/gguf; the tree's size
@@ -11,10 +11,10 @@
 #                                    #   on a warm machine that has them, nothing: the GGUF joined and
 #                                    #   checked, the data placed, vLLM installed once its parts are all here,
 #                                    #   CUDA MPS on, then lab/pool.py with the call's time left (LIMIT, default
-#                                    #   585 s of a 600 s command) over QUEUE (default lab/queues/verdicts_6.txt) and
-#                                    #   its state DONE (lab/queues/verdicts_6.done); runs that cannot end in the
-#                                    #   call start in its last minutes and resume in the next (lab/pool.py
-#                                    #   --fill-tail), except with LAST=1: the session's last call
+#                                    #   585 s of a 600 s command) over QUEUE (default lab/queues/verdicts_7.txt) and
+#                                    #   its state DONE (lab/queues/verdicts_7.done): each entry the product's
+#                                    #   command over seeds, sized to the card by itself; one stopped at the
+#                                    #   deadline resumes its children in the next call on this warm machine
 # Build the carried parts on the CPU machine: lab/device_carry.sh site; lab/device_carry.sh data;
 # GGUF_PART1_BYTES=42000000 lab/device_carry.sh gguf. The tree travels without lab/records (40 MB) and the folders
 # the device needs not, so that a call carries ~63 MB with the parts: before the calls
@@ -90,6 +90,5 @@ if [ -d /tmp/vllm ] && [ -f tests/a5core/loops/grpo/test_stats_gpu.py ] && [ ! -
   timeout 240 python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/a5core/loops/grpo/test_stats_gpu.py > "$OUT/mismatch_gpu.log" 2>&1
   echo "mismatch test rc=$? in $((SECONDS - T0)) s: $OUT/mismatch_gpu.log"
 fi
-python3 lab/pool.py --queue "${QUEUE:-lab/queues/verdicts_6.txt}" --done "${DONE:-lab/queues/verdicts_6.done}" \
-  --tag "${TAG:?TAG: the name of this call, e.g. session15_call2}" --seconds $((LIMIT - (SECONDS - T0))) ${PLAN:+--plan} \
-  $([ "${LAST:-}" = 1 ] || echo --fill-tail)
+python3 lab/pool.py --queue "${QUEUE:-lab/queues/verdicts_7.txt}" --done "${DONE:-lab/queues/verdicts_7.done}" \
+  --tag "${TAG:?TAG: the name of this call, e.g. session15_call2}" --seconds $((LIMIT - (SECONDS - T0))) ${PLAN:+--plan}

@@ -96,7 +96,7 @@ def model_path(model: str | None) -> str:
 
 
 # What does not make a run another run: where its results go, how fast it runs, where its engine runs, what
-# share of the GPU it may use, how a sweep's children are scheduled.
+# share of the GPU it may use, how a sweep's children are scheduled and what is asked of them once they finish.
 RUN_KEY_EXTRA_IGNORED = (
     "engine_device",
     "gpu_memory_fraction",
@@ -104,12 +104,36 @@ RUN_KEY_EXTRA_IGNORED = (
     "ray_address",
     "ray_gpus_per_child",
     "ray_cpus_per_child",
+    "at_once",
+    "decide",
 )
+# The seeds a sweep runs each setting with: part of a sweep's key where set (its parent run is another run than the
+# single seed's), left out where unset, so a run's key is the one it had before these settings existed.
+SEEDS_FIELDS = ("seeds", "until_decided")
 
 
 def run_key(params: Any) -> str:
     """The folder key of a run: a hash of its settings, less :data:`RUN_KEY_IGNORED` and the scheduling ones."""
-    return params_key(params, ignore=(*RUN_KEY_IGNORED, *RUN_KEY_EXTRA_IGNORED))
+    unset = tuple(name for name in SEEDS_FIELDS if getattr(params, name, None) is None)
+    return params_key(params, ignore=(*RUN_KEY_IGNORED, *RUN_KEY_EXTRA_IGNORED, *unset))
+
+
+DONE = "done.json"  # in a finished run's folder: its row
+
+
+def run_folder(params: Any, name: str) -> Path:
+    """Where run ``name`` of ``params`` works: ``output_dir/runs-<key>/<name>`` (:func:`run_key`)."""
+    return Path(params.output_dir) / f"runs-{run_key(params)}" / name
+
+
+def finished_row(folder: Path) -> dict[str, Any] | None:
+    """The row of the run that finished in ``folder`` (its ``done.json``), None while it has not finished;
+    CorruptStateError naming the file and what to do where it cannot be read."""
+    done = folder / DONE
+    if not done.is_file():
+        return None
+    recovery = f"the run finished (its checkpoint tensors are gone): delete {folder} to train it again"
+    return read_state(done, ("setting", "mlflow_run_id"), recovery)
 
 
 @dataclass
@@ -196,12 +220,11 @@ def training_run(
     (see the module docstring): its block trains ``run.model`` and ends with ``run.trained(...)``, or, where the
     run finished before, returns ``run.row``; on leaving, ``run.row`` holds the row. ``logged``: more parameters
     for the MLflow run (a sweep setting's size, say)."""
-    folder = Path(params.output_dir) / f"runs-{run_key(params)}" / name
-    done = folder / "done.json"
+    folder = run_folder(params, name)
+    done = folder / DONE
     with run_lock(folder):  # one process at a time trains here
-        if done.is_file():
-            recovery = f"the run finished (its checkpoint tensors are gone): delete {folder} to train it again"
-            row = read_state(done, ("setting", "mlflow_run_id"), recovery)
+        row = finished_row(folder)
+        if row is not None:
             if tracking_rank():
                 warn_of_lost_artifacts(folder, row["mlflow_run_id"], params.tracking_uri)
             yield Run(name, folder, row["mlflow_run_id"], params, engine, row=row)

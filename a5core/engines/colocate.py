@@ -46,16 +46,20 @@ def kv_bytes_per_token(model: str, dtype: torch.dtype) -> int:
     return config.num_hidden_layers * 2 * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
 
+POLICY_MARGIN = 2 * GIB  # what a policy holds on the GPU beyond its states: activations of a micro-batch, fragments
+
+
 def policy_reserve_bytes(model: str, policy_dtype: str, *, lora: bool = False, reference: bool = False) -> int:
     """What the training policy of ``model`` (a folder or hub id) will hold on the GPU beside an awake engine:
     its weights in ``policy_dtype``, their gradients and AdamW's two fp32 moments (of the adapters alone under
-    ``lora``: counted as 2% of the weights), a frozen ``reference`` copy for a KL penalty, and 2 GiB more."""
+    ``lora``: counted as 2% of the weights), a frozen ``reference`` copy for a KL penalty, and
+    :data:`POLICY_MARGIN` more."""
     from a5core.policy.model_specs import parameter_count
 
     count = parameter_count(model)
     weight = 2 if policy_dtype == "bfloat16" else 4
     trained = count // 50 if lora else count
-    return count * weight + trained * (weight + 8) + (count * weight if reference else 0) + 2 * GIB
+    return count * weight + trained * (weight + 8) + (count * weight if reference else 0) + POLICY_MARGIN
 
 
 def rollout_tokens(sequences: int | None, max_tokens: int | None) -> int:

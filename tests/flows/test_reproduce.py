@@ -67,7 +67,8 @@ def test_sft_run_reproduces_exactly_and_a_changed_data_file_stops_it(
         (tmp_path / client.download_artifacts(original["mlflow_run_id"], "provenance.json", str(tmp_path))).read_text()
     )
     assert record["flow"] == {"name": "sft_experiment", "entrypoint": "flows.sft_experiment:sft_experiment"}
-    assert record["settings"]["learning_rate"] == 1e-3 and record["seeds"] == {"seed": params.seed}
+    assert record["settings"]["learning_rate"] == 1e-3
+    assert record["seeds"] == {"seed": params.seed, "seeds": None}  # every setting named *seed*: one run, no seeds list
     assert set(record["inputs"]) == {"model", "train_data", "validation_data"}
     assert record["inputs"]["train_data"]["hash"].startswith("sha256:")
     assert {"python", "torch", "transformers", "a5"} <= set(record["versions"]) and record["device"] == "cpu"
