@@ -102,7 +102,7 @@ def parse_queue(path: Path) -> list[Entry]:
                 refs = [r for r in value.split(",") if r]
             else:
                 source = value
-        from_base = BASE_MODEL in rest or name == "sft"  # GRPO from the base model (prompts), the start model's SFT
+        from_base = BASE_MODEL in rest or rest[0] == "flows.sft_experiment"  # SFT trains the base model; GRPO from it
         needs = "entry" if source else "base" if from_base else "table" if "--difficulty-table" in rest else "start"
         entries.append(Entry(name, rest, refs, needs, source))
     return entries
