@@ -15,34 +15,20 @@ os.umask(_UMASK)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write text to a temporary file beside ``path``, fsync it, then rename it into place.
+    """Write text (UTF-8) to a temporary file beside ``path``, fsync it, then rename it into place
+    (:func:`write_bytes_atomic`)."""
+    return write_bytes_atomic(path, text.encode("utf-8"))
 
-    A crash or a full disk leaves any previous file at ``path`` untouched and no temporary behind.
-    """
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
+    """Write bytes to a temporary file beside ``path``, fsync it, then rename it into place: a crash or a full disk
+    leaves any previous file at ``path`` untouched and no temporary behind, and a link at ``path`` is replaced by
+    the file, never written through."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the file the usual permissions
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
-    """:func:`write_text_atomic` for bytes (a figure). A link at ``path`` is replaced by the file, never written
-    through."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

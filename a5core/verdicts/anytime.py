@@ -13,6 +13,10 @@ when decided, keeps the error at α. The μ with E_k(μ) < 1/α form a confidenc
 :func:`half_width`) that covers the true mean at every k at once with probability ≥ 1 − α (the t confidence
 sequence of Wang & Ramdas 2023). ``g`` chooses where it is tightest: a larger g narrows it at few differences
 and widens it at many.
+
+Written here, a closed form in a few lines, rather than taken from a library: ``confseq`` covers bounded means
+(betting, empirical Bernstein), whose sequences over differences in [−1, 1] stay far too wide at 3-20 pairs;
+``savvi``'s regression t-test has this form but counts one degree of freedom fewer for a mean and needs cvxpy.
 """
 
 from __future__ import annotations
