@@ -122,6 +122,7 @@ def main() -> None:
         return profile_loop(args)
     from a5core.engines import SamplingSettings
     from a5core.engines.hf import HFEngine
+    from a5core.engines.token_loop import Draw
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tokenizer, description = _model.build(args.model_dir, args.tiny, device)
@@ -142,9 +143,11 @@ def main() -> None:
             compiled_against_eager(model, args, (ids, valid, tokens, positions, slots, attend))
     engine = HFEngine(model, tokenizer, batch_size=b, compile=False)
     logits = torch.randn(b, model.config.vocab_size, device=device)
-    eos = torch.tensor([0], device=device)
+    eos = torch.zeros(model.config.vocab_size, dtype=torch.bool, device=device)
+    eos[0] = True
     for settings in (SamplingSettings(temperature=1.0), SamplingSettings(temperature=1.0, top_p=0.9)):
-        ms = per_step_ms(lambda i, settings=settings: engine._sample(logits, settings, 10, eos), args.steps)
+        draw = Draw.of(settings, eos)
+        ms = per_step_ms(lambda i, draw=draw: engine._sample(logits, draw, 10), args.steps)
         print(f"sample (top_p {settings.top_p}): {ms:.2f} ms", flush=True)
 
 

@@ -11,11 +11,13 @@ check the vLLM backend against. See ``a5core.engines`` for the shared semantics;
   then padded to ``batch_size`` rows and the cache capacity rounded up, so shapes repeat and compile once.
   That decoder and its cache stay between calls until :meth:`HFEngine.release_memory` drops them (a
   training pass in the same process that ran out of memory asks it to).
-  The loop samples each step itself: temperature (by the Gumbel-max trick, :func:`gumbel_max_sample`),
-  top-p (the smallest set of tokens reaching ``top_p``, through ``multinomial``),
-  EOS masked during the first ``min_tokens`` tokens; a finished row is fed padding from then on, and
-  every ``STOP_CHECK_EVERY`` steps the loop reads back which rows are done (EOS or a stop string) and
-  ends when all are. With ``shrink`` (the default) a step attends only to the filled
+  A token is one call (:class:`a5core.engines.token_loop.TokenLoop`, compiled with the decode step: one CUDA
+  graph a token): decode, then draw — temperature (by the Gumbel-max trick, :func:`gumbel_max_sample`),
+  top-p (the smallest set of tokens reaching ``top_p``, through ``multinomial``), EOS masked during the first
+  ``min_tokens`` tokens —, record the token (and its log-prob), pad finished rows, mark rows that drew EOS; its
+  state stays on the device, and nothing is read back or copied in a token. Every ``STOP_CHECK_EVERY`` steps
+  the loop reads back, in one copy, the new tokens and which rows are done (EOS) or may have completed a stop
+  string, and ends when all are. With ``shrink`` (the default) a step attends only to the filled
   cache columns, and a read-back that finds at most half the running rows unfinished halves the rows
   the loop runs.
   Other models use ``model.generate`` with a fresh generation config (the model's own
@@ -48,6 +50,7 @@ import torch
 
 from a5core.engines.engine import Completion, SamplingSettings, check_prompts, resolve_dtype
 from a5core.engines.static_decode import StaticKVDecoder, supports
+from a5core.engines.token_loop import Draw, TokenLoop, candidate_table, eos_table
 from a5core.policy.causal_lm import LOGPROB_CHUNK_TOKENS, checkpoint_name, load_policy, pad_id_of, token_log_probs
 from a5core.runtime import progress
 
@@ -170,10 +173,10 @@ class HFEngine:
         self.compile = self.static_cache and (model.device.type == "cuda" if compile is None else compile)
         self.shrink = shrink
         self._decoder: StaticKVDecoder | None = None  # kept between calls when compiled (its graph too)
+        self._loop: TokenLoop | None = None  # the kept decoder's token loop (its compiled step: one graph a token)
         self._decoding = 0  # static-cache generations in progress (release_memory frees no cache in use)
-        # temperature sampling (Gumbel-max), compiled when the decode step is: one kernel a step, rows symbolic
-        # (the shrinking loop's row counts)
-        self._temperature_draw = torch.compile(gumbel_max_sample, dynamic=True) if self.compile else gumbel_max_sample
+        # temperature sampling (Gumbel-max): compiled inside the token step when that is (one pass over the logits)
+        self._temperature_draw = gumbel_max_sample
         self.pad_id = pad_id_of(tokenizer)
         eos = model.generation_config.eos_token_id
         eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
@@ -182,6 +185,7 @@ class HFEngine:
         self.eos_ids = sorted(set(eos))
         self._token_texts: list[str] | None = None  # each token id decoded alone, built on first need
         self._candidates: dict[tuple[str, ...], torch.Tensor | None] = {}
+        self._tables: dict[Any, torch.Tensor] = {}  # the token loop's (V,) tables: EOS ids, stop candidates
 
     @classmethod
     def from_pretrained(
@@ -255,7 +259,7 @@ class HFEngine:
                 self._decoding -= 1
         else:
             generated = self._decode_with_generate(input_ids, attention_mask, s)
-        rows = [self._finish(ids, s) for ids in generated]
+        rows = self._finish_all(generated, s)
         if s.logprobs:
             completed = [ids for _, ids, _ in rows]
             log_probs = (
@@ -283,6 +287,27 @@ class HFEngine:
             self._decoder = decoder
         return decoder
 
+    def _token_loop(self, decoder: StaticKVDecoder) -> TokenLoop:
+        """``decoder``'s token loop: its device state and (compiled) token step; kept with a kept decoder."""
+        loop = self._loop
+        if loop is None or loop.decoder is not decoder:
+            loop = TokenLoop(decoder, self)
+            if self.compile:
+                self._loop = loop
+        return loop
+
+    def _table(self, key: Any, vocab: int) -> torch.Tensor:
+        """The token loop's (``vocab``,) bool table on the model's device: ``"eos"``, the EOS ids; a tuple of stop
+        strings, the tokens that may complete one (:func:`stop_candidates`). Built once each."""
+        if (key, vocab) not in self._tables:
+            device = self.model.device
+            if key == "eos":
+                table = eos_table(self.eos_ids, vocab, device)
+            else:
+                table = candidate_table(self._stop_candidates(key), vocab, device)
+            self._tables[key, vocab] = table
+        return self._tables[key, vocab]
+
     def release_memory(self) -> bool:
         """Drop the compiled decoder kept between calls, its KV cache of ``batch_size`` × capacity positions
         (at 1.5B, 256 × 1,280 positions: 8.8 GiB), so that a training pass can use that memory; the next
@@ -291,11 +316,14 @@ class HFEngine:
         graphs may: a GRPO step capped to 40 GiB found the released cache still held); a decoder generating in
         another thread meanwhile is freed when that generation ends."""
         decoder, self._decoder = self._decoder, None  # dropped before the check: a generation starting now builds anew
+        loop, self._loop = self._loop, None
         if decoder is None:
             return False
         if not self._decoding:
             decoder.free()
-        del decoder
+            if loop is not None:
+                loop.free()
+        del decoder, loop
         gc.collect()  # a compiled decoder refers to itself (its compiled step is its bound method): a cycle
         return True
 
@@ -306,100 +334,94 @@ class HFEngine:
         ``s.logprobs``) each token's log-prob under the logits it was drawn from (raw: temperature 1, before
         top-p), in fp32: what the sampler saw, with no second forward pass.
 
-        With ``shrink``, each decode step attends to the filled cache columns only (rounded up to a
-        multiple of ``CAPACITY_STEP``), and when a read-back finds at most half the running rows
-        unfinished, those move to the front of the cache and the loop runs half as many rows (down to
-        1/``2**ROW_HALVINGS`` of the chunk, and 2 rows): finished rows stop costing. Row order never changes what a
-        row generates, except through the sampler's random draws (seeded runs stay reproducible)."""
+        Each token is one :meth:`TokenLoop.step` (one CUDA graph when compiled), which reads nothing back; every
+        ``STOP_CHECK_EVERY`` steps one read-back (:meth:`TokenLoop.read_back`) brings the new tokens and which rows
+        are finished or flagged to the host, which decodes the flagged rows for stop strings. With ``shrink``, each
+        decode step attends to the filled cache columns only (rounded up to a multiple of ``CAPACITY_STEP``), and
+        when a read-back finds at most half the running rows unfinished, those move to the front of the cache and
+        the loop runs half as many rows (down to 1/``2**ROW_HALVINGS`` of the chunk, and 2 rows): finished rows stop
+        costing. Row order never changes what a row generates, except through the sampler's random draws (seeded
+        runs stay reproducible)."""
         real, prompt_len = input_ids.shape
         decoder = self._static_decoder(real, prompt_len + s.max_tokens)
-        rows, device = decoder.batch_size, input_ids.device
+        loop = self._token_loop(decoder)
+        rows = decoder.batch_size
         valid = attention_mask.bool()
         if rows > real:  # pad the chunk with copies of its last row, finished from the start
             input_ids = torch.cat([input_ids, input_ids[-1:].expand(rows - real, -1)])
             valid = torch.cat([valid, valid[-1:].expand(rows - real, -1)])
-        attend = torch.zeros(rows, decoder.capacity, dtype=torch.bool, device=device)
-        attend[:, :prompt_len] = valid
-        positions = valid.sum(-1)  # each row's next rotary position
-        generated = torch.full((rows, s.max_tokens), self.pad_id, dtype=torch.long, device=device)
-        sampled = torch.zeros((rows, s.max_tokens), dtype=torch.float32, device=device) if s.logprobs else None
-        live = torch.arange(rows, device=device)  # the chunk row each running cache row decodes
-        finished = live >= real
-        eos = torch.tensor(self.eos_ids, dtype=torch.long, device=device)
-        candidates = self._stop_candidates(tuple(s.stop)) if s.stop else None
-        flagged = torch.zeros(rows, dtype=torch.bool, device=device)  # may have completed a stop string
-        logits = decoder.prefill(input_ids, valid)
-        smallest = max(2, rows >> ROW_HALVINGS)  # a compiled step would specialise on 1 row
-        # the cache column each step writes, kept on the device: a Python int would be copied host-to-device at
-        # every step, which waits for the GPU to finish the step before, leaving it idle while the next step is
-        # launched (benchmarks/RESULTS.md, "the cache column kept on the device")
-        slot = torch.full((1,), prompt_len, dtype=torch.long, device=device)
-        steps = 0
-        for step in range(s.max_tokens):
-            token = torch.where(finished, self.pad_id, self._sample(logits, s, step, eos))
-            generated[live, step] = token
-            if sampled is not None:  # one fp32 copy of the (B, V) logits, not one for each read
-                scores = logits.float()
-                sampled[live, step] = scores.gather(-1, token[:, None]).squeeze(-1) - torch.logsumexp(scores, dim=-1)
-            finished |= torch.isin(token, eos)
-            if s.stop:
-                flagged |= self._may_stop(token, candidates)
-            steps = step + 1
-            if steps == s.max_tokens:
-                break
+        # the generation's bookkeeping, on the device, once: off the per-token path
+        loop.begin(
+            valid, real, s, self._table("eos", loop.vocab), self._table(tuple(s.stop), loop.vocab) if s.stop else None
+        )
+        loop.first(decoder.prefill(input_ids, valid))  # token 0, from the prefill's logits
+        live = list(range(rows))  # the chunk row each running cache row decodes (the host's copy of loop.live)
+        tokens: list[list[int]] = [[] for _ in range(rows)]  # each chunk row's tokens read back so far
+        steps = 1
+        while steps < s.max_tokens:
             if steps % STOP_CHECK_EVERY == 0:
-                if self._all_done(generated[live], steps, finished, flagged, s):
+                live = self._stop_check(loop, tokens, live, steps, s)
+                if not live:
                     break
-                half = len(live) // 2
-                unfinished = (~finished).nonzero().flatten() if self.shrink and half >= smallest else None
-                if unfinished is not None and len(unfinished) <= half:
-                    # the unfinished rows first, topped up with finished ones
-                    keep = torch.cat([unfinished, finished.nonzero().flatten()])[:half]
-                    decoder.compact(keep)
-                    token, positions, attend, live, finished, flagged = (
-                        x[keep] for x in (token, positions, attend, live, finished, flagged)
-                    )
-            attend[:, prompt_len + step] = True
-            width = min(decoder.capacity, _round_up(prompt_len + step + 1)) if self.shrink else decoder.capacity
-            logits = decoder.decode(token, positions + step, slot, attend[:, :width].contiguous())
-            slot = slot + 1
-        return generated[:real, :steps].tolist(), sampled[:real, :steps].tolist() if sampled is not None else None
+            width = min(decoder.capacity, _round_up(prompt_len + steps)) if self.shrink else decoder.capacity
+            loop.step(len(live), width)
+            steps += 1
+        return loop.results(real, steps)
 
-    def _sample(self, logits: torch.Tensor, s: SamplingSettings, step: int, eos: torch.Tensor) -> torch.Tensor:
-        """Next token per row from fp32 logits (B, V) → (B,): greedy, temperature sampling (Gumbel-max,
-        compiled with the decode step: one pass over the logits), or temperature + top-p sampling."""
-        if step < s.min_tokens and eos.numel():
-            logits = logits.index_fill(-1, eos, float("-inf"))
-        if s.greedy:
-            return logits.argmax(-1)
-        if s.top_p >= 1.0:
-            return self._temperature_draw(logits, s.temperature)
-        probs = torch.softmax(logits / s.temperature, dim=-1)
-        # keep the most probable tokens until their mass reaches top_p
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        drop = (sorted_probs.cumsum(-1) - sorted_probs) >= s.top_p
-        probs = probs.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
-        return torch.multinomial(probs, 1).squeeze(-1)
+    def _stop_check(
+        self, loop: TokenLoop, tokens: list[list[int]], live: list[int], steps: int, s: SamplingSettings
+    ) -> list[int]:
+        """The loop's one host sync every ``STOP_CHECK_EVERY`` tokens, after ``steps`` tokens: read back the new
+        tokens (appended to ``tokens``, by chunk row) and which of the running cache rows (``live``: their chunk rows)
+        are finished or flagged; mark the flagged rows whose text now holds a stop string finished; with ``shrink``,
+        when at most half the running rows are unfinished, move them to the front, topped up with finished ones, and
+        run half as many. Returns the chunk rows of the cache rows to run on, [] when every row is finished."""
+        running = len(live)
+        new, finished, flagged = loop.read_back(running, len(tokens[0]), steps)
+        for row, ids in zip(tokens, new, strict=True):
+            row.extend(ids)
+        ended = [
+            row
+            for row in range(running)
+            if flagged[row] and not finished[row] and self._stop_cut(tokens[live[row]], None, s) is not None
+        ]
+        loop.finish_rows(ended)
+        for row in ended:
+            finished[row] = True
+        if all(finished):
+            return []
+        half = running // 2
+        unfinished = [row for row in range(running) if not finished[row]]
+        smallest = max(2, loop.decoder.batch_size >> ROW_HALVINGS)  # a compiled step would specialise on 1 row
+        if self.shrink and half >= smallest and len(unfinished) <= half:
+            keep = (unfinished + [row for row in range(running) if finished[row]])[:half]
+            index = torch.tensor(keep, dtype=torch.long, device=loop.rows.device)
+            loop.decoder.compact(index)
+            loop.compact(index)
+            live = [live[row] for row in keep]
+        return live
 
-    @staticmethod
-    def _may_stop(token: torch.Tensor, candidates: torch.Tensor | None) -> torch.Tensor:
-        """(B,) bool: can this new token complete a stop string? (every row when no table)."""
-        if candidates is None:
-            return torch.ones_like(token, dtype=torch.bool)
-        size = candidates.shape[0]
-        return candidates[token.clamp(max=size - 1)] | (token >= size)
-
-    def _all_done(
-        self, generated: torch.Tensor, steps: int, finished: torch.Tensor, flagged: torch.Tensor, s: SamplingSettings
-    ) -> bool:
-        """Mark rows whose text now holds a stop string finished (decoding only ``flagged`` rows, then
-        clearing the flags); True when every row is finished. One device read-back."""
-        rows = (flagged & ~finished).nonzero().flatten().tolist()
-        flagged.zero_()
-        for row, ids in zip(rows, generated[rows, :steps].tolist(), strict=True):
-            if self._stop_cut(ids, self._decode(ids), s) is not None:
-                finished[row] = True
-        return bool(finished.all())
+    def _sample(self, logits: torch.Tensor, draw: Draw, count: int | torch.Tensor) -> torch.Tensor:
+        """Token number ``count`` (an int, or a (1,) tensor on the device) of each row from fp32 logits (B, V) → (B,):
+        greedy, temperature sampling (Gumbel-max: one pass over the logits, compiled inside the token step), or
+        temperature + top-p sampling; EOS (``draw.eos``) is never drawn while ``count`` < ``draw.min_tokens``. Reads
+        nothing back: traced into the compiled token step, where greedy and temperature sampling are one code (the
+        greedy draw computes the noise and takes the plain argmax: one compilation for both, not two)."""
+        if torch.compiler.is_compiling() or not isinstance(count, int):
+            blocked = draw.eos & (count < draw.min_tokens)  # (V,): the EOS ids, or none once min_tokens are reached
+            logits = torch.where(blocked, float("-inf"), logits)
+        elif count < draw.hold_eos:  # uncompiled, with the host's count: no pass over the logits once it is past
+            logits = torch.where(draw.eos, float("-inf"), logits)
+        if draw.nucleus:
+            probs = torch.softmax(logits / draw.temperature, dim=-1)
+            # keep the most probable tokens until their mass reaches top_p
+            sorted_probs, order = probs.sort(dim=-1, descending=True)
+            drop = (sorted_probs.cumsum(-1) - sorted_probs) >= draw.top_p
+            probs = probs.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
+            return torch.multinomial(probs, 1).squeeze(-1)
+        if torch.compiler.is_compiling():
+            return torch.where(draw.sampling, self._temperature_draw(logits, draw.temperature), logits.argmax(-1))
+        return logits.argmax(-1) if draw.greedy else self._temperature_draw(logits, draw.temperature)
 
     # ------------------------------------------------------------------ transformers' generate
 
@@ -435,14 +457,24 @@ class HFEngine:
             self.model.generation_config = saved
         return out[:, prompt_len:].tolist()
 
-    def _finish(self, ids: list[int], s: SamplingSettings) -> tuple[str, list[int], str]:
-        """(text, token_ids, finish_reason) of one generated row (which may carry trailing padding)."""
-        finish = "length"
-        for i, token in enumerate(ids):
-            if token in self.eos_ids:
-                ids, finish = ids[: i + 1], "stop"
-                break
-        text = self._decode(ids)
+    def _finish_all(self, generated: list[list[int]], s: SamplingSettings) -> list[tuple[str, list[int], str]]:
+        """(text, token_ids, finish_reason) of each generated row (which may carry trailing padding): each cut after
+        its first EOS, then all decoded in one call (a fast tokenizer decodes a batch at once), then cut at stop
+        strings (:meth:`_finish`)."""
+        eos, rows = set(self.eos_ids), []
+        for ids in generated:
+            end = next((i + 1 for i, token in enumerate(ids) if token in eos), None)
+            rows.append((ids, "length") if end is None else (ids[:end], "stop"))
+        if not rows:
+            return []
+        texts = self.tokenizer.batch_decode(
+            [ids for ids, _ in rows], skip_special_tokens=True, clean_up_tokenization_spaces=False
+        )
+        return [self._finish(ids, finish, text, s) for (ids, finish), text in zip(rows, texts, strict=True)]
+
+    def _finish(self, ids: list[int], finish: str, text: str, s: SamplingSettings) -> tuple[str, list[int], str]:
+        """(text, token_ids, finish_reason) of one row cut after its first EOS (``finish`` "stop"; else "length"),
+        ``text`` its decoding: cut at the first stop string that counts."""
         cut = self._stop_cut(ids, text, s)
         if cut is not None:
             return cut[0], cut[1], "stop"
@@ -452,11 +484,13 @@ class HFEngine:
             )
         return text, ids, finish
 
-    def _stop_cut(self, ids: list[int], text: str, s: SamplingSettings) -> tuple[str, list[int]] | None:
+    def _stop_cut(self, ids: list[int], text: str | None, s: SamplingSettings) -> tuple[str, list[int]] | None:
         """(text, token_ids) cut after the first stop string completing past ``min_tokens`` tokens, or None.
-        ``text`` is ``ids`` decoded."""
-        if not s.stop:
+        ``text`` is ``ids`` decoded (None: decoded here, if needed)."""
+        if not s.stop or len(ids) <= s.min_tokens:  # no stop string completes past min_tokens in min_tokens tokens
             return None
+        if text is None:
+            text = self._decode(ids)
         boundary = len(self._decode(ids[: s.min_tokens])) if s.min_tokens else 0
         end = _stop_end(text, s.stop, boundary)
         if end is None:

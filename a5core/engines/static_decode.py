@@ -138,6 +138,8 @@ class StaticKVDecoder:
     def _decode_step(
         self, tokens: torch.Tensor, positions: torch.Tensor, slot: torch.Tensor, attend_mask: torch.Tensor
     ) -> torch.Tensor:
+        """:meth:`decode`'s step, unchecked and uncompiled (``slot``: a (1,) long tensor): what :meth:`decode`
+        compiles, and what :class:`a5core.engines.token_loop.TokenLoop` calls inside its own compiled token step."""
         b, window = attend_mask.shape
         rows = torch.arange(b, device=tokens.device)[:, None]
         heads = torch.arange(self.kv_heads, device=tokens.device)[None, :]

@@ -8,6 +8,7 @@ from decode_checks import check_left_padded_decode, tiny_decoder_model
 from a5core.engines import SamplingSettings
 from a5core.engines.hf import HFEngine
 from a5core.engines.static_decode import StaticKVDecoder, supports
+from a5core.engines.token_loop import Draw, TokenLoop
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -103,14 +104,19 @@ def test_static_loop_equals_transformers_generate(tiny_policy, prompts, monkeypa
 def test_top_p_keeps_the_smallest_set_reaching_it(tiny_policy):
     engine = HFEngine(*tiny_policy)
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).expand(4000, -1)
-    no_eos = torch.tensor([], dtype=torch.long)
+    no_eos = torch.zeros(4, dtype=torch.bool)
     torch.manual_seed(0)
     for top_p, support in [(0.5, {0}), (0.8, {0, 1}), (0.81, {0, 1, 2}), (1.0, {0, 1, 2, 3})]:
-        drawn = engine._sample(logits, SamplingSettings(top_p=top_p), 0, no_eos)
+        drawn = engine._sample(logits, Draw.of(SamplingSettings(top_p=top_p), no_eos), 0)
         assert set(drawn.tolist()) == support, top_p
-    # min_tokens: EOS never drawn while blocked
-    eos = torch.tensor([0])
-    assert 0 not in engine._sample(logits, SamplingSettings(min_tokens=2), 1, eos).tolist()
+    # min_tokens: EOS never drawn while blocked (token 1 of at least 2), drawn after (token 2, as a device count)
+    eos = torch.tensor([True, False, False, False])
+    blocked = Draw.of(SamplingSettings(min_tokens=2, top_p=0.5), eos)
+    assert set(engine._sample(logits, blocked, 1).tolist()) == {1}
+    assert set(engine._sample(logits, blocked, torch.tensor([2])).tolist()) == {0}
+    for greedy in (Draw.of(SamplingSettings(temperature=0, min_tokens=2), eos), blocked):  # greedy, and top-p
+        greedy.greedy = True
+        assert set(engine._sample(logits, greedy, torch.tensor([1])).tolist()) == {1}
 
 
 @pytest.mark.parametrize("compiled", [False, True])
@@ -226,12 +232,8 @@ def test_shrinking_rows_and_window_changes_no_row(tiny_tokenizer, monkeypatch):
     prompts = [f"What is {a} + {b}?" for a, b in [(1, 1), (2, 2), (3, 9), (4, 7), (12, 5), (6, 6), (8, 1), (9, 30)]]
     greedy = SamplingSettings(temperature=0, min_tokens=300, max_tokens=300, stop=())
     shapes = []
-    decode = StaticKVDecoder.decode
-    monkeypatch.setattr(
-        StaticKVDecoder,
-        "decode",
-        lambda self, t, p, slot, attend: shapes.append(attend.shape) or decode(self, t, p, slot, attend),
-    )
+    step = TokenLoop.step
+    monkeypatch.setattr(TokenLoop, "step", lambda self, b, w: shapes.append((b, w)) or step(self, b, w))
     outputs = {}
     for shrink in (True, False):
         engine = HFEngine(model, tiny_tokenizer, batch_size=8, shrink=shrink)
@@ -276,20 +278,189 @@ def test_sampled_rows_ending_on_stop_strings_shrink_the_loop(tiny_policy, prompt
     assert [8] in first_compactions, first_compactions  # 16 rows, then 8
 
 
-def test_the_loop_hands_the_decoder_its_cache_column_as_a_device_tensor(tiny_policy, prompts, monkeypatch):
-    """Each step's cache column reaches ``decode`` as a tensor already on the model's device, counting up
-    from the prompt length: made from a Python int it was a host-to-device copy at every step, and such a
-    copy waits for the GPU (on the H200 half of each decode step was spent waiting there)."""
+def old_draw(logits: torch.Tensor, s: SamplingSettings, step: int, eos: torch.Tensor) -> torch.Tensor:
+    """The old loop's sampler (``HFEngine._sample`` before the token step)."""
+    from a5core.engines.hf import gumbel_max_sample
+
+    if step < s.min_tokens and eos.numel():
+        logits = logits.index_fill(-1, eos, float("-inf"))
+    if s.greedy:
+        return logits.argmax(-1)
+    if s.top_p >= 1.0:
+        return gumbel_max_sample(logits, s.temperature)
+    probs = torch.softmax(logits / s.temperature, dim=-1)
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    drop = (sorted_probs.cumsum(-1) - sorted_probs) >= s.top_p
+    probs = probs.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
+    return torch.multinomial(probs, 1).squeeze(-1)
+
+
+def old_static_loop(engine: HFEngine, input_ids, attention_mask, s: SamplingSettings):
+    """The hf engine's static loop as it was before its token step (commit 608655a, eager): each token's draw and
+    bookkeeping as separate operations around ``StaticKVDecoder.decode``, three read-backs a stop check. The
+    reference that the token step must reproduce draw for draw on the uncompiled path."""
+    from a5core.engines.hf import CAPACITY_STEP, ROW_HALVINGS, STOP_CHECK_EVERY
+
+    real, prompt_len = input_ids.shape
+    decoder = StaticKVDecoder(engine.model, real, prompt_len + s.max_tokens)
+    valid = attention_mask.bool()
+    attend = torch.zeros(real, decoder.capacity, dtype=torch.bool)
+    attend[:, :prompt_len] = valid
+    positions = valid.sum(-1)
+    generated = torch.full((real, s.max_tokens), engine.pad_id, dtype=torch.long)
+    sampled = torch.zeros((real, s.max_tokens), dtype=torch.float32)
+    live = torch.arange(real)
+    finished = torch.zeros(real, dtype=torch.bool)
+    flagged = torch.zeros(real, dtype=torch.bool)
+    eos = torch.tensor(engine.eos_ids, dtype=torch.long)
+    candidates = engine._stop_candidates(tuple(s.stop)) if s.stop else None
+    logits = decoder.prefill(input_ids, valid)
+    steps = 0
+    for step in range(s.max_tokens):
+        token = torch.where(finished, engine.pad_id, old_draw(logits, s, step, eos))
+        generated[live, step] = token
+        sampled[live, step] = logits.gather(-1, token[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        finished |= torch.isin(token, eos)
+        if s.stop:
+            size = len(candidates) if candidates is not None else 0
+            flagged |= True if candidates is None else candidates[token.clamp(max=size - 1)] | (token >= size)
+        steps = step + 1
+        if steps == s.max_tokens:
+            break
+        if steps % STOP_CHECK_EVERY == 0:
+            for row in (flagged & ~finished).nonzero().flatten().tolist():
+                ids = generated[live[row], :steps].tolist()
+                if engine._stop_cut(ids, engine._decode(ids), s) is not None:
+                    finished[row] = True
+            flagged.zero_()
+            if bool(finished.all()):
+                break
+            half, unfinished = len(live) // 2, (~finished).nonzero().flatten()
+            if half >= max(2, real >> ROW_HALVINGS) and len(unfinished) <= half:
+                keep = torch.cat([unfinished, finished.nonzero().flatten()])[:half]
+                decoder.compact(keep)
+                token, positions, attend, live, finished, flagged = (
+                    x[keep] for x in (token, positions, attend, live, finished, flagged)
+                )
+        attend[:, prompt_len + step] = True
+        width = min(decoder.capacity, -(-(prompt_len + step + 1) // CAPACITY_STEP) * CAPACITY_STEP)
+        logits = decoder.decode(token, positions + step, prompt_len + step, attend[:, :width].contiguous())
+    return generated[:, :steps].tolist(), sampled[:, :steps].tolist() if s.logprobs else None
+
+
+@pytest.mark.parametrize("batch_size", [16, 6])
+def test_the_token_step_draws_what_the_old_loop_drew(tiny_policy, prompts, monkeypatch, batch_size):
+    """Seeded sampling (temperature, top-p, EOS held back by min_tokens, stop strings — one ending in whitespace, so
+    every row is checked —, log-probs, rows dropped as they end, several chunks): uncompiled, the token step and
+    its one read-back a check give exactly the completions and log-probs of the loop it replaced, token for token."""
     model, tokenizer = tiny_policy
-    slots = []
-    decode = StaticKVDecoder.decode
-    monkeypatch.setattr(
-        StaticKVDecoder,
-        "decode",
-        lambda self, tokens, positions, slot, mask: slots.append(slot) or decode(self, tokens, positions, slot, mask),
-    )
-    engine = HFEngine(model, tokenizer, batch_size=4)
-    prompt_len = max(len(tokenizer(p)["input_ids"]) for p in prompts[:4])
-    engine.generate(prompts[:4], SamplingSettings(temperature=0, max_tokens=6, min_tokens=6, stop=()))
-    assert all(isinstance(s, torch.Tensor) and s.device == model.device for s in slots)
-    assert [int(s) for s in slots] == [prompt_len + step for step in range(5)]  # 6 tokens: 5 decode steps
+    engine = HFEngine(model, tokenizer, batch_size=batch_size)
+    cases = [
+        SamplingSettings(n=4, temperature=1.0, max_tokens=64, seed=seed, logprobs=True, stop=("</answer>",))
+        for seed in range(3)
+    ] + [
+        SamplingSettings(n=4, temperature=0.7, top_p=0.8, max_tokens=48, min_tokens=9, seed=5, logprobs=True),
+        SamplingSettings(n=4, temperature=1.2, top_p=0.95, max_tokens=40, seed=1, stop=("is ", "ans")),
+        SamplingSettings(temperature=0, max_tokens=40, min_tokens=12, logprobs=True),
+        SamplingSettings(n=2, temperature=1.0, max_tokens=33, min_tokens=33, seed=4, stop=()),
+    ]
+    compactions = []
+    compact = StaticKVDecoder.compact
+    monkeypatch.setattr(StaticKVDecoder, "compact", lambda self, k: compactions.append(len(k)) or compact(self, k))
+    new = [engine.generate(prompts, s) for s in cases]
+    assert compactions  # rows were dropped on the way
+    monkeypatch.setattr(engine, "_decode_static", lambda ids, mask, s: old_static_loop(engine, ids, mask, s))
+    assert [engine.generate(prompts, s) for s in cases] == new
+
+
+def test_a_token_is_one_call_that_reads_nothing_back(tiny_policy, prompts, monkeypatch):
+    """Between two tokens the loop only calls the token step, and the token step reads nothing back from the
+    device and copies nothing to it (no ``item``, ``tolist``, ``bool(tensor)``, ``nonzero``, no tensor made from
+    Python values: on CUDA each of those waits for the queued steps); a stop check every ``STOP_CHECK_EVERY``
+    tokens reads back once, and copies in only the rows a stop string ended or the rows kept."""
+    from a5core.engines.hf import STOP_CHECK_EVERY
+
+    model, tokenizer = tiny_policy
+    events: list[str] = []
+
+    def spy(name, function):
+        def spied(*args, **kwargs):
+            events.append(name)
+            return function(*args, **kwargs)
+
+        return spied
+
+    reads = ("item", "tolist", "cpu", "numpy", "nonzero", "__bool__", "__int__", "__float__", "__index__")
+    step, read_back = TokenLoop.step, TokenLoop.read_back
+    engine = HFEngine(model, tokenizer, batch_size=16)
+    cases = [
+        SamplingSettings(n=4, temperature=1.0, max_tokens=64, seed=seed, logprobs=True, stop=("</answer>",))
+        for seed in range(3)
+    ] + [SamplingSettings(temperature=0, max_tokens=40, min_tokens=33, stop=("</answer>",))]
+    compactions = 0
+    for s in cases:
+        with monkeypatch.context() as patch:
+            for name in reads:
+                patch.setattr(torch.Tensor, name, spy(name, getattr(torch.Tensor, name)))
+            for name in ("tensor", "as_tensor", "from_numpy"):
+                patch.setattr(torch, name, spy(f"torch.{name}", getattr(torch, name)))
+            patch.setattr(TokenLoop, "step", lambda self, b, w: events.append("step") or step(self, b, w))
+            patch.setattr(TokenLoop, "read_back", lambda self, *a: events.append("read") or read_back(self, *a))
+            events.clear()
+            engine.generate(prompts, s)
+        steps = [i for i, e in enumerate(events) if e == "step"]
+        assert len(steps) > STOP_CHECK_EVERY
+        for number, (before, after) in enumerate(zip(steps, steps[1:], strict=False), start=2):
+            between = events[before + 1 : after]  # after token `number - 1` was drawn, before token `number` is
+            if number % STOP_CHECK_EVERY:
+                assert between == [], (number, between)
+            else:  # a stop check: one read-back (its one tolist), then copies in of ended or kept rows
+                assert between[:2] == ["read", "tolist"], (number, between)
+                assert set(between[2:]) <= {"torch.tensor"}, (number, between)
+                compactions += len(between[2:])
+    assert compactions  # the checks did end rows or drop them (and that copied them in)
+
+
+def test_the_compiled_token_step_compiles_once_for_every_value_of_its_settings(tiny_policy, prompts):
+    """Compiled (on CPU: inductor, no CUDA graph), the token step draws with its own random numbers, so it is checked
+    in distribution, not against eager draws: a seed repeats its completions, the log-probs recorded are the
+    policy's own for the tokens drawn, EOS is held back by min_tokens inside the step and ends the row after, greedy
+    rows are the eager loop's; and temperature (greedy too), min_tokens, stop strings and log-probs on or off are
+    values the step reads, one compilation for them all (top-p would be one more)."""
+    import copy
+
+    from tiny_lm import plant_eos_after_stop
+    from torch._dynamo.utils import counters
+
+    from a5core.policy.causal_lm import get_response_log_probs
+
+    model, tokenizer = tiny_policy
+    eos_model = copy.deepcopy(model)
+    plant_eos_after_stop(eos_model, tokenizer)
+    torch._dynamo.reset()
+    counters.clear()
+    engine = HFEngine(eos_model, tokenizer, batch_size=8, compile=True)
+    sampled = SamplingSettings(n=2, temperature=1.0, max_tokens=40, seed=3, logprobs=True)
+    first = engine.generate(prompts, sampled)
+    assert engine.generate(prompts, sampled) == first
+    for prompt, group in zip(prompts, first, strict=True):
+        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        for completion in group:
+            ids = torch.tensor([prompt_ids + list(completion.token_ids)])
+            with torch.no_grad():
+                want = get_response_log_probs(eos_model, ids[:, :-1], ids[:, 1:])["log_probs"][0, len(prompt_ids) - 1 :]
+            assert torch.allclose(torch.tensor(completion.log_probs), want, atol=1e-4)
+    # nearly greedy (the planted model: the loop, then EOS after its last token, the tenth): EOS waits for min_tokens
+    for min_tokens in (0, 12):
+        cold = SamplingSettings(n=2, temperature=0.05, max_tokens=40, min_tokens=min_tokens, seed=1, stop=())
+        for group in engine.generate(prompts, cold):
+            for completion in group:
+                ids = completion.token_ids
+                assert completion.finish_reason == "stop" and ids[-1] == tokenizer.eos_token_id
+                assert len(ids) == 10 if min_tokens == 0 else len(ids) > 12 and tokenizer.eos_token_id not in ids[:-1]
+    greedy = SamplingSettings(temperature=0, max_tokens=30, min_tokens=12, stop=("ans",), logprobs=True)
+    compiled, eager = engine.generate(prompts, greedy), HFEngine(eos_model, tokenizer).generate(prompts, greedy)
+    for (a,), (b,) in zip(compiled, eager, strict=True):  # the same tokens; log-probs to float rounding
+        assert (a.text, a.token_ids, a.finish_reason) == (b.text, b.token_ids, b.finish_reason)
+        assert torch.allclose(torch.tensor(a.log_probs), torch.tensor(b.log_probs), atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == 1
