@@ -29,7 +29,7 @@
 # through a wrapper that prints torch.compile's counters at its end (graphs compiled, CUDA graph skips, graph breaks),
 # with TORCH_LOGS=recompiles: each recompilation's reason in the log.
 set -uo pipefail
-BASE_COMMIT=608655a
+BASE_COMMIT=608655a  # the code before the token loop (its engine is main's until 3887490)
 ENGINE_SITE=(pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5)
 PLATFORM=(--only-binary=:all: --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64
   --platform manylinux_2_28_x86_64 --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none)
