@@ -161,7 +161,7 @@ def load_pass_rates(path: str | os.PathLike) -> dict[str, float]:
     """Question id → pass rate from a table :func:`pass_rate_table` wrote; DataError naming the file and
     line for anything else."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise DataError(f"{path}: no such pass-rate table (make one with python -m flows.difficulty)")
     try:
         text = read_text_capped(path, "pass-rate table", MAX_TABLE_BYTES)

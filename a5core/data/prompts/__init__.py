@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from a5core.runtime.reading import not_a_file_to_read
+from a5core.runtime.reading import read_text_capped
 
 PROMPTS_DIR = Path(__file__).parent
 MAX_TEMPLATE_BYTES = 1_000_000  # a template is a few hundred bytes
@@ -64,22 +64,15 @@ def load_prompt(name_or_path: str | os.PathLike) -> PromptTemplate:
     """Load a built-in template by name (``r1_zero``, ``question_only``) or any template file by path."""
     builtin = PROMPTS_DIR / f"{name_or_path}.prompt"
     path = builtin if builtin.is_file() else Path(name_or_path).expanduser()
-    if not path.is_file():
+    if not path.exists():
         raise PromptTemplateError(
             f"no prompt template {str(name_or_path)!r}: not a built-in "
             f"({', '.join(builtin_prompt_names())}) and no such file"
         )
-    problem = not_a_file_to_read(path)
-    if problem is None and path.stat().st_size > MAX_TEMPLATE_BYTES:
-        problem = f"larger than {MAX_TEMPLATE_BYTES:,} bytes, not a prompt template; not read"
-    if problem is not None:
-        raise PromptTemplateError(f"prompt template {path}: {problem}")
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise PromptTemplateError(
-            f"prompt template {path}: not UTF-8 text (byte {e.start + 1} is {e.object[e.start : e.start + 1]!r})"
-        ) from None
+        text = read_text_capped(path, "prompt template", MAX_TEMPLATE_BYTES)
+    except ValueError as error:  # no regular file, larger than a template, or not UTF-8: one line naming it
+        raise PromptTemplateError(str(error)) from None
     return PromptTemplate(name=path.stem if path == builtin else str(path), text=text)
 
 
