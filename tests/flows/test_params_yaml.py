@@ -45,6 +45,22 @@ def test_every_section_of_params_yaml_is_a_known_one():
         assert set(profile) <= known, name
 
 
+def test_a_settings_file_takes_the_section_of_every_flow():
+    """The sections flows/config_file.py lets a settings file hold are those its flows' command lines read (each
+    flow's ``flow_main(..., SECTION, ...)``, and sft_data's and prepare_data's own): a new flow's section, left out
+    of the list, would be refused as a misspelling."""
+    from flows.config_file import FLOW_SECTIONS as TAKEN
+
+    flows = PARAMS.parent / "flows"
+    read = {
+        match
+        for path in flows.glob("*.py")
+        for match in re.findall(r"flow_main\(\s*\w+,\s*\w+,\s*\"(\w+)\"", path.read_text())
+    }
+    assert read and set(FLOW_SECTIONS) <= read, read
+    assert set(TAKEN) == read | {"sft_data", "data"}, sorted(set(TAKEN) ^ (read | {"sft_data", "data"}))
+
+
 @pytest.mark.parametrize("profile", sorted(DOCUMENT["profiles"]))
 def test_every_profile_builds_every_flows_parameters(profile, monkeypatch):
     monkeypatch.chdir(PARAMS.parent)
